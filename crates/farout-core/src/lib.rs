@@ -1,0 +1,39 @@
+//! farout-core: the pieces every other farout crate shares.
+//!
+//! - [`Matrix`]: a dense row-major f32 matrix (W of the output layer, feature batches);
+//! - [`kernels`]: dot, axpy and friends written for auto-vectorisation, with scalar references;
+//! - [`gemm`]: multi-threaded matrix products (the `gemm` crate) over row-major slices;
+//! - [`topk`]: top-k selection of scores;
+//! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`].
+#![warn(missing_docs)]
+
+pub mod gemm;
+pub mod kernels;
+mod matrix;
+pub mod rng;
+mod sparse;
+pub mod topk;
+
+pub use matrix::Matrix;
+pub use rng::Rng;
+pub use sparse::{SparseGrad, SparseVec};
+
+/// Index of a class (a row of W, a label, a word of the vocabulary).
+///
+/// `u32` halves the memory of label lists and candidate sets against `usize`; 4 G classes is far
+/// beyond what one machine trains.
+pub type ClassId = u32;
+
+/// Errors of the core kernels: shape mismatches between operands.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Two operands do not have compatible shapes.
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape {
+        /// The operation that was called.
+        op: &'static str,
+        /// The shapes that did not fit.
+        detail: String,
+    },
+}
