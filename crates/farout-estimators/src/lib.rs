@@ -1,1 +1,48 @@
-//! farout-estimators
+//! farout-estimators: losses over a score vector and the estimators of their gradient.
+//!
+//! An output layer with weights `W` (K x D, optional bias b) scores a feature vector `phi` as
+//! `z = W phi + b`. A [`Loss`] maps `(z, P)` (P = positive classes) to a value and `dL/dz`. A
+//! [`GradientEstimator`] produces, for one sample, a loss estimate and a *sparse class gradient*
+//! `(k, g_k)` approximating `dL/dz_k`, in whatever time its method allows; the layer then applies
+//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (DESIGN.md, "The core contract").
+//!
+//! The exact estimators (`softmax`, `margin`) are the references every approximate one is tested
+//! against.
+//!
+//! ```
+//! use farout_core::{Matrix, SparseGrad, rng};
+//! use farout_estimators::{Ctx, Exact, GradientEstimator, Softmax};
+//!
+//! let w = Matrix::from_vec(3, 2, vec![1.0, 0.0, 0.0, 1.0, -1.0, 0.0]).unwrap();
+//! let est = Exact::new(Softmax);
+//! let mut g = SparseGrad::new();
+//! let e = est.estimate(&Ctx::new(&w, None), &[0.5, 0.5], &[1], &mut rng::seeded(0, 0), &mut g);
+//! assert!(e.loss > 0.0 && g.len() == 3);
+//! ```
+#![warn(missing_docs)]
+
+mod bisimplex;
+mod estimator;
+mod exact;
+mod loss;
+
+pub use bisimplex::project_bisimplex;
+pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
+pub use exact::Exact;
+pub use loss::{Loss, SmoothedMargin, Softmax};
+
+/// Errors of estimator construction.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A parameter is outside its valid range.
+    #[error("invalid parameter `{name}` = {value}: {reason}")]
+    Param {
+        /// Parameter name as in the config.
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        reason: &'static str,
+    },
+}

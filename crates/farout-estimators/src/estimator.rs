@@ -1,0 +1,119 @@
+use farout_core::{ClassId, Matrix, Rng, SparseGrad, rng::RngCore};
+use rayon::prelude::*;
+
+/// What an estimator sees of the output layer: `W` (K x D) and the optional bias (K).
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx<'a> {
+    /// The class weights, one row per class.
+    pub w: &'a Matrix,
+    /// The class biases, when the layer has them.
+    pub bias: Option<&'a [f32]>,
+}
+
+impl<'a> Ctx<'a> {
+    /// A view of `w` and `bias`.
+    pub fn new(w: &'a Matrix, bias: Option<&'a [f32]>) -> Self {
+        Self { w, bias }
+    }
+
+    /// Number of classes K.
+    pub fn n_classes(&self) -> usize {
+        self.w.rows()
+    }
+
+    /// Score of class `k`: `W_k . phi + b_k`.
+    #[inline]
+    pub fn score(&self, k: usize, phi: &[f32]) -> f32 {
+        farout_core::kernels::dot(self.w.row(k), phi) + self.bias.map_or(0.0, |b| b[k])
+    }
+}
+
+/// The result of estimating one sample's gradient.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Estimate {
+    /// Loss estimate for the sample.
+    pub loss: f32,
+    /// How many classes were scored (inner products with rows of W) to produce it: the cost.
+    pub classes_scored: usize,
+}
+
+/// A mini-batch: features `phi` (`[batch, d_model]`) and each sample's positive classes.
+#[derive(Clone, Copy, Debug)]
+pub struct Batch<'a> {
+    /// Features, one row per sample: `[batch, d_model]`.
+    pub phi: &'a Matrix,
+    /// Positive classes per sample (`positives.len() == phi.rows()`).
+    pub positives: &'a [&'a [ClassId]],
+}
+
+/// Totals over a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchEstimate {
+    /// Sum of the per-sample loss estimates.
+    pub loss_sum: f64,
+    /// Sum of the classes scored per sample.
+    pub classes_scored: usize,
+}
+
+/// Class gradients of a batch: dense `[batch, K]` when (nearly) every class has a non-zero
+/// gradient (softmax), sparse per sample otherwise. Buffers are reused between batches.
+#[derive(Debug, Default)]
+pub struct BatchGrad {
+    /// Dense gradients `[batch, K]`, valid when `is_dense`.
+    pub dense: Matrix,
+    /// Sparse gradients, one per sample, valid when `!is_dense`.
+    pub sparse: Vec<SparseGrad>,
+    /// Which of the two holds the batch's gradients.
+    pub is_dense: bool,
+}
+
+impl BatchGrad {
+    /// Prepares `n` empty sparse gradients, keeping allocations.
+    pub fn reset_sparse(&mut self, n: usize) {
+        self.is_dense = false;
+        self.sparse.resize_with(n, SparseGrad::new);
+        self.sparse.truncate(n);
+        for g in &mut self.sparse {
+            g.clear();
+        }
+    }
+}
+
+/// An approximation of a loss gradient with respect to the scores of an output layer.
+///
+/// The trait has this shape because estimators differ in what they need (an index, samples,
+/// per-sample variational state) but all answer the same question for one sample: which classes
+/// carry gradient, and how much. One required method keeps new estimators small; the batch method
+/// has a default (rayon over samples, each with its own RNG stream) that exact estimators override
+/// with matrix products.
+pub trait GradientEstimator: Send + Sync {
+    /// Name used in configs, logs and summaries (`softmax`, `margin`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Estimates the loss of one sample with features `phi` (length D) and positive classes
+    /// `positives`, writing `(k, g_k ~ dL/dz_k)` into `out` (cleared first).
+    fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate;
+
+    /// Estimates a whole batch into `out`. Default: [`Self::estimate`] for every sample in
+    /// parallel, sample `i` using a generator seeded from one draw of `rng` and `i`.
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
+        let n = batch.phi.rows();
+        out.reset_sparse(n);
+        let seed = rng.next_u64();
+        out.sparse
+            .par_iter_mut()
+            .enumerate()
+            .map(|(i, g)| {
+                let mut r = farout_core::rng::seeded(seed, i as u64);
+                self.estimate(ctx, batch.phi.row(i), batch.positives[i], &mut r, g)
+            })
+            .fold(BatchEstimate::default, |acc, e| BatchEstimate {
+                loss_sum: acc.loss_sum + e.loss as f64,
+                classes_scored: acc.classes_scored + e.classes_scored,
+            })
+            .reduce(BatchEstimate::default, |a, b| BatchEstimate {
+                loss_sum: a.loss_sum + b.loss_sum,
+                classes_scored: a.classes_scored + b.classes_scored,
+            })
+    }
+}

@@ -1,0 +1,226 @@
+use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
+use farout_core::ClassId;
+
+/// A loss `L(z, P)` of a score vector `z` and a set of positive positions `P`.
+///
+/// Positions index `z`: for an exact loss `z` holds all K scores and positions are class ids; an
+/// approximate estimator may pass a shorter vector of retrieved scores with positions into it.
+pub trait Loss: Send + Sync {
+    /// Name used in configs and logs.
+    fn name(&self) -> &'static str;
+
+    /// Returns `L(z, P)` and writes `dL/dz` into `grad` (same length as `z`). `scratch` is reused
+    /// between calls to avoid allocating per sample.
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32;
+
+    /// Whether `dL/dz` is sparse (few non-zeros out of K), which makes sparse row updates pay.
+    fn sparse_gradient(&self) -> bool;
+}
+
+/// Reusable buffers of the losses.
+#[derive(Debug, Default)]
+pub struct LossScratch {
+    bisimplex: BisimplexScratch,
+    is_positive: Vec<bool>,
+}
+
+/// Multi-label cross-entropy, eq. (2) of the LDGS paper:
+///
+/// `L(z, P) = sum_{p in P} ( log sum_j exp(z_j) - z_p )`,
+/// `dL/dz_k = |P| softmax(z)_k - [k in P]`.
+///
+/// With one positive this is the usual softmax cross-entropy. A sample with no positives has
+/// loss 0 and no gradient.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Softmax;
+
+impl Loss for Softmax {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], _: &mut LossScratch) -> f32 {
+        debug_assert_eq!(z.len(), grad.len());
+        if positives.is_empty() {
+            grad.fill(0.0);
+            return 0.0;
+        }
+        let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f64;
+        for (g, &v) in grad.iter_mut().zip(z) {
+            let e = (v - max).exp();
+            *g = e;
+            sum += e as f64;
+        }
+        let n_pos = positives.len() as f32;
+        let scale = n_pos / sum as f32;
+        for g in grad.iter_mut() {
+            *g *= scale;
+        }
+        let log_z = max + (sum as f32).ln();
+        let mut loss = 0.0;
+        for &p in positives {
+            loss += log_z - z[p as usize];
+            grad[p as usize] -= 1.0;
+        }
+        loss
+    }
+
+    fn sparse_gradient(&self) -> bool {
+        false
+    }
+}
+
+/// Smoothed max-margin loss, eq. (10)-(11) of the LDGS paper (Nesterov smoothing of the
+/// max-margin loss (3) with parameter `mu`):
+///
+/// `L_mu(z, P) = max_{a in C} <z + 1_N, a> - mu/2 |a|^2`,
+/// `dL/dz = a* = proj_C((z + 1_N) / mu)`,
+///
+/// where `1_N` is 1 on negatives and 0 on positives, and `C` is the bi-simplex
+/// `{a : sum_N a = -sum_P a <= 1, a_N >= 0, a_P <= 0}`. At `mu -> 0` this is the max-margin loss
+/// `max(0, 1 + max_N z - min_P z)`; the gradient is non-zero only on the confusing negatives
+/// (within about `mu` of the top) and the weakest positives, so it is sparse. The paper uses
+/// `mu = 1` for multiclass and `mu = 5` for multilabel data.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SmoothedMargin {
+    mu: f32,
+}
+
+impl SmoothedMargin {
+    /// The loss with smoothing `mu` (> 0).
+    pub fn new(mu: f32) -> Result<Self, crate::Error> {
+        if !(mu > 0.0 && mu.is_finite()) {
+            return Err(crate::Error::Param { name: "mu", value: mu.to_string(), reason: "must be a finite number > 0" });
+        }
+        Ok(Self { mu })
+    }
+
+    /// The smoothing parameter.
+    pub fn mu(&self) -> f32 {
+        self.mu
+    }
+}
+
+impl Loss for SmoothedMargin {
+    fn name(&self) -> &'static str {
+        "margin"
+    }
+
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
+        let is_pos = &mut scratch.is_positive;
+        is_pos.clear();
+        is_pos.resize(z.len(), false);
+        for &p in positives {
+            is_pos[p as usize] = true;
+        }
+        let inv_mu = 1.0 / self.mu;
+        // v = (z + 1_N) / mu, written into grad and projected in place.
+        for ((g, &v), &pos) in grad.iter_mut().zip(z).zip(is_pos.iter()) {
+            *g = (v + if pos { 0.0 } else { 1.0 }) * inv_mu;
+        }
+        project_bisimplex_into(grad, is_pos, &mut scratch.bisimplex);
+        let mut lin = 0.0f64;
+        let mut sq = 0.0f64;
+        for ((&a, &v), &pos) in grad.iter().zip(z).zip(is_pos.iter()) {
+            if a != 0.0 {
+                lin += a as f64 * (v as f64 + if pos { 0.0 } else { 1.0 });
+                sq += a as f64 * a as f64;
+            }
+        }
+        (lin - 0.5 * self.mu as f64 * sq) as f32
+    }
+
+    fn sparse_gradient(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Central finite differences in f64 arithmetic on the f32 loss.
+    fn check_gradient(loss: &dyn Loss, z: &[f32], positives: &[ClassId], tol: f32) {
+        let mut scratch = LossScratch::default();
+        let mut grad = vec![0.0; z.len()];
+        loss.value_and_grad(z, positives, &mut grad, &mut scratch);
+        let mut tmp = vec![0.0; z.len()];
+        let h = 1e-2f32;
+        for k in 0..z.len() {
+            let mut zp = z.to_vec();
+            zp[k] += h;
+            let lp = loss.value_and_grad(&zp, positives, &mut tmp, &mut scratch);
+            zp[k] -= 2.0 * h;
+            let lm = loss.value_and_grad(&zp, positives, &mut tmp, &mut scratch);
+            let fd = (lp - lm) / (2.0 * h);
+            assert!((fd - grad[k]).abs() < tol, "{}: dL/dz_{k} = {} but finite difference {fd}", loss.name(), grad[k]);
+        }
+    }
+
+    fn scores(seed: u64, n: usize, spread: f32) -> Vec<f32> {
+        let mut r = farout_core::rng::seeded(seed, 0);
+        (0..n).map(|_| spread * farout_core::rng::normal(&mut r)).collect()
+    }
+
+    #[test]
+    fn softmax_gradient_matches_finite_differences() {
+        for seed in 0..20 {
+            let z = scores(seed, 12, 2.0);
+            check_gradient(&Softmax, &z, &[3], 2e-3);
+            check_gradient(&Softmax, &z, &[0, 5, 11], 2e-3);
+        }
+    }
+
+    #[test]
+    fn softmax_value_is_cross_entropy() {
+        let z = [1.0, 2.0, 3.0];
+        let mut g = [0.0; 3];
+        let l = Softmax.value_and_grad(&z, &[0], &mut g, &mut LossScratch::default());
+        let expect = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln() - 1.0;
+        assert!((l - expect).abs() < 1e-5);
+        assert!((g.iter().sum::<f32>()).abs() < 1e-6, "softmax gradient sums to |P| - |P| = 0");
+    }
+
+    #[test]
+    fn margin_gradient_matches_finite_differences() {
+        // The smoothed loss is 1/mu-smooth, so central differences with h = 1e-2 are accurate
+        // to O(h / mu) only near the kinks of the projection; scores spread widely keep most
+        // coordinates away from them, and the tolerance covers the rest.
+        for mu in [1.0, 5.0] {
+            let loss = SmoothedMargin::new(mu).unwrap();
+            for seed in 0..20 {
+                let z = scores(seed + 100, 10, 1.5);
+                check_gradient(&loss, &z, &[2], 2e-2);
+                check_gradient(&loss, &z, &[1, 7], 2e-2);
+            }
+        }
+    }
+
+    #[test]
+    fn margin_is_zero_when_positive_wins_by_a_wide_margin() {
+        let loss = SmoothedMargin::new(1.0).unwrap();
+        let z = [10.0, 0.0, -1.0, 0.5];
+        let mut g = [9.0; 4];
+        let l = loss.value_and_grad(&z, &[0], &mut g, &mut LossScratch::default());
+        assert_eq!(l, 0.0);
+        assert_eq!(g, [0.0; 4]);
+    }
+
+    #[test]
+    fn margin_approaches_max_margin_as_mu_shrinks() {
+        let z = [0.3, 0.9, -0.2, 0.1];
+        let hard = 1.0f32 + 0.9 - 0.3; // max(0, 1 + max_N z - min_P z)
+        let loss = SmoothedMargin::new(1e-3).unwrap();
+        let mut g = [0.0; 4];
+        let l = loss.value_and_grad(&z, &[0], &mut g, &mut LossScratch::default());
+        assert!((l - hard).abs() < 1e-2, "{l} vs {hard}");
+        assert!((g[1] - 1.0).abs() < 1e-4 && (g[0] + 1.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn margin_rejects_non_positive_mu() {
+        assert!(SmoothedMargin::new(0.0).is_err());
+        assert!(SmoothedMargin::new(f32::NAN).is_err());
+    }
+}
