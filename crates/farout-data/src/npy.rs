@@ -1,0 +1,245 @@
+//! `.npy` files: 2-D f32 features and 1-D integer labels.
+//!
+//! Written by hand rather than with a crate: numpy's header is a short Python dict literal, the
+//! subset we accept (little-endian `<f4` C-order matrices, `<i4 <i8 <u4 <u8` vectors) takes a
+//! page, and owning it lets every error name the file and say exactly what shape or type was
+//! expected. Writers stream rows, so generated data sets larger than memory can be written.
+
+use crate::{Error, Result, io_err};
+use farout_core::Matrix;
+use std::io::{BufWriter, Read, Write};
+use std::path::Path;
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Header fields of a `.npy` file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// Element type, e.g. `<f4`.
+    pub descr: String,
+    /// Whether the data are stored column-major.
+    pub fortran_order: bool,
+    /// Array shape.
+    pub shape: Vec<usize>,
+}
+
+fn format_err(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Format { path: path.to_path_buf(), msg: msg.into() }
+}
+
+/// Reads the header, leaving `r` at the first data byte.
+pub fn read_header(r: &mut impl Read, path: &Path) -> Result<Header> {
+    let mut pre = [0u8; 8];
+    r.read_exact(&mut pre).map_err(|_| format_err(path, "not a .npy file (too short)"))?;
+    if &pre[..6] != MAGIC {
+        return Err(format_err(path, "not a .npy file (bad magic bytes)"));
+    }
+    let len = match pre[6] {
+        1 => {
+            let mut b = [0u8; 2];
+            r.read_exact(&mut b).map_err(io_err(path))?;
+            u16::from_le_bytes(b) as usize
+        }
+        2 | 3 => {
+            let mut b = [0u8; 4];
+            r.read_exact(&mut b).map_err(io_err(path))?;
+            u32::from_le_bytes(b) as usize
+        }
+        v => return Err(format_err(path, format!("unsupported .npy version {v}"))),
+    };
+    let mut text = vec![0u8; len];
+    r.read_exact(&mut text).map_err(|_| format_err(path, "truncated .npy header"))?;
+    let text = String::from_utf8_lossy(&text);
+    parse_header(&text).ok_or_else(|| format_err(path, format!("unreadable .npy header `{}`", text.trim())))
+}
+
+fn parse_header(text: &str) -> Option<Header> {
+    let field = |key: &str| -> Option<&str> {
+        let at = text.find(&format!("'{key}'"))? + key.len() + 2;
+        let rest = text[at..].trim_start().strip_prefix(':')?.trim_start();
+        Some(rest)
+    };
+    let descr_rest = field("descr")?;
+    let quote = descr_rest.chars().next()?;
+    let descr = descr_rest[1..].split(quote).next()?.to_string();
+    let fortran_order = field("fortran_order")?.starts_with("True");
+    let shape_rest = field("shape")?.strip_prefix('(')?;
+    let shape_text = &shape_rest[..shape_rest.find(')')?];
+    let shape = shape_text
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim_end_matches('L').parse().ok())
+        .collect::<Option<Vec<usize>>>()?;
+    Some(Header { descr, fortran_order, shape })
+}
+
+fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Header)> {
+    let file = std::fs::File::open(path).map_err(io_err(path))?;
+    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+    let h = read_header(&mut r, path)?;
+    if h.fortran_order {
+        return Err(format_err(path, "Fortran-order arrays are not supported: save with np.ascontiguousarray"));
+    }
+    Ok((r, h))
+}
+
+/// Reads a 2-D little-endian f32 array (`descr '<f4'`).
+pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
+    let (mut r, h) = open(path)?;
+    if h.descr != "<f4" {
+        return Err(format_err(path, format!("expected float32 data ('<f4'), found '{}'", h.descr)));
+    }
+    let [rows, cols] = h.shape[..] else {
+        return Err(format_err(path, format!("expected a 2-D array [samples, dim], found shape {:?}", h.shape)));
+    };
+    let mut bytes = vec![0u8; rows * cols * 4];
+    r.read_exact(&mut bytes).map_err(|_| format_err(path, format!("truncated: shape {rows} x {cols} needs {} data bytes", rows * cols * 4)))?;
+    let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Ok(Matrix::from_vec(rows, cols, data).expect("length checked above"))
+}
+
+/// Reads a 1-D integer array (`<i4 <i8 <u4 <u8`) as non-negative ids.
+pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
+    let (mut r, h) = open(path)?;
+    let [n] = h.shape[..] else {
+        return Err(format_err(path, format!("expected a 1-D array of labels, found shape {:?}", h.shape)));
+    };
+    let width = match h.descr.as_str() {
+        "<i4" | "<u4" => 4,
+        "<i8" | "<u8" => 8,
+        d => return Err(format_err(path, format!("expected integer labels ('<i4', '<i8', '<u4' or '<u8'), found '{d}'"))),
+    };
+    let signed = h.descr.starts_with("<i");
+    let mut bytes = vec![0u8; n * width];
+    r.read_exact(&mut bytes).map_err(|_| format_err(path, format!("truncated: {n} labels need {} data bytes", n * width)))?;
+    bytes
+        .chunks_exact(width)
+        .enumerate()
+        .map(|(i, b)| {
+            let v: i128 = match (width, signed) {
+                (4, true) => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+                (4, false) => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+                (_, true) => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+                (_, false) => u64::from_le_bytes(b.try_into().unwrap()) as i128,
+            };
+            u32::try_from(v).map_err(|_| format_err(path, format!("label {v} at index {i} is not a valid class id")))
+        })
+        .collect()
+}
+
+fn header_bytes(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let shape_text = match shape {
+        [n] => format!("({n},)"),
+        s => format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    // Pad so that magic + version + length + dict + '\n' is a multiple of 64 (numpy's alignment).
+    let total = MAGIC.len() + 2 + 2 + dict.len() + 1;
+    dict.extend(std::iter::repeat_n(' ', (64 - total % 64) % 64));
+    dict.push('\n');
+    let mut out = MAGIC.to_vec();
+    out.extend_from_slice(&[1, 0]);
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out
+}
+
+/// Streams the rows of a 2-D f32 array of known shape into a `.npy` file.
+pub struct MatrixWriter {
+    w: BufWriter<std::fs::File>,
+    path: std::path::PathBuf,
+    remaining: usize,
+    cols: usize,
+}
+
+impl MatrixWriter {
+    /// Creates `path` for a `rows x cols` array.
+    pub fn create(path: &Path, rows: usize, cols: usize) -> Result<Self> {
+        let file = std::fs::File::create(path).map_err(io_err(path))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        w.write_all(&header_bytes("<f4", &[rows, cols])).map_err(io_err(path))?;
+        Ok(Self { w, path: path.to_path_buf(), remaining: rows, cols })
+    }
+
+    /// Appends rows (a multiple of `cols` values).
+    pub fn write_rows(&mut self, values: &[f32]) -> Result<()> {
+        let n = values.len() / self.cols.max(1);
+        if values.len() % self.cols.max(1) != 0 || n > self.remaining {
+            return Err(format_err(&self.path, "more rows written than declared"));
+        }
+        self.remaining -= n;
+        let mut buf = Vec::with_capacity(values.len() * 4);
+        for v in values {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        self.w.write_all(&buf).map_err(io_err(&self.path))
+    }
+
+    /// Flushes; fails when fewer rows than declared were written.
+    pub fn finish(mut self) -> Result<()> {
+        if self.remaining != 0 {
+            return Err(format_err(&self.path, format!("{} declared rows were never written", self.remaining)));
+        }
+        self.w.flush().map_err(io_err(&self.path))
+    }
+}
+
+/// Writes a whole matrix.
+pub fn write_f32_matrix(path: &Path, m: &Matrix) -> Result<()> {
+    let mut w = MatrixWriter::create(path, m.rows(), m.cols())?;
+    w.write_rows(m.as_slice())?;
+    w.finish()
+}
+
+/// Writes ids as a 1-D `<i8` array (numpy's default integer type).
+pub fn write_ids(path: &Path, ids: &[u32]) -> Result<()> {
+    let file = std::fs::File::create(path).map_err(io_err(path))?;
+    let mut w = BufWriter::new(file);
+    w.write_all(&header_bytes("<i8", &[ids.len()])).map_err(io_err(path))?;
+    for &i in ids {
+        w.write_all(&(i as i64).to_le_bytes()).map_err(io_err(path))?;
+    }
+    w.flush().map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matrix_and_ids_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Matrix::from_vec(3, 2, vec![1.0, -2.0, 3.5, 0.0, 1e-7, 9.0]).unwrap();
+        let p = dir.path().join("x.npy");
+        write_f32_matrix(&p, &m).unwrap();
+        assert_eq!(read_f32_matrix(&p).unwrap(), m);
+        let q = dir.path().join("y.npy");
+        write_ids(&q, &[0, 5, 4_000_000]).unwrap();
+        assert_eq!(read_ids(&q).unwrap(), vec![0, 5, 4_000_000]);
+    }
+
+    #[test]
+    fn parses_numpy_written_headers() {
+        let h = parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100, 128), }").unwrap();
+        assert_eq!(h, Header { descr: "<f4".into(), fortran_order: false, shape: vec![100, 128] });
+        let h = parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }").unwrap();
+        assert_eq!(h.shape, vec![7]);
+    }
+
+    #[test]
+    fn wrong_shape_and_type_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.npy");
+        write_ids(&p, &[1, 2]).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        assert!(e.contains("v.npy") && e.contains("expected float32"), "{e}");
+        let q = dir.path().join("m.npy");
+        write_f32_matrix(&q, &Matrix::zeros(2, 2)).unwrap();
+        let e = read_ids(&q).unwrap_err().to_string();
+        assert!(e.contains("m.npy") && e.contains("1-D"), "{e}");
+        std::fs::write(dir.path().join("bad.npy"), b"hello").unwrap();
+        let e = read_f32_matrix(&dir.path().join("bad.npy")).unwrap_err().to_string();
+        assert!(e.contains("not a .npy file"), "{e}");
+    }
+}
