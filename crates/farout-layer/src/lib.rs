@@ -1,1 +1,44 @@
-//! farout-layer
+//! farout-layer: the output layer `z = W phi + b` over K classes.
+//!
+//! One training step on a batch:
+//! 1. the [`GradientEstimator`] fills class gradients `g_ik ~ dL_i/dz_k` (dense or sparse);
+//! 2. `dL/dphi_i = sum_k g_ik W_k` is computed *before* W changes and handed to the encoder
+//!    (the Burn bridge in `farout-models` turns it into an upstream gradient);
+//! 3. `dL/dW_k = sum_i g_ik phi_i` and `dL/db_k = sum_i g_ik` update only the touched rows
+//!    (all rows for a dense gradient, through one matrix product).
+//!
+//! The optimisers are SGD with the LDGS paper's `1/(1 + t)` cooling and AdaGrad; both apply an
+//! optional L2 penalty lazily, to the rows a step touches.
+#![warn(missing_docs)]
+
+mod layer;
+mod optim;
+
+pub use layer::{OutputLayer, OutputLayerConfig, StepStats};
+pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
+
+use std::path::PathBuf;
+
+/// Errors of the output layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A configuration value is invalid.
+    #[error("invalid `{key}`: {msg}")]
+    Config {
+        /// The config key.
+        key: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A checkpoint file could not be read or written, or does not match.
+    #[error("{}: {msg}", path.display())]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+pub use farout_estimators::GradientEstimator;

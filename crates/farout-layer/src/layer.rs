@@ -1,0 +1,403 @@
+use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
+use crate::Error;
+use farout_core::gemm::{self, Op};
+use farout_core::{ClassId, Matrix, Rng, kernels, rng};
+use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::Path;
+
+/// Configuration of the output layer (the `[output.layer]` block of a config, together with
+/// the optimiser in `[output.optimizer]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputLayerConfig {
+    /// Whether classes have a bias `b_k`.
+    pub bias: bool,
+    /// Standard deviation of the normal initialisation of W (0 = zeros, which is fine for a
+    /// frozen encoder and for convex losses).
+    pub init_std: f32,
+}
+
+impl Default for OutputLayerConfig {
+    fn default() -> Self {
+        Self { bias: true, init_std: 0.0 }
+    }
+}
+
+/// What a training step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Sum of the batch's loss estimates.
+    pub loss_sum: f64,
+    /// Classes scored, summed over the batch (the estimator's cost).
+    pub classes_scored: usize,
+    /// Rows of W that changed.
+    pub rows_updated: usize,
+}
+
+/// The output layer: `W` (K x D), optional bias, their optimisers and reusable buffers.
+#[derive(Debug)]
+pub struct OutputLayer {
+    w: Matrix,
+    bias: Option<Vec<f32>>,
+    opt_w: Optimizer,
+    opt_b: Optimizer,
+    grads: BatchGrad,
+    dphi: Matrix,
+    dw: Matrix,
+    entries: Vec<(ClassId, u32, f32)>,
+}
+
+impl OutputLayer {
+    /// A layer of `n_classes x d_model` initialised from `seed`.
+    pub fn new(n_classes: usize, d_model: usize, config: &OutputLayerConfig, optimizer: &OptimizerConfig, seed: u64) -> Result<Self, Error> {
+        optimizer.check("output.optimizer")?;
+        if n_classes == 0 || d_model == 0 {
+            return Err(Error::Config { key: "output", msg: format!("a {n_classes} x {d_model} layer has no weights") });
+        }
+        if !(config.init_std >= 0.0) {
+            return Err(Error::Config { key: "output.layer.init_std", msg: format!("{} must be >= 0", config.init_std) });
+        }
+        let mut w = Matrix::zeros(n_classes, d_model);
+        if config.init_std > 0.0 {
+            w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
+                let mut r = rng::seeded(seed, k as u64);
+                row.iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
+            });
+        }
+        Ok(Self {
+            w,
+            bias: config.bias.then(|| vec![0.0; n_classes]),
+            opt_w: optimizer.build(n_classes, d_model),
+            opt_b: optimizer.build(n_classes, 1),
+            grads: BatchGrad::default(),
+            dphi: Matrix::default(),
+            dw: Matrix::default(),
+            entries: Vec::new(),
+        })
+    }
+
+    /// Number of classes K.
+    pub fn n_classes(&self) -> usize {
+        self.w.rows()
+    }
+
+    /// Feature dimension D.
+    pub fn d_model(&self) -> usize {
+        self.w.cols()
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Matrix {
+        &self.w
+    }
+
+    /// The biases, if any.
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
+    /// The view estimators score against.
+    pub fn ctx(&self) -> Ctx<'_> {
+        Ctx::new(&self.w, self.bias.as_deref())
+    }
+
+    /// Steps taken.
+    pub fn step(&self) -> u64 {
+        self.opt_w.step()
+    }
+
+    /// Current step size of the W optimiser.
+    pub fn lr(&self) -> f32 {
+        self.opt_w.lr()
+    }
+
+    /// Bytes held by W, the bias and optimiser state.
+    pub fn memory_bytes(&self) -> usize {
+        self.w.bytes() + self.bias.as_ref().map_or(0, |b| b.len() * 4) + (self.opt_w.accum.len() + self.opt_b.accum.len()) * 4
+    }
+
+    /// `dL/dphi` of the last step (`[batch, d_model]`), when it was requested.
+    pub fn dphi(&self) -> &Matrix {
+        &self.dphi
+    }
+
+    /// Scores of a batch: `out = phi W^T + b` (`[batch, K]`).
+    pub fn scores(&self, phi: &Matrix, out: &mut Matrix) {
+        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
+        out.reshape_for_overwrite(b, k);
+        gemm::scores(phi.as_slice(), b, self.w.as_slice(), k, d, out.as_mut_slice());
+        if let Some(bias) = &self.bias {
+            out.as_mut_slice().par_chunks_mut(k).for_each(|z| z.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+        }
+    }
+
+    /// One training step: estimates class gradients for `batch`, computes `dL/dphi` (when
+    /// `want_dphi`; read it with [`Self::dphi`]) and updates the touched rows.
+    pub fn train_step(&mut self, estimator: &dyn GradientEstimator, batch: Batch, rng: &mut Rng, want_dphi: bool) -> StepStats {
+        let ctx = Ctx::new(&self.w, self.bias.as_deref());
+        let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
+        if want_dphi {
+            self.compute_dphi(batch.phi);
+        }
+        let rows_updated = if self.grads.is_dense { self.update_dense(batch.phi) } else { self.update_sparse(batch.phi) };
+        self.opt_w.advance();
+        self.opt_b.advance();
+        StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
+    }
+
+    /// `dphi_i = sum_k g_ik W_k`, from the current (not yet updated) W.
+    fn compute_dphi(&mut self, phi: &Matrix) {
+        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
+        self.dphi.reshape_for_overwrite(b, d);
+        if self.grads.is_dense {
+            gemm::gemm(self.dphi.as_mut_slice(), b, d, 0.0, 1.0, self.grads.dense.as_slice(), (b, k), Op::N, self.w.as_slice(), (k, d), Op::N);
+        } else {
+            let w = &self.w;
+            self.dphi.as_mut_slice().par_chunks_mut(d).zip(self.grads.sparse.par_iter()).for_each(|(out, g)| {
+                out.fill(0.0);
+                for (c, v) in g.iter() {
+                    kernels::axpy(v, w.row(c as usize), out);
+                }
+            });
+        }
+    }
+
+    /// All rows change: `dW = G^T Phi` by one matrix product.
+    fn update_dense(&mut self, phi: &Matrix) -> usize {
+        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
+        let g = self.grads.dense.as_slice();
+        if let Some(bias) = &mut self.bias {
+            let mut gb = vec![0.0f32; k];
+            for row in g.chunks_exact(k) {
+                kernels::axpy(1.0, row, &mut gb);
+            }
+            let rule = self.opt_b.rule();
+            rule.apply_scalars(bias, self.opt_b.accum_mut(), &gb);
+        }
+        if self.opt_w.is_adaptive() {
+            self.dw.reshape_for_overwrite(k, d);
+            gemm::gemm(self.dw.as_mut_slice(), k, d, 0.0, 1.0, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
+            let rule = self.opt_w.rule();
+            let acc = self.opt_w.accum_mut();
+            self.w
+                .as_mut_slice()
+                .par_chunks_mut(d)
+                .zip(acc.par_chunks_mut(d))
+                .zip(self.dw.as_slice().par_chunks(d))
+                .for_each(|((row, a), grad)| rule.apply(row, a, grad));
+        } else {
+            // Fused: W <- (1 - lr l2) W - lr G^T Phi, no K x D temporary.
+            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else { unreachable!("non-adaptive rule is SGD") };
+            gemm::gemm(self.w.as_mut_slice(), k, d, 1.0 - lr * l2, -lr, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
+        }
+        k
+    }
+
+    /// Only rows with a non-zero gradient change: gather `(k, i, g_ik)`, group by row, sum
+    /// `g_ik phi_i` per row in parallel, then apply the optimiser to those rows.
+    fn update_sparse(&mut self, phi: &Matrix) -> usize {
+        let d = self.d_model();
+        self.entries.clear();
+        for (i, g) in self.grads.sparse.iter().enumerate() {
+            self.entries.extend(g.iter().map(|(k, v)| (k, i as u32, v)));
+        }
+        self.entries.sort_unstable_by_key(|e| e.0);
+        let entries = &self.entries;
+        let mut starts: Vec<usize> = (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
+        let n_rows = starts.len();
+        starts.push(entries.len());
+        self.dw.reshape_for_overwrite(n_rows, d);
+        let mut gb = vec![0.0f32; n_rows];
+        self.dw.as_mut_slice().par_chunks_mut(d).zip(gb.par_iter_mut()).enumerate().for_each(|(r, (grad, gbias))| {
+            grad.fill(0.0);
+            for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
+                kernels::axpy(v, phi.row(i as usize), grad);
+                *gbias += v;
+            }
+        });
+        let (rule_w, rule_b) = (self.opt_w.rule(), self.opt_b.rule());
+        for r in 0..n_rows {
+            let k = entries[starts[r]].0 as usize;
+            rule_w.apply(self.w.row_mut(k), self.opt_w.accum_row(k, d), self.dw.row(r));
+            if let Some(bias) = &mut self.bias {
+                rule_b.apply(&mut bias[k..k + 1], self.opt_b.accum_row(k, 1), &gb[r..r + 1]);
+            }
+        }
+        n_rows
+    }
+
+    /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
+    pub fn save(&self, path: &Path) -> Result<(), Error> {
+        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
+        let header = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64, self.opt_w.step, self.opt_w.accum.len() as u64];
+        f.write_all(MAGIC).map_err(err)?;
+        for h in header {
+            f.write_all(&h.to_le_bytes()).map_err(err)?;
+        }
+        let empty = Vec::new();
+        for part in [self.w.as_slice(), self.bias.as_deref().unwrap_or(&empty), &self.opt_w.accum, &self.opt_b.accum] {
+            write_f32s(&mut f, part).map_err(err)?;
+        }
+        f.flush().map_err(err)
+    }
+
+    /// Restores W, the bias and the optimiser state saved by [`Self::save`] into this layer,
+    /// which must have the same shape, bias setting and optimiser kind.
+    pub fn load(&mut self, path: &Path) -> Result<(), Error> {
+        let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
+        let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
+        let mut magic = [0u8; 8];
+        f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
+        if magic != *MAGIC {
+            return Err(err("not a farout output-layer checkpoint".into()));
+        }
+        let mut h = [0u64; 5];
+        for x in &mut h {
+            let mut b = [0u8; 8];
+            f.read_exact(&mut b).map_err(|e| err(e.to_string()))?;
+            *x = u64::from_le_bytes(b);
+        }
+        let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
+        if h[..3] != expect || h[4] != self.opt_w.accum.len() as u64 {
+            return Err(err(format!(
+                "checkpoint holds a {} x {} layer (bias {}, {} optimiser values) but the config builds {} x {} (bias {}, {})",
+                h[0], h[1], h[2] == 1, h[4], expect[0], expect[1], expect[2] == 1, self.opt_w.accum.len()
+            )));
+        }
+        read_f32s(&mut f, self.w.as_mut_slice()).map_err(|e| err(e.to_string()))?;
+        if let Some(b) = &mut self.bias {
+            read_f32s(&mut f, b).map_err(|e| err(e.to_string()))?;
+        }
+        read_f32s(&mut f, &mut self.opt_w.accum).map_err(|e| err(e.to_string()))?;
+        read_f32s(&mut f, &mut self.opt_b.accum).map_err(|e| err(e.to_string()))?;
+        self.opt_w.step = h[3];
+        self.opt_b.step = h[3];
+        Ok(())
+    }
+}
+
+const MAGIC: &[u8; 8] = b"FAROUTL1";
+
+fn write_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(v.len().min(1 << 20) * 4);
+    for chunk in v.chunks(1 << 20) {
+        buf.clear();
+        chunk.iter().for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+        w.write_all(&buf)?;
+    }
+    Ok(())
+}
+
+fn read_f32s(r: &mut impl Read, out: &mut [f32]) -> std::io::Result<()> {
+    let mut buf = vec![0u8; out.len().min(1 << 20) * 4];
+    for chunk in out.chunks_mut(1 << 20) {
+        let bytes = &mut buf[..chunk.len() * 4];
+        r.read_exact(bytes)?;
+        for (x, b) in chunk.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farout_estimators::{Exact, SmoothedMargin, Softmax};
+
+    fn setup(seed: u64) -> (Matrix, Vec<Vec<u32>>) {
+        let mut r = rng::seeded(seed, 0);
+        let phi = Matrix::from_vec(5, 6, (0..30).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        (phi, vec![vec![0], vec![3, 4], vec![], vec![7], vec![1]])
+    }
+
+    /// Reference: per-sample exact gradients, dW and dphi accumulated by loops.
+    fn reference(layer: &OutputLayer, est: &dyn GradientEstimator, phi: &Matrix, pos: &[Vec<u32>]) -> (Matrix, Matrix, Vec<f32>) {
+        let (k, d) = (layer.n_classes(), layer.d_model());
+        let mut dw = Matrix::zeros(k, d);
+        let mut dphi = Matrix::zeros(phi.rows(), d);
+        let mut db = vec![0.0; k];
+        for i in 0..phi.rows() {
+            let mut g = farout_core::SparseGrad::new();
+            est.estimate(&layer.ctx(), phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
+            for (c, v) in g.iter() {
+                kernels::axpy(v, phi.row(i), dw.row_mut(c as usize));
+                kernels::axpy(v, layer.weights().row(c as usize), dphi.row_mut(i));
+                db[c as usize] += v;
+            }
+        }
+        (dw, dphi, db)
+    }
+
+    fn check_step(est: &dyn GradientEstimator, opt: OptimizerConfig) {
+        let (phi, pos) = setup(1);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3 };
+        let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
+        let (dw, dphi, db) = reference(&layer, est, &phi, &pos);
+        let w0 = layer.weights().clone();
+        let b0 = layer.bias().unwrap().to_vec();
+        let rule = opt.build(1, 1).rule();
+        layer.train_step(est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), true);
+        for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
+            assert!((a - b).abs() < 1e-4, "dphi {a} vs {b}");
+        }
+        // Expected rows: the update rule applied to the reference gradient (rows with zero
+        // gradient unchanged, as sparse updates touch only rows with gradient).
+        for c in 0..10 {
+            let mut row = w0.row(c).to_vec();
+            let mut bias = [b0[c]];
+            if dw.row(c).iter().any(|&x| x != 0.0) || db[c] != 0.0 {
+                rule.apply(&mut row, &mut vec![0.0; 6], dw.row(c));
+                rule.apply(&mut bias, &mut [0.0], &[db[c]]);
+            }
+            for (a, b) in layer.weights().row(c).iter().zip(&row) {
+                assert!((a - b).abs() < 1e-4, "{} row {c}: {a} vs {b}", est.name());
+            }
+            assert!((layer.bias().unwrap()[c] - bias[0]).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    fn dense_and_sparse_steps_match_per_sample_reference() {
+        for opt in [OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 }, OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }] {
+            check_step(&Exact::new(Softmax), opt.clone());
+            check_step(&Exact::new(SmoothedMargin::new(1.0).unwrap()), opt);
+        }
+    }
+
+    #[test]
+    fn training_reduces_the_loss() {
+        let (phi, pos) = setup(2);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &OptimizerConfig::default(), 0).unwrap();
+        let est = Exact::new(Softmax);
+        let first = layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+        let mut last = first;
+        for _ in 0..50 {
+            last = layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+        }
+        assert!(last < 0.2 * first, "{first} -> {last}");
+    }
+
+    #[test]
+    fn save_and_load_round_trip_and_check_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let (phi, pos) = setup(3);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let opt = OptimizerConfig::default();
+        let mut a = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
+        a.train_step(&Exact::new(Softmax), Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
+        let p = dir.path().join("layer.bin");
+        a.save(&p).unwrap();
+        let mut b = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 9).unwrap();
+        b.load(&p).unwrap();
+        assert_eq!((a.weights(), a.bias(), &a.opt_w, a.step()), (b.weights(), b.bias(), &b.opt_w, b.step()));
+        let mut c = OutputLayer::new(11, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
+        assert!(c.load(&p).unwrap_err().to_string().contains("checkpoint holds a 10 x 6 layer"));
+    }
+}

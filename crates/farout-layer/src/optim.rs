@@ -1,0 +1,226 @@
+use serde::{Deserialize, Serialize};
+
+/// Optimiser of the output layer's rows (and of other sparse tables such as encoder inputs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    /// SGD with cooling: `lr_t = lr / (1 + decay * t)`, t = steps taken. `decay = 1` is the
+    /// LDGS paper's literal `1/(1+t)` scheme; smaller values cool more slowly.
+    Sgd {
+        /// Initial step size (the paper picks from {1, 0.1, 0.01}).
+        lr: f32,
+        /// Cooling rate.
+        #[serde(default = "default_decay")]
+        decay: f32,
+        /// L2 penalty (applied to touched rows).
+        #[serde(default)]
+        l2: f32,
+    },
+    /// AdaGrad: `acc += g^2; w -= lr * g / (sqrt(acc) + eps)` per coordinate.
+    Adagrad {
+        /// Step size.
+        lr: f32,
+        /// Added to the denominator.
+        #[serde(default = "default_eps")]
+        eps: f32,
+        /// L2 penalty (applied to touched rows).
+        #[serde(default)]
+        l2: f32,
+    },
+}
+
+fn default_decay() -> f32 {
+    1e-4
+}
+fn default_eps() -> f32 {
+    1e-8
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        OptimizerConfig::Adagrad { lr: 0.1, eps: default_eps(), l2: 0.0 }
+    }
+}
+
+impl OptimizerConfig {
+    /// Checks the values; `key` prefixes the config key in errors.
+    pub fn check(&self, key: &'static str) -> Result<(), crate::Error> {
+        let (lr, l2) = match *self {
+            OptimizerConfig::Sgd { lr, decay, l2 } => {
+                if !(decay >= 0.0) {
+                    return Err(crate::Error::Config { key, msg: format!("decay = {decay} must be >= 0") });
+                }
+                (lr, l2)
+            }
+            OptimizerConfig::Adagrad { lr, eps, l2 } => {
+                if !(eps > 0.0) {
+                    return Err(crate::Error::Config { key, msg: format!("eps = {eps} must be > 0") });
+                }
+                (lr, l2)
+            }
+        };
+        if !(lr > 0.0 && lr.is_finite()) {
+            return Err(crate::Error::Config { key, msg: format!("lr = {lr} must be a finite number > 0") });
+        }
+        if !(l2 >= 0.0) {
+            return Err(crate::Error::Config { key, msg: format!("l2 = {l2} must be >= 0") });
+        }
+        Ok(())
+    }
+
+    /// The optimiser for a `rows x cols` table.
+    pub fn build(&self, rows: usize, cols: usize) -> Optimizer {
+        let accum = match self {
+            OptimizerConfig::Adagrad { .. } => vec![0.0; rows * cols],
+            OptimizerConfig::Sgd { .. } => Vec::new(),
+        };
+        Optimizer { config: self.clone(), accum, step: 0 }
+    }
+}
+
+/// Optimiser state of a `rows x cols` table: AdaGrad's accumulators and the step counter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Optimizer {
+    config: OptimizerConfig,
+    /// AdaGrad squared-gradient sums, row-major like the table (empty for SGD).
+    pub(crate) accum: Vec<f32>,
+    /// Steps taken (drives SGD cooling).
+    pub(crate) step: u64,
+}
+
+impl Optimizer {
+    /// The configuration.
+    pub fn config(&self) -> &OptimizerConfig {
+        &self.config
+    }
+
+    /// Steps taken so far.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Marks the end of a step (advances the cooling schedule).
+    pub fn advance(&mut self) {
+        self.step += 1;
+    }
+
+    /// The current SGD step size (AdaGrad: its base step size).
+    pub fn lr(&self) -> f32 {
+        match self.config {
+            OptimizerConfig::Sgd { lr, decay, .. } => lr / (1.0 + decay * self.step as f32),
+            OptimizerConfig::Adagrad { lr, .. } => lr,
+        }
+    }
+
+    /// Whether updates need the per-element gradient (AdaGrad) rather than a fused product.
+    pub fn is_adaptive(&self) -> bool {
+        matches!(self.config, OptimizerConfig::Adagrad { .. })
+    }
+
+    /// The L2 penalty.
+    pub fn l2(&self) -> f32 {
+        match self.config {
+            OptimizerConfig::Sgd { l2, .. } | OptimizerConfig::Adagrad { l2, .. } => l2,
+        }
+    }
+
+    /// The update rule of the current step (a copy, so that rows and accumulators can be
+    /// borrowed mutably while it is applied).
+    pub fn rule(&self) -> UpdateRule {
+        match self.config {
+            OptimizerConfig::Sgd { l2, .. } => UpdateRule::Sgd { lr: self.lr(), l2 },
+            OptimizerConfig::Adagrad { lr, eps, l2 } => UpdateRule::Adagrad { lr, eps, l2 },
+        }
+    }
+
+    /// Accumulator rows (row-major, like the table; empty for SGD).
+    pub fn accum_mut(&mut self) -> &mut [f32] {
+        &mut self.accum
+    }
+
+    /// The accumulator slice of row `r` for a table with `cols` columns (empty for SGD).
+    pub fn accum_row(&mut self, r: usize, cols: usize) -> &mut [f32] {
+        if self.accum.is_empty() { &mut [] } else { &mut self.accum[r * cols..(r + 1) * cols] }
+    }
+}
+
+/// One step's update rule for a row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UpdateRule {
+    /// `w -= lr (g + l2 w)`.
+    Sgd {
+        /// Step size of this step.
+        lr: f32,
+        /// L2 penalty.
+        l2: f32,
+    },
+    /// `g += l2 w; acc += g^2; w -= lr g / (sqrt(acc) + eps)`.
+    Adagrad {
+        /// Step size.
+        lr: f32,
+        /// Added to the denominator.
+        eps: f32,
+        /// L2 penalty.
+        l2: f32,
+    },
+}
+
+impl UpdateRule {
+    /// Applies `grad` to `row`; `acc` is the row's AdaGrad accumulator (ignored by SGD).
+    #[inline]
+    pub fn apply(&self, row: &mut [f32], acc: &mut [f32], grad: &[f32]) {
+        match *self {
+            UpdateRule::Sgd { lr, l2 } => {
+                for (w, g) in row.iter_mut().zip(grad) {
+                    *w -= lr * (g + l2 * *w);
+                }
+            }
+            UpdateRule::Adagrad { lr, eps, l2 } => {
+                debug_assert_eq!(acc.len(), row.len());
+                for ((w, a), g) in row.iter_mut().zip(acc.iter_mut()).zip(grad) {
+                    let g = g + l2 * *w;
+                    *a += g * g;
+                    *w -= lr * g / (a.sqrt() + eps);
+                }
+            }
+        }
+    }
+
+    /// Applies per-element gradients to a table of scalars (a bias), `acc` empty for SGD.
+    pub fn apply_scalars(&self, values: &mut [f32], acc: &mut [f32], grad: &[f32]) {
+        for j in 0..values.len() {
+            let a = if acc.is_empty() { &mut [][..] } else { &mut acc[j..j + 1] };
+            self.apply(&mut values[j..j + 1], a, &grad[j..j + 1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sgd_cools_as_one_over_one_plus_t() {
+        let mut o = OptimizerConfig::Sgd { lr: 1.0, decay: 1.0, l2: 0.0 }.build(1, 1);
+        assert_eq!(o.lr(), 1.0);
+        o.advance();
+        o.advance();
+        assert!((o.lr() - 1.0 / 3.0).abs() < 1e-7);
+    }
+
+    #[test]
+    fn adagrad_step_is_lr_on_first_update() {
+        let mut o = OptimizerConfig::Adagrad { lr: 0.5, eps: 0.0, l2: 0.0 }.build(1, 2);
+        let rule = o.rule();
+        let mut row = [1.0, 1.0];
+        rule.apply(&mut row, o.accum_row(0, 2), &[2.0, -0.1]);
+        // First AdaGrad step moves each coordinate by lr * sign(g).
+        assert!((row[0] - 0.5).abs() < 1e-6 && (row[1] - 1.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let e = OptimizerConfig::Sgd { lr: -1.0, decay: 0.0, l2: 0.0 }.check("output.optimizer").unwrap_err();
+        assert!(e.to_string().contains("output.optimizer") && e.to_string().contains("lr"));
+    }
+}
