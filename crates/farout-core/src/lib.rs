@@ -7,6 +7,7 @@
 //! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`].
 #![warn(missing_docs)]
 
+pub mod binio;
 pub mod gemm;
 pub mod kernels;
 mod matrix;

@@ -1,6 +1,7 @@
 use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
 use crate::Error;
 use farout_core::gemm::{self, Op};
+use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
 use rayon::prelude::*;
@@ -236,7 +237,7 @@ impl OutputLayer {
         let header = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64, self.opt_w.step, self.opt_w.accum.len() as u64];
         f.write_all(MAGIC).map_err(err)?;
         for h in header {
-            f.write_all(&h.to_le_bytes()).map_err(err)?;
+            write_u64(&mut f, h).map_err(err)?;
         }
         let empty = Vec::new();
         for part in [self.w.as_slice(), self.bias.as_deref().unwrap_or(&empty), &self.opt_w.accum, &self.opt_b.accum] {
@@ -257,9 +258,7 @@ impl OutputLayer {
         }
         let mut h = [0u64; 5];
         for x in &mut h {
-            let mut b = [0u8; 8];
-            f.read_exact(&mut b).map_err(|e| err(e.to_string()))?;
-            *x = u64::from_le_bytes(b);
+            *x = read_u64(&mut f).map_err(|e| err(e.to_string()))?;
         }
         let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
         if h[..3] != expect || h[4] != self.opt_w.accum.len() as u64 {
@@ -281,28 +280,6 @@ impl OutputLayer {
 }
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
-
-fn write_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(v.len().min(1 << 20) * 4);
-    for chunk in v.chunks(1 << 20) {
-        buf.clear();
-        chunk.iter().for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
-        w.write_all(&buf)?;
-    }
-    Ok(())
-}
-
-fn read_f32s(r: &mut impl Read, out: &mut [f32]) -> std::io::Result<()> {
-    let mut buf = vec![0u8; out.len().min(1 << 20) * 4];
-    for chunk in out.chunks_mut(1 << 20) {
-        let bytes = &mut buf[..chunk.len() * 4];
-        r.read_exact(bytes)?;
-        for (x, b) in chunk.iter_mut().zip(bytes.chunks_exact(4)) {
-            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

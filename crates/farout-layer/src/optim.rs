@@ -99,6 +99,16 @@ impl Optimizer {
         self.step
     }
 
+    /// Sets the step counter (when resuming from a checkpoint).
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// AdaGrad accumulators, row-major like the table (empty for SGD).
+    pub fn accum(&self) -> &[f32] {
+        &self.accum
+    }
+
     /// Marks the end of a step (advances the cooling schedule).
     pub fn advance(&mut self) {
         self.step += 1;

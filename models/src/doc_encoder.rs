@@ -1,0 +1,306 @@
+use crate::{Error, bridge};
+use burn::module::{Module, Param};
+use burn::optim::{AdaGradConfig, GradientsParams, ModuleOptimizer, SgdConfig};
+use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
+use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
+use farout_core::{Matrix, rng};
+use farout_layer::{Optimizer, OptimizerConfig};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Nonlinearity of the hidden layer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// `h` as is (fastText's choice: the document vector is linear in its words).
+    #[default]
+    None,
+    /// `max(h, 0)`.
+    Relu,
+    /// `tanh(h)`.
+    Tanh,
+}
+
+/// Configuration of the document encoder (`[model]` with `encoder = "doc_encoder"`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DocEncoderConfig {
+    /// Output dimension D of the hidden layer.
+    pub d_model: usize,
+    /// Nonlinearity after the bias.
+    pub activation: Activation,
+    /// Standard deviation of the normal initialisation of the input table.
+    pub init_std: f32,
+    /// Optimiser of the input table rows (sparse) and of the hidden bias.
+    pub optimizer: OptimizerConfig,
+}
+
+impl Default for DocEncoderConfig {
+    fn default() -> Self {
+        Self { d_model: 100, activation: Activation::None, init_std: 0.1, optimizer: OptimizerConfig::default() }
+    }
+}
+
+/// The Burn part of the encoder: the hidden bias.
+#[derive(Module, Debug)]
+struct Hidden {
+    bias: Param<Tensor<1>>,
+}
+
+/// One hidden layer over a sparse bag of words: `phi(x) = act(sum_f x_f E_f + b)`.
+///
+/// `E` (vocabulary x D) is the big table. Burn's embedding gradient is dense (V x D per step), so
+/// `E` lives outside Burn: a batch gathers the rows it uses into a leaf tensor, Burn computes the
+/// gradient of that leaf, and the rows are updated in place with a sparse optimiser. The bias
+/// and the nonlinearity run in Burn.
+pub struct DocEncoder {
+    config: DocEncoderConfig,
+    table: Matrix,
+    table_opt: Optimizer,
+    hidden: Option<Hidden>,
+    hidden_opt: ModuleOptimizer,
+}
+
+/// A forward pass kept for the backward pass.
+pub struct DocForward {
+    /// Features `[batch, d_model]` (tracked by autodiff).
+    pub phi: Tensor<2>,
+    leaf: Tensor<2>,
+    uniq: Vec<u32>,
+}
+
+impl DocEncoder {
+    /// An encoder over a vocabulary of `n_features`, initialised from `seed`.
+    pub fn new(config: &DocEncoderConfig, n_features: usize, seed: u64) -> Result<Self, Error> {
+        if config.d_model == 0 {
+            return Err(Error::Config { key: "model.d_model", msg: "must be > 0".into() });
+        }
+        if !(config.init_std >= 0.0) {
+            return Err(Error::Config { key: "model.init_std", msg: format!("{} must be >= 0", config.init_std) });
+        }
+        config.optimizer.check("model.optimizer").map_err(|e| Error::Config { key: "model.optimizer", msg: e.to_string() })?;
+        let d = config.d_model;
+        let mut table = Matrix::zeros(n_features, d);
+        let mut r = rng::seeded(seed, 0x7AB1E);
+        table.as_mut_slice().iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
+        let hidden = Hidden { bias: Param::from_tensor(Tensor::zeros([d], &crate::autodiff_device())) };
+        let hidden_opt = match config.optimizer {
+            OptimizerConfig::Sgd { .. } => SgdConfig::new().init(),
+            OptimizerConfig::Adagrad { eps, .. } => AdaGradConfig::new().with_epsilon(eps).init(),
+        };
+        Ok(Self { config: config.clone(), table_opt: config.optimizer.build(n_features, d), table, hidden: Some(hidden), hidden_opt })
+    }
+
+    /// Output dimension D.
+    pub fn d_model(&self) -> usize {
+        self.config.d_model
+    }
+
+    /// The input table (vocabulary x D).
+    pub fn table(&self) -> &Matrix {
+        &self.table
+    }
+
+    /// Bytes held by the table and its optimiser state.
+    pub fn memory_bytes(&self) -> usize {
+        self.table.bytes() * if self.table_opt.is_adaptive() { 2 } else { 1 }
+    }
+
+    fn hidden(&self) -> &Hidden {
+        self.hidden.as_ref().expect("hidden module is present between steps")
+    }
+
+    /// Forward pass of a batch of documents (each `(feature ids, values)`) on `device`.
+    fn forward_on(&self, docs: &[(&[u32], &[f32])], device: &Device, track: bool) -> DocForward {
+        let d = self.d_model();
+        let mut uniq: Vec<u32> = docs.iter().flat_map(|(c, _)| c.iter().copied()).collect();
+        uniq.sort_unstable();
+        uniq.dedup();
+        let mut gathered = Vec::with_capacity(uniq.len() * d);
+        uniq.iter().for_each(|&f| gathered.extend_from_slice(self.table.row(f as usize)));
+        let (mut pos, mut doc, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, (cols, v)) in docs.iter().enumerate() {
+            for (c, x) in cols.iter().zip(*v) {
+                pos.push(uniq.binary_search(c).expect("every feature is in uniq") as i64);
+                doc.push(i as i64);
+                vals.push(*x);
+            }
+        }
+        let nnz = pos.len();
+        let mut leaf = Tensor::<2>::from_data(TensorData::new(gathered, [uniq.len(), d]), device);
+        if track {
+            leaf = leaf.require_grad();
+        }
+        let mut h = Tensor::<2>::zeros([docs.len(), d], device);
+        if nnz > 0 {
+            let pos = Tensor::<1, Int>::from_data(TensorData::new(pos, [nnz]), device);
+            let doc = Tensor::<1, Int>::from_data(TensorData::new(doc, [nnz]), device);
+            let vals = Tensor::<2>::from_data(TensorData::new(vals, [nnz, 1]), device);
+            let rows = leaf.clone().select(0, pos) * vals;
+            h = h.select_assign(0, doc, rows, IndexingUpdateOp::Add);
+        }
+        let bias = self.hidden().bias.val();
+        let bias = if track { bias } else { Tensor::from_data(bias.into_data(), device) };
+        let h = h + bias.unsqueeze::<2>();
+        let phi = match self.config.activation {
+            Activation::None => h,
+            Activation::Relu => burn::tensor::activation::relu(h),
+            Activation::Tanh => h.tanh(),
+        };
+        DocForward { phi, leaf, uniq }
+    }
+
+    /// Forward pass for training: features with their autodiff graph.
+    pub fn forward(&self, docs: &[(&[u32], &[f32])]) -> DocForward {
+        self.forward_on(docs, &crate::autodiff_device(), true)
+    }
+
+    /// Features of documents without gradient tracking (evaluation, prediction).
+    pub fn encode(&self, docs: &[(&[u32], &[f32])]) -> Matrix {
+        bridge::to_matrix(self.forward_on(docs, &crate::device(), false).phi)
+    }
+
+    /// Backward pass with upstream gradient `dphi` (`[batch, d_model]`): updates the table rows
+    /// the batch used and the bias.
+    pub fn backward(&mut self, fwd: DocForward, dphi: &Matrix) {
+        let grads = bridge::backward_with_upstream(fwd.phi, dphi);
+        if let Some(g) = fwd.leaf.grad(&grads) {
+            let g = bridge::to_matrix(g);
+            let d = self.d_model();
+            let rule = self.table_opt.rule();
+            for (j, &f) in fwd.uniq.iter().enumerate() {
+                let f = f as usize;
+                rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), g.row(j));
+            }
+        }
+        let hidden = self.hidden.take().expect("hidden module is present between steps");
+        let gp = GradientsParams::from_grads(grads, &hidden);
+        let lr = self.table_opt.lr() as f64;
+        self.hidden = Some(self.hidden_opt.step(lr, hidden, gp));
+        self.table_opt.advance();
+    }
+
+    /// Saves the encoder into `dir` (`table.bin`, `hidden.bpk`, `hidden-optim.bpk`).
+    pub fn save(&self, dir: &Path) -> Result<(), Error> {
+        let werr = |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
+        let p = dir.join("table.bin");
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&p).map_err(|e| werr(&p, &e))?);
+        let io = |f: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
+            write_u64(f, self.table.rows() as u64)?;
+            write_u64(f, self.table.cols() as u64)?;
+            write_u64(f, self.table_opt.step())?;
+            write_f32s(f, self.table.as_slice())?;
+            write_f32s(f, self.table_opt.accum())?;
+            std::io::Write::flush(f)
+        };
+        io(&mut f).map_err(|e| werr(&p, &e))?;
+        let hp = dir.join("hidden.bpk");
+        self.hidden().clone().save_file(&hp).map_err(|e| werr(&hp, &e))?;
+        let op = dir.join("hidden-optim.bpk");
+        self.hidden_opt.save(&op).map_err(|e| werr(&op, &e))
+    }
+
+    /// Restores an encoder saved by [`Self::save`] into this one (same shapes and optimiser).
+    pub fn load(&mut self, dir: &Path) -> Result<(), Error> {
+        let werr = |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
+        let p = dir.join("table.bin");
+        let mut f = std::io::BufReader::new(std::fs::File::open(&p).map_err(|e| werr(&p, &e))?);
+        let (rows, cols) = (read_u64(&mut f).map_err(|e| werr(&p, &e))?, read_u64(&mut f).map_err(|e| werr(&p, &e))?);
+        if (rows as usize, cols as usize) != (self.table.rows(), self.table.cols()) {
+            return Err(werr(&p, &format!("table is {rows} x {cols} but the config builds {} x {}", self.table.rows(), self.table.cols())));
+        }
+        let step = read_u64(&mut f).map_err(|e| werr(&p, &e))?;
+        read_f32s(&mut f, self.table.as_mut_slice()).map_err(|e| werr(&p, &e))?;
+        read_f32s(&mut f, self.table_opt.accum_mut()).map_err(|e| werr(&p, &e))?;
+        self.table_opt.set_step(step);
+        let hp = dir.join("hidden.bpk");
+        let hidden = self.hidden.take().expect("hidden module is present between steps");
+        self.hidden = Some(hidden.try_load_file(&hp).map_err(|e| werr(&hp, &e))?);
+        let op = dir.join("hidden-optim.bpk");
+        let opt = std::mem::replace(&mut self.hidden_opt, SgdConfig::new().init());
+        self.hidden_opt = opt.load(&op).map_err(|e| werr(&op, &e))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn docs() -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
+        (vec![vec![0, 3], vec![3], vec![], vec![1, 2, 4]], vec![vec![0.6, 0.8], vec![1.0], vec![], vec![0.5, 0.5, 0.7]])
+    }
+
+    /// Reference forward on the host: act(sum_f x_f E_f + b).
+    fn host_forward(enc: &DocEncoder, cols: &[u32], vals: &[f32]) -> Vec<f32> {
+        let mut h = bridge::to_matrix(enc.hidden().bias.val().unsqueeze::<2>()).into_vec();
+        for (c, v) in cols.iter().zip(vals) {
+            farout_core::kernels::axpy(*v, enc.table.row(*c as usize), &mut h);
+        }
+        h.iter().map(|x| match enc.config.activation { Activation::None => *x, Activation::Relu => x.max(0.0), Activation::Tanh => x.tanh() }).collect()
+    }
+
+    #[test]
+    fn forward_matches_host_reference() {
+        for act in [Activation::None, Activation::Relu, Activation::Tanh] {
+            let enc = DocEncoder::new(&DocEncoderConfig { d_model: 4, activation: act, ..Default::default() }, 5, 1).unwrap();
+            let (c, v) = docs();
+            let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+            let phi = enc.encode(&batch);
+            for (i, (cc, vv)) in c.iter().zip(&v).enumerate() {
+                for (a, b) in phi.row(i).iter().zip(host_forward(&enc, cc, vv)) {
+                    assert!((a - b).abs() < 1e-6, "{act:?}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn backward_updates_used_rows_by_the_chain_rule() {
+        // Linear encoder, SGD lr 0.5: E_f <- E_f - 0.5 * sum_i x_if dphi_i, unused rows unchanged.
+        let cfg = DocEncoderConfig { d_model: 3, optimizer: OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 }, ..Default::default() };
+        let mut enc = DocEncoder::new(&cfg, 6, 2).unwrap();
+        let before = enc.table.clone();
+        let (c, v) = docs();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let dphi = Matrix::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.1 - 0.5).collect()).unwrap();
+        let fwd = enc.forward(&batch);
+        enc.backward(fwd, &dphi);
+        for f in 0..6u32 {
+            let mut expect = before.row(f as usize).to_vec();
+            for (i, (cc, vv)) in c.iter().zip(&v).enumerate() {
+                for (cf, x) in cc.iter().zip(vv) {
+                    if *cf == f {
+                        farout_core::kernels::axpy(-0.5 * x, dphi.row(i), &mut expect);
+                    }
+                }
+            }
+            for (a, b) in enc.table.row(f as usize).iter().zip(&expect) {
+                assert!((a - b).abs() < 1e-5, "row {f}: {a} vs {b}");
+            }
+        }
+        // Bias: b <- b - 0.5 * sum_i dphi_i
+        let b = bridge::to_matrix(enc.hidden().bias.val().unsqueeze::<2>()).into_vec();
+        for j in 0..3 {
+            let s: f32 = (0..4).map(|i| dphi.row(i)[j]).sum();
+            assert!((b[j] + 0.5 * s).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn save_and_load_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = DocEncoderConfig { d_model: 3, ..Default::default() };
+        let mut a = DocEncoder::new(&cfg, 6, 2).unwrap();
+        let (c, v) = docs();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let fwd = a.forward(&batch);
+        a.backward(fwd, &Matrix::from_vec(4, 3, vec![0.3; 12]).unwrap());
+        a.save(dir.path()).unwrap();
+        let mut b = DocEncoder::new(&cfg, 6, 99).unwrap();
+        b.load(dir.path()).unwrap();
+        assert_eq!(a.encode(&batch), b.encode(&batch));
+        assert_eq!(a.table_opt, b.table_opt);
+    }
+}
