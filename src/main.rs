@@ -1,1 +1,193 @@
-fn main() {}
+//! The `farout` command line: parses arguments, wires the library crates, prints results.
+
+mod bench;
+mod datagen;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use farout_train::{Config, Trainer};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "farout",
+    version,
+    about = "Train networks with huge output layers, with sublinear approximate loss gradients"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train the model a config describes; prints a JSON summary at the end.
+    Train {
+        /// The experiment config (TOML).
+        config: PathBuf,
+        /// Override a config key, e.g. --set train.epochs=3 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Also write the JSON summary to this file.
+        #[arg(long)]
+        summary: Option<PathBuf>,
+        /// Continue from the config's checkpoint.
+        #[arg(long)]
+        resume: bool,
+    },
+    /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss) as JSON.
+    Eval {
+        /// The experiment config.
+        config: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Checkpoint directory (default: the config's).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+    },
+    /// Top-k classes with scores for every sample of a data file (config's format).
+    Predict {
+        /// The experiment config.
+        config: PathBuf,
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Checkpoint directory (default: the config's).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// Data to predict (default: the config's test set).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Labels of the input for npy/raw data (optional).
+        #[arg(long)]
+        labels: Option<PathBuf>,
+        /// Number of classes per sample.
+        #[arg(long, default_value_t = 5)]
+        top_k: usize,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Generate synthetic data sets.
+    Data {
+        #[command(subcommand)]
+        command: datagen::DataCommand,
+    },
+    /// Micro-benchmarks printing machine-readable JSON.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("error: {}", msg.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load_config(path: &Path, set: &[String]) -> Result<Config> {
+    let config = Config::load(path, set)?;
+    if config.train.threads > 0 {
+        // Ignore the error of a second initialisation (only possible in tests).
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.train.threads)
+            .build_global();
+    }
+    Ok(config)
+}
+
+fn trainer_from_checkpoint(config: Config, checkpoint: Option<PathBuf>) -> Result<Trainer> {
+    let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
+    let mut t = Trainer::new(config)?;
+    t.load_checkpoint(&dir)
+        .with_context(|| format!("loading checkpoint {}", dir.display()))?;
+    Ok(t)
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train {
+            config,
+            set,
+            summary,
+            resume,
+        } => {
+            let config = load_config(&config, &set)?;
+            let mut trainer = Trainer::new(config)?;
+            if resume {
+                trainer.resume().context("--resume")?;
+                eprintln!("resuming at step {}", trainer.step());
+            }
+            let s = trainer.run()?;
+            let json = serde_json::to_string_pretty(&s)?;
+            println!("{json}");
+            if let Some(p) = summary {
+                std::fs::write(&p, json + "\n")
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+        }
+        Command::Eval {
+            config,
+            set,
+            checkpoint,
+        } => {
+            let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
+            let test = t
+                .data()
+                .test
+                .as_ref()
+                .context("the config names no test set (data.test)")?;
+            println!("{}", serde_json::to_string_pretty(&t.evaluate(test, 0))?);
+        }
+        Command::Predict {
+            config,
+            set,
+            checkpoint,
+            input,
+            labels,
+            top_k,
+            out,
+        } => {
+            let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
+            let owned;
+            let ds = match &input {
+                Some(p) => {
+                    owned = t.load_input(p, labels.as_deref())?;
+                    &owned
+                }
+                None => t
+                    .data()
+                    .test
+                    .as_ref()
+                    .context("no --input and the config names no test set")?,
+            };
+            let preds = t.predict(ds, top_k);
+            let mut w: Box<dyn Write> = match &out {
+                Some(p) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(p)
+                        .with_context(|| format!("creating {}", p.display()))?,
+                )),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+            };
+            for hits in preds {
+                let line: Vec<String> = hits
+                    .iter()
+                    .map(|h| format!("{}:{:.6}", h.class, h.score))
+                    .collect();
+                writeln!(w, "{}", line.join(" "))?;
+            }
+            w.flush()?;
+        }
+        Command::Data { command } => datagen::run(command)?,
+        Command::Bench { command } => bench::run(command)?,
+    }
+    Ok(())
+}

@@ -16,7 +16,12 @@ pub struct SparseRows {
 impl SparseRows {
     /// An empty matrix with `n_cols` columns.
     pub fn new(n_cols: usize) -> Self {
-        Self { indptr: vec![0], indices: Vec::new(), values: Vec::new(), n_cols }
+        Self {
+            indptr: vec![0],
+            indices: Vec::new(),
+            values: Vec::new(),
+            n_cols,
+        }
     }
 
     /// Number of rows.
@@ -35,6 +40,24 @@ impl SparseRows {
         self.indices.extend_from_slice(cols);
         self.values.extend_from_slice(vals);
         self.indptr.push(self.indices.len());
+    }
+
+    /// Inverse document frequencies `ln((1 + N) / (1 + df_f)) + 1` of every column (the smoothed
+    /// idf of scikit-learn), from these rows.
+    pub fn idf(&self) -> Vec<f32> {
+        let mut df = vec![0u32; self.n_cols];
+        self.indices.iter().for_each(|&c| df[c as usize] += 1);
+        let n = self.n_rows() as f32;
+        df.iter()
+            .map(|&d| ((1.0 + n) / (1.0 + d as f32)).ln() + 1.0)
+            .collect()
+    }
+
+    /// Multiplies every value by its column's weight.
+    pub fn scale_columns(&mut self, weights: &[f32]) {
+        for (v, &c) in self.values.iter_mut().zip(&self.indices) {
+            *v *= weights[c as usize];
+        }
     }
 
     /// Scales every row to unit Euclidean norm (rows of zeros stay zero).
@@ -61,12 +84,20 @@ pub struct LabelSets {
 impl LabelSets {
     /// No samples yet, `n_labels` classes.
     pub fn new(n_labels: usize) -> Self {
-        Self { indptr: vec![0], labels: Vec::new(), n_labels }
+        Self {
+            indptr: vec![0],
+            labels: Vec::new(),
+            n_labels,
+        }
     }
 
     /// One label per sample (multiclass).
     pub fn from_single(labels: Vec<ClassId>, n_labels: usize) -> Self {
-        Self { indptr: (0..=labels.len()).collect(), labels, n_labels }
+        Self {
+            indptr: (0..=labels.len()).collect(),
+            labels,
+            n_labels,
+        }
     }
 
     /// Number of samples.

@@ -29,7 +29,7 @@ mod loss;
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::Exact;
-pub use loss::{Loss, SmoothedMargin, Softmax};
+pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 
 /// Errors of estimator construction.
 #[derive(Debug, thiserror::Error)]

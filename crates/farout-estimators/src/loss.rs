@@ -11,10 +11,32 @@ pub trait Loss: Send + Sync {
 
     /// Returns `L(z, P)` and writes `dL/dz` into `grad` (same length as `z`). `scratch` is reused
     /// between calls to avoid allocating per sample.
-    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32;
+    fn value_and_grad(
+        &self,
+        z: &[f32],
+        positives: &[ClassId],
+        grad: &mut [f32],
+        scratch: &mut LossScratch,
+    ) -> f32;
 
     /// Whether `dL/dz` is sparse (few non-zeros out of K), which makes sparse row updates pay.
     fn sparse_gradient(&self) -> bool;
+
+    /// Like [`Self::value_and_grad`], overwriting the scores `z` with the gradient. The default
+    /// copies the scores into `scratch`; losses that can work in place override it.
+    fn value_and_grad_in_place(
+        &self,
+        z: &mut [f32],
+        positives: &[ClassId],
+        scratch: &mut LossScratch,
+    ) -> f32 {
+        let mut copy = std::mem::take(&mut scratch.scores);
+        copy.clear();
+        copy.extend_from_slice(z);
+        let l = self.value_and_grad(&copy, positives, z, scratch);
+        scratch.scores = copy;
+        l
+    }
 }
 
 /// Reusable buffers of the losses.
@@ -22,6 +44,7 @@ pub trait Loss: Send + Sync {
 pub struct LossScratch {
     bisimplex: BisimplexScratch,
     is_positive: Vec<bool>,
+    scores: Vec<f32>,
 }
 
 /// Multi-label cross-entropy, eq. (2) of the LDGS paper:
@@ -39,7 +62,13 @@ impl Loss for Softmax {
         "softmax"
     }
 
-    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], _: &mut LossScratch) -> f32 {
+    fn value_and_grad(
+        &self,
+        z: &[f32],
+        positives: &[ClassId],
+        grad: &mut [f32],
+        _: &mut LossScratch,
+    ) -> f32 {
         debug_assert_eq!(z.len(), grad.len());
         if positives.is_empty() {
             grad.fill(0.0);
@@ -69,6 +98,36 @@ impl Loss for Softmax {
     fn sparse_gradient(&self) -> bool {
         false
     }
+
+    /// In place: only the positives' scores are needed once the exponentials overwrite `z`.
+    fn value_and_grad_in_place(
+        &self,
+        z: &mut [f32],
+        positives: &[ClassId],
+        _: &mut LossScratch,
+    ) -> f32 {
+        if positives.is_empty() {
+            z.fill(0.0);
+            return 0.0;
+        }
+        let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let pos_score_sum: f64 = positives.iter().map(|&p| z[p as usize] as f64).sum();
+        let mut sum = 0.0f64;
+        for v in z.iter_mut() {
+            let e = (*v - max).exp();
+            *v = e;
+            sum += e as f64;
+        }
+        let scale = positives.len() as f32 / sum as f32;
+        for v in z.iter_mut() {
+            *v *= scale;
+        }
+        for &p in positives {
+            z[p as usize] -= 1.0;
+        }
+        let log_z = max as f64 + sum.ln();
+        (positives.len() as f64 * log_z - pos_score_sum) as f32
+    }
 }
 
 /// Smoothed max-margin loss, eq. (10)-(11) of the LDGS paper (Nesterov smoothing of the
@@ -91,7 +150,11 @@ impl SmoothedMargin {
     /// The loss with smoothing `mu` (> 0).
     pub fn new(mu: f32) -> Result<Self, crate::Error> {
         if !(mu > 0.0 && mu.is_finite()) {
-            return Err(crate::Error::Param { name: "mu", value: mu.to_string(), reason: "must be a finite number > 0" });
+            return Err(crate::Error::Param {
+                name: "mu",
+                value: mu.to_string(),
+                reason: "must be a finite number > 0",
+            });
         }
         Ok(Self { mu })
     }
@@ -107,7 +170,13 @@ impl Loss for SmoothedMargin {
         "margin"
     }
 
-    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
+    fn value_and_grad(
+        &self,
+        z: &[f32],
+        positives: &[ClassId],
+        grad: &mut [f32],
+        scratch: &mut LossScratch,
+    ) -> f32 {
         let is_pos = &mut scratch.is_positive;
         is_pos.clear();
         is_pos.resize(z.len(), false);
@@ -154,13 +223,20 @@ mod tests {
             zp[k] -= 2.0 * h;
             let lm = loss.value_and_grad(&zp, positives, &mut tmp, &mut scratch);
             let fd = (lp - lm) / (2.0 * h);
-            assert!((fd - grad[k]).abs() < tol, "{}: dL/dz_{k} = {} but finite difference {fd}", loss.name(), grad[k]);
+            assert!(
+                (fd - grad[k]).abs() < tol,
+                "{}: dL/dz_{k} = {} but finite difference {fd}",
+                loss.name(),
+                grad[k]
+            );
         }
     }
 
     fn scores(seed: u64, n: usize, spread: f32) -> Vec<f32> {
         let mut r = farout_core::rng::seeded(seed, 0);
-        (0..n).map(|_| spread * farout_core::rng::normal(&mut r)).collect()
+        (0..n)
+            .map(|_| spread * farout_core::rng::normal(&mut r))
+            .collect()
     }
 
     #[test]
@@ -173,13 +249,40 @@ mod tests {
     }
 
     #[test]
+    fn in_place_gradients_equal_the_out_of_place_ones() {
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        for loss in [&Softmax as &dyn Loss, &margin] {
+            for seed in 0..10 {
+                let z = scores(seed, 30, 2.0);
+                let pos = [seed as u32 % 30, 7];
+                let mut scratch = LossScratch::default();
+                let mut g = vec![0.0; 30];
+                let l = loss.value_and_grad(&z, &pos, &mut g, &mut scratch);
+                let mut zz = z.clone();
+                let l2 = loss.value_and_grad_in_place(&mut zz, &pos, &mut scratch);
+                assert!(
+                    (l - l2).abs() < 1e-4 * l.abs().max(1.0),
+                    "{}: {l} vs {l2}",
+                    loss.name()
+                );
+                for (a, b) in g.iter().zip(&zz) {
+                    assert!((a - b).abs() < 1e-6);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn softmax_value_is_cross_entropy() {
         let z = [1.0, 2.0, 3.0];
         let mut g = [0.0; 3];
         let l = Softmax.value_and_grad(&z, &[0], &mut g, &mut LossScratch::default());
         let expect = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln() - 1.0;
         assert!((l - expect).abs() < 1e-5);
-        assert!((g.iter().sum::<f32>()).abs() < 1e-6, "softmax gradient sums to |P| - |P| = 0");
+        assert!(
+            (g.iter().sum::<f32>()).abs() < 1e-6,
+            "softmax gradient sums to |P| - |P| = 0"
+        );
     }
 
     #[test]

@@ -1,7 +1,7 @@
-use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
 use crate::Error;
-use farout_core::gemm::{self, Op};
+use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
+use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
 use rayon::prelude::*;
@@ -23,7 +23,10 @@ pub struct OutputLayerConfig {
 
 impl Default for OutputLayerConfig {
     fn default() -> Self {
-        Self { bias: true, init_std: 0.0 }
+        Self {
+            bias: true,
+            init_std: 0.0,
+        }
     }
 }
 
@@ -53,20 +56,36 @@ pub struct OutputLayer {
 
 impl OutputLayer {
     /// A layer of `n_classes x d_model` initialised from `seed`.
-    pub fn new(n_classes: usize, d_model: usize, config: &OutputLayerConfig, optimizer: &OptimizerConfig, seed: u64) -> Result<Self, Error> {
+    pub fn new(
+        n_classes: usize,
+        d_model: usize,
+        config: &OutputLayerConfig,
+        optimizer: &OptimizerConfig,
+        seed: u64,
+    ) -> Result<Self, Error> {
         optimizer.check("output.optimizer")?;
         if n_classes == 0 || d_model == 0 {
-            return Err(Error::Config { key: "output", msg: format!("a {n_classes} x {d_model} layer has no weights") });
+            return Err(Error::Config {
+                key: "output",
+                msg: format!("a {n_classes} x {d_model} layer has no weights"),
+            });
         }
         if !(config.init_std >= 0.0) {
-            return Err(Error::Config { key: "output.layer.init_std", msg: format!("{} must be >= 0", config.init_std) });
+            return Err(Error::Config {
+                key: "output.layer.init_std",
+                msg: format!("{} must be >= 0", config.init_std),
+            });
         }
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
-            w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
-                let mut r = rng::seeded(seed, k as u64);
-                row.iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
-            });
+            w.as_mut_slice()
+                .par_chunks_mut(d_model)
+                .enumerate()
+                .for_each(|(k, row)| {
+                    let mut r = rng::seeded(seed, k as u64);
+                    row.iter_mut()
+                        .for_each(|x| *x = config.init_std * rng::normal(&mut r));
+                });
         }
         Ok(Self {
             w,
@@ -117,7 +136,9 @@ impl OutputLayer {
 
     /// Bytes held by W, the bias and optimiser state.
     pub fn memory_bytes(&self) -> usize {
-        self.w.bytes() + self.bias.as_ref().map_or(0, |b| b.len() * 4) + (self.opt_w.accum.len() + self.opt_b.accum.len()) * 4
+        self.w.bytes()
+            + self.bias.as_ref().map_or(0, |b| b.len() * 4)
+            + (self.opt_w.accum.len() + self.opt_b.accum.len()) * 4
     }
 
     /// `dL/dphi` of the last step (`[batch, d_model]`), when it was requested.
@@ -129,24 +150,47 @@ impl OutputLayer {
     pub fn scores(&self, phi: &Matrix, out: &mut Matrix) {
         let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
         out.reshape_for_overwrite(b, k);
-        gemm::scores(phi.as_slice(), b, self.w.as_slice(), k, d, out.as_mut_slice());
+        gemm::scores(
+            phi.as_slice(),
+            b,
+            self.w.as_slice(),
+            k,
+            d,
+            out.as_mut_slice(),
+        );
         if let Some(bias) = &self.bias {
-            out.as_mut_slice().par_chunks_mut(k).for_each(|z| z.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+            out.as_mut_slice()
+                .par_chunks_mut(k)
+                .for_each(|z| z.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
         }
     }
 
     /// One training step: estimates class gradients for `batch`, computes `dL/dphi` (when
     /// `want_dphi`; read it with [`Self::dphi`]) and updates the touched rows.
-    pub fn train_step(&mut self, estimator: &dyn GradientEstimator, batch: Batch, rng: &mut Rng, want_dphi: bool) -> StepStats {
+    pub fn train_step(
+        &mut self,
+        estimator: &dyn GradientEstimator,
+        batch: Batch,
+        rng: &mut Rng,
+        want_dphi: bool,
+    ) -> StepStats {
         let ctx = Ctx::new(&self.w, self.bias.as_deref());
         let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
         if want_dphi {
             self.compute_dphi(batch.phi);
         }
-        let rows_updated = if self.grads.is_dense { self.update_dense(batch.phi) } else { self.update_sparse(batch.phi) };
+        let rows_updated = if self.grads.is_dense {
+            self.update_dense(batch.phi)
+        } else {
+            self.update_sparse(batch.phi)
+        };
         self.opt_w.advance();
         self.opt_b.advance();
-        StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
+        StepStats {
+            loss_sum: est.loss_sum,
+            classes_scored: est.classes_scored,
+            rows_updated,
+        }
     }
 
     /// `dphi_i = sum_k g_ik W_k`, from the current (not yet updated) W.
@@ -154,15 +198,31 @@ impl OutputLayer {
         let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
         self.dphi.reshape_for_overwrite(b, d);
         if self.grads.is_dense {
-            gemm::gemm(self.dphi.as_mut_slice(), b, d, 0.0, 1.0, self.grads.dense.as_slice(), (b, k), Op::N, self.w.as_slice(), (k, d), Op::N);
+            gemm::gemm(
+                self.dphi.as_mut_slice(),
+                b,
+                d,
+                0.0,
+                1.0,
+                self.grads.dense.as_slice(),
+                (b, k),
+                Op::N,
+                self.w.as_slice(),
+                (k, d),
+                Op::N,
+            );
         } else {
             let w = &self.w;
-            self.dphi.as_mut_slice().par_chunks_mut(d).zip(self.grads.sparse.par_iter()).for_each(|(out, g)| {
-                out.fill(0.0);
-                for (c, v) in g.iter() {
-                    kernels::axpy(v, w.row(c as usize), out);
-                }
-            });
+            self.dphi
+                .as_mut_slice()
+                .par_chunks_mut(d)
+                .zip(self.grads.sparse.par_iter())
+                .for_each(|(out, g)| {
+                    out.fill(0.0);
+                    for (c, v) in g.iter() {
+                        kernels::axpy(v, w.row(c as usize), out);
+                    }
+                });
         }
     }
 
@@ -180,7 +240,19 @@ impl OutputLayer {
         }
         if self.opt_w.is_adaptive() {
             self.dw.reshape_for_overwrite(k, d);
-            gemm::gemm(self.dw.as_mut_slice(), k, d, 0.0, 1.0, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
+            gemm::gemm(
+                self.dw.as_mut_slice(),
+                k,
+                d,
+                0.0,
+                1.0,
+                g,
+                (b, k),
+                Op::T,
+                phi.as_slice(),
+                (b, d),
+                Op::N,
+            );
             let rule = self.opt_w.rule();
             let acc = self.opt_w.accum_mut();
             self.w
@@ -191,8 +263,22 @@ impl OutputLayer {
                 .for_each(|((row, a), grad)| rule.apply(row, a, grad));
         } else {
             // Fused: W <- (1 - lr l2) W - lr G^T Phi, no K x D temporary.
-            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else { unreachable!("non-adaptive rule is SGD") };
-            gemm::gemm(self.w.as_mut_slice(), k, d, 1.0 - lr * l2, -lr, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
+            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else {
+                unreachable!("non-adaptive rule is SGD")
+            };
+            gemm::gemm(
+                self.w.as_mut_slice(),
+                k,
+                d,
+                1.0 - lr * l2,
+                -lr,
+                g,
+                (b, k),
+                Op::T,
+                phi.as_slice(),
+                (b, d),
+                Op::N,
+            );
         }
         k
     }
@@ -207,24 +293,39 @@ impl OutputLayer {
         }
         self.entries.sort_unstable_by_key(|e| e.0);
         let entries = &self.entries;
-        let mut starts: Vec<usize> = (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
+        let mut starts: Vec<usize> = (0..entries.len())
+            .filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0)
+            .collect();
         let n_rows = starts.len();
         starts.push(entries.len());
         self.dw.reshape_for_overwrite(n_rows, d);
         let mut gb = vec![0.0f32; n_rows];
-        self.dw.as_mut_slice().par_chunks_mut(d).zip(gb.par_iter_mut()).enumerate().for_each(|(r, (grad, gbias))| {
-            grad.fill(0.0);
-            for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
-                kernels::axpy(v, phi.row(i as usize), grad);
-                *gbias += v;
-            }
-        });
+        self.dw
+            .as_mut_slice()
+            .par_chunks_mut(d)
+            .zip(gb.par_iter_mut())
+            .enumerate()
+            .for_each(|(r, (grad, gbias))| {
+                grad.fill(0.0);
+                for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
+                    kernels::axpy(v, phi.row(i as usize), grad);
+                    *gbias += v;
+                }
+            });
         let (rule_w, rule_b) = (self.opt_w.rule(), self.opt_b.rule());
         for r in 0..n_rows {
             let k = entries[starts[r]].0 as usize;
-            rule_w.apply(self.w.row_mut(k), self.opt_w.accum_row(k, d), self.dw.row(r));
+            rule_w.apply(
+                self.w.row_mut(k),
+                self.opt_w.accum_row(k, d),
+                self.dw.row(r),
+            );
             if let Some(bias) = &mut self.bias {
-                rule_b.apply(&mut bias[k..k + 1], self.opt_b.accum_row(k, 1), &gb[r..r + 1]);
+                rule_b.apply(
+                    &mut bias[k..k + 1],
+                    self.opt_b.accum_row(k, 1),
+                    &gb[r..r + 1],
+                );
             }
         }
         n_rows
@@ -232,15 +333,29 @@ impl OutputLayer {
 
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
-        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
+        let err = |e: std::io::Error| Error::Checkpoint {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        };
         let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-        let header = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64, self.opt_w.step, self.opt_w.accum.len() as u64];
+        let header = [
+            self.n_classes() as u64,
+            self.d_model() as u64,
+            self.bias.is_some() as u64,
+            self.opt_w.step,
+            self.opt_w.accum.len() as u64,
+        ];
         f.write_all(MAGIC).map_err(err)?;
         for h in header {
             write_u64(&mut f, h).map_err(err)?;
         }
         let empty = Vec::new();
-        for part in [self.w.as_slice(), self.bias.as_deref().unwrap_or(&empty), &self.opt_w.accum, &self.opt_b.accum] {
+        for part in [
+            self.w.as_slice(),
+            self.bias.as_deref().unwrap_or(&empty),
+            &self.opt_w.accum,
+            &self.opt_b.accum,
+        ] {
             write_f32s(&mut f, part).map_err(err)?;
         }
         f.flush().map_err(err)
@@ -249,8 +364,12 @@ impl OutputLayer {
     /// Restores W, the bias and the optimiser state saved by [`Self::save`] into this layer,
     /// which must have the same shape, bias setting and optimiser kind.
     pub fn load(&mut self, path: &Path) -> Result<(), Error> {
-        let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-        let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
+        let err = |msg: String| Error::Checkpoint {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let mut f =
+            std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
         let mut magic = [0u8; 8];
         f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
         if magic != *MAGIC {
@@ -260,11 +379,22 @@ impl OutputLayer {
         for x in &mut h {
             *x = read_u64(&mut f).map_err(|e| err(e.to_string()))?;
         }
-        let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
+        let expect = [
+            self.n_classes() as u64,
+            self.d_model() as u64,
+            self.bias.is_some() as u64,
+        ];
         if h[..3] != expect || h[4] != self.opt_w.accum.len() as u64 {
             return Err(err(format!(
                 "checkpoint holds a {} x {} layer (bias {}, {} optimiser values) but the config builds {} x {} (bias {}, {})",
-                h[0], h[1], h[2] == 1, h[4], expect[0], expect[1], expect[2] == 1, self.opt_w.accum.len()
+                h[0],
+                h[1],
+                h[2] == 1,
+                h[4],
+                expect[0],
+                expect[1],
+                expect[2] == 1,
+                self.opt_w.accum.len()
             )));
         }
         read_f32s(&mut f, self.w.as_mut_slice()).map_err(|e| err(e.to_string()))?;
@@ -293,14 +423,25 @@ mod tests {
     }
 
     /// Reference: per-sample exact gradients, dW and dphi accumulated by loops.
-    fn reference(layer: &OutputLayer, est: &dyn GradientEstimator, phi: &Matrix, pos: &[Vec<u32>]) -> (Matrix, Matrix, Vec<f32>) {
+    fn reference(
+        layer: &OutputLayer,
+        est: &dyn GradientEstimator,
+        phi: &Matrix,
+        pos: &[Vec<u32>],
+    ) -> (Matrix, Matrix, Vec<f32>) {
         let (k, d) = (layer.n_classes(), layer.d_model());
         let mut dw = Matrix::zeros(k, d);
         let mut dphi = Matrix::zeros(phi.rows(), d);
         let mut db = vec![0.0; k];
         for i in 0..phi.rows() {
             let mut g = farout_core::SparseGrad::new();
-            est.estimate(&layer.ctx(), phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
+            est.estimate(
+                &layer.ctx(),
+                phi.row(i),
+                &pos[i],
+                &mut rng::seeded(0, 0),
+                &mut g,
+            );
             for (c, v) in g.iter() {
                 kernels::axpy(v, phi.row(i), dw.row_mut(c as usize));
                 kernels::axpy(v, layer.weights().row(c as usize), dphi.row_mut(i));
@@ -313,13 +454,24 @@ mod tests {
     fn check_step(est: &dyn GradientEstimator, opt: OptimizerConfig) {
         let (phi, pos) = setup(1);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let cfg = OutputLayerConfig { bias: true, init_std: 0.3 };
+        let cfg = OutputLayerConfig {
+            bias: true,
+            init_std: 0.3,
+        };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
         let (dw, dphi, db) = reference(&layer, est, &phi, &pos);
         let w0 = layer.weights().clone();
         let b0 = layer.bias().unwrap().to_vec();
         let rule = opt.build(1, 1).rule();
-        layer.train_step(est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), true);
+        layer.train_step(
+            est,
+            Batch {
+                phi: &phi,
+                positives: &refs,
+            },
+            &mut rng::seeded(0, 0),
+            true,
+        );
         for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
             assert!((a - b).abs() < 1e-4, "dphi {a} vs {b}");
         }
@@ -341,7 +493,18 @@ mod tests {
 
     #[test]
     fn dense_and_sparse_steps_match_per_sample_reference() {
-        for opt in [OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 }, OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }] {
+        for opt in [
+            OptimizerConfig::Sgd {
+                lr: 0.5,
+                decay: 0.0,
+                l2: 0.0,
+            },
+            OptimizerConfig::Adagrad {
+                lr: 0.5,
+                eps: 1e-8,
+                l2: 0.0,
+            },
+        ] {
             check_step(&Exact::new(Softmax), opt.clone());
             check_step(&Exact::new(SmoothedMargin::new(1.0).unwrap()), opt);
         }
@@ -351,12 +514,39 @@ mod tests {
     fn training_reduces_the_loss() {
         let (phi, pos) = setup(2);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &OptimizerConfig::default(), 0).unwrap();
+        let mut layer = OutputLayer::new(
+            10,
+            6,
+            &OutputLayerConfig::default(),
+            &OptimizerConfig::default(),
+            0,
+        )
+        .unwrap();
         let est = Exact::new(Softmax);
-        let first = layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+        let first = layer
+            .train_step(
+                &est,
+                Batch {
+                    phi: &phi,
+                    positives: &refs,
+                },
+                &mut rng::seeded(0, 0),
+                false,
+            )
+            .loss_sum;
         let mut last = first;
         for _ in 0..50 {
-            last = layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+            last = layer
+                .train_step(
+                    &est,
+                    Batch {
+                        phi: &phi,
+                        positives: &refs,
+                    },
+                    &mut rng::seeded(0, 0),
+                    false,
+                )
+                .loss_sum;
         }
         assert!(last < 0.2 * first, "{first} -> {last}");
     }
@@ -368,13 +558,29 @@ mod tests {
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let opt = OptimizerConfig::default();
         let mut a = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
-        a.train_step(&Exact::new(Softmax), Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
+        a.train_step(
+            &Exact::new(Softmax),
+            Batch {
+                phi: &phi,
+                positives: &refs,
+            },
+            &mut rng::seeded(0, 0),
+            false,
+        );
         let p = dir.path().join("layer.bin");
         a.save(&p).unwrap();
         let mut b = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 9).unwrap();
         b.load(&p).unwrap();
-        assert_eq!((a.weights(), a.bias(), &a.opt_w, a.step()), (b.weights(), b.bias(), &b.opt_w, b.step()));
+        assert_eq!(
+            (a.weights(), a.bias(), &a.opt_w, a.step()),
+            (b.weights(), b.bias(), &b.opt_w, b.step())
+        );
         let mut c = OutputLayer::new(11, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
-        assert!(c.load(&p).unwrap_err().to_string().contains("checkpoint holds a 10 x 6 layer"));
+        assert!(
+            c.load(&p)
+                .unwrap_err()
+                .to_string()
+                .contains("checkpoint holds a 10 x 6 layer")
+        );
     }
 }

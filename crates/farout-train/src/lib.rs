@@ -1,1 +1,68 @@
-//! farout-train
+//! farout-train: everything between a config file and a trained output layer.
+//!
+//! - [`config`]: the TOML schema (deny unknown keys, documented defaults, `--set` overrides);
+//! - [`data`]: loading the train/test sets a config names (or generating them);
+//! - [`metrics`]: P@k, nDCG@k, accuracy and the exact test loss;
+//! - [`log`]: TensorBoard and JSONL scalar sinks behind one small trait;
+//! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
+//!   resume, divergence detection and the final summary.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod data;
+pub mod log;
+pub mod metrics;
+mod trainer;
+
+pub use config::Config;
+pub use trainer::{Summary, Trainer};
+
+use std::path::PathBuf;
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The config file is unreadable or invalid.
+    #[error("{}: {msg}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong (names the key).
+        msg: String,
+    },
+    /// Data could not be loaded.
+    #[error(transparent)]
+    Data(#[from] farout_data::Error),
+    /// The data sets do not fit together or with the config.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The output layer rejected its config or checkpoint.
+    #[error(transparent)]
+    Layer(#[from] farout_layer::Error),
+    /// The encoder rejected its config or weights.
+    #[error(transparent)]
+    Model(#[from] farout_models::Error),
+    /// An estimator parameter is invalid.
+    #[error(transparent)]
+    Estimator(#[from] farout_estimators::Error),
+    /// Training produced a non-finite loss.
+    #[error("training diverged at step {step} (loss = {loss}); {kept}")]
+    Diverged {
+        /// The step whose loss was not finite.
+        step: u64,
+        /// The loss value.
+        loss: f64,
+        /// What was kept.
+        kept: String,
+    },
+    /// A log, checkpoint or output file could not be written or read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+}

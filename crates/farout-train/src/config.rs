@@ -1,0 +1,519 @@
+//! The experiment config: TOML parsed into plain structs.
+//!
+//! Every struct denies unknown keys (a misspelled key is an error naming it, never silently
+//! ignored) and every field has a documented default, so a config only states what differs.
+//! `--set key=value` overrides are applied to the TOML tree before parsing, so they are
+//! checked exactly like keys in the file.
+//!
+//! Paths in a config are relative to the working directory (run farout from the project root).
+
+use crate::Error;
+use farout_data::synth::{FaceSpec, XmcSpec};
+use farout_layer::{OptimizerConfig, OutputLayerConfig};
+use farout_models::{DocEncoderConfig, FaceHeadConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A whole experiment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Name of the run (summaries, log directory). Default: the config file's stem.
+    #[serde(default)]
+    pub name: String,
+    /// Seed of every random choice (initialisation, shuffling, sampling).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Where the data come from.
+    pub data: DataConfig,
+    /// The network computing features.
+    pub model: ModelConfig,
+    /// The output layer and its gradient estimator.
+    pub output: OutputConfig,
+    /// The training loop.
+    #[serde(default)]
+    pub train: TrainConfig,
+    /// Evaluation.
+    #[serde(default)]
+    pub eval: EvalConfig,
+    /// Logs.
+    #[serde(default)]
+    pub log: LogConfig,
+    /// Checkpoints.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+/// Data format of `data.train` / `data.test`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataFormat {
+    /// Extreme Classification Repository sparse text (`N D K` header).
+    Xmc,
+    /// `.npy` f32 features `[N, D]`, labels from `train_labels` / `test_labels`.
+    Npy,
+    /// Raw little-endian f32 features of dimension `data.dim`, labels as for `npy`.
+    Raw,
+    /// FaceNet-like embeddings generated in memory from `[data.face]` (no files).
+    SyntheticFace,
+    /// Sparse multi-label documents generated in memory from `[data.xmc]` (no files).
+    SyntheticXmc,
+}
+
+/// `[data]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Format of the files (or a synthetic generator).
+    pub format: DataFormat,
+    /// Training features (xmc: features and labels).
+    pub train: Option<PathBuf>,
+    /// Test features.
+    pub test: Option<PathBuf>,
+    /// Training labels for `npy` / `raw` (`.npy` integers or text, one line per sample).
+    pub train_labels: Option<PathBuf>,
+    /// Test labels for `npy` / `raw`.
+    pub test_labels: Option<PathBuf>,
+    /// Number of classes K for `npy` / `raw` (0 = one more than the largest label seen).
+    pub n_classes: usize,
+    /// Feature dimension of `raw` files.
+    pub dim: usize,
+    /// Scale sparse feature rows to unit L2 norm (after tf-idf weighting, if any).
+    pub normalize: bool,
+    /// Weight sparse features by their smoothed inverse document frequency in the training set.
+    pub tfidf: bool,
+    /// Generator parameters for `synthetic_face`.
+    pub face: FaceSpec,
+    /// Generator parameters for `synthetic_xmc`.
+    pub xmc: XmcSpec,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            format: DataFormat::Xmc,
+            train: None,
+            test: None,
+            train_labels: None,
+            test_labels: None,
+            n_classes: 0,
+            dim: 0,
+            normalize: true,
+            tfidf: false,
+            face: FaceSpec::default(),
+            xmc: XmcSpec::default(),
+        }
+    }
+}
+
+/// Which encoder computes `phi(x)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncoderKind {
+    /// Frozen FaceNet-style head over dense features.
+    FaceHead,
+    /// One hidden layer over sparse bags of words.
+    DocEncoder,
+}
+
+/// `[model]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The encoder.
+    pub encoder: EncoderKind,
+    /// Its parameters when `encoder = "face_head"`.
+    #[serde(default)]
+    pub face_head: FaceHeadConfig,
+    /// Its parameters when `encoder = "doc_encoder"`.
+    #[serde(default)]
+    pub doc_encoder: DocEncoderConfig,
+}
+
+/// The gradient estimators available from config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EstimatorKind {
+    /// Exact cross-entropy (LDGS eq. 2).
+    Softmax,
+    /// Exact smoothed max-margin (LDGS eq. 10-11) with `output.mu`.
+    Margin,
+}
+
+/// `[output]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    /// The gradient estimator.
+    pub estimator: EstimatorKind,
+    /// Smoothing of the margin loss (the paper: 1 for multiclass, 5 for multilabel).
+    #[serde(default = "default_mu")]
+    pub mu: f32,
+    /// Bias and initialisation of W.
+    #[serde(default)]
+    pub layer: OutputLayerConfig,
+    /// Optimiser of W's rows and the bias.
+    #[serde(default)]
+    pub optimizer: OptimizerConfig,
+}
+
+fn default_mu() -> f32 {
+    1.0
+}
+
+/// `[train]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Passes over the training data.
+    pub epochs: usize,
+    /// Samples per step.
+    pub batch_size: usize,
+    /// Worker threads (0 = one per core).
+    pub threads: usize,
+    /// Stop after this many steps (0 = no limit).
+    pub max_steps: u64,
+    /// Log training scalars every this many steps.
+    pub log_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 5,
+            batch_size: 64,
+            threads: 0,
+            max_steps: 0,
+            log_every: 50,
+        }
+    }
+}
+
+/// `[eval]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Evaluate on the test set every this many steps (0 = at the end of each epoch only).
+    pub every_steps: u64,
+    /// Evaluate on at most this many test samples during training (0 = all); the final
+    /// evaluation always uses the whole test set.
+    pub max_samples: usize,
+    /// Rows scored per evaluation batch.
+    pub batch_size: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every_steps: 0,
+            max_samples: 0,
+            batch_size: 256,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Directory of the run's logs (default `runs/<name>`).
+    pub dir: Option<PathBuf>,
+    /// Write TensorBoard event files into `<dir>/tb`.
+    pub tensorboard: bool,
+    /// Write `<dir>/metrics.jsonl`.
+    pub jsonl: bool,
+    /// Show a progress bar on the terminal.
+    pub progress: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            tensorboard: true,
+            jsonl: true,
+            progress: true,
+        }
+    }
+}
+
+/// `[checkpoint]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// Directory of the checkpoint (default `<log dir>/checkpoint`).
+    pub dir: Option<PathBuf>,
+    /// Save every this many steps (0 = at the end of each epoch only).
+    pub every_steps: u64,
+    /// Whether to save at all.
+    pub enabled: bool,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: None,
+            every_steps: 0,
+            enabled: true,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path`, applies `overrides` (`key.path=value`), parses and validates.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        let mut config = Self::parse(&text, overrides).map_err(|msg| Error::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        if config.name.is_empty() {
+            config.name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "run".into());
+        }
+        config.check().map_err(|msg| Error::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(config)
+    }
+
+    /// Parses config text with overrides; the error names the offending key.
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self, String> {
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+        for o in overrides {
+            apply_override(&mut table, o)?;
+        }
+        let value = toml::Value::Table(table);
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = one_line(&e.into_inner().to_string());
+            if path == "." {
+                inner
+            } else {
+                format!("key `{path}`: {inner}")
+            }
+        })
+    }
+
+    /// Checks values serde cannot (ranges, required files per format).
+    pub fn check(&self) -> Result<(), String> {
+        let d = &self.data;
+        let need = |field: &Option<PathBuf>, key: &str| -> Result<(), String> {
+            if field.is_none() {
+                Err(format!(
+                    "key `data.{key}` is required with data.format = {:?}",
+                    format_name(d.format)
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        match d.format {
+            DataFormat::Xmc => {
+                need(&d.train, "train")?;
+            }
+            DataFormat::Npy | DataFormat::Raw => {
+                need(&d.train, "train")?;
+                need(&d.train_labels, "train_labels")?;
+                if d.test.is_some() {
+                    need(&d.test_labels, "test_labels")?;
+                }
+                if d.format == DataFormat::Raw && d.dim == 0 {
+                    return Err("key `data.dim` must be > 0 with data.format = \"raw\"".into());
+                }
+            }
+            DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {}
+        }
+        let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
+        match (self.model.encoder, sparse) {
+            (EncoderKind::FaceHead, true) => return Err("key `model.encoder`: \"face_head\" needs dense features (data.format npy, raw or synthetic_face)".into()),
+            (EncoderKind::DocEncoder, false) => return Err("key `model.encoder`: \"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)".into()),
+            _ => {}
+        }
+        if self.train.batch_size == 0 {
+            return Err("key `train.batch_size` must be > 0".into());
+        }
+        if self.eval.batch_size == 0 {
+            return Err("key `eval.batch_size` must be > 0".into());
+        }
+        if self.train.log_every == 0 {
+            return Err("key `train.log_every` must be > 0".into());
+        }
+        if !(self.output.mu > 0.0 && self.output.mu.is_finite()) {
+            return Err(format!(
+                "key `output.mu` = {} must be a finite number > 0",
+                self.output.mu
+            ));
+        }
+        self.output
+            .optimizer
+            .check("output.optimizer")
+            .map_err(|e| e.to_string())?;
+        self.model
+            .doc_encoder
+            .optimizer
+            .check("model.doc_encoder.optimizer")
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The log directory.
+    pub fn log_dir(&self) -> PathBuf {
+        self.log
+            .dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs").join(&self.name))
+    }
+
+    /// The checkpoint directory.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        self.checkpoint
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.log_dir().join("checkpoint"))
+    }
+
+    /// A short description of the task for summaries, e.g. `xmc:bibtex` or `synthetic_face`.
+    pub fn task(&self) -> String {
+        let stem = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .and_then(|p| p.parent())
+                .and_then(|p| p.file_name())
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        match self.data.format {
+            DataFormat::SyntheticFace => format!("synthetic_face:K={}", self.data.face.n_classes),
+            DataFormat::SyntheticXmc => format!("synthetic_xmc:K={}", self.data.xmc.n_labels),
+            f => format!("{}:{}", format_name(f), stem(&self.data.train)),
+        }
+    }
+}
+
+fn format_name(f: DataFormat) -> &'static str {
+    match f {
+        DataFormat::Xmc => "xmc",
+        DataFormat::Npy => "npy",
+        DataFormat::Raw => "raw",
+        DataFormat::SyntheticFace => "synthetic_face",
+        DataFormat::SyntheticXmc => "synthetic_xmc",
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Sets `a.b.c = value` in `table`; `value` is parsed as TOML (`5`, `0.1`, `true`, `"x"`,
+/// `[1, 2]`) and taken as a string when it does not parse.
+fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), String> {
+    let (key, value) = o
+        .split_once('=')
+        .ok_or_else(|| format!("--set {o}: expected key=value"))?;
+    let key = key.trim();
+    let value = value.trim();
+    let parsed: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("the key just parsed"),
+        Err(_) => toml::Value::String(value.to_string()),
+    };
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut cur = table;
+    for (i, part) in parts.iter().enumerate() {
+        if part.is_empty() {
+            return Err(format!("--set {o}: empty key segment"));
+        }
+        if i + 1 == parts.len() {
+            cur.insert(part.to_string(), parsed);
+            return Ok(());
+        }
+        let entry = cur
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("--set {o}: `{}` is not a table", parts[..=i].join(".")))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [data]
+        format = "synthetic_face"
+        [model]
+        encoder = "face_head"
+        [output]
+        estimator = "softmax"
+    "#;
+
+    #[test]
+    fn minimal_config_gets_documented_defaults() {
+        let c = Config::parse(MINIMAL, &[]).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.train, TrainConfig::default());
+        assert_eq!(c.seed, 1);
+        assert_eq!(c.data.face, FaceSpec::default());
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse(&format!("{MINIMAL}\n[train]\nepoch = 3\n"), &[]).unwrap_err();
+        assert!(
+            e.contains("key `train`")
+                && e.contains("unknown field `epoch`")
+                && e.contains("epochs"),
+            "{e}"
+        );
+        let e = Config::parse(MINIMAL, &["output.estimator=lsh".into()]).unwrap_err();
+        assert!(
+            e.contains("output.estimator") && e.contains("softmax") && e.contains("margin"),
+            "{e}"
+        );
+        let e = Config::parse(MINIMAL, &["train.batch_size=abc".into()]).unwrap_err();
+        assert!(e.contains("train.batch_size"), "{e}");
+    }
+
+    #[test]
+    fn overrides_set_nested_keys() {
+        let c = Config::parse(
+            MINIMAL,
+            &[
+                "train.epochs=2".into(),
+                "data.face.n_classes=50".into(),
+                "data.train=x/y.txt".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!((c.train.epochs, c.data.face.n_classes), (2, 50));
+        assert_eq!(c.data.train, Some(PathBuf::from("x/y.txt")));
+    }
+
+    #[test]
+    fn check_names_missing_and_inconsistent_keys() {
+        let mut c = Config::parse(MINIMAL, &[]).unwrap();
+        c.data.format = DataFormat::Npy;
+        assert!(c.check().unwrap_err().contains("data.train"));
+        c.data.format = DataFormat::Xmc;
+        c.data.train = Some("t.txt".into());
+        assert!(c.check().unwrap_err().contains("model.encoder"));
+    }
+}

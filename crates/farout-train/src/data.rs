@@ -1,0 +1,167 @@
+//! Loading the data sets a config names.
+
+use crate::Error;
+use crate::config::{Config, DataFormat};
+use farout_data::synth::{FaceGenerator, Split, XmcGenerator};
+use farout_data::{Dataset, Features, LabelSets, labels, npy, raw, xmc};
+use std::path::Path;
+
+/// Training and test data of a task.
+#[derive(Debug)]
+pub struct TaskData {
+    /// Training set.
+    pub train: Dataset,
+    /// Test set, when the config names one.
+    pub test: Option<Dataset>,
+    /// Number of classes K.
+    pub n_classes: usize,
+    /// Input dimension (features).
+    pub n_features: usize,
+    /// Inverse document frequencies of the training set, when `data.tfidf` is on.
+    pub idf: Option<Vec<f32>>,
+}
+
+/// Loads (or generates) the train and test sets of `config`.
+pub fn load(config: &Config) -> Result<TaskData, Error> {
+    let d = &config.data;
+    let (mut train, mut test) = match d.format {
+        DataFormat::SyntheticFace => {
+            let g = FaceGenerator::new(d.face.clone())?;
+            (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
+        }
+        DataFormat::SyntheticXmc => {
+            let g = XmcGenerator::new(d.xmc.clone())?;
+            (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
+        }
+        _ => {
+            let train_path = d
+                .train
+                .as_deref()
+                .expect("config check requires data.train");
+            let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
+            let test = match &d.test {
+                Some(p) => Some(load_split(
+                    config,
+                    p,
+                    d.test_labels.as_deref(),
+                    Some(&train),
+                )?),
+                None => None,
+            };
+            (train, test)
+        }
+    };
+    // The idf comes from the raw training rows; every split is weighted by it.
+    let idf = match (&train.features, d.tfidf) {
+        (Features::Sparse(f), true) => Some(f.idf()),
+        _ => None,
+    };
+    prepare(config, idf.as_deref(), &mut train);
+    if let Some(t) = &mut test {
+        prepare(config, idf.as_deref(), t);
+    }
+    let mut n_classes = train
+        .labels
+        .n_labels
+        .max(test.as_ref().map_or(0, |t| t.labels.n_labels));
+    if d.n_classes > 0 {
+        n_classes = d.n_classes;
+    }
+    train.labels.n_labels = n_classes;
+    if let Some(t) = &mut test {
+        t.labels.n_labels = n_classes;
+    }
+    let n_features = train.features.n_cols();
+    Ok(TaskData {
+        train,
+        test,
+        n_classes,
+        n_features,
+        idf,
+    })
+}
+
+/// Applies the configured feature transforms to sparse rows: tf-idf weighting (with the
+/// training set's `idf`), then L2 normalisation.
+pub fn prepare(config: &Config, idf: Option<&[f32]>, ds: &mut Dataset) {
+    if let Features::Sparse(rows) = &mut ds.features {
+        if let Some(idf) = idf {
+            rows.scale_columns(idf);
+        }
+        if config.data.normalize {
+            rows.normalize_rows();
+        }
+    }
+}
+
+/// Loads one file of the config's format, untransformed (see [`prepare`]); `like` (the training set) fixes the dimensions that a
+/// test or prediction file must match.
+pub fn load_split(
+    config: &Config,
+    path: &Path,
+    labels_path: Option<&Path>,
+    like: Option<&Dataset>,
+) -> Result<Dataset, Error> {
+    let d = &config.data;
+    let k_hint = (d.n_classes > 0).then_some(d.n_classes);
+    let ds = match d.format {
+        DataFormat::Xmc => xmc::read(path)?,
+        DataFormat::Npy | DataFormat::Raw => {
+            let features = if d.format == DataFormat::Npy {
+                npy::read_f32_matrix(path)?
+            } else {
+                raw::read_f32(path, d.dim)?
+            };
+            let labels = match labels_path {
+                Some(lp) => {
+                    let l = labels::read(lp, k_hint)?;
+                    if l.len() != features.rows() {
+                        return Err(Error::Mismatch(format!(
+                            "{} has {} samples but {} has {} label lines",
+                            path.display(),
+                            features.rows(),
+                            lp.display(),
+                            l.len()
+                        )));
+                    }
+                    l
+                }
+                None => LabelSets {
+                    indptr: vec![0; features.rows() + 1],
+                    labels: Vec::new(),
+                    n_labels: k_hint.unwrap_or(0),
+                },
+            };
+            Dataset {
+                features: Features::Dense(features),
+                labels,
+            }
+        }
+        DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {
+            return Err(Error::Mismatch(format!(
+                "data.format {:?} is generated in memory and reads no file ({})",
+                d.format,
+                path.display()
+            )));
+        }
+    };
+    if let Some(train) = like {
+        if ds.features.n_cols() != train.features.n_cols() {
+            return Err(Error::Mismatch(format!(
+                "{} has {} features but the training set has {}",
+                path.display(),
+                ds.features.n_cols(),
+                train.features.n_cols()
+            )));
+        }
+        if d.format == DataFormat::Xmc && ds.labels.n_labels != train.labels.n_labels {
+            return Err(Error::Mismatch(format!(
+                "{} declares {} labels but the training set declares {}",
+                path.display(),
+                ds.labels.n_labels,
+                train.labels.n_labels
+            )));
+        }
+    }
+    Ok(ds)
+}

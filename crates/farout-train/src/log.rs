@@ -1,0 +1,157 @@
+//! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink.
+//!
+//! tensorboard-rs is unmaintained (and pulls protobuf 2); keeping it behind [`MetricsSink`] lets
+//! it be replaced without touching the training loop.
+
+use crate::Error;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Receives named scalars at a training step.
+pub trait MetricsSink {
+    /// Records `values` at `step`, `wall_seconds` after the start of training.
+    fn record(&mut self, step: u64, wall_seconds: f64, values: &[(&str, f64)])
+    -> Result<(), Error>;
+    /// Makes everything recorded so far durable.
+    fn flush(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// Appends one JSON object per record to `metrics.jsonl`:
+/// `{"step": 100, "wall_seconds": 3.2, "train/loss": 1.7, ...}`.
+pub struct JsonlSink {
+    path: PathBuf,
+    w: std::io::BufWriter<std::fs::File>,
+}
+
+impl JsonlSink {
+    /// Opens `path` for appending (resumed runs continue the same file).
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(io)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            w: std::io::BufWriter::new(f),
+        })
+    }
+}
+
+impl MetricsSink for JsonlSink {
+    fn record(
+        &mut self,
+        step: u64,
+        wall_seconds: f64,
+        values: &[(&str, f64)],
+    ) -> Result<(), Error> {
+        let mut obj = serde_json::Map::new();
+        obj.insert("step".into(), step.into());
+        obj.insert("wall_seconds".into(), serde_json::Value::from(wall_seconds));
+        for (k, v) in values {
+            let v = serde_json::Number::from_f64(*v)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number);
+            obj.insert((*k).into(), v);
+        }
+        writeln!(self.w, "{}", serde_json::Value::Object(obj)).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        self.w.flush().map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+}
+
+/// Writes TensorBoard event files into a directory.
+pub struct TensorBoardSink {
+    w: tensorboard_rs::summary_writer::SummaryWriter,
+}
+
+impl TensorBoardSink {
+    /// Creates `dir` and an event file in it.
+    pub fn open(dir: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Ok(Self {
+            w: tensorboard_rs::summary_writer::SummaryWriter::new(dir),
+        })
+    }
+}
+
+impl MetricsSink for TensorBoardSink {
+    fn record(&mut self, step: u64, _wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {
+        for (k, v) in values {
+            self.w.add_scalar(k, *v as f32, step as usize);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        self.w.flush();
+        Ok(())
+    }
+}
+
+/// Fans records out to several sinks.
+#[derive(Default)]
+pub struct Sinks(pub Vec<Box<dyn MetricsSink>>);
+
+impl MetricsSink for Sinks {
+    fn record(&mut self, step: u64, wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {
+        self.0
+            .iter_mut()
+            .try_for_each(|s| s.record(step, wall, values))
+    }
+
+    fn flush(&mut self) -> Result<(), Error> {
+        self.0.iter_mut().try_for_each(|s| s.flush())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jsonl_writes_one_object_per_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.jsonl");
+        let mut s = JsonlSink::open(&p).unwrap();
+        s.record(3, 1.5, &[("train/loss", 0.25), ("eval/p@1", f64::NAN)])
+            .unwrap();
+        s.flush().unwrap();
+        let line = std::fs::read_to_string(&p).unwrap();
+        let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(
+            (
+                v["step"].as_u64(),
+                v["train/loss"].as_f64(),
+                v["eval/p@1"].is_null()
+            ),
+            (Some(3), Some(0.25), true)
+        );
+    }
+
+    #[test]
+    fn tensorboard_writes_an_event_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = TensorBoardSink::open(&dir.path().join("tb")).unwrap();
+        s.record(1, 0.0, &[("train/loss", 1.0)]).unwrap();
+        s.flush().unwrap();
+        let files: Vec<_> = std::fs::read_dir(dir.path().join("tb")).unwrap().collect();
+        assert_eq!(files.len(), 1);
+    }
+}

@@ -1,0 +1,580 @@
+use crate::Error;
+use crate::config::{Config, EncoderKind, EstimatorKind};
+use crate::data::{self, TaskData};
+use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
+use crate::metrics::RankingSums;
+use farout_core::topk::{Hit, top_k};
+use farout_core::{ClassId, Matrix, rng};
+use farout_data::{Dataset, Features};
+use farout_estimators::{
+    Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax,
+};
+use farout_layer::OutputLayer;
+use farout_models::{DocEncoder, FaceHead, bridge};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The feature network of a run.
+enum Encoder {
+    /// Frozen: the features were computed once at load time and replaced the inputs.
+    Face(FaceHead),
+    /// Trainable document encoder.
+    Doc(DocEncoder),
+}
+
+/// Progress of a run, saved in checkpoints.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct State {
+    step: u64,
+    epoch: usize,
+    batch_in_epoch: usize,
+    train_seconds: f64,
+    samples: u64,
+    classes_scored: u64,
+}
+
+/// What a run reports at the end (printed as JSON, written by `--summary`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// Run name.
+    pub name: String,
+    /// Data set description.
+    pub task: String,
+    /// Gradient estimator.
+    pub estimator: String,
+    /// Final test metrics (`p@1`, `p@3`, `p@5`, `ndcg@k`, `loss`, `accuracy` for multiclass);
+    /// train-set metrics when there is no test set.
+    pub metrics: BTreeMap<String, f64>,
+    /// Seconds spent training (evaluation and checkpoints excluded).
+    pub train_seconds: f64,
+    /// Optimisation steps taken.
+    pub steps: u64,
+    /// Epochs completed.
+    pub epochs: usize,
+    /// Training samples per second.
+    pub samples_per_s: f64,
+    /// Classes scored per training sample (the estimator's cost; K for exact estimators).
+    pub classes_scored_per_sample: f64,
+    /// Bytes of the output layer (W, bias, optimiser state) and the encoder.
+    pub model_bytes: usize,
+    /// Peak resident memory of the process (Linux), bytes.
+    pub peak_rss_bytes: Option<u64>,
+    /// Number of classes K.
+    pub n_classes: usize,
+    /// Feature dimension D.
+    pub d_model: usize,
+    /// Training samples.
+    pub n_train: usize,
+    /// Test samples.
+    pub n_test: usize,
+    /// The run's seed.
+    pub seed: u64,
+    /// Where logs were written.
+    pub log_dir: PathBuf,
+}
+
+/// The training loop of one config.
+pub struct Trainer {
+    config: Config,
+    data: TaskData,
+    encoder: Encoder,
+    layer: OutputLayer,
+    estimator: Box<dyn GradientEstimator>,
+    loss: Box<dyn Loss>,
+    state: State,
+}
+
+impl Trainer {
+    /// Loads the data, builds encoder, output layer and estimator.
+    pub fn new(config: Config) -> Result<Self, Error> {
+        let mut data = data::load(&config)?;
+        if data.train.is_empty() {
+            return Err(Error::Mismatch("the training set is empty".into()));
+        }
+        if data.n_classes == 0 {
+            return Err(Error::Mismatch("the data have no classes (K = 0)".into()));
+        }
+        let encoder = match config.model.encoder {
+            EncoderKind::FaceHead => {
+                let head = FaceHead::new(&config.model.face_head, data.n_features)?;
+                embed_in_place(&head, &mut data.train, config.eval.batch_size);
+                if let Some(t) = &mut data.test {
+                    embed_in_place(&head, t, config.eval.batch_size);
+                }
+                Encoder::Face(head)
+            }
+            EncoderKind::DocEncoder => Encoder::Doc(DocEncoder::new(
+                &config.model.doc_encoder,
+                data.n_features,
+                config.seed,
+            )?),
+        };
+        let d_model = match &encoder {
+            Encoder::Face(h) => h.d_out(data.n_features),
+            Encoder::Doc(e) => e.d_model(),
+        };
+        let layer = OutputLayer::new(
+            data.n_classes,
+            d_model,
+            &config.output.layer,
+            &config.output.optimizer,
+            config.seed,
+        )?;
+        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) =
+            match config.output.estimator {
+                EstimatorKind::Softmax => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
+                EstimatorKind::Margin => {
+                    let l = SmoothedMargin::new(config.output.mu)?;
+                    (Box::new(Exact::new(l)), Box::new(l))
+                }
+            };
+        Ok(Self {
+            config,
+            data,
+            encoder,
+            layer,
+            estimator,
+            loss,
+            state: State::default(),
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The output layer.
+    pub fn layer(&self) -> &OutputLayer {
+        &self.layer
+    }
+
+    /// The loaded data.
+    pub fn data(&self) -> &TaskData {
+        &self.data
+    }
+
+    /// Features of rows `idx` of `ds` (no gradient tracking).
+    fn features(&self, ds: &Dataset, idx: &[usize]) -> Matrix {
+        match (&ds.features, &self.encoder) {
+            (Features::Dense(m), _) => gather_rows(m, idx),
+            (Features::Sparse(s), Encoder::Doc(enc)) => {
+                enc.encode(&idx.iter().map(|&i| s.row(i)).collect::<Vec<_>>())
+            }
+            (Features::Sparse(_), Encoder::Face(_)) => {
+                unreachable!("config check pairs face_head with dense data")
+            }
+        }
+    }
+
+    /// Evaluates on (the first `max_samples`, 0 = all, of) `ds`: P@k, nDCG@k, exact loss.
+    pub fn evaluate(&self, ds: &Dataset, max_samples: usize) -> BTreeMap<String, f64> {
+        let n = if max_samples == 0 {
+            ds.len()
+        } else {
+            ds.len().min(max_samples)
+        };
+        let mut sums = RankingSums::default();
+        let mut z = Matrix::default();
+        for start in (0..n).step_by(self.config.eval.batch_size) {
+            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
+            let phi = self.features(ds, &idx);
+            self.layer.scores(&phi, &mut z);
+            let k = z.cols();
+            let part = z
+                .as_slice()
+                .par_chunks(k)
+                .zip(idx.par_iter())
+                .fold(
+                    || {
+                        (
+                            RankingSums::default(),
+                            Vec::new(),
+                            Vec::new(),
+                            LossScratch::default(),
+                        )
+                    },
+                    |(mut s, mut hits, mut grad, mut scratch), (row, &i)| {
+                        let pos = ds.labels.get(i);
+                        top_k(row, 5, &mut hits);
+                        grad.resize(k, 0.0);
+                        let l = if pos.is_empty() {
+                            0.0
+                        } else {
+                            self.loss.value_and_grad(row, pos, &mut grad, &mut scratch)
+                        };
+                        s.add(&hits, pos, l as f64);
+                        (s, hits, grad, scratch)
+                    },
+                )
+                .map(|t| t.0)
+                .reduce(RankingSums::default, |mut a, b| {
+                    a.merge(&b);
+                    a
+                });
+            sums.merge(&part);
+        }
+        sums.finish(ds.labels.is_multiclass())
+    }
+
+    /// The top-`k` classes with scores for every sample of `ds`.
+    pub fn predict(&self, ds: &Dataset, k: usize) -> Vec<Vec<Hit>> {
+        let mut out = Vec::with_capacity(ds.len());
+        let mut z = Matrix::default();
+        for start in (0..ds.len()).step_by(self.config.eval.batch_size) {
+            let idx: Vec<usize> =
+                (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
+            let phi = self.features(ds, &idx);
+            self.layer.scores(&phi, &mut z);
+            let cols = z.cols();
+            let part: Vec<Vec<Hit>> = z
+                .as_slice()
+                .par_chunks(cols)
+                .map(|row| {
+                    let mut h = Vec::new();
+                    top_k(row, k, &mut h);
+                    h
+                })
+                .collect();
+            out.extend(part);
+        }
+        out
+    }
+
+    /// Loads a data file in the config's format for prediction (features of the training set's
+    /// dimension; labels optional).
+    pub fn load_input(&self, path: &Path, labels: Option<&Path>) -> Result<Dataset, Error> {
+        let mut ds = data::load_split(&self.config, path, labels, Some(&self.data.train))?;
+        data::prepare(&self.config, self.data.idf.as_deref(), &mut ds);
+        if let Encoder::Face(head) = &self.encoder {
+            embed_in_place(head, &mut ds, self.config.eval.batch_size);
+        }
+        Ok(ds)
+    }
+
+    /// Trains to the end of the configured epochs (or `max_steps`), evaluating, logging and
+    /// checkpointing along the way; returns the summary.
+    pub fn run(&mut self) -> Result<Summary, Error> {
+        let cfg = self.config.clone();
+        let log_dir = cfg.log_dir();
+        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
+            path: log_dir.clone(),
+            source,
+        })?;
+        let mut sinks = Sinks::default();
+        if cfg.log.jsonl {
+            sinks
+                .0
+                .push(Box::new(JsonlSink::open(&log_dir.join("metrics.jsonl"))?));
+        }
+        if cfg.log.tensorboard {
+            sinks
+                .0
+                .push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
+        }
+        let n = self.data.train.len();
+        let bs = cfg.train.batch_size;
+        let steps_per_epoch = n.div_ceil(bs) as u64;
+        let mut total = steps_per_epoch * cfg.train.epochs as u64;
+        if cfg.train.max_steps > 0 {
+            total = total.min(cfg.train.max_steps);
+        }
+        let bar = if cfg.log.progress {
+            ProgressBar::new(total)
+        } else {
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden())
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}")
+                .expect("static template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{} ({})", cfg.name, self.estimator.name()));
+        bar.set_position(self.state.step);
+        let mut window = (0.0f64, 0u64, 0u64, 0.0f64); // loss, samples, classes scored, seconds
+        let mut last_eval = String::new();
+        let mut phi = Matrix::default();
+        while self.state.step < total && self.state.epoch < cfg.train.epochs {
+            let mut order: Vec<usize> = (0..n).collect();
+            rng::shuffle(
+                &mut order,
+                &mut rng::seeded(cfg.seed, 1 + self.state.epoch as u64),
+            );
+            let batches: Vec<&[usize]> = order.chunks(bs).collect();
+            while self.state.batch_in_epoch < batches.len() && self.state.step < total {
+                let idx = batches[self.state.batch_in_epoch];
+                let t0 = Instant::now();
+                let positives: Vec<&[ClassId]> =
+                    idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+                let mut step_rng = rng::seeded(cfg.seed ^ 0xE57, self.state.step);
+                let stats = match (&mut self.encoder, &self.data.train.features) {
+                    (Encoder::Face(_), Features::Dense(m)) => {
+                        gather_rows_into(m, idx, &mut phi);
+                        self.layer.train_step(
+                            self.estimator.as_ref(),
+                            Batch {
+                                phi: &phi,
+                                positives: &positives,
+                            },
+                            &mut step_rng,
+                            false,
+                        )
+                    }
+                    (Encoder::Doc(enc), Features::Sparse(s)) => {
+                        let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
+                        let fwd = enc.forward(&docs, &mut step_rng);
+                        let phi = bridge::to_matrix(fwd.phi.clone());
+                        let stats = self.layer.train_step(
+                            self.estimator.as_ref(),
+                            Batch {
+                                phi: &phi,
+                                positives: &positives,
+                            },
+                            &mut step_rng,
+                            true,
+                        );
+                        if stats.loss_sum.is_finite() {
+                            enc.backward(fwd, self.layer.dphi());
+                        }
+                        stats
+                    }
+                    _ => unreachable!("config check pairs encoders with their data"),
+                };
+                let dt = t0.elapsed().as_secs_f64();
+                if !stats.loss_sum.is_finite() {
+                    bar.abandon();
+                    let dir = cfg.checkpoint_dir();
+                    let kept = match read_state(&dir) {
+                        Some(s) => format!("the last good checkpoint (step {}) is kept at {}", s.step, dir.display()),
+                        None => "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into(),
+                    };
+                    return Err(Error::Diverged {
+                        step: self.state.step,
+                        loss: stats.loss_sum,
+                        kept,
+                    });
+                }
+                self.state.step += 1;
+                self.state.batch_in_epoch += 1;
+                self.state.train_seconds += dt;
+                self.state.samples += idx.len() as u64;
+                self.state.classes_scored += stats.classes_scored as u64;
+                window.0 += stats.loss_sum;
+                window.1 += idx.len() as u64;
+                window.2 += stats.classes_scored as u64;
+                window.3 += dt;
+                if self.state.step % cfg.train.log_every == 0 || self.state.step == total {
+                    let loss = window.0 / window.1 as f64;
+                    let sps = window.1 as f64 / window.3.max(1e-9);
+                    sinks.record(
+                        self.state.step,
+                        self.state.train_seconds,
+                        &[
+                            ("train/loss", loss),
+                            ("train/samples_per_s", sps),
+                            ("train/lr", self.layer.lr() as f64),
+                            (
+                                "train/classes_scored_per_sample",
+                                window.2 as f64 / window.1 as f64,
+                            ),
+                            (
+                                "train/epoch",
+                                self.state.epoch as f64
+                                    + self.state.batch_in_epoch as f64 / batches.len() as f64,
+                            ),
+                        ],
+                    )?;
+                    bar.set_message(format!("loss {loss:.4} | {sps:.0} samples/s{last_eval}"));
+                    window = (0.0, 0, 0, 0.0);
+                }
+                bar.set_position(self.state.step);
+                if cfg.eval.every_steps > 0 && self.state.step % cfg.eval.every_steps == 0 {
+                    last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
+                }
+                if cfg.checkpoint.enabled
+                    && cfg.checkpoint.every_steps > 0
+                    && self.state.step % cfg.checkpoint.every_steps == 0
+                {
+                    self.save_checkpoint()?;
+                }
+            }
+            if self.state.batch_in_epoch == batches.len() {
+                self.state.epoch += 1;
+                self.state.batch_in_epoch = 0;
+                if cfg.eval.every_steps == 0 && self.state.epoch < cfg.train.epochs {
+                    last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
+                }
+                if cfg.checkpoint.enabled && cfg.checkpoint.every_steps == 0 {
+                    self.save_checkpoint()?;
+                }
+            }
+        }
+        bar.finish();
+        let test = self
+            .data
+            .test
+            .as_ref()
+            .filter(|t| !t.is_empty())
+            .unwrap_or(&self.data.train);
+        let metrics = self.evaluate(test, 0);
+        let values: Vec<(String, f64)> = metrics
+            .iter()
+            .map(|(k, v)| (format!("eval/{k}"), *v))
+            .collect();
+        sinks.record(
+            self.state.step,
+            self.state.train_seconds,
+            &values
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect::<Vec<_>>(),
+        )?;
+        sinks.flush()?;
+        if cfg.checkpoint.enabled {
+            self.save_checkpoint()?;
+        }
+        Ok(self.summary(metrics))
+    }
+
+    fn log_eval(&self, sinks: &mut Sinks, max_samples: usize) -> Result<String, Error> {
+        let Some(test) = self.data.test.as_ref().filter(|t| !t.is_empty()) else {
+            return Ok(String::new());
+        };
+        let m = self.evaluate(test, max_samples);
+        let values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
+        sinks.record(
+            self.state.step,
+            self.state.train_seconds,
+            &values
+                .iter()
+                .map(|(k, v)| (k.as_str(), *v))
+                .collect::<Vec<_>>(),
+        )?;
+        sinks.flush()?;
+        Ok(format!(" | test p@1 {:.4}", m["p@1"]))
+    }
+
+    fn summary(&self, metrics: BTreeMap<String, f64>) -> Summary {
+        let s = &self.state;
+        let encoder_bytes = match &self.encoder {
+            Encoder::Face(_) => 0,
+            Encoder::Doc(e) => e.memory_bytes(),
+        };
+        Summary {
+            name: self.config.name.clone(),
+            task: self.config.task(),
+            estimator: self.estimator.name().to_string(),
+            metrics,
+            train_seconds: s.train_seconds,
+            steps: s.step,
+            epochs: s.epoch,
+            samples_per_s: s.samples as f64 / s.train_seconds.max(1e-9),
+            classes_scored_per_sample: s.classes_scored as f64 / s.samples.max(1) as f64,
+            model_bytes: self.layer.memory_bytes() + encoder_bytes,
+            peak_rss_bytes: peak_rss_bytes(),
+            n_classes: self.data.n_classes,
+            d_model: self.layer.d_model(),
+            n_train: self.data.train.len(),
+            n_test: self.data.test.as_ref().map_or(0, |t| t.len()),
+            seed: self.config.seed,
+            log_dir: self.config.log_dir(),
+        }
+    }
+
+    /// Writes the checkpoint atomically: into `<dir>.tmp`, then swapped in, so a crash or a
+    /// divergence never leaves a half-written or poisoned checkpoint.
+    pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
+        let dir = self.config.checkpoint_dir();
+        let tmp = dir.with_extension("tmp");
+        let old = dir.with_extension("old");
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        self.layer.save(&tmp.join("layer.bin"))?;
+        if let Encoder::Doc(e) = &self.encoder {
+            e.save(&tmp)?;
+        }
+        let state = serde_json::to_string_pretty(&self.state).expect("state serialises");
+        std::fs::write(tmp.join("state.json"), state).map_err(io(&tmp))?;
+        if dir.exists() {
+            if old.exists() {
+                std::fs::remove_dir_all(&old).map_err(io(&old))?;
+            }
+            std::fs::rename(&dir, &old).map_err(io(&dir))?;
+        }
+        std::fs::rename(&tmp, &dir).map_err(io(&tmp))?;
+        if old.exists() {
+            std::fs::remove_dir_all(&old).map_err(io(&old))?;
+        }
+        Ok(dir)
+    }
+
+    /// Restores layer, encoder and progress from the checkpoint in `dir`.
+    pub fn load_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
+        let state = read_state(dir).ok_or_else(|| Error::Io {
+            path: dir.join("state.json"),
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no checkpoint here (state.json missing or unreadable)",
+            ),
+        })?;
+        self.layer.load(&dir.join("layer.bin"))?;
+        if let Encoder::Doc(e) = &mut self.encoder {
+            e.load(dir)?;
+        }
+        self.state = state;
+        Ok(())
+    }
+
+    /// Continues from the config's checkpoint directory.
+    pub fn resume(&mut self) -> Result<(), Error> {
+        let dir = self.config.checkpoint_dir();
+        self.load_checkpoint(&dir)
+    }
+
+    /// Steps taken so far.
+    pub fn step(&self) -> u64 {
+        self.state.step
+    }
+}
+
+fn read_state(dir: &Path) -> Option<State> {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).ok()?).ok()
+}
+
+fn embed_in_place(head: &FaceHead, ds: &mut Dataset, batch: usize) {
+    if let Features::Dense(m) = &ds.features {
+        ds.features = Features::Dense(head.embed(m, batch.max(1024)));
+    }
+}
+
+fn gather_rows(m: &Matrix, idx: &[usize]) -> Matrix {
+    let mut out = Matrix::default();
+    gather_rows_into(m, idx, &mut out);
+    out
+}
+
+fn gather_rows_into(m: &Matrix, idx: &[usize], out: &mut Matrix) {
+    let d = m.cols();
+    out.reshape_for_overwrite(idx.len(), d);
+    for (dst, &i) in out.as_mut_slice().chunks_exact_mut(d).zip(idx) {
+        dst.copy_from_slice(m.row(i));
+    }
+}
+
+/// Peak resident set size from /proc/self/status (None off Linux).
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}

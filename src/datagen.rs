@@ -1,0 +1,145 @@
+//! `farout data gen ...`: synthetic data sets written to disk.
+
+use anyhow::Result;
+use clap::Subcommand;
+use farout_data::synth::{FaceGenerator, FaceSpec, XmcGenerator, XmcSpec};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum DataCommand {
+    /// Generate a data set.
+    Gen {
+        #[command(subcommand)]
+        kind: GenKind,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GenKind {
+    /// FaceNet-like embeddings: writes train.npy, train.labels.npy, test.npy, test.labels.npy,
+    /// means.npy (use with data.format = "npy").
+    Face {
+        /// Number of identities K.
+        #[arg(long, default_value_t = 10_000)]
+        classes: usize,
+        /// Samples (train + test).
+        #[arg(long, default_value_t = 100_000)]
+        samples: usize,
+        /// Embedding dimension.
+        #[arg(long, default_value_t = 128)]
+        dim: usize,
+        /// Noise norm relative to the class mean.
+        #[arg(long, default_value_t = 1.0)]
+        noise: f32,
+        /// Power-law exponent of class sizes.
+        #[arg(long, default_value_t = 0.5)]
+        size_exponent: f64,
+        /// Fraction held out for testing.
+        #[arg(long, default_value_t = 0.2)]
+        test_fraction: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sparse multi-label documents: writes train.txt and test.txt in XMC format.
+    Xmc {
+        #[arg(long, default_value_t = 20_000)]
+        samples: usize,
+        /// Vocabulary size.
+        #[arg(long, default_value_t = 20_000)]
+        features: usize,
+        /// Number of labels K.
+        #[arg(long, default_value_t = 1_000)]
+        labels: usize,
+        /// Mean labels per document.
+        #[arg(long, default_value_t = 3.2)]
+        labels_per_sample: f64,
+        /// Tokens per document.
+        #[arg(long, default_value_t = 60)]
+        features_per_sample: usize,
+        #[arg(long, default_value_t = 0.2)]
+        test_fraction: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn bar(total: u64) -> ProgressBar {
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} samples, ETA {eta}")
+            .expect("static template"),
+    );
+    b
+}
+
+pub fn run(cmd: DataCommand) -> Result<()> {
+    let DataCommand::Gen { kind } = cmd;
+    match kind {
+        GenKind::Face {
+            classes,
+            samples,
+            dim,
+            noise,
+            size_exponent,
+            test_fraction,
+            seed,
+            out,
+        } => {
+            let spec = FaceSpec {
+                n_classes: classes,
+                n_samples: samples,
+                dim,
+                noise,
+                size_exponent,
+                test_fraction,
+                seed,
+                ..FaceSpec::default()
+            };
+            let g = FaceGenerator::new(spec)?;
+            let b = bar(samples as u64);
+            g.write(&out, |n| b.inc(n as u64))?;
+            b.finish();
+            eprintln!(
+                "wrote {} (K = {classes}, N = {samples}, D = {dim})",
+                out.display()
+            );
+        }
+        GenKind::Xmc {
+            samples,
+            features,
+            labels,
+            labels_per_sample,
+            features_per_sample,
+            test_fraction,
+            seed,
+            out,
+        } => {
+            let spec = XmcSpec {
+                n_samples: samples,
+                n_features: features,
+                n_labels: labels,
+                labels_per_sample,
+                features_per_sample,
+                test_fraction,
+                seed,
+                ..XmcSpec::default()
+            };
+            let g = XmcGenerator::new(spec)?;
+            let b = bar(samples as u64);
+            g.write(&out, |n| b.inc(n as u64))?;
+            b.finish();
+            eprintln!(
+                "wrote {} (K = {labels}, N = {samples}, V = {features})",
+                out.display()
+            );
+        }
+    }
+    Ok(())
+}
