@@ -478,7 +478,7 @@ mod tests {
     fn unknown_keys_are_named() {
         let e = Config::parse(&format!("{MINIMAL}\n[train]\nepoch = 3\n"), &[]).unwrap_err();
         assert!(
-            e.contains("key `train`")
+            e.contains("key `train.epoch`")
                 && e.contains("unknown field `epoch`")
                 && e.contains("epochs"),
             "{e}"

@@ -151,6 +151,7 @@ mod tests {
         let mut s = TensorBoardSink::open(&dir.path().join("tb")).unwrap();
         s.record(1, 0.0, &[("train/loss", 1.0)]).unwrap();
         s.flush().unwrap();
+        drop(s);
         let files: Vec<_> = std::fs::read_dir(dir.path().join("tb")).unwrap().collect();
         assert_eq!(files.len(), 1);
     }

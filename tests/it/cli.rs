@@ -1,0 +1,123 @@
+//! The commands a user runs: train (with summary, resume), eval, predict, data gen, bench.
+
+use crate::{farout, quiet_in, stderr, summary};
+
+const TINY_FACE: [&str; 8] = ["--set", "data.face.n_classes=200", "--set", "data.face.n_samples=3000", "--set", "train.epochs=2", "--set", "train.batch_size=64"];
+
+#[test]
+fn quickstart_config_trains_and_writes_its_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let s_path = dir.path().join("s.json");
+    let mut args = vec!["train", "configs/quickstart.toml", "--summary", s_path.to_str().unwrap()];
+    let q = quiet_in(dir.path());
+    args.extend(q.iter().map(String::as_str));
+    let o = farout(&args);
+    let printed = summary(&o);
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&s_path).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    assert_eq!(written["estimator"], "softmax");
+    assert_eq!(written["task"], "synthetic_face:K=10000");
+    assert!(written["train_seconds"].as_f64().unwrap() > 0.0);
+    // The quickstart task is learnable: far above chance (1e-4) after 3 epochs.
+    let p1 = written["metrics"]["p@1"].as_f64().unwrap();
+    assert!(p1 > 0.5, "quickstart p@1 = {p1}");
+    assert!(dir.path().join("log/metrics.jsonl").exists());
+    assert!(std::fs::read_dir(dir.path().join("log/tb")).unwrap().count() == 1, "one TensorBoard event file");
+}
+
+#[test]
+fn resume_continues_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let base: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q.iter().map(String::as_str)).collect();
+    // 3000 samples, 20% test => about 2400 train samples => 38 steps per epoch at batch 64.
+    let one = summary(&farout(&[&base[..], &["--set", "train.epochs=1"]].concat()));
+    let steps_one = one["steps"].as_u64().unwrap();
+    let resumed = farout(&[&base[..], &["--resume"]].concat());
+    let two = summary(&resumed);
+    assert!(stderr(&resumed).contains(&format!("resuming at step {steps_one}")), "{}", stderr(&resumed));
+    assert_eq!(two["steps"].as_u64().unwrap(), 2 * steps_one);
+    assert_eq!(two["epochs"].as_u64().unwrap(), 2);
+    // Same result as two epochs in one go (shuffles and sampling are seeded by epoch and step).
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let q2 = quiet_in(fresh_dir.path());
+    let straight: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q2.iter().map(String::as_str)).collect();
+    let direct = summary(&farout(&straight));
+    let (a, b) = (two["metrics"]["p@1"].as_f64().unwrap(), direct["metrics"]["p@1"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-9, "resumed p@1 {a} vs uninterrupted {b}");
+}
+
+#[test]
+fn eval_and_predict_use_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let mut args: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).collect();
+    args.extend(q.iter().map(String::as_str));
+    let trained = summary(&farout(&args));
+    args[0] = "eval";
+    let e = farout(&args);
+    assert!(e.status.success(), "{}", stderr(&e));
+    let metrics: serde_json::Value = serde_json::from_slice(&e.stdout).unwrap();
+    assert_eq!(metrics["p@1"], trained["metrics"]["p@1"]);
+    args[0] = "predict";
+    args.extend(["--top-k", "3"]);
+    let p = farout(&args);
+    assert!(p.status.success(), "{}", stderr(&p));
+    let text = String::from_utf8(p.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len() as u64, trained["n_test"].as_u64().unwrap());
+    for line in lines {
+        let scores: Vec<f64> = line.split(' ').map(|t| t.split_once(':').unwrap().1.parse().unwrap()).collect();
+        assert_eq!(scores.len(), 3);
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {line}");
+    }
+}
+
+#[test]
+fn generated_xmc_data_trains_the_document_encoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("xmc");
+    let g = farout(&["data", "gen", "xmc", "--samples", "3000", "--features", "2000", "--labels", "100", "--out", data.to_str().unwrap()]);
+    assert!(g.status.success(), "{}", stderr(&g));
+    let q = quiet_in(dir.path());
+    let train = format!("data.train=\"{}\"", data.join("train.txt").display());
+    let test = format!("data.test=\"{}\"", data.join("test.txt").display());
+    let mut args = vec!["train", "configs/bibtex-softmax.toml", "--set", &train, "--set", &test, "--set", "train.epochs=3"];
+    args.extend(q.iter().map(String::as_str));
+    let s = summary(&farout(&args));
+    assert_eq!(s["n_classes"], 100);
+    assert_eq!(s["n_train"], 2400);
+    // Labels are planted in the features: far better than the most frequent label's share.
+    assert!(s["metrics"]["p@1"].as_f64().unwrap() > 0.5, "{s}");
+}
+
+#[test]
+fn generated_face_data_trains_from_npy_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("face");
+    let g = farout(&["data", "gen", "face", "--classes", "100", "--samples", "2000", "--dim", "16", "--noise", "0.5", "--out", data.to_str().unwrap()]);
+    assert!(g.status.success(), "{}", stderr(&g));
+    let q = quiet_in(dir.path());
+    let sets: Vec<String> = [("format", "\"npy\"".to_string()), ("train", "train.npy".into()), ("train_labels", "train.labels.npy".into()), ("test", "test.npy".into()), ("test_labels", "test.labels.npy".into())]
+        .iter()
+        .map(|(k, v)| if k == &"format" { format!("data.{k}={v}") } else { format!("data.{k}=\"{}\"", data.join(v).display()) })
+        .collect();
+    let mut args = vec!["train", "configs/face-synthetic-margin.toml", "--set", "train.epochs=3", "--set", "train.batch_size=32"];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    args.extend(q.iter().map(String::as_str));
+    let s = summary(&farout(&args));
+    assert_eq!((s["n_classes"].as_u64(), s["d_model"].as_u64()), (Some(100), Some(16)));
+    assert!(s["metrics"]["accuracy"].as_f64().unwrap() > 0.9, "{s}");
+}
+
+#[test]
+fn bench_layer_prints_the_documented_fields() {
+    let o = farout(&["bench", "layer", "--estimator", "softmax", "--k", "2000", "--d", "32", "--batch", "16", "--steps", "2", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for key in ["samples_per_s", "gflops", "gemm_gflops", "gflops_ratio"] {
+        assert!(v[key].as_f64().unwrap() > 0.0, "{key} in {v}");
+    }
+}
