@@ -14,8 +14,10 @@ const BATCH: usize = 256;
 fn layer_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("layer_step");
     group.sample_size(10);
-    let estimators: [(&str, Box<dyn GradientEstimator>); 2] =
-        [("softmax", Box::new(Exact::new(Softmax))), ("margin", Box::new(Exact::new(SmoothedMargin::new(1.0).unwrap())))];
+    let estimators: [(&str, Box<dyn GradientEstimator>); 2] = [
+        ("softmax", Box::new(Exact::new(Softmax))),
+        ("margin", Box::new(Exact::new(SmoothedMargin::new(1.0).unwrap()))),
+    ];
     for k in [10_000usize, 100_000] {
         let mut r = rng::seeded(1, 0);
         let mut phi = Matrix::from_vec(BATCH, D, (0..BATCH * D).map(|_| rng::normal(&mut r)).collect()).unwrap();

@@ -42,12 +42,7 @@ pub enum BenchEstimator {
 
 fn random_matrix(rows: usize, cols: usize, seed: u64, unit_rows: bool) -> Matrix {
     let mut r = rng::seeded(seed, 0);
-    let mut m = Matrix::from_vec(
-        rows,
-        cols,
-        (0..rows * cols).map(|_| rng::normal(&mut r)).collect(),
-    )
-    .expect("sized");
+    let mut m = Matrix::from_vec(rows, cols, (0..rows * cols).map(|_| rng::normal(&mut r)).collect()).expect("sized");
     if unit_rows {
         m.as_mut_slice().chunks_exact_mut(cols).for_each(|row| {
             kernels::normalize(row);
@@ -71,31 +66,13 @@ pub fn bench_layer(
         BenchEstimator::Softmax => Box::new(Exact::new(Softmax)),
         BenchEstimator::Margin => Box::new(Exact::new(SmoothedMargin::new(1.0)?)),
     };
-    let opt = OptimizerConfig::Sgd {
-        lr: 0.1,
-        decay: 0.0,
-        l2: 0.0,
-    };
-    let mut layer = OutputLayer::new(
-        k,
-        d,
-        &OutputLayerConfig {
-            bias: true,
-            init_std: 0.01,
-        },
-        &opt,
-        1,
-    )?;
+    let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
+    let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: true, init_std: 0.01 }, &opt, 1)?;
     let phi = random_matrix(batch, d, 2, true);
     let mut r = rng::seeded(3, 0);
-    let labels: Vec<Vec<u32>> = (0..batch)
-        .map(|_| vec![r.random_range(0..k as u32)])
-        .collect();
+    let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
-    let b = Batch {
-        phi: &phi,
-        positives: &positives,
-    };
+    let b = Batch { phi: &phi, positives: &positives };
     layer.train_step(est.as_ref(), b, &mut r, true); // warm-up: buffers, thread pool
     let t = Instant::now();
     for _ in 0..steps {
@@ -105,25 +82,11 @@ pub fn bench_layer(
 
     // Reference: Z = Phi W^T with the same shapes, same library, same threads.
     let mut z = vec![0.0f32; batch * k];
-    gemm::scores(
-        phi.as_slice(),
-        batch,
-        layer.weights().as_slice(),
-        k,
-        d,
-        &mut z,
-    );
+    gemm::scores(phi.as_slice(), batch, layer.weights().as_slice(), k, d, &mut z);
     let gemm_reps = 3 * steps; // as many products as the layer step performs
     let t = Instant::now();
     for _ in 0..gemm_reps {
-        gemm::scores(
-            phi.as_slice(),
-            batch,
-            layer.weights().as_slice(),
-            k,
-            d,
-            &mut z,
-        );
+        gemm::scores(phi.as_slice(), batch, layer.weights().as_slice(), k, d, &mut z);
     }
     let gemm_secs = t.elapsed().as_secs_f64();
     let flop_per_pass = 2.0 * k as f64 * d as f64 * batch as f64;
@@ -148,14 +111,7 @@ pub fn bench_layer(
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
-        BenchCommand::Layer {
-            estimator,
-            k,
-            d,
-            batch,
-            steps,
-            json: _,
-        } => {
+        BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             println!("{}", bench_layer(estimator, k, d, batch, steps)?);
         }
     }

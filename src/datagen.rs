@@ -82,16 +82,7 @@ fn bar(total: u64) -> ProgressBar {
 pub fn run(cmd: DataCommand) -> Result<()> {
     let DataCommand::Gen { kind } = cmd;
     match kind {
-        GenKind::Face {
-            classes,
-            samples,
-            dim,
-            noise,
-            size_exponent,
-            test_fraction,
-            seed,
-            out,
-        } => {
+        GenKind::Face { classes, samples, dim, noise, size_exponent, test_fraction, seed, out } => {
             let spec = FaceSpec {
                 n_classes: classes,
                 n_samples: samples,
@@ -106,10 +97,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;
             b.finish();
-            eprintln!(
-                "wrote {} (K = {classes}, N = {samples}, D = {dim})",
-                out.display()
-            );
+            eprintln!("wrote {} (K = {classes}, N = {samples}, D = {dim})", out.display());
         }
         GenKind::Xmc {
             samples,
@@ -135,10 +123,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;
             b.finish();
-            eprintln!(
-                "wrote {} (K = {labels}, N = {samples}, V = {features})",
-                out.display()
-            );
+            eprintln!("wrote {} (K = {labels}, N = {samples}, V = {features})", out.display());
         }
     }
     Ok(())

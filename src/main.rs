@@ -97,9 +97,7 @@ fn load_config(path: &Path, set: &[String]) -> Result<Config> {
     let config = Config::load(path, set)?;
     if config.train.threads > 0 {
         // Ignore the error of a second initialisation (only possible in tests).
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(config.train.threads)
-            .build_global();
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(config.train.threads).build_global();
     }
     Ok(config)
 }
@@ -107,19 +105,13 @@ fn load_config(path: &Path, set: &[String]) -> Result<Config> {
 fn trainer_from_checkpoint(config: Config, checkpoint: Option<PathBuf>) -> Result<Trainer> {
     let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
     let mut t = Trainer::new(config)?;
-    t.load_checkpoint(&dir)
-        .with_context(|| format!("loading checkpoint {}", dir.display()))?;
+    t.load_checkpoint(&dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
     Ok(t)
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train {
-            config,
-            set,
-            summary,
-            resume,
-        } => {
+        Command::Train { config, set, summary, resume } => {
             let config = load_config(&config, &set)?;
             let mut trainer = Trainer::new(config)?;
             if resume {
@@ -130,32 +122,15 @@ fn run(cli: Cli) -> Result<()> {
             let json = serde_json::to_string_pretty(&s)?;
             println!("{json}");
             if let Some(p) = summary {
-                std::fs::write(&p, json + "\n")
-                    .with_context(|| format!("writing {}", p.display()))?;
+                std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
             }
         }
-        Command::Eval {
-            config,
-            set,
-            checkpoint,
-        } => {
+        Command::Eval { config, set, checkpoint } => {
             let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
-            let test = t
-                .data()
-                .test
-                .as_ref()
-                .context("the config names no test set (data.test)")?;
+            let test = t.data().test.as_ref().context("the config names no test set (data.test)")?;
             println!("{}", serde_json::to_string_pretty(&t.evaluate(test, 0))?);
         }
-        Command::Predict {
-            config,
-            set,
-            checkpoint,
-            input,
-            labels,
-            top_k,
-            out,
-        } => {
+        Command::Predict { config, set, checkpoint, input, labels, top_k, out } => {
             let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
             let owned;
             let ds = match &input {
@@ -163,25 +138,17 @@ fn run(cli: Cli) -> Result<()> {
                     owned = t.load_input(p, labels.as_deref())?;
                     &owned
                 }
-                None => t
-                    .data()
-                    .test
-                    .as_ref()
-                    .context("no --input and the config names no test set")?,
+                None => t.data().test.as_ref().context("no --input and the config names no test set")?,
             };
             let preds = t.predict(ds, top_k);
             let mut w: Box<dyn Write> = match &out {
                 Some(p) => Box::new(std::io::BufWriter::new(
-                    std::fs::File::create(p)
-                        .with_context(|| format!("creating {}", p.display()))?,
+                    std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
                 )),
                 None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
             };
             for hits in preds {
-                let line: Vec<String> = hits
-                    .iter()
-                    .map(|h| format!("{}:{:.6}", h.class, h.score))
-                    .collect();
+                let line: Vec<String> = hits.iter().map(|h| format!("{}:{:.6}", h.class, h.score)).collect();
                 writeln!(w, "{}", line.join(" "))?;
             }
             w.flush()?;

@@ -10,10 +10,7 @@ use farout_core::Matrix;
 
 /// A `[rows, cols]` tensor on `device` holding `m`.
 pub fn to_tensor(m: &Matrix, device: &Device) -> Tensor<2> {
-    Tensor::from_data(
-        TensorData::new(m.as_slice().to_vec(), [m.rows(), m.cols()]),
-        device,
-    )
+    Tensor::from_data(TensorData::new(m.as_slice().to_vec(), [m.rows(), m.cols()]), device)
 }
 
 /// The values of a 2-D float tensor as a matrix.

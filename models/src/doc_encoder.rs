@@ -83,10 +83,7 @@ impl DocEncoder {
     /// An encoder over a vocabulary of `n_features`, initialised from `seed`.
     pub fn new(config: &DocEncoderConfig, n_features: usize, seed: u64) -> Result<Self, Error> {
         if config.d_model == 0 {
-            return Err(Error::Config {
-                key: "model.d_model",
-                msg: "must be > 0".into(),
-            });
+            return Err(Error::Config { key: "model.d_model", msg: "must be > 0".into() });
         }
         if !(0.0..1.0).contains(&config.dropout) {
             return Err(Error::Config {
@@ -95,28 +92,17 @@ impl DocEncoder {
             });
         }
         if !(config.init_std >= 0.0) {
-            return Err(Error::Config {
-                key: "model.init_std",
-                msg: format!("{} must be >= 0", config.init_std),
-            });
+            return Err(Error::Config { key: "model.init_std", msg: format!("{} must be >= 0", config.init_std) });
         }
         config
             .optimizer
             .check("model.optimizer")
-            .map_err(|e| Error::Config {
-                key: "model.optimizer",
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| Error::Config { key: "model.optimizer", msg: e.to_string() })?;
         let d = config.d_model;
         let mut table = Matrix::zeros(n_features, d);
         let mut r = rng::seeded(seed, 0x7AB1E);
-        table
-            .as_mut_slice()
-            .iter_mut()
-            .for_each(|x| *x = config.init_std * rng::normal(&mut r));
-        let hidden = Hidden {
-            bias: Param::from_tensor(Tensor::zeros([d], &crate::autodiff_device())),
-        };
+        table.as_mut_slice().iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
+        let hidden = Hidden { bias: Param::from_tensor(Tensor::zeros([d], &crate::autodiff_device())) };
         let hidden_opt = match config.optimizer {
             OptimizerConfig::Sgd { .. } => SgdConfig::new().init(),
             OptimizerConfig::Adagrad { eps, .. } => AdaGradConfig::new().with_epsilon(eps).init(),
@@ -146,9 +132,7 @@ impl DocEncoder {
     }
 
     fn hidden(&self) -> &Hidden {
-        self.hidden
-            .as_ref()
-            .expect("hidden module is present between steps")
+        self.hidden.as_ref().expect("hidden module is present between steps")
     }
 
     /// Forward pass of a batch of documents (each `(feature ids, values)`) on `device`.
@@ -158,8 +142,7 @@ impl DocEncoder {
         uniq.sort_unstable();
         uniq.dedup();
         let mut gathered = Vec::with_capacity(uniq.len() * d);
-        uniq.iter()
-            .for_each(|&f| gathered.extend_from_slice(self.table.row(f as usize)));
+        uniq.iter().for_each(|&f| gathered.extend_from_slice(self.table.row(f as usize)));
         let (mut pos, mut doc, mut vals) = (Vec::new(), Vec::new(), Vec::new());
         for (i, (cols, v)) in docs.iter().enumerate() {
             for (c, x) in cols.iter().zip(*v) {
@@ -182,11 +165,7 @@ impl DocEncoder {
             h = h.select_assign(0, doc, rows, IndexingUpdateOp::Add);
         }
         let bias = self.hidden().bias.val();
-        let bias = if track {
-            bias
-        } else {
-            Tensor::from_data(bias.into_data(), device)
-        };
+        let bias = if track { bias } else { Tensor::from_data(bias.into_data(), device) };
         let h = h + bias.unsqueeze::<2>();
         let phi = match self.config.activation {
             Activation::None => h,
@@ -207,18 +186,9 @@ impl DocEncoder {
         let keep = 1.0 / (1.0 - p);
         let kept: Vec<(Vec<u32>, Vec<f32>)> = docs
             .iter()
-            .map(|(c, v)| {
-                c.iter()
-                    .zip(*v)
-                    .filter(|_| rng.random::<f32>() >= p)
-                    .map(|(c, v)| (*c, v * keep))
-                    .unzip()
-            })
+            .map(|(c, v)| c.iter().zip(*v).filter(|_| rng.random::<f32>() >= p).map(|(c, v)| (*c, v * keep)).unzip())
             .collect();
-        let views: Vec<(&[u32], &[f32])> = kept
-            .iter()
-            .map(|(c, v)| (c.as_slice(), v.as_slice()))
-            .collect();
+        let views: Vec<(&[u32], &[f32])> = kept.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
         self.forward_on(&views, &crate::autodiff_device(), true)
     }
 
@@ -237,17 +207,10 @@ impl DocEncoder {
             let rule = self.table_opt.rule();
             for (j, &f) in fwd.uniq.iter().enumerate() {
                 let f = f as usize;
-                rule.apply(
-                    self.table.row_mut(f),
-                    self.table_opt.accum_row(f, d),
-                    g.row(j),
-                );
+                rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), g.row(j));
             }
         }
-        let hidden = self
-            .hidden
-            .take()
-            .expect("hidden module is present between steps");
+        let hidden = self.hidden.take().expect("hidden module is present between steps");
         let gp = GradientsParams::from_grads(grads, &hidden);
         let lr = self.table_opt.lr() as f64;
         self.hidden = Some(self.hidden_opt.step(lr, hidden, gp));
@@ -256,10 +219,8 @@ impl DocEncoder {
 
     /// Saves the encoder into `dir` (`table.bin`, `hidden.bpk`, `hidden-optim.bpk`).
     pub fn save(&self, dir: &Path) -> Result<(), Error> {
-        let werr = |path: &Path, e: &dyn std::fmt::Display| Error::Weights {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        };
+        let werr =
+            |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
         let p = dir.join("table.bin");
         let mut f = std::io::BufWriter::new(std::fs::File::create(&p).map_err(|e| werr(&p, &e))?);
         let io = |f: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
@@ -272,26 +233,18 @@ impl DocEncoder {
         };
         io(&mut f).map_err(|e| werr(&p, &e))?;
         let hp = dir.join("hidden.bpk");
-        self.hidden()
-            .clone()
-            .save_file(&hp)
-            .map_err(|e| werr(&hp, &e))?;
+        self.hidden().clone().save_file(&hp).map_err(|e| werr(&hp, &e))?;
         let op = dir.join("hidden-optim.bpk");
         self.hidden_opt.save(&op).map_err(|e| werr(&op, &e))
     }
 
     /// Restores an encoder saved by [`Self::save`] into this one (same shapes and optimiser).
     pub fn load(&mut self, dir: &Path) -> Result<(), Error> {
-        let werr = |path: &Path, e: &dyn std::fmt::Display| Error::Weights {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        };
+        let werr =
+            |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
         let p = dir.join("table.bin");
         let mut f = std::io::BufReader::new(std::fs::File::open(&p).map_err(|e| werr(&p, &e))?);
-        let (rows, cols) = (
-            read_u64(&mut f).map_err(|e| werr(&p, &e))?,
-            read_u64(&mut f).map_err(|e| werr(&p, &e))?,
-        );
+        let (rows, cols) = (read_u64(&mut f).map_err(|e| werr(&p, &e))?, read_u64(&mut f).map_err(|e| werr(&p, &e))?);
         if (rows as usize, cols as usize) != (self.table.rows(), self.table.cols()) {
             return Err(werr(
                 &p,
@@ -307,10 +260,7 @@ impl DocEncoder {
         read_f32s(&mut f, self.table_opt.accum_mut()).map_err(|e| werr(&p, &e))?;
         self.table_opt.set_step(step);
         let hp = dir.join("hidden.bpk");
-        let hidden = self
-            .hidden
-            .take()
-            .expect("hidden module is present between steps");
+        let hidden = self.hidden.take().expect("hidden module is present between steps");
         self.hidden = Some(hidden.try_load_file(&hp).map_err(|e| werr(&hp, &e))?);
         let op = dir.join("hidden-optim.bpk");
         let opt = std::mem::replace(&mut self.hidden_opt, SgdConfig::new().init());
@@ -324,10 +274,7 @@ mod tests {
     use super::*;
 
     fn docs() -> (Vec<Vec<u32>>, Vec<Vec<f32>>) {
-        (
-            vec![vec![0, 3], vec![3], vec![], vec![1, 2, 4]],
-            vec![vec![0.6, 0.8], vec![1.0], vec![], vec![0.5, 0.5, 0.7]],
-        )
+        (vec![vec![0, 3], vec![3], vec![], vec![1, 2, 4]], vec![vec![0.6, 0.8], vec![1.0], vec![], vec![0.5, 0.5, 0.7]])
     }
 
     /// Reference forward on the host: act(sum_f x_f E_f + b).
@@ -348,22 +295,10 @@ mod tests {
     #[test]
     fn forward_matches_host_reference() {
         for act in [Activation::None, Activation::Relu, Activation::Tanh] {
-            let enc = DocEncoder::new(
-                &DocEncoderConfig {
-                    d_model: 4,
-                    activation: act,
-                    ..Default::default()
-                },
-                5,
-                1,
-            )
-            .unwrap();
+            let enc =
+                DocEncoder::new(&DocEncoderConfig { d_model: 4, activation: act, ..Default::default() }, 5, 1).unwrap();
             let (c, v) = docs();
-            let batch: Vec<(&[u32], &[f32])> = c
-                .iter()
-                .zip(&v)
-                .map(|(a, b)| (a.as_slice(), b.as_slice()))
-                .collect();
+            let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
             let phi = enc.encode(&batch);
             for (i, (cc, vv)) in c.iter().zip(&v).enumerate() {
                 for (a, b) in phi.row(i).iter().zip(host_forward(&enc, cc, vv)) {
@@ -378,21 +313,13 @@ mod tests {
         // Linear encoder, SGD lr 0.5: E_f <- E_f - 0.5 * sum_i x_if dphi_i, unused rows unchanged.
         let cfg = DocEncoderConfig {
             d_model: 3,
-            optimizer: OptimizerConfig::Sgd {
-                lr: 0.5,
-                decay: 0.0,
-                l2: 0.0,
-            },
+            optimizer: OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 },
             ..Default::default()
         };
         let mut enc = DocEncoder::new(&cfg, 6, 2).unwrap();
         let before = enc.table.clone();
         let (c, v) = docs();
-        let batch: Vec<(&[u32], &[f32])> = c
-            .iter()
-            .zip(&v)
-            .map(|(a, b)| (a.as_slice(), b.as_slice()))
-            .collect();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
         let dphi = Matrix::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.1 - 0.5).collect()).unwrap();
         let fwd = enc.forward(&batch, &mut rng::seeded(0, 0));
         enc.backward(fwd, &dphi);
@@ -420,17 +347,10 @@ mod tests {
     #[test]
     fn save_and_load_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = DocEncoderConfig {
-            d_model: 3,
-            ..Default::default()
-        };
+        let cfg = DocEncoderConfig { d_model: 3, ..Default::default() };
         let mut a = DocEncoder::new(&cfg, 6, 2).unwrap();
         let (c, v) = docs();
-        let batch: Vec<(&[u32], &[f32])> = c
-            .iter()
-            .zip(&v)
-            .map(|(a, b)| (a.as_slice(), b.as_slice()))
-            .collect();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
         let fwd = a.forward(&batch, &mut rng::seeded(0, 0));
         a.backward(fwd, &Matrix::from_vec(4, 3, vec![0.3; 12]).unwrap());
         a.save(dir.path()).unwrap();

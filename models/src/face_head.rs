@@ -29,24 +29,16 @@ impl FaceHead {
         let projection = match &config.projection {
             None => None,
             Some(path) => {
-                let p = farout_data::npy::read_f32_matrix(path).map_err(|e| Error::Weights {
-                    path: path.clone(),
-                    msg: e.to_string(),
-                })?;
+                let p = farout_data::npy::read_f32_matrix(path)
+                    .map_err(|e| Error::Weights { path: path.clone(), msg: e.to_string() })?;
                 if p.rows() != d_in {
                     return Err(Error::Weights {
                         path: path.clone(),
-                        msg: format!(
-                            "projection is {} x {} but inputs have dimension {d_in}",
-                            p.rows(),
-                            p.cols()
-                        ),
+                        msg: format!("projection is {} x {} but inputs have dimension {d_in}", p.rows(), p.cols()),
                     });
                 }
                 let dev = crate::device();
-                let mut lin = LinearConfig::new(p.rows(), p.cols())
-                    .with_bias(false)
-                    .init(&dev);
+                let mut lin = LinearConfig::new(p.rows(), p.cols()).with_bias(false).init(&dev);
                 lin.weight = burn::module::Param::from_tensor(bridge::to_tensor(&p, &dev));
                 Some(lin.no_grad())
             }
@@ -56,9 +48,7 @@ impl FaceHead {
 
     /// Output dimension for inputs of dimension `d_in`.
     pub fn d_out(&self, d_in: usize) -> usize {
-        self.projection
-            .as_ref()
-            .map_or(d_in, |l| l.weight.val().dims()[1])
+        self.projection.as_ref().map_or(d_in, |l| l.weight.val().dims()[1])
     }
 
     /// `x: [batch, d_in] -> [batch, d_out]`, rows of unit norm.
@@ -67,12 +57,7 @@ impl FaceHead {
             Some(l) => l.forward(x),
             None => x,
         };
-        let norm = y
-            .clone()
-            .powf_scalar(2.0)
-            .sum_dim(1)
-            .sqrt()
-            .clamp_min(1e-12);
+        let norm = y.clone().powf_scalar(2.0).sum_dim(1).sqrt().clamp_min(1e-12);
         y / norm
     }
 
@@ -83,12 +68,8 @@ impl FaceHead {
         let dev = crate::device();
         for start in (0..x.rows()).step_by(batch.max(1)) {
             let end = (start + batch).min(x.rows());
-            let rows = Matrix::from_vec(
-                end - start,
-                x.cols(),
-                x.as_slice()[start * x.cols()..end * x.cols()].to_vec(),
-            )
-            .expect("slice of rows");
+            let rows = Matrix::from_vec(end - start, x.cols(), x.as_slice()[start * x.cols()..end * x.cols()].to_vec())
+                .expect("slice of rows");
             let y = bridge::to_matrix(self.forward(bridge::to_tensor(&rows, &dev)));
             out.as_mut_slice()[start * d_out..end * d_out].copy_from_slice(y.as_slice());
         }
@@ -106,11 +87,7 @@ mod tests {
         let x = Matrix::from_vec(3, 2, vec![3.0, 4.0, 0.0, 2.0, 1.0, 1.0]).unwrap();
         let y = head.embed(&x, 2);
         assert_eq!(y.rows(), 3);
-        for (a, b) in y
-            .as_slice()
-            .iter()
-            .zip([0.6, 0.8, 0.0, 1.0, 0.70710677, 0.70710677])
-        {
+        for (a, b) in y.as_slice().iter().zip([0.6, 0.8, 0.0, 1.0, 0.70710677, 0.70710677]) {
             assert!((a - b).abs() < 1e-6);
         }
     }
@@ -120,30 +97,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("proj.npy");
         // P = [[1, 0, 0], [0, 0, 2]]: x = (a, b) -> (a, 0, 2b)
-        farout_data::npy::write_f32_matrix(
-            &p,
-            &Matrix::from_vec(2, 3, vec![1.0, 0.0, 0.0, 0.0, 0.0, 2.0]).unwrap(),
-        )
-        .unwrap();
-        let head = FaceHead::new(
-            &FaceHeadConfig {
-                projection: Some(p.clone()),
-            },
-            2,
-        )
-        .unwrap();
+        farout_data::npy::write_f32_matrix(&p, &Matrix::from_vec(2, 3, vec![1.0, 0.0, 0.0, 0.0, 0.0, 2.0]).unwrap())
+            .unwrap();
+        let head = FaceHead::new(&FaceHeadConfig { projection: Some(p.clone()) }, 2).unwrap();
         let y = head.embed(&Matrix::from_vec(1, 2, vec![3.0, 2.0]).unwrap(), 8);
         for (a, b) in y.as_slice().iter().zip([0.6, 0.0, 0.8]) {
             assert!((a - b).abs() < 1e-6, "{a} vs {b}");
         }
-        let e = FaceHead::new(
-            &FaceHeadConfig {
-                projection: Some(p),
-            },
-            5,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = FaceHead::new(&FaceHeadConfig { projection: Some(p) }, 5).unwrap_err().to_string();
         assert!(e.contains("proj.npy") && e.contains("dimension 5"), "{e}");
     }
 }

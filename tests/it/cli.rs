@@ -2,7 +2,16 @@
 
 use crate::{farout, quiet_in, stderr, summary};
 
-const TINY_FACE: [&str; 8] = ["--set", "data.face.n_classes=200", "--set", "data.face.n_samples=3000", "--set", "train.epochs=2", "--set", "train.batch_size=64"];
+const TINY_FACE: [&str; 8] = [
+    "--set",
+    "data.face.n_classes=200",
+    "--set",
+    "data.face.n_samples=3000",
+    "--set",
+    "train.epochs=2",
+    "--set",
+    "train.batch_size=64",
+];
 
 #[test]
 fn quickstart_config_trains_and_writes_its_summary() {
@@ -29,7 +38,8 @@ fn quickstart_config_trains_and_writes_its_summary() {
 fn resume_continues_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
-    let base: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q.iter().map(String::as_str)).collect();
+    let base: Vec<&str> =
+        ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q.iter().map(String::as_str)).collect();
     // 3000 samples, 20% test => about 2400 train samples => 38 steps per epoch at batch 64.
     let one = summary(&farout(&[&base[..], &["--set", "train.epochs=1"]].concat()));
     let steps_one = one["steps"].as_u64().unwrap();
@@ -41,7 +51,11 @@ fn resume_continues_from_the_checkpoint() {
     // Same result as two epochs in one go (shuffles and sampling are seeded by epoch and step).
     let fresh_dir = tempfile::tempdir().unwrap();
     let q2 = quiet_in(fresh_dir.path());
-    let straight: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q2.iter().map(String::as_str)).collect();
+    let straight: Vec<&str> = ["train", "configs/quickstart.toml"]
+        .into_iter()
+        .chain(TINY_FACE)
+        .chain(q2.iter().map(String::as_str))
+        .collect();
     let direct = summary(&farout(&straight));
     let (a, b) = (two["metrics"]["p@1"].as_f64().unwrap(), direct["metrics"]["p@1"].as_f64().unwrap());
     assert!((a - b).abs() < 1e-9, "resumed p@1 {a} vs uninterrupted {b}");
@@ -77,12 +91,25 @@ fn eval_and_predict_use_the_checkpoint() {
 fn generated_xmc_data_trains_the_document_encoder() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("xmc");
-    let g = farout(&["data", "gen", "xmc", "--samples", "3000", "--features", "2000", "--labels", "100", "--out", data.to_str().unwrap()]);
+    let g = farout(&[
+        "data",
+        "gen",
+        "xmc",
+        "--samples",
+        "3000",
+        "--features",
+        "2000",
+        "--labels",
+        "100",
+        "--out",
+        data.to_str().unwrap(),
+    ]);
     assert!(g.status.success(), "{}", stderr(&g));
     let q = quiet_in(dir.path());
     let train = format!("data.train=\"{}\"", data.join("train.txt").display());
     let test = format!("data.test=\"{}\"", data.join("test.txt").display());
-    let mut args = vec!["train", "configs/bibtex-softmax.toml", "--set", &train, "--set", &test, "--set", "train.epochs=3"];
+    let mut args =
+        vec!["train", "configs/bibtex-softmax.toml", "--set", &train, "--set", &test, "--set", "train.epochs=3"];
     args.extend(q.iter().map(String::as_str));
     let s = summary(&farout(&args));
     assert_eq!(s["n_classes"], 100);
@@ -95,14 +122,39 @@ fn generated_xmc_data_trains_the_document_encoder() {
 fn generated_face_data_trains_from_npy_files() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("face");
-    let g = farout(&["data", "gen", "face", "--classes", "100", "--samples", "2000", "--dim", "16", "--noise", "0.5", "--out", data.to_str().unwrap()]);
+    let g = farout(&[
+        "data",
+        "gen",
+        "face",
+        "--classes",
+        "100",
+        "--samples",
+        "2000",
+        "--dim",
+        "16",
+        "--noise",
+        "0.5",
+        "--out",
+        data.to_str().unwrap(),
+    ]);
     assert!(g.status.success(), "{}", stderr(&g));
     let q = quiet_in(dir.path());
-    let sets: Vec<String> = [("format", "\"npy\"".to_string()), ("train", "train.npy".into()), ("train_labels", "train.labels.npy".into()), ("test", "test.npy".into()), ("test_labels", "test.labels.npy".into())]
-        .iter()
-        .map(|(k, v)| if k == &"format" { format!("data.{k}={v}") } else { format!("data.{k}=\"{}\"", data.join(v).display()) })
-        .collect();
-    let mut args = vec!["train", "configs/face-synthetic-margin.toml", "--set", "train.epochs=3", "--set", "train.batch_size=32"];
+    let sets: Vec<String> = [
+        ("format", "\"npy\"".to_string()),
+        ("train", "train.npy".into()),
+        ("train_labels", "train.labels.npy".into()),
+        ("test", "test.npy".into()),
+        ("test_labels", "test.labels.npy".into()),
+    ]
+    .iter()
+    .map(
+        |(k, v)| {
+            if k == &"format" { format!("data.{k}={v}") } else { format!("data.{k}=\"{}\"", data.join(v).display()) }
+        },
+    )
+    .collect();
+    let mut args =
+        vec!["train", "configs/face-synthetic-margin.toml", "--set", "train.epochs=3", "--set", "train.batch_size=32"];
     for s in &sets {
         args.extend(["--set", s.as_str()]);
     }
@@ -114,7 +166,21 @@ fn generated_face_data_trains_from_npy_files() {
 
 #[test]
 fn bench_layer_prints_the_documented_fields() {
-    let o = farout(&["bench", "layer", "--estimator", "softmax", "--k", "2000", "--d", "32", "--batch", "16", "--steps", "2", "--json"]);
+    let o = farout(&[
+        "bench",
+        "layer",
+        "--estimator",
+        "softmax",
+        "--k",
+        "2000",
+        "--d",
+        "32",
+        "--batch",
+        "16",
+        "--steps",
+        "2",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     for key in ["samples_per_s", "gflops", "gemm_gflops", "gflops_ratio"] {

@@ -15,7 +15,12 @@ fn fails_with(args: &[&str], expect: &[&str]) {
 }
 
 fn xmc_run(dir: &Path, train: &Path) -> Vec<String> {
-    let mut v = vec!["train".into(), "configs/bibtex-softmax.toml".into(), "--set".into(), format!("data.train=\"{}\"", train.display())];
+    let mut v = vec![
+        "train".into(),
+        "configs/bibtex-softmax.toml".into(),
+        "--set".into(),
+        format!("data.train=\"{}\"", train.display()),
+    ];
     v.extend(quiet_in(dir));
     v
 }
@@ -26,7 +31,10 @@ fn malformed_xmc_line_names_file_and_line() {
     let f = dir.path().join("bad.txt");
     std::fs::write(&f, "2 10 5\n1 0:1 3:1\n2 4:x\n").unwrap();
     let args = xmc_run(dir.path(), &f);
-    fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[&format!("{}:3:", f.display()), "feature value `x`"]);
+    fails_with(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[&format!("{}:3:", f.display()), "feature value `x`"],
+    );
 }
 
 #[test]
@@ -35,16 +43,23 @@ fn label_out_of_range_names_file_and_line() {
     let f = dir.path().join("bad.txt");
     std::fs::write(&f, "2 10 5\n1 0:1\n9 4:1\n").unwrap();
     let args = xmc_run(dir.path(), &f);
-    fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[&format!("{}:3:", f.display()), "label 9 out of range"]);
+    fails_with(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[&format!("{}:3:", f.display()), "label 9 out of range"],
+    );
 }
 
 #[test]
 fn unknown_config_key_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let c = dir.path().join("c.toml");
-    std::fs::write(&c, std::fs::read_to_string("configs/quickstart.toml").unwrap().replace("epochs = 3", "epoch = 3")).unwrap();
+    std::fs::write(&c, std::fs::read_to_string("configs/quickstart.toml").unwrap().replace("epochs = 3", "epoch = 3"))
+        .unwrap();
     fails_with(&["train", c.to_str().unwrap()], &["c.toml", "key `train.epoch`", "unknown field `epoch`", "epochs"]);
-    fails_with(&["train", "configs/quickstart.toml", "--set", "output.estimator=\"lsh\""], &["output.estimator", "unknown variant `lsh`", "softmax"]);
+    fails_with(
+        &["train", "configs/quickstart.toml", "--set", "output.estimator=\"lsh\""],
+        &["output.estimator", "unknown variant `lsh`", "softmax"],
+    );
 }
 
 #[test]
@@ -62,8 +77,14 @@ fn wrong_shaped_npy_is_named() {
     let y = dir.path().join("y.npy");
     farout_data::npy::write_ids(&x, &[1, 2, 3]).unwrap(); // 1-D integers where 2-D f32 is expected
     farout_data::npy::write_ids(&y, &[1, 2, 3]).unwrap();
-    let mut args: Vec<String> = ["train", "configs/face-synthetic-softmax.toml", "--set", "data.format=\"npy\""].map(String::from).to_vec();
-    args.extend(["--set".into(), format!("data.train=\"{}\"", x.display()), "--set".into(), format!("data.train_labels=\"{}\"", y.display())]);
+    let mut args: Vec<String> =
+        ["train", "configs/face-synthetic-softmax.toml", "--set", "data.format=\"npy\""].map(String::from).to_vec();
+    args.extend([
+        "--set".into(),
+        format!("data.train=\"{}\"", x.display()),
+        "--set".into(),
+        format!("data.train_labels=\"{}\"", y.display()),
+    ]);
     args.extend(quiet_in(dir.path()));
     fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &["x.npy", "expected float32"]);
     let m = dir.path().join("m.npy");
@@ -75,7 +96,19 @@ fn wrong_shaped_npy_is_named() {
 #[test]
 fn divergence_stops_with_a_message() {
     let dir = tempfile::tempdir().unwrap();
-    let mut args: Vec<String> = ["train", "configs/bibtex-softmax.toml", "--set", "output.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}", "--set", "model.doc_encoder.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}"].map(String::from).to_vec();
+    let mut args: Vec<String> = [
+        "train",
+        "configs/bibtex-softmax.toml",
+        "--set",
+        "output.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}",
+        "--set",
+        "model.doc_encoder.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(quiet_in(dir.path()));
-    fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &["training diverged at step", "no checkpoint had been written yet"]);
+    fails_with(
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        &["training diverged at step", "no checkpoint had been written yet"],
+    );
 }

@@ -10,7 +10,11 @@ use std::process::{Command, Output};
 
 /// Runs `farout` with `args` from the project root.
 pub fn farout(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_farout")).args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("the farout binary runs")
+    Command::new(env!("CARGO_BIN_EXE_farout"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the farout binary runs")
 }
 
 /// Standard error as text.
@@ -33,5 +37,6 @@ pub fn quiet_in(dir: &Path) -> Vec<String> {
 /// Parses the JSON summary `farout train` prints on standard output.
 pub fn summary(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "farout failed: {}", stderr(o));
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }

@@ -9,9 +9,7 @@ pub fn write_f32s(w: &mut impl Write, v: &[f32]) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(v.len().min(CHUNK) * 4);
     for chunk in v.chunks(CHUNK) {
         buf.clear();
-        chunk
-            .iter()
-            .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+        chunk.iter().for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
         w.write_all(&buf)?;
     }
     Ok(())

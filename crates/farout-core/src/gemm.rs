@@ -11,11 +11,7 @@ use gemm::Parallelism;
 
 fn parallelism() -> Parallelism {
     let n = rayon::current_num_threads();
-    if n > 1 {
-        Parallelism::Rayon(n)
-    } else {
-        Parallelism::None
-    }
+    if n > 1 { Parallelism::Rayon(n) } else { Parallelism::None }
 }
 
 /// Layout of an operand: row-major as stored, or its transpose.
@@ -46,24 +42,9 @@ pub fn gemm(
 ) {
     let (ar, ac) = a_shape;
     let (br, bc) = b_shape;
-    assert_eq!(
-        a.len(),
-        ar * ac,
-        "gemm: A has {} values for {ar} x {ac}",
-        a.len()
-    );
-    assert_eq!(
-        b.len(),
-        br * bc,
-        "gemm: B has {} values for {br} x {bc}",
-        b.len()
-    );
-    assert_eq!(
-        c.len(),
-        m * n,
-        "gemm: C has {} values for {m} x {n}",
-        c.len()
-    );
+    assert_eq!(a.len(), ar * ac, "gemm: A has {} values for {ar} x {ac}", a.len());
+    assert_eq!(b.len(), br * bc, "gemm: B has {} values for {br} x {bc}", b.len());
+    assert_eq!(c.len(), m * n, "gemm: C has {} values for {m} x {n}", c.len());
     // (rows, inner, row stride, col stride) of op(A) and op(B) in element units.
     let (am, ak, a_rs, a_cs) = match op_a {
         Op::N => (ar, ac, ac as isize, 1isize),
@@ -121,30 +102,17 @@ pub fn scores(x: &[f32], b: usize, w: &[f32], k: usize, d: usize, z: &mut [f32])
 mod tests {
     use super::*;
 
-    fn naive(
-        a: &[f32],
-        a_shape: (usize, usize),
-        op_a: Op,
-        b: &[f32],
-        b_shape: (usize, usize),
-        op_b: Op,
-    ) -> Vec<f32> {
+    fn naive(a: &[f32], a_shape: (usize, usize), op_a: Op, b: &[f32], b_shape: (usize, usize), op_b: Op) -> Vec<f32> {
         let get = |m: &[f32], shape: (usize, usize), op: Op, i: usize, j: usize| match op {
             Op::N => m[i * shape.1 + j],
             Op::T => m[j * shape.1 + i],
         };
-        let (m, k) = if op_a == Op::N {
-            a_shape
-        } else {
-            (a_shape.1, a_shape.0)
-        };
+        let (m, k) = if op_a == Op::N { a_shape } else { (a_shape.1, a_shape.0) };
         let n = if op_b == Op::N { b_shape.1 } else { b_shape.0 };
         let mut c = vec![0.0; m * n];
         for i in 0..m {
             for j in 0..n {
-                c[i * n + j] = (0..k)
-                    .map(|l| get(a, a_shape, op_a, i, l) * get(b, b_shape, op_b, l, j))
-                    .sum();
+                c[i * n + j] = (0..k).map(|l| get(a, a_shape, op_a, i, l) * get(b, b_shape, op_b, l, j)).sum();
             }
         }
         c
@@ -161,10 +129,7 @@ mod tests {
                 gemm(&mut c, m, n, 0.5, 2.0, &a, a_shape, op_a, &b, b_shape, op_b);
                 let r = naive(&a, a_shape, op_a, &b, b_shape, op_b);
                 for (x, y) in c.iter().zip(&r) {
-                    assert!(
-                        (x - (0.5 + 2.0 * y)).abs() < 1e-4,
-                        "{op_a:?} {op_b:?}: {x} vs {y}"
-                    );
+                    assert!((x - (0.5 + 2.0 * y)).abs() < 1e-4, "{op_a:?} {op_b:?}: {x} vs {y}");
                 }
             }
         }

@@ -92,10 +92,7 @@ mod tests {
         for n in 0..40 {
             let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            assert!(
-                (dot(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5,
-                "n = {n}"
-            );
+            assert!((dot(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "n = {n}");
         }
     }
 

@@ -13,9 +13,7 @@ pub use rand::{Rng as RngExt, RngCore};
 
 /// A generator for `(seed, stream)`: independent streams from one seed (SplitMix64 mixing).
 pub fn seeded(seed: u64, stream: u64) -> Rng {
-    Rng::seed_from_u64(splitmix64(
-        seed ^ splitmix64(stream.wrapping_add(0x9E37_79B9_7F4A_7C15)),
-    ))
+    Rng::seed_from_u64(splitmix64(seed ^ splitmix64(stream.wrapping_add(0x9E37_79B9_7F4A_7C15))))
 }
 
 /// SplitMix64 finaliser: a bijective 64-bit mixer.

@@ -40,10 +40,7 @@ impl SparseVec {
 
     /// Iterator over `(index, value)` pairs.
     pub fn iter(&self) -> impl Iterator<Item = (u32, f32)> + '_ {
-        self.indices
-            .iter()
-            .copied()
-            .zip(self.values.iter().copied())
+        self.indices.iter().copied().zip(self.values.iter().copied())
     }
 
     /// Dot product with a dense vector.

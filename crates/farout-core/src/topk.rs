@@ -32,13 +32,7 @@ pub fn top_k(scores: &[f32], k: usize, out: &mut Vec<Hit>) {
         if out.len() == k {
             out.pop();
         }
-        out.insert(
-            pos,
-            Hit {
-                class: i as ClassId,
-                score: s,
-            },
-        );
+        out.insert(pos, Hit { class: i as ClassId, score: s });
     }
 }
 

@@ -16,12 +16,7 @@ pub struct SparseRows {
 impl SparseRows {
     /// An empty matrix with `n_cols` columns.
     pub fn new(n_cols: usize) -> Self {
-        Self {
-            indptr: vec![0],
-            indices: Vec::new(),
-            values: Vec::new(),
-            n_cols,
-        }
+        Self { indptr: vec![0], indices: Vec::new(), values: Vec::new(), n_cols }
     }
 
     /// Number of rows.
@@ -48,9 +43,7 @@ impl SparseRows {
         let mut df = vec![0u32; self.n_cols];
         self.indices.iter().for_each(|&c| df[c as usize] += 1);
         let n = self.n_rows() as f32;
-        df.iter()
-            .map(|&d| ((1.0 + n) / (1.0 + d as f32)).ln() + 1.0)
-            .collect()
+        df.iter().map(|&d| ((1.0 + n) / (1.0 + d as f32)).ln() + 1.0).collect()
     }
 
     /// Multiplies every value by its column's weight.
@@ -84,20 +77,12 @@ pub struct LabelSets {
 impl LabelSets {
     /// No samples yet, `n_labels` classes.
     pub fn new(n_labels: usize) -> Self {
-        Self {
-            indptr: vec![0],
-            labels: Vec::new(),
-            n_labels,
-        }
+        Self { indptr: vec![0], labels: Vec::new(), n_labels }
     }
 
     /// One label per sample (multiclass).
     pub fn from_single(labels: Vec<ClassId>, n_labels: usize) -> Self {
-        Self {
-            indptr: (0..=labels.len()).collect(),
-            labels,
-            n_labels,
-        }
+        Self { indptr: (0..=labels.len()).collect(), labels, n_labels }
     }
 
     /// Number of samples.

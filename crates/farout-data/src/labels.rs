@@ -17,12 +17,7 @@ pub fn read(path: &Path, n_labels: Option<usize>) -> Result<LabelSets> {
     };
     match n_labels {
         Some(k) => {
-            if let Some((i, &l)) = sets
-                .labels
-                .iter()
-                .enumerate()
-                .find(|(_, l)| **l as usize >= k)
-            {
+            if let Some((i, &l)) = sets.labels.iter().enumerate().find(|(_, l)| **l as usize >= k) {
                 let sample = sets.indptr.partition_point(|&p| p <= i);
                 return Err(Error::Parse {
                     path: path.to_path_buf(),
@@ -30,10 +25,7 @@ pub fn read(path: &Path, n_labels: Option<usize>) -> Result<LabelSets> {
                     msg: format!("label {l} out of range: n_classes is {k}"),
                 });
             }
-            Ok(LabelSets {
-                n_labels: k,
-                ..sets
-            })
+            Ok(LabelSets { n_labels: k, ..sets })
         }
         None => Ok(sets),
     }
@@ -44,11 +36,7 @@ fn read_text(path: &Path) -> Result<LabelSets> {
     let mut sets = LabelSets::new(0);
     let mut buf = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::Parse {
-            path: path.to_path_buf(),
-            line: i + 1,
-            msg: e.to_string(),
-        })?;
+        let line = line.map_err(|e| Error::Parse { path: path.to_path_buf(), line: i + 1, msg: e.to_string() })?;
         buf.clear();
         for tok in line.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let l: u32 = tok.parse().map_err(|_| Error::Parse {
@@ -60,12 +48,7 @@ fn read_text(path: &Path) -> Result<LabelSets> {
         }
         sets.push(&buf);
     }
-    sets.n_labels = sets
-        .labels
-        .iter()
-        .map(|&l| l as usize + 1)
-        .max()
-        .unwrap_or(0);
+    sets.n_labels = sets.labels.iter().map(|&l| l as usize + 1).max().unwrap_or(0);
     Ok(sets)
 }
 
@@ -90,15 +73,9 @@ mod tests {
         let p = dir.path().join("l.txt");
         std::fs::write(&p, "1,2\n\n0\n").unwrap();
         let s = read(&p, Some(3)).unwrap();
-        assert_eq!(
-            (s.get(0), s.get(1), s.get(2)),
-            (&[1, 2][..], &[][..], &[0][..])
-        );
+        assert_eq!((s.get(0), s.get(1), s.get(2)), (&[1, 2][..], &[][..], &[0][..]));
         let e = read(&p, Some(2)).unwrap_err().to_string();
-        assert!(
-            e.starts_with(&format!("{}:1: label 2 out of range", p.display())),
-            "{e}"
-        );
+        assert!(e.starts_with(&format!("{}:1: label 2 out of range", p.display())), "{e}");
         std::fs::write(&p, "1\nx\n").unwrap();
         let e = read(&p, None).unwrap_err().to_string();
         assert!(e.contains("l.txt:2: label `x`"), "{e}");

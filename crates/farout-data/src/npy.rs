@@ -24,17 +24,13 @@ pub struct Header {
 }
 
 fn format_err(path: &Path, msg: impl Into<String>) -> Error {
-    Error::Format {
-        path: path.to_path_buf(),
-        msg: msg.into(),
-    }
+    Error::Format { path: path.to_path_buf(), msg: msg.into() }
 }
 
 /// Reads the header, leaving `r` at the first data byte.
 pub fn read_header(r: &mut impl Read, path: &Path) -> Result<Header> {
     let mut pre = [0u8; 8];
-    r.read_exact(&mut pre)
-        .map_err(|_| format_err(path, "not a .npy file (too short)"))?;
+    r.read_exact(&mut pre).map_err(|_| format_err(path, "not a .npy file (too short)"))?;
     if &pre[..6] != MAGIC {
         return Err(format_err(path, "not a .npy file (bad magic bytes)"));
     }
@@ -52,11 +48,9 @@ pub fn read_header(r: &mut impl Read, path: &Path) -> Result<Header> {
         v => return Err(format_err(path, format!("unsupported .npy version {v}"))),
     };
     let mut text = vec![0u8; len];
-    r.read_exact(&mut text)
-        .map_err(|_| format_err(path, "truncated .npy header"))?;
+    r.read_exact(&mut text).map_err(|_| format_err(path, "truncated .npy header"))?;
     let text = String::from_utf8_lossy(&text);
-    parse_header(&text)
-        .ok_or_else(|| format_err(path, format!("unreadable .npy header `{}`", text.trim())))
+    parse_header(&text).ok_or_else(|| format_err(path, format!("unreadable .npy header `{}`", text.trim())))
 }
 
 fn parse_header(text: &str) -> Option<Header> {
@@ -77,11 +71,7 @@ fn parse_header(text: &str) -> Option<Header> {
         .filter(|s| !s.is_empty())
         .map(|s| s.trim_end_matches('L').parse().ok())
         .collect::<Option<Vec<usize>>>()?;
-    Some(Header {
-        descr,
-        fortran_order,
-        shape,
-    })
+    Some(Header { descr, fortran_order, shape })
 }
 
 fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Header)> {
@@ -89,10 +79,7 @@ fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Header)> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, file);
     let h = read_header(&mut r, path)?;
     if h.fortran_order {
-        return Err(format_err(
-            path,
-            "Fortran-order arrays are not supported: save with np.ascontiguousarray",
-        ));
+        return Err(format_err(path, "Fortran-order arrays are not supported: save with np.ascontiguousarray"));
     }
     Ok((r, h))
 }
@@ -101,34 +88,16 @@ fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Header)> {
 pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
     let (mut r, h) = open(path)?;
     if h.descr != "<f4" {
-        return Err(format_err(
-            path,
-            format!("expected float32 data ('<f4'), found '{}'", h.descr),
-        ));
+        return Err(format_err(path, format!("expected float32 data ('<f4'), found '{}'", h.descr)));
     }
     let [rows, cols] = h.shape[..] else {
-        return Err(format_err(
-            path,
-            format!(
-                "expected a 2-D array [samples, dim], found shape {:?}",
-                h.shape
-            ),
-        ));
+        return Err(format_err(path, format!("expected a 2-D array [samples, dim], found shape {:?}", h.shape)));
     };
     let mut bytes = vec![0u8; rows * cols * 4];
     r.read_exact(&mut bytes).map_err(|_| {
-        format_err(
-            path,
-            format!(
-                "truncated: shape {rows} x {cols} needs {} data bytes",
-                rows * cols * 4
-            ),
-        )
+        format_err(path, format!("truncated: shape {rows} x {cols} needs {} data bytes", rows * cols * 4))
     })?;
-    let data = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     Ok(Matrix::from_vec(rows, cols, data).expect("length checked above"))
 }
 
@@ -136,10 +105,7 @@ pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
 pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
     let (mut r, h) = open(path)?;
     let [n] = h.shape[..] else {
-        return Err(format_err(
-            path,
-            format!("expected a 1-D array of labels, found shape {:?}", h.shape),
-        ));
+        return Err(format_err(path, format!("expected a 1-D array of labels, found shape {:?}", h.shape)));
     };
     let width = match h.descr.as_str() {
         "<i4" | "<u4" => 4,
@@ -153,12 +119,8 @@ pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
     };
     let signed = h.descr.starts_with("<i");
     let mut bytes = vec![0u8; n * width];
-    r.read_exact(&mut bytes).map_err(|_| {
-        format_err(
-            path,
-            format!("truncated: {n} labels need {} data bytes", n * width),
-        )
-    })?;
+    r.read_exact(&mut bytes)
+        .map_err(|_| format_err(path, format!("truncated: {n} labels need {} data bytes", n * width)))?;
     bytes
         .chunks_exact(width)
         .enumerate()
@@ -169,12 +131,7 @@ pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
                 (_, true) => i64::from_le_bytes(b.try_into().unwrap()) as i128,
                 (_, false) => u64::from_le_bytes(b.try_into().unwrap()) as i128,
             };
-            u32::try_from(v).map_err(|_| {
-                format_err(
-                    path,
-                    format!("label {v} at index {i} is not a valid class id"),
-                )
-            })
+            u32::try_from(v).map_err(|_| format_err(path, format!("label {v} at index {i} is not a valid class id")))
         })
         .collect()
 }
@@ -182,16 +139,9 @@ pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
 fn header_bytes(descr: &str, shape: &[usize]) -> Vec<u8> {
     let shape_text = match shape {
         [n] => format!("({n},)"),
-        s => format!(
-            "({})",
-            s.iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        s => format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
     };
-    let mut dict =
-        format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
     // Pad so that magic + version + length + dict + '\n' is a multiple of 64 (numpy's alignment).
     let total = MAGIC.len() + 2 + 2 + dict.len() + 1;
     dict.extend(std::iter::repeat_n(' ', (64 - total % 64) % 64));
@@ -216,14 +166,8 @@ impl MatrixWriter {
     pub fn create(path: &Path, rows: usize, cols: usize) -> Result<Self> {
         let file = std::fs::File::create(path).map_err(io_err(path))?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
-        w.write_all(&header_bytes("<f4", &[rows, cols]))
-            .map_err(io_err(path))?;
-        Ok(Self {
-            w,
-            path: path.to_path_buf(),
-            remaining: rows,
-            cols,
-        })
+        w.write_all(&header_bytes("<f4", &[rows, cols])).map_err(io_err(path))?;
+        Ok(Self { w, path: path.to_path_buf(), remaining: rows, cols })
     }
 
     /// Appends rows (a multiple of `cols` values).
@@ -243,10 +187,7 @@ impl MatrixWriter {
     /// Flushes; fails when fewer rows than declared were written.
     pub fn finish(mut self) -> Result<()> {
         if self.remaining != 0 {
-            return Err(format_err(
-                &self.path,
-                format!("{} declared rows were never written", self.remaining),
-            ));
+            return Err(format_err(&self.path, format!("{} declared rows were never written", self.remaining)));
         }
         self.w.flush().map_err(io_err(&self.path))
     }
@@ -263,11 +204,9 @@ pub fn write_f32_matrix(path: &Path, m: &Matrix) -> Result<()> {
 pub fn write_ids(path: &Path, ids: &[u32]) -> Result<()> {
     let file = std::fs::File::create(path).map_err(io_err(path))?;
     let mut w = BufWriter::new(file);
-    w.write_all(&header_bytes("<i8", &[ids.len()]))
-        .map_err(io_err(path))?;
+    w.write_all(&header_bytes("<i8", &[ids.len()])).map_err(io_err(path))?;
     for &i in ids {
-        w.write_all(&(i as i64).to_le_bytes())
-            .map_err(io_err(path))?;
+        w.write_all(&(i as i64).to_le_bytes()).map_err(io_err(path))?;
     }
     w.flush().map_err(io_err(path))
 }
@@ -290,16 +229,8 @@ mod tests {
 
     #[test]
     fn parses_numpy_written_headers() {
-        let h = parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100, 128), }")
-            .unwrap();
-        assert_eq!(
-            h,
-            Header {
-                descr: "<f4".into(),
-                fortran_order: false,
-                shape: vec![100, 128]
-            }
-        );
+        let h = parse_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100, 128), }").unwrap();
+        assert_eq!(h, Header { descr: "<f4".into(), fortran_order: false, shape: vec![100, 128] });
         let h = parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }").unwrap();
         assert_eq!(h.shape, vec![7]);
     }
@@ -316,9 +247,7 @@ mod tests {
         let e = read_ids(&q).unwrap_err().to_string();
         assert!(e.contains("m.npy") && e.contains("1-D"), "{e}");
         std::fs::write(dir.path().join("bad.npy"), b"hello").unwrap();
-        let e = read_f32_matrix(&dir.path().join("bad.npy"))
-            .unwrap_err()
-            .to_string();
+        let e = read_f32_matrix(&dir.path().join("bad.npy")).unwrap_err().to_string();
         assert!(e.contains("not a .npy file"), "{e}");
     }
 }

@@ -70,11 +70,7 @@ impl Default for FaceSpec {
 impl FaceSpec {
     /// The MegaFace-sized set of the LDGS paper (672 K identities, 4.7 M samples, D = 128).
     pub fn megaface() -> Self {
-        Self {
-            n_classes: 672_000,
-            n_samples: 4_700_000,
-            ..Self::default()
-        }
+        Self { n_classes: 672_000, n_samples: 4_700_000, ..Self::default() }
     }
 
     fn check(&self) -> Result<()> {
@@ -92,16 +88,10 @@ impl FaceSpec {
             );
         }
         if !(0.0..1.0).contains(&self.test_fraction) {
-            return p(
-                "test_fraction",
-                format!("{} is not in [0, 1)", self.test_fraction),
-            );
+            return p("test_fraction", format!("{} is not in [0, 1)", self.test_fraction));
         }
         if !(self.noise >= 0.0 && self.noise.is_finite()) {
-            return p(
-                "noise",
-                format!("{} is not a finite number >= 0", self.noise),
-            );
+            return p("noise", format!("{} is not a finite number >= 0", self.noise));
         }
         Ok(())
     }
@@ -112,10 +102,7 @@ fn power_law_sizes(n: usize, total: usize, min: usize, exponent: f64) -> Vec<usi
     let weights: Vec<f64> = (0..n).map(|k| ((k + 1) as f64).powf(-exponent)).collect();
     let sum: f64 = weights.iter().sum();
     let extra = total - n * min;
-    let mut sizes: Vec<usize> = weights
-        .iter()
-        .map(|w| min + (extra as f64 * w / sum).floor() as usize)
-        .collect();
+    let mut sizes: Vec<usize> = weights.iter().map(|w| min + (extra as f64 * w / sum).floor() as usize).collect();
     let mut left = total - sizes.iter().sum::<usize>();
     let mut k = 0;
     while left > 0 {
@@ -141,32 +128,22 @@ impl FaceGenerator {
         spec.check()?;
         let (k, d) = (spec.n_classes, spec.dim);
         let mut means = Matrix::zeros(k, d);
-        means
-            .as_mut_slice()
-            .par_chunks_mut(d)
-            .enumerate()
-            .for_each(|(c, row)| {
-                let mut r = rng::seeded(spec.seed, c as u64);
-                row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
-                kernels::normalize(row);
-            });
+        means.as_mut_slice().par_chunks_mut(d).enumerate().for_each(|(c, row)| {
+            let mut r = rng::seeded(spec.seed, c as u64);
+            row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
+            kernels::normalize(row);
+        });
         let sizes = power_law_sizes(k, spec.n_samples, spec.min_per_class, spec.size_exponent);
         let mut r = rng::seeded(spec.seed, u64::MAX);
         let (mut train, mut test) = (Vec::new(), Vec::new());
         for (c, &n) in sizes.iter().enumerate() {
-            let n_test =
-                ((n as f64 * spec.test_fraction + r.random::<f64>()).floor() as usize).min(n - 1);
+            let n_test = ((n as f64 * spec.test_fraction + r.random::<f64>()).floor() as usize).min(n - 1);
             train.extend(std::iter::repeat_n(c as ClassId, n - n_test));
             test.extend(std::iter::repeat_n(c as ClassId, n_test));
         }
         rng::shuffle(&mut train, &mut r);
         rng::shuffle(&mut test, &mut r);
-        Ok(Self {
-            spec,
-            means,
-            train,
-            test,
-        })
+        Ok(Self { spec, means, train, test })
     }
 
     /// The parameters.
@@ -226,11 +203,7 @@ impl FaceGenerator {
         const CHUNK: usize = 65_536;
         for (split, name) in [(Split::Train, "train"), (Split::Test, "test")] {
             let n = self.labels(split).len();
-            let mut w = crate::npy::MatrixWriter::create(
-                &dir.join(format!("{name}.npy")),
-                n,
-                self.spec.dim,
-            )?;
+            let mut w = crate::npy::MatrixWriter::create(&dir.join(format!("{name}.npy")), n, self.spec.dim)?;
             for start in (0..n).step_by(CHUNK) {
                 let m = self.features(split, start..(start + CHUNK).min(n));
                 w.write_rows(m.as_slice())?;
@@ -325,17 +298,10 @@ impl XmcGenerator {
         if spec.n_labels == 0 || spec.n_features == 0 || spec.n_samples == 0 {
             return p("n_samples/n_features/n_labels", "must be > 0".into());
         }
-        if !(spec.labels_per_sample >= 1.0)
-            || spec.features_per_label == 0
-            || spec.features_per_sample == 0
-        {
-            return p(
-                "labels_per_sample/features_per_*",
-                "need labels_per_sample >= 1 and feature counts > 0".into(),
-            );
+        if !(spec.labels_per_sample >= 1.0) || spec.features_per_label == 0 || spec.features_per_sample == 0 {
+            return p("labels_per_sample/features_per_*", "need labels_per_sample >= 1 and feature counts > 0".into());
         }
-        if !(0.0..1.0).contains(&spec.test_fraction) || !(0.0..=1.0).contains(&spec.noise_fraction)
-        {
+        if !(0.0..1.0).contains(&spec.test_fraction) || !(0.0..=1.0).contains(&spec.noise_fraction) {
             return p("test_fraction/noise_fraction", "must lie in [0, 1)".into());
         }
         let n_test = (spec.n_samples as f64 * spec.test_fraction).round() as usize;
@@ -357,18 +323,11 @@ impl XmcGenerator {
 
     /// Feature `j` of label `l`'s signature: a hash, so nothing per label is stored.
     fn signature(&self, l: u32, j: usize) -> u32 {
-        (rng::splitmix64(self.spec.seed ^ ((l as u64) << 20 | j as u64))
-            % self.spec.n_features as u64) as u32
+        (rng::splitmix64(self.spec.seed ^ ((l as u64) << 20 | j as u64)) % self.spec.n_features as u64) as u32
     }
 
     /// Document `i` (0-based over train then test): labels and sparse features.
-    pub fn document(
-        &self,
-        i: usize,
-        labels: &mut Vec<u32>,
-        cols: &mut Vec<u32>,
-        vals: &mut Vec<f32>,
-    ) {
+    pub fn document(&self, i: usize, labels: &mut Vec<u32>, cols: &mut Vec<u32>, vals: &mut Vec<f32>) {
         let mut r = rng::seeded(self.spec.seed ^ 0xD0C5, i as u64);
         // 1 + Poisson(mean - 1) labels, by inversion (means here are small).
         let lambda = self.spec.labels_per_sample - 1.0;
@@ -416,11 +375,7 @@ impl XmcGenerator {
     }
 
     fn offset(&self, split: Split) -> usize {
-        if split == Split::Train {
-            0
-        } else {
-            self.len(Split::Train)
-        }
+        if split == Split::Train { 0 } else { self.len(Split::Train) }
     }
 
     /// A split in memory.
@@ -441,10 +396,7 @@ impl XmcGenerator {
             labels.push(&l);
             features.push_row(&c, &v);
         }
-        Dataset {
-            features: Features::Sparse(features),
-            labels,
-        }
+        Dataset { features: Features::Sparse(features), labels }
     }
 
     /// Writes `train.txt` and `test.txt` in XMC format into `dir`, streaming.
@@ -454,18 +406,10 @@ impl XmcGenerator {
         const CHUNK: usize = 16_384;
         for (split, name) in [(Split::Train, "train.txt"), (Split::Test, "test.txt")] {
             let path = dir.join(name);
-            let mut w = std::io::BufWriter::with_capacity(
-                1 << 20,
-                std::fs::File::create(&path).map_err(io_err(&path))?,
-            );
-            writeln!(
-                w,
-                "{} {} {}",
-                self.len(split),
-                self.spec.n_features,
-                self.spec.n_labels
-            )
-            .map_err(io_err(&path))?;
+            let mut w =
+                std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&path).map_err(io_err(&path))?);
+            writeln!(w, "{} {} {}", self.len(split), self.spec.n_features, self.spec.n_labels)
+                .map_err(io_err(&path))?;
             let (n, off) = (self.len(split), self.offset(split));
             for start in (0..n).step_by(CHUNK) {
                 let lines: Vec<Vec<u8>> = (start..(start + CHUNK).min(n))
@@ -495,25 +439,12 @@ mod tests {
 
     #[test]
     fn face_sizes_follow_the_spec() {
-        let spec = FaceSpec {
-            n_classes: 100,
-            n_samples: 1000,
-            dim: 16,
-            ..FaceSpec::default()
-        };
+        let spec = FaceSpec { n_classes: 100, n_samples: 1000, dim: 16, ..FaceSpec::default() };
         let g = FaceGenerator::new(spec).unwrap();
-        assert_eq!(
-            g.labels(Split::Train).len() + g.labels(Split::Test).len(),
-            1000
-        );
+        assert_eq!(g.labels(Split::Train).len() + g.labels(Split::Test).len(), 1000);
         let mut counts = vec![0; 100];
-        g.labels(Split::Train)
-            .iter()
-            .for_each(|&c| counts[c as usize] += 1);
-        assert!(
-            counts.iter().all(|&c| c >= 1),
-            "every class keeps a training sample"
-        );
+        g.labels(Split::Train).iter().for_each(|&c| counts[c as usize] += 1);
+        assert!(counts.iter().all(|&c| c >= 1), "every class keeps a training sample");
         assert!(counts[0] > counts[99], "power law: class 0 is the largest");
         let test = g.labels(Split::Test).len() as f64 / 1000.0;
         assert!((test - 0.2).abs() < 0.05, "test fraction {test}");
@@ -521,18 +452,10 @@ mod tests {
 
     #[test]
     fn face_samples_are_unit_deterministic_and_near_their_mean() {
-        let spec = FaceSpec {
-            n_classes: 50,
-            n_samples: 500,
-            dim: 64,
-            noise: 0.5,
-            ..FaceSpec::default()
-        };
+        let spec = FaceSpec { n_classes: 50, n_samples: 500, dim: 64, noise: 0.5, ..FaceSpec::default() };
         let g = FaceGenerator::new(spec.clone()).unwrap();
         let a = g.features(Split::Train, 0..100);
-        let b = FaceGenerator::new(spec)
-            .unwrap()
-            .features(Split::Train, 0..100);
+        let b = FaceGenerator::new(spec).unwrap().features(Split::Train, 0..100);
         assert_eq!(a, b);
         let mut nearest_is_own = 0;
         for i in 0..100 {
@@ -540,32 +463,21 @@ mod tests {
             let own = g.labels(Split::Train)[i] as usize;
             let best = (0..50)
                 .max_by(|&x, &y| {
-                    kernels::dot(g.means().row(x), a.row(i))
-                        .total_cmp(&kernels::dot(g.means().row(y), a.row(i)))
+                    kernels::dot(g.means().row(x), a.row(i)).total_cmp(&kernels::dot(g.means().row(y), a.row(i)))
                 })
                 .unwrap();
             nearest_is_own += (best == own) as usize;
         }
-        assert!(
-            nearest_is_own >= 95,
-            "noise 0.5 keeps samples near their mean: {nearest_is_own}/100"
-        );
+        assert!(nearest_is_own >= 95, "noise 0.5 keeps samples near their mean: {nearest_is_own}/100");
     }
 
     #[test]
     fn xmc_documents_are_valid_and_label_dependent() {
-        let spec = XmcSpec {
-            n_samples: 2000,
-            n_features: 5000,
-            n_labels: 200,
-            ..XmcSpec::default()
-        };
+        let spec = XmcSpec { n_samples: 2000, n_features: 5000, n_labels: 200, ..XmcSpec::default() };
         let g = XmcGenerator::new(spec).unwrap();
         let d = g.dataset(Split::Train);
         assert_eq!(d.len(), 1600);
-        let Features::Sparse(f) = &d.features else {
-            panic!()
-        };
+        let Features::Sparse(f) = &d.features else { panic!() };
         let mean_labels = d.labels.labels.len() as f64 / d.len() as f64;
         assert!((mean_labels - 3.2).abs() < 0.2, "{mean_labels}");
         for i in 0..d.len() {
@@ -582,29 +494,13 @@ mod tests {
     #[test]
     fn written_files_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        let g = XmcGenerator::new(XmcSpec {
-            n_samples: 300,
-            ..XmcSpec::default()
-        })
-        .unwrap();
+        let g = XmcGenerator::new(XmcSpec { n_samples: 300, ..XmcSpec::default() }).unwrap();
         g.write(dir.path(), |_| {}).unwrap();
-        assert_eq!(
-            crate::xmc::read(&dir.path().join("train.txt")).unwrap(),
-            g.dataset(Split::Train)
-        );
-        let f = FaceGenerator::new(FaceSpec {
-            n_classes: 10,
-            n_samples: 100,
-            dim: 8,
-            ..FaceSpec::default()
-        })
-        .unwrap();
+        assert_eq!(crate::xmc::read(&dir.path().join("train.txt")).unwrap(), g.dataset(Split::Train));
+        let f = FaceGenerator::new(FaceSpec { n_classes: 10, n_samples: 100, dim: 8, ..FaceSpec::default() }).unwrap();
         f.write(dir.path(), |_| {}).unwrap();
         let m = crate::npy::read_f32_matrix(&dir.path().join("test.npy")).unwrap();
         assert_eq!(m, f.features(Split::Test, 0..f.labels(Split::Test).len()));
-        assert_eq!(
-            crate::npy::read_ids(&dir.path().join("train.labels.npy")).unwrap(),
-            f.labels(Split::Train)
-        );
+        assert_eq!(crate::npy::read_ids(&dir.path().join("train.labels.npy")).unwrap(), f.labels(Split::Train));
     }
 }

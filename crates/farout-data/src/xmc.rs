@@ -20,11 +20,7 @@ pub fn read(path: &Path) -> Result<Dataset> {
 
 /// Reads XMC data from `reader`; `path` is only used in error messages.
 pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
-    let parse_err = |line: usize, msg: String| Error::Parse {
-        path: path.to_path_buf(),
-        line,
-        msg,
-    };
+    let parse_err = |line: usize, msg: String| Error::Parse { path: path.to_path_buf(), line, msg };
     let mut line = String::new();
     let n = reader.read_line(&mut line).map_err(io_err(path))?;
     if n == 0 {
@@ -35,10 +31,7 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
     if header.len() != 3 || nums.len() != 3 {
         return Err(parse_err(
             1,
-            format!(
-                "expected a header `N D K` (samples, features, labels), found `{}`",
-                line.trim_end()
-            ),
+            format!("expected a header `N D K` (samples, features, labels), found `{}`", line.trim_end()),
         ));
     }
     let (n_samples, n_features, n_labels) = (nums[0], nums[1], nums[2]);
@@ -54,10 +47,7 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
             if e.kind() == std::io::ErrorKind::InvalidData {
                 parse_err(line_no + 1, "invalid UTF-8".into())
             } else {
-                Error::Io {
-                    path: path.to_path_buf(),
-                    source: e,
-                }
+                Error::Io { path: path.to_path_buf(), source: e }
             }
         })?;
         if n == 0 {
@@ -71,10 +61,7 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
             continue;
         }
         if labels.len() == n_samples {
-            return Err(parse_err(
-                line_no,
-                format!("more samples than the {n_samples} the header announces"),
-            ));
+            return Err(parse_err(line_no, format!("more samples than the {n_samples} the header announces")));
         }
         // Labels are the first whitespace-free token unless it contains ':' or the line starts
         // with a space (no labels).
@@ -86,27 +73,17 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
                 None => (text, ""),
             }
         };
-        let (label_tok, rest) = if label_tok.contains(':') {
-            ("", text)
-        } else {
-            (label_tok, rest)
-        };
+        let (label_tok, rest) = if label_tok.contains(':') { ("", text) } else { (label_tok, rest) };
         label_buf.clear();
         if !label_tok.is_empty() {
             for tok in label_tok.split(',') {
-                let l: u32 = tok.parse().map_err(|_| {
-                    parse_err(
-                        line_no,
-                        format!("label `{tok}` is not a non-negative integer"),
-                    )
-                })?;
+                let l: u32 = tok
+                    .parse()
+                    .map_err(|_| parse_err(line_no, format!("label `{tok}` is not a non-negative integer")))?;
                 if l as usize >= n_labels {
                     return Err(parse_err(
                         line_no,
-                        format!(
-                            "label {l} out of range: the header declares {n_labels} labels (ids 0..{})",
-                            n_labels
-                        ),
+                        format!("label {l} out of range: the header declares {n_labels} labels (ids 0..{})", n_labels),
                     ));
                 }
                 label_buf.push(l);
@@ -115,31 +92,19 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
         labels.push(&label_buf);
         for tok in rest.split_whitespace() {
             let Some((f, v)) = tok.split_once(':') else {
-                return Err(parse_err(
-                    line_no,
-                    format!("expected `feature:value`, found `{tok}`"),
-                ));
+                return Err(parse_err(line_no, format!("expected `feature:value`, found `{tok}`")));
             };
-            let f: u32 = f.parse().map_err(|_| {
-                parse_err(
-                    line_no,
-                    format!("feature id `{f}` is not a non-negative integer"),
-                )
-            })?;
+            let f: u32 =
+                f.parse().map_err(|_| parse_err(line_no, format!("feature id `{f}` is not a non-negative integer")))?;
             if f as usize >= n_features {
                 return Err(parse_err(
                     line_no,
                     format!("feature {f} out of range: the header declares {n_features} features"),
                 ));
             }
-            let v: f32 = v
-                .parse()
-                .map_err(|_| parse_err(line_no, format!("feature value `{v}` is not a number")))?;
+            let v: f32 = v.parse().map_err(|_| parse_err(line_no, format!("feature value `{v}` is not a number")))?;
             if !v.is_finite() {
-                return Err(parse_err(
-                    line_no,
-                    format!("feature value `{v}` is not finite"),
-                ));
+                return Err(parse_err(line_no, format!("feature value `{v}` is not finite")));
             }
             features.indices.push(f);
             features.values.push(v);
@@ -149,16 +114,10 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
     if labels.len() != n_samples {
         return Err(parse_err(
             line_no,
-            format!(
-                "the header announces {n_samples} samples but the file has {}",
-                labels.len()
-            ),
+            format!("the header announces {n_samples} samples but the file has {}", labels.len()),
         ));
     }
-    Ok(Dataset {
-        features: Features::Sparse(features),
-        labels,
-    })
+    Ok(Dataset { features: Features::Sparse(features), labels })
 }
 
 /// Writes sparse features and labels in XMC format.
@@ -170,18 +129,8 @@ pub fn write(path: &Path, features: &SparseRows, labels: &LabelSets) -> Result<(
 }
 
 /// Writes XMC data to `w`.
-pub fn write_to(
-    w: &mut impl Write,
-    features: &SparseRows,
-    labels: &LabelSets,
-) -> std::io::Result<()> {
-    writeln!(
-        w,
-        "{} {} {}",
-        labels.len(),
-        features.n_cols,
-        labels.n_labels
-    )?;
+pub fn write_to(w: &mut impl Write, features: &SparseRows, labels: &LabelSets) -> std::io::Result<()> {
+    writeln!(w, "{} {} {}", labels.len(), features.n_cols, labels.n_labels)?;
     for i in 0..labels.len() {
         write_row(w, labels.get(i), features.row(i))?;
     }
@@ -189,11 +138,7 @@ pub fn write_to(
 }
 
 /// Writes one sample's line.
-pub fn write_row(
-    w: &mut impl Write,
-    labels: &[u32],
-    (cols, vals): (&[u32], &[f32]),
-) -> std::io::Result<()> {
+pub fn write_row(w: &mut impl Write, labels: &[u32], (cols, vals): (&[u32], &[f32])) -> std::io::Result<()> {
     for (j, l) in labels.iter().enumerate() {
         if j > 0 {
             w.write_all(b",")?;
@@ -221,9 +166,7 @@ mod tests {
         assert_eq!(d.labels.get(0), &[1, 4]);
         assert!(d.labels.get(1).is_empty());
         assert_eq!(d.labels.get(2), &[0]);
-        let Features::Sparse(f) = &d.features else {
-            panic!()
-        };
+        let Features::Sparse(f) = &d.features else { panic!() };
         assert_eq!(f.row(0), (&[0u32, 9][..], &[1.0f32, 0.5][..]));
         assert_eq!(f.row(1), (&[2u32][..], &[1.0f32][..]));
         assert_eq!(f.row(2).0.len(), 0);
@@ -233,32 +176,17 @@ mod tests {
     fn errors_name_the_file_and_line() {
         let cases = [
             ("2 10 5\n1 0:1\n7 0:1\n", "t.txt:3: label 7 out of range"),
-            (
-                "2 10 5\n1 0:1\n1 12:1\n",
-                "t.txt:3: feature 12 out of range",
-            ),
-            (
-                "2 10 5\n1 0:1\n1 0-1\n",
-                "t.txt:3: expected `feature:value`",
-            ),
-            (
-                "2 10 5\n1 0:x\n",
-                "t.txt:2: feature value `x` is not a number",
-            ),
-            (
-                "3 10 5\n1 0:1\n",
-                "t.txt:2: the header announces 3 samples but the file has 1",
-            ),
+            ("2 10 5\n1 0:1\n1 12:1\n", "t.txt:3: feature 12 out of range"),
+            ("2 10 5\n1 0:1\n1 0-1\n", "t.txt:3: expected `feature:value`"),
+            ("2 10 5\n1 0:x\n", "t.txt:2: feature value `x` is not a number"),
+            ("3 10 5\n1 0:1\n", "t.txt:2: the header announces 3 samples but the file has 1"),
             ("1 10 5\n1 0:1\n1 0:1\n", "t.txt:3: more samples"),
             ("1 10\n", "t.txt:1: expected a header"),
             ("2 10 5\na,1 0:1\n", "t.txt:2: label `a` is not"),
         ];
         for (text, expect) in cases {
             let msg = parse(text).unwrap_err().to_string();
-            assert!(
-                msg.starts_with(expect),
-                "{msg:?} should start with {expect:?}"
-            );
+            assert!(msg.starts_with(expect), "{msg:?} should start with {expect:?}");
         }
     }
 

@@ -73,11 +73,7 @@ pub(crate) fn project_bisimplex_into(v: &mut [f32], is_pos: &[bool], s: &mut Bis
     prefix_sums(&s.pos, &mut s.pos_prefix);
     // Breakpoint at which the support of u grows from j to j + 1 elements (j >= 1).
     let breakpoint = |u: &[f32], prefix: &[f64], j: usize| -> f64 {
-        if j < u.len() {
-            prefix[j] - j as f64 * u[j] as f64
-        } else {
-            f64::INFINITY
-        }
+        if j < u.len() { prefix[j] - j as f64 * u[j] as f64 } else { f64::INFINITY }
     };
     let (mut jn, mut jp, mut lo) = (1usize, 1usize, 0.0f64);
     let s_opt = loop {
@@ -102,11 +98,7 @@ pub(crate) fn project_bisimplex_into(v: &mut [f32], is_pos: &[bool], s: &mut Bis
     let theta_n = ((s.neg_prefix[jn] - s_opt) / jn as f64) as f32;
     let theta_p = ((s.pos_prefix[jp] - s_opt) / jp as f64) as f32;
     for (x, &p) in v.iter_mut().zip(is_pos) {
-        *x = if p {
-            -(-*x - theta_p).max(0.0)
-        } else {
-            (*x - theta_n).max(0.0)
-        };
+        *x = if p { -(-*x - theta_p).max(0.0) } else { (*x - theta_n).max(0.0) };
     }
 }
 
@@ -149,18 +141,8 @@ mod tests {
 
     /// Brute force: golden-section search over s of the two reference simplex projections.
     fn brute_force(v: &[f32], is_pos: &[bool]) -> Vec<f64> {
-        let vn: Vec<f64> = v
-            .iter()
-            .zip(is_pos)
-            .filter(|(_, p)| !**p)
-            .map(|(x, _)| *x as f64)
-            .collect();
-        let vp: Vec<f64> = v
-            .iter()
-            .zip(is_pos)
-            .filter(|(_, p)| **p)
-            .map(|(x, _)| -*x as f64)
-            .collect();
+        let vn: Vec<f64> = v.iter().zip(is_pos).filter(|(_, p)| !**p).map(|(x, _)| *x as f64).collect();
+        let vp: Vec<f64> = v.iter().zip(is_pos).filter(|(_, p)| **p).map(|(x, _)| -*x as f64).collect();
         let assemble = |s: f64| {
             let (an, ap) = (simplex(&vn, s), simplex(&vp, s));
             let (mut i, mut j) = (0, 0);
@@ -177,13 +159,7 @@ mod tests {
                 })
                 .collect::<Vec<f64>>()
         };
-        let dist = |s: f64| {
-            assemble(s)
-                .iter()
-                .zip(v)
-                .map(|(a, &x)| (a - x as f64).powi(2))
-                .sum::<f64>()
-        };
+        let dist = |s: f64| assemble(s).iter().zip(v).map(|(a, &x)| (a - x as f64).powi(2)).sum::<f64>();
         if vn.is_empty() || vp.is_empty() {
             return vec![0.0; v.len()];
         }

@@ -92,24 +92,11 @@ pub trait GradientEstimator: Send + Sync {
 
     /// Estimates the loss of one sample with features `phi` (length D) and positive classes
     /// `positives`, writing `(k, g_k ~ dL/dz_k)` into `out` (cleared first).
-    fn estimate(
-        &self,
-        ctx: &Ctx,
-        phi: &[f32],
-        positives: &[ClassId],
-        rng: &mut Rng,
-        out: &mut SparseGrad,
-    ) -> Estimate;
+    fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate;
 
     /// Estimates a whole batch into `out`. Default: [`Self::estimate`] for every sample in
     /// parallel, sample `i` using a generator seeded from one draw of `rng` and `i`.
-    fn estimate_batch(
-        &self,
-        ctx: &Ctx,
-        batch: Batch,
-        rng: &mut Rng,
-        out: &mut BatchGrad,
-    ) -> BatchEstimate {
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
         let n = batch.phi.rows();
         out.reset_sparse(n);
         let seed = rng.next_u64();

@@ -44,38 +44,20 @@ impl<L: Loss> GradientEstimator for Exact<L> {
         kernels::gemv(ctx.w.as_slice(), phi, &mut z);
         add_bias(&mut z, ctx.bias);
         let mut grad = vec![0.0; k];
-        let loss = self
-            .loss
-            .value_and_grad(&z, positives, &mut grad, &mut LossScratch::default());
+        let loss = self.loss.value_and_grad(&z, positives, &mut grad, &mut LossScratch::default());
         out.clear();
         for (i, &g) in grad.iter().enumerate() {
             if g != 0.0 {
                 out.push(i as ClassId, g);
             }
         }
-        Estimate {
-            loss,
-            classes_scored: k,
-        }
+        Estimate { loss, classes_scored: k }
     }
 
-    fn estimate_batch(
-        &self,
-        ctx: &Ctx,
-        batch: Batch,
-        _rng: &mut Rng,
-        out: &mut BatchGrad,
-    ) -> BatchEstimate {
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
         let (b, k, d) = (batch.phi.rows(), ctx.n_classes(), ctx.w.cols());
         out.dense.reshape_for_overwrite(b, k);
-        gemm::scores(
-            batch.phi.as_slice(),
-            b,
-            ctx.w.as_slice(),
-            k,
-            d,
-            out.dense.as_mut_slice(),
-        );
+        gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, out.dense.as_mut_slice());
         let sparse = self.loss.sparse_gradient();
         if sparse {
             out.reset_sparse(b);
@@ -114,10 +96,7 @@ impl<L: Loss> GradientEstimator for Exact<L> {
                 })
                 .sum()
         };
-        BatchEstimate {
-            loss_sum,
-            classes_scored: b * k,
-        }
+        BatchEstimate { loss_sum, classes_scored: b * k }
     }
 }
 
@@ -139,39 +118,19 @@ mod tests {
         let mut r = rng::seeded(seed, 0);
         let w = Matrix::from_vec(k, d, (0..k * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
         let bias: Vec<f32> = (0..k).map(|_| 0.1 * rng::normal(&mut r)).collect();
-        let phi = Matrix::from_vec(
-            6,
-            d,
-            (0..6 * d).map(|_| 0.5 * rng::normal(&mut r)).collect(),
-        )
-        .unwrap();
+        let phi = Matrix::from_vec(6, d, (0..6 * d).map(|_| 0.5 * rng::normal(&mut r)).collect()).unwrap();
         (w, bias, phi)
     }
 
     fn batch_matches_per_sample<L: Loss + Clone>(loss: L) {
         let (w, bias, phi) = layer(50, 8, 3);
         let ctx = Ctx::new(&w, Some(&bias));
-        let pos: Vec<Vec<u32>> = vec![
-            vec![1],
-            vec![2, 7],
-            vec![],
-            vec![49],
-            vec![0, 1, 2],
-            vec![10],
-        ];
+        let pos: Vec<Vec<u32>> = vec![vec![1], vec![2, 7], vec![], vec![49], vec![0, 1, 2], vec![10]];
         let pos_refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let est = Exact::new(loss);
         let mut bg = BatchGrad::default();
         let mut r = rng::seeded(0, 0);
-        let tot = est.estimate_batch(
-            &ctx,
-            Batch {
-                phi: &phi,
-                positives: &pos_refs,
-            },
-            &mut r,
-            &mut bg,
-        );
+        let tot = est.estimate_batch(&ctx, Batch { phi: &phi, positives: &pos_refs }, &mut r, &mut bg);
         let mut sum = 0.0;
         for i in 0..6 {
             let mut g = SparseGrad::new();

@@ -11,25 +11,14 @@ pub trait Loss: Send + Sync {
 
     /// Returns `L(z, P)` and writes `dL/dz` into `grad` (same length as `z`). `scratch` is reused
     /// between calls to avoid allocating per sample.
-    fn value_and_grad(
-        &self,
-        z: &[f32],
-        positives: &[ClassId],
-        grad: &mut [f32],
-        scratch: &mut LossScratch,
-    ) -> f32;
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32;
 
     /// Whether `dL/dz` is sparse (few non-zeros out of K), which makes sparse row updates pay.
     fn sparse_gradient(&self) -> bool;
 
     /// Like [`Self::value_and_grad`], overwriting the scores `z` with the gradient. The default
     /// copies the scores into `scratch`; losses that can work in place override it.
-    fn value_and_grad_in_place(
-        &self,
-        z: &mut [f32],
-        positives: &[ClassId],
-        scratch: &mut LossScratch,
-    ) -> f32 {
+    fn value_and_grad_in_place(&self, z: &mut [f32], positives: &[ClassId], scratch: &mut LossScratch) -> f32 {
         let mut copy = std::mem::take(&mut scratch.scores);
         copy.clear();
         copy.extend_from_slice(z);
@@ -62,13 +51,7 @@ impl Loss for Softmax {
         "softmax"
     }
 
-    fn value_and_grad(
-        &self,
-        z: &[f32],
-        positives: &[ClassId],
-        grad: &mut [f32],
-        _: &mut LossScratch,
-    ) -> f32 {
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], _: &mut LossScratch) -> f32 {
         debug_assert_eq!(z.len(), grad.len());
         if positives.is_empty() {
             grad.fill(0.0);
@@ -100,12 +83,7 @@ impl Loss for Softmax {
     }
 
     /// In place: only the positives' scores are needed once the exponentials overwrite `z`.
-    fn value_and_grad_in_place(
-        &self,
-        z: &mut [f32],
-        positives: &[ClassId],
-        _: &mut LossScratch,
-    ) -> f32 {
+    fn value_and_grad_in_place(&self, z: &mut [f32], positives: &[ClassId], _: &mut LossScratch) -> f32 {
         if positives.is_empty() {
             z.fill(0.0);
             return 0.0;
@@ -170,13 +148,7 @@ impl Loss for SmoothedMargin {
         "margin"
     }
 
-    fn value_and_grad(
-        &self,
-        z: &[f32],
-        positives: &[ClassId],
-        grad: &mut [f32],
-        scratch: &mut LossScratch,
-    ) -> f32 {
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
         let is_pos = &mut scratch.is_positive;
         is_pos.clear();
         is_pos.resize(z.len(), false);
@@ -223,20 +195,13 @@ mod tests {
             zp[k] -= 2.0 * h;
             let lm = loss.value_and_grad(&zp, positives, &mut tmp, &mut scratch);
             let fd = (lp - lm) / (2.0 * h);
-            assert!(
-                (fd - grad[k]).abs() < tol,
-                "{}: dL/dz_{k} = {} but finite difference {fd}",
-                loss.name(),
-                grad[k]
-            );
+            assert!((fd - grad[k]).abs() < tol, "{}: dL/dz_{k} = {} but finite difference {fd}", loss.name(), grad[k]);
         }
     }
 
     fn scores(seed: u64, n: usize, spread: f32) -> Vec<f32> {
         let mut r = farout_core::rng::seeded(seed, 0);
-        (0..n)
-            .map(|_| spread * farout_core::rng::normal(&mut r))
-            .collect()
+        (0..n).map(|_| spread * farout_core::rng::normal(&mut r)).collect()
     }
 
     #[test]
@@ -260,11 +225,7 @@ mod tests {
                 let l = loss.value_and_grad(&z, &pos, &mut g, &mut scratch);
                 let mut zz = z.clone();
                 let l2 = loss.value_and_grad_in_place(&mut zz, &pos, &mut scratch);
-                assert!(
-                    (l - l2).abs() < 1e-4 * l.abs().max(1.0),
-                    "{}: {l} vs {l2}",
-                    loss.name()
-                );
+                assert!((l - l2).abs() < 1e-4 * l.abs().max(1.0), "{}: {l} vs {l2}", loss.name());
                 for (a, b) in g.iter().zip(&zz) {
                     assert!((a - b).abs() < 1e-6);
                 }
@@ -279,10 +240,7 @@ mod tests {
         let l = Softmax.value_and_grad(&z, &[0], &mut g, &mut LossScratch::default());
         let expect = (1f32.exp() + 2f32.exp() + 3f32.exp()).ln() - 1.0;
         assert!((l - expect).abs() < 1e-5);
-        assert!(
-            (g.iter().sum::<f32>()).abs() < 1e-6,
-            "softmax gradient sums to |P| - |P| = 0"
-        );
+        assert!((g.iter().sum::<f32>()).abs() < 1e-6, "softmax gradient sums to |P| - |P| = 0");
     }
 
     #[test]

@@ -23,10 +23,7 @@ pub struct OutputLayerConfig {
 
 impl Default for OutputLayerConfig {
     fn default() -> Self {
-        Self {
-            bias: true,
-            init_std: 0.0,
-        }
+        Self { bias: true, init_std: 0.0 }
     }
 }
 
@@ -78,14 +75,10 @@ impl OutputLayer {
         }
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
-            w.as_mut_slice()
-                .par_chunks_mut(d_model)
-                .enumerate()
-                .for_each(|(k, row)| {
-                    let mut r = rng::seeded(seed, k as u64);
-                    row.iter_mut()
-                        .for_each(|x| *x = config.init_std * rng::normal(&mut r));
-                });
+            w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
+                let mut r = rng::seeded(seed, k as u64);
+                row.iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
+            });
         }
         Ok(Self {
             w,
@@ -150,18 +143,9 @@ impl OutputLayer {
     pub fn scores(&self, phi: &Matrix, out: &mut Matrix) {
         let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
         out.reshape_for_overwrite(b, k);
-        gemm::scores(
-            phi.as_slice(),
-            b,
-            self.w.as_slice(),
-            k,
-            d,
-            out.as_mut_slice(),
-        );
+        gemm::scores(phi.as_slice(), b, self.w.as_slice(), k, d, out.as_mut_slice());
         if let Some(bias) = &self.bias {
-            out.as_mut_slice()
-                .par_chunks_mut(k)
-                .for_each(|z| z.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+            out.as_mut_slice().par_chunks_mut(k).for_each(|z| z.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
         }
     }
 
@@ -179,18 +163,11 @@ impl OutputLayer {
         if want_dphi {
             self.compute_dphi(batch.phi);
         }
-        let rows_updated = if self.grads.is_dense {
-            self.update_dense(batch.phi)
-        } else {
-            self.update_sparse(batch.phi)
-        };
+        let rows_updated =
+            if self.grads.is_dense { self.update_dense(batch.phi) } else { self.update_sparse(batch.phi) };
         self.opt_w.advance();
         self.opt_b.advance();
-        StepStats {
-            loss_sum: est.loss_sum,
-            classes_scored: est.classes_scored,
-            rows_updated,
-        }
+        StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
     }
 
     /// `dphi_i = sum_k g_ik W_k`, from the current (not yet updated) W.
@@ -213,16 +190,12 @@ impl OutputLayer {
             );
         } else {
             let w = &self.w;
-            self.dphi
-                .as_mut_slice()
-                .par_chunks_mut(d)
-                .zip(self.grads.sparse.par_iter())
-                .for_each(|(out, g)| {
-                    out.fill(0.0);
-                    for (c, v) in g.iter() {
-                        kernels::axpy(v, w.row(c as usize), out);
-                    }
-                });
+            self.dphi.as_mut_slice().par_chunks_mut(d).zip(self.grads.sparse.par_iter()).for_each(|(out, g)| {
+                out.fill(0.0);
+                for (c, v) in g.iter() {
+                    kernels::axpy(v, w.row(c as usize), out);
+                }
+            });
         }
     }
 
@@ -240,19 +213,7 @@ impl OutputLayer {
         }
         if self.opt_w.is_adaptive() {
             self.dw.reshape_for_overwrite(k, d);
-            gemm::gemm(
-                self.dw.as_mut_slice(),
-                k,
-                d,
-                0.0,
-                1.0,
-                g,
-                (b, k),
-                Op::T,
-                phi.as_slice(),
-                (b, d),
-                Op::N,
-            );
+            gemm::gemm(self.dw.as_mut_slice(), k, d, 0.0, 1.0, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
             let rule = self.opt_w.rule();
             let acc = self.opt_w.accum_mut();
             self.w
@@ -263,9 +224,7 @@ impl OutputLayer {
                 .for_each(|((row, a), grad)| rule.apply(row, a, grad));
         } else {
             // Fused: W <- (1 - lr l2) W - lr G^T Phi, no K x D temporary.
-            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else {
-                unreachable!("non-adaptive rule is SGD")
-            };
+            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else { unreachable!("non-adaptive rule is SGD") };
             gemm::gemm(
                 self.w.as_mut_slice(),
                 k,
@@ -293,39 +252,25 @@ impl OutputLayer {
         }
         self.entries.sort_unstable_by_key(|e| e.0);
         let entries = &self.entries;
-        let mut starts: Vec<usize> = (0..entries.len())
-            .filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0)
-            .collect();
+        let mut starts: Vec<usize> =
+            (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
         let n_rows = starts.len();
         starts.push(entries.len());
         self.dw.reshape_for_overwrite(n_rows, d);
         let mut gb = vec![0.0f32; n_rows];
-        self.dw
-            .as_mut_slice()
-            .par_chunks_mut(d)
-            .zip(gb.par_iter_mut())
-            .enumerate()
-            .for_each(|(r, (grad, gbias))| {
-                grad.fill(0.0);
-                for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
-                    kernels::axpy(v, phi.row(i as usize), grad);
-                    *gbias += v;
-                }
-            });
+        self.dw.as_mut_slice().par_chunks_mut(d).zip(gb.par_iter_mut()).enumerate().for_each(|(r, (grad, gbias))| {
+            grad.fill(0.0);
+            for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
+                kernels::axpy(v, phi.row(i as usize), grad);
+                *gbias += v;
+            }
+        });
         let (rule_w, rule_b) = (self.opt_w.rule(), self.opt_b.rule());
         for r in 0..n_rows {
             let k = entries[starts[r]].0 as usize;
-            rule_w.apply(
-                self.w.row_mut(k),
-                self.opt_w.accum_row(k, d),
-                self.dw.row(r),
-            );
+            rule_w.apply(self.w.row_mut(k), self.opt_w.accum_row(k, d), self.dw.row(r));
             if let Some(bias) = &mut self.bias {
-                rule_b.apply(
-                    &mut bias[k..k + 1],
-                    self.opt_b.accum_row(k, 1),
-                    &gb[r..r + 1],
-                );
+                rule_b.apply(&mut bias[k..k + 1], self.opt_b.accum_row(k, 1), &gb[r..r + 1]);
             }
         }
         n_rows
@@ -333,10 +278,7 @@ impl OutputLayer {
 
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
-        let err = |e: std::io::Error| Error::Checkpoint {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        };
+        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
         let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
         let header = [
             self.n_classes() as u64,
@@ -350,12 +292,7 @@ impl OutputLayer {
             write_u64(&mut f, h).map_err(err)?;
         }
         let empty = Vec::new();
-        for part in [
-            self.w.as_slice(),
-            self.bias.as_deref().unwrap_or(&empty),
-            &self.opt_w.accum,
-            &self.opt_b.accum,
-        ] {
+        for part in [self.w.as_slice(), self.bias.as_deref().unwrap_or(&empty), &self.opt_w.accum, &self.opt_b.accum] {
             write_f32s(&mut f, part).map_err(err)?;
         }
         f.flush().map_err(err)
@@ -364,12 +301,8 @@ impl OutputLayer {
     /// Restores W, the bias and the optimiser state saved by [`Self::save`] into this layer,
     /// which must have the same shape, bias setting and optimiser kind.
     pub fn load(&mut self, path: &Path) -> Result<(), Error> {
-        let err = |msg: String| Error::Checkpoint {
-            path: path.to_path_buf(),
-            msg,
-        };
-        let mut f =
-            std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
+        let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
+        let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
         let mut magic = [0u8; 8];
         f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
         if magic != *MAGIC {
@@ -379,11 +312,7 @@ impl OutputLayer {
         for x in &mut h {
             *x = read_u64(&mut f).map_err(|e| err(e.to_string()))?;
         }
-        let expect = [
-            self.n_classes() as u64,
-            self.d_model() as u64,
-            self.bias.is_some() as u64,
-        ];
+        let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
         if h[..3] != expect || h[4] != self.opt_w.accum.len() as u64 {
             return Err(err(format!(
                 "checkpoint holds a {} x {} layer (bias {}, {} optimiser values) but the config builds {} x {} (bias {}, {})",
@@ -435,13 +364,7 @@ mod tests {
         let mut db = vec![0.0; k];
         for i in 0..phi.rows() {
             let mut g = farout_core::SparseGrad::new();
-            est.estimate(
-                &layer.ctx(),
-                phi.row(i),
-                &pos[i],
-                &mut rng::seeded(0, 0),
-                &mut g,
-            );
+            est.estimate(&layer.ctx(), phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
             for (c, v) in g.iter() {
                 kernels::axpy(v, phi.row(i), dw.row_mut(c as usize));
                 kernels::axpy(v, layer.weights().row(c as usize), dphi.row_mut(i));
@@ -454,24 +377,13 @@ mod tests {
     fn check_step(est: &dyn GradientEstimator, opt: OptimizerConfig) {
         let (phi, pos) = setup(1);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let cfg = OutputLayerConfig {
-            bias: true,
-            init_std: 0.3,
-        };
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3 };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
         let (dw, dphi, db) = reference(&layer, est, &phi, &pos);
         let w0 = layer.weights().clone();
         let b0 = layer.bias().unwrap().to_vec();
         let rule = opt.build(1, 1).rule();
-        layer.train_step(
-            est,
-            Batch {
-                phi: &phi,
-                positives: &refs,
-            },
-            &mut rng::seeded(0, 0),
-            true,
-        );
+        layer.train_step(est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), true);
         for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
             assert!((a - b).abs() < 1e-4, "dphi {a} vs {b}");
         }
@@ -494,16 +406,8 @@ mod tests {
     #[test]
     fn dense_and_sparse_steps_match_per_sample_reference() {
         for opt in [
-            OptimizerConfig::Sgd {
-                lr: 0.5,
-                decay: 0.0,
-                l2: 0.0,
-            },
-            OptimizerConfig::Adagrad {
-                lr: 0.5,
-                eps: 1e-8,
-                l2: 0.0,
-            },
+            OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 },
+            OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 },
         ] {
             check_step(&Exact::new(Softmax), opt.clone());
             check_step(&Exact::new(SmoothedMargin::new(1.0).unwrap()), opt);
@@ -514,39 +418,14 @@ mod tests {
     fn training_reduces_the_loss() {
         let (phi, pos) = setup(2);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let mut layer = OutputLayer::new(
-            10,
-            6,
-            &OutputLayerConfig::default(),
-            &OptimizerConfig::default(),
-            0,
-        )
-        .unwrap();
+        let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &OptimizerConfig::default(), 0).unwrap();
         let est = Exact::new(Softmax);
-        let first = layer
-            .train_step(
-                &est,
-                Batch {
-                    phi: &phi,
-                    positives: &refs,
-                },
-                &mut rng::seeded(0, 0),
-                false,
-            )
-            .loss_sum;
+        let first =
+            layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
         let mut last = first;
         for _ in 0..50 {
-            last = layer
-                .train_step(
-                    &est,
-                    Batch {
-                        phi: &phi,
-                        positives: &refs,
-                    },
-                    &mut rng::seeded(0, 0),
-                    false,
-                )
-                .loss_sum;
+            last =
+                layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
         }
         assert!(last < 0.2 * first, "{first} -> {last}");
     }
@@ -558,29 +437,13 @@ mod tests {
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let opt = OptimizerConfig::default();
         let mut a = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
-        a.train_step(
-            &Exact::new(Softmax),
-            Batch {
-                phi: &phi,
-                positives: &refs,
-            },
-            &mut rng::seeded(0, 0),
-            false,
-        );
+        a.train_step(&Exact::new(Softmax), Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
         let p = dir.path().join("layer.bin");
         a.save(&p).unwrap();
         let mut b = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 9).unwrap();
         b.load(&p).unwrap();
-        assert_eq!(
-            (a.weights(), a.bias(), &a.opt_w, a.step()),
-            (b.weights(), b.bias(), &b.opt_w, b.step())
-        );
+        assert_eq!((a.weights(), a.bias(), &a.opt_w, a.step()), (b.weights(), b.bias(), &b.opt_w, b.step()));
         let mut c = OutputLayer::new(11, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
-        assert!(
-            c.load(&p)
-                .unwrap_err()
-                .to_string()
-                .contains("checkpoint holds a 10 x 6 layer")
-        );
+        assert!(c.load(&p).unwrap_err().to_string().contains("checkpoint holds a 10 x 6 layer"));
     }
 }

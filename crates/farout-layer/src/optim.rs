@@ -38,11 +38,7 @@ fn default_eps() -> f32 {
 
 impl Default for OptimizerConfig {
     fn default() -> Self {
-        OptimizerConfig::Adagrad {
-            lr: 0.1,
-            eps: default_eps(),
-            l2: 0.0,
-        }
+        OptimizerConfig::Adagrad { lr: 0.1, eps: default_eps(), l2: 0.0 }
     }
 }
 
@@ -52,34 +48,22 @@ impl OptimizerConfig {
         let (lr, l2) = match *self {
             OptimizerConfig::Sgd { lr, decay, l2 } => {
                 if !(decay >= 0.0) {
-                    return Err(crate::Error::Config {
-                        key,
-                        msg: format!("decay = {decay} must be >= 0"),
-                    });
+                    return Err(crate::Error::Config { key, msg: format!("decay = {decay} must be >= 0") });
                 }
                 (lr, l2)
             }
             OptimizerConfig::Adagrad { lr, eps, l2 } => {
                 if !(eps > 0.0) {
-                    return Err(crate::Error::Config {
-                        key,
-                        msg: format!("eps = {eps} must be > 0"),
-                    });
+                    return Err(crate::Error::Config { key, msg: format!("eps = {eps} must be > 0") });
                 }
                 (lr, l2)
             }
         };
         if !(lr > 0.0 && lr.is_finite()) {
-            return Err(crate::Error::Config {
-                key,
-                msg: format!("lr = {lr} must be a finite number > 0"),
-            });
+            return Err(crate::Error::Config { key, msg: format!("lr = {lr} must be a finite number > 0") });
         }
         if !(l2 >= 0.0) {
-            return Err(crate::Error::Config {
-                key,
-                msg: format!("l2 = {l2} must be >= 0"),
-            });
+            return Err(crate::Error::Config { key, msg: format!("l2 = {l2} must be >= 0") });
         }
         Ok(())
     }
@@ -90,11 +74,7 @@ impl OptimizerConfig {
             OptimizerConfig::Adagrad { .. } => vec![0.0; rows * cols],
             OptimizerConfig::Sgd { .. } => Vec::new(),
         };
-        Optimizer {
-            config: self.clone(),
-            accum,
-            step: 0,
-        }
+        Optimizer { config: self.clone(), accum, step: 0 }
     }
 }
 
@@ -170,11 +150,7 @@ impl Optimizer {
 
     /// The accumulator slice of row `r` for a table with `cols` columns (empty for SGD).
     pub fn accum_row(&mut self, r: usize, cols: usize) -> &mut [f32] {
-        if self.accum.is_empty() {
-            &mut []
-        } else {
-            &mut self.accum[r * cols..(r + 1) * cols]
-        }
+        if self.accum.is_empty() { &mut [] } else { &mut self.accum[r * cols..(r + 1) * cols] }
     }
 }
 
@@ -223,11 +199,7 @@ impl UpdateRule {
     /// Applies per-element gradients to a table of scalars (a bias), `acc` empty for SGD.
     pub fn apply_scalars(&self, values: &mut [f32], acc: &mut [f32], grad: &[f32]) {
         for j in 0..values.len() {
-            let a = if acc.is_empty() {
-                &mut [][..]
-            } else {
-                &mut acc[j..j + 1]
-            };
+            let a = if acc.is_empty() { &mut [][..] } else { &mut acc[j..j + 1] };
             self.apply(&mut values[j..j + 1], a, &grad[j..j + 1]);
         }
     }
@@ -239,12 +211,7 @@ mod tests {
 
     #[test]
     fn sgd_cools_as_one_over_one_plus_t() {
-        let mut o = OptimizerConfig::Sgd {
-            lr: 1.0,
-            decay: 1.0,
-            l2: 0.0,
-        }
-        .build(1, 1);
+        let mut o = OptimizerConfig::Sgd { lr: 1.0, decay: 1.0, l2: 0.0 }.build(1, 1);
         assert_eq!(o.lr(), 1.0);
         o.advance();
         o.advance();
@@ -253,12 +220,7 @@ mod tests {
 
     #[test]
     fn adagrad_step_is_lr_on_first_update() {
-        let mut o = OptimizerConfig::Adagrad {
-            lr: 0.5,
-            eps: 0.0,
-            l2: 0.0,
-        }
-        .build(1, 2);
+        let mut o = OptimizerConfig::Adagrad { lr: 0.5, eps: 0.0, l2: 0.0 }.build(1, 2);
         let rule = o.rule();
         let mut row = [1.0, 1.0];
         rule.apply(&mut row, o.accum_row(0, 2), &[2.0, -0.1]);
@@ -268,13 +230,7 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_key() {
-        let e = OptimizerConfig::Sgd {
-            lr: -1.0,
-            decay: 0.0,
-            l2: 0.0,
-        }
-        .check("output.optimizer")
-        .unwrap_err();
+        let e = OptimizerConfig::Sgd { lr: -1.0, decay: 0.0, l2: 0.0 }.check("output.optimizer").unwrap_err();
         assert!(e.to_string().contains("output.optimizer") && e.to_string().contains("lr"));
     }
 }

@@ -183,13 +183,7 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self {
-            epochs: 5,
-            batch_size: 64,
-            threads: 0,
-            max_steps: 0,
-            log_every: 50,
-        }
+        Self { epochs: 5, batch_size: 64, threads: 0, max_steps: 0, log_every: 50 }
     }
 }
 
@@ -208,11 +202,7 @@ pub struct EvalConfig {
 
 impl Default for EvalConfig {
     fn default() -> Self {
-        Self {
-            every_steps: 0,
-            max_samples: 0,
-            batch_size: 256,
-        }
+        Self { every_steps: 0, max_samples: 0, batch_size: 256 }
     }
 }
 
@@ -232,12 +222,7 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        Self {
-            dir: None,
-            tensorboard: true,
-            jsonl: true,
-            progress: true,
-        }
+        Self { dir: None, tensorboard: true, jsonl: true, progress: true }
     }
 }
 
@@ -255,43 +240,27 @@ pub struct CheckpointConfig {
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self {
-            dir: None,
-            every_steps: 0,
-            enabled: true,
-        }
+        Self { dir: None, every_steps: 0, enabled: true }
     }
 }
 
 impl Config {
     /// Reads `path`, applies `overrides` (`key.path=value`), parses and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        })?;
-        let mut config = Self::parse(&text, overrides).map_err(|msg| Error::Config {
-            path: path.to_path_buf(),
-            msg,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config { path: path.to_path_buf(), msg: e.to_string() })?;
+        let mut config =
+            Self::parse(&text, overrides).map_err(|msg| Error::Config { path: path.to_path_buf(), msg })?;
         if config.name.is_empty() {
-            config.name = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "run".into());
+            config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
         }
-        config.check().map_err(|msg| Error::Config {
-            path: path.to_path_buf(),
-            msg,
-        })?;
+        config.check().map_err(|msg| Error::Config { path: path.to_path_buf(), msg })?;
         Ok(config)
     }
 
     /// Parses config text with overrides; the error names the offending key.
     pub fn parse(text: &str, overrides: &[String]) -> Result<Self, String> {
-        let mut table: toml::Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
         for o in overrides {
             apply_override(&mut table, o)?;
         }
@@ -299,11 +268,7 @@ impl Config {
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             let inner = one_line(&e.into_inner().to_string());
-            if path == "." {
-                inner
-            } else {
-                format!("key `{path}`: {inner}")
-            }
+            if path == "." { inner } else { format!("key `{path}`: {inner}") }
         })
     }
 
@@ -312,10 +277,7 @@ impl Config {
         let d = &self.data;
         let need = |field: &Option<PathBuf>, key: &str| -> Result<(), String> {
             if field.is_none() {
-                Err(format!(
-                    "key `data.{key}` is required with data.format = {:?}",
-                    format_name(d.format)
-                ))
+                Err(format!("key `data.{key}` is required with data.format = {:?}", format_name(d.format)))
             } else {
                 Ok(())
             }
@@ -338,8 +300,18 @@ impl Config {
         }
         let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
         match (self.model.encoder, sparse) {
-            (EncoderKind::FaceHead, true) => return Err("key `model.encoder`: \"face_head\" needs dense features (data.format npy, raw or synthetic_face)".into()),
-            (EncoderKind::DocEncoder, false) => return Err("key `model.encoder`: \"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)".into()),
+            (EncoderKind::FaceHead, true) => {
+                return Err(
+                    "key `model.encoder`: \"face_head\" needs dense features (data.format npy, raw or synthetic_face)"
+                        .into(),
+                );
+            }
+            (EncoderKind::DocEncoder, false) => {
+                return Err(
+                    "key `model.encoder`: \"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)"
+                        .into(),
+                );
+            }
             _ => {}
         }
         if self.train.batch_size == 0 {
@@ -352,37 +324,21 @@ impl Config {
             return Err("key `train.log_every` must be > 0".into());
         }
         if !(self.output.mu > 0.0 && self.output.mu.is_finite()) {
-            return Err(format!(
-                "key `output.mu` = {} must be a finite number > 0",
-                self.output.mu
-            ));
+            return Err(format!("key `output.mu` = {} must be a finite number > 0", self.output.mu));
         }
-        self.output
-            .optimizer
-            .check("output.optimizer")
-            .map_err(|e| e.to_string())?;
-        self.model
-            .doc_encoder
-            .optimizer
-            .check("model.doc_encoder.optimizer")
-            .map_err(|e| e.to_string())?;
+        self.output.optimizer.check("output.optimizer").map_err(|e| e.to_string())?;
+        self.model.doc_encoder.optimizer.check("model.doc_encoder.optimizer").map_err(|e| e.to_string())?;
         Ok(())
     }
 
     /// The log directory.
     pub fn log_dir(&self) -> PathBuf {
-        self.log
-            .dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("runs").join(&self.name))
+        self.log.dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&self.name))
     }
 
     /// The checkpoint directory.
     pub fn checkpoint_dir(&self) -> PathBuf {
-        self.checkpoint
-            .dir
-            .clone()
-            .unwrap_or_else(|| self.log_dir().join("checkpoint"))
+        self.checkpoint.dir.clone().unwrap_or_else(|| self.log_dir().join("checkpoint"))
     }
 
     /// A short description of the task for summaries, e.g. `xmc:bibtex` or `synthetic_face`.
@@ -413,19 +369,13 @@ fn format_name(f: DataFormat) -> &'static str {
 }
 
 fn one_line(s: &str) -> String {
-    s.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+    s.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
 }
 
 /// Sets `a.b.c = value` in `table`; `value` is parsed as TOML (`5`, `0.1`, `true`, `"x"`,
 /// `[1, 2]`) and taken as a string when it does not parse.
 fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), String> {
-    let (key, value) = o
-        .split_once('=')
-        .ok_or_else(|| format!("--set {o}: expected key=value"))?;
+    let (key, value) = o.split_once('=').ok_or_else(|| format!("--set {o}: expected key=value"))?;
     let key = key.trim();
     let value = value.trim();
     let parsed: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
@@ -442,12 +392,8 @@ fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), String> {
             cur.insert(part.to_string(), parsed);
             return Ok(());
         }
-        let entry = cur
-            .entry(part.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        cur = entry
-            .as_table_mut()
-            .ok_or_else(|| format!("--set {o}: `{}` is not a table", parts[..=i].join(".")))?;
+        let entry = cur.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry.as_table_mut().ok_or_else(|| format!("--set {o}: `{}` is not a table", parts[..=i].join(".")))?;
     }
     Ok(())
 }
@@ -477,17 +423,9 @@ mod tests {
     #[test]
     fn unknown_keys_are_named() {
         let e = Config::parse(&format!("{MINIMAL}\n[train]\nepoch = 3\n"), &[]).unwrap_err();
-        assert!(
-            e.contains("key `train.epoch`")
-                && e.contains("unknown field `epoch`")
-                && e.contains("epochs"),
-            "{e}"
-        );
+        assert!(e.contains("key `train.epoch`") && e.contains("unknown field `epoch`") && e.contains("epochs"), "{e}");
         let e = Config::parse(MINIMAL, &["output.estimator=lsh".into()]).unwrap_err();
-        assert!(
-            e.contains("output.estimator") && e.contains("softmax") && e.contains("margin"),
-            "{e}"
-        );
+        assert!(e.contains("output.estimator") && e.contains("softmax") && e.contains("margin"), "{e}");
         let e = Config::parse(MINIMAL, &["train.batch_size=abc".into()]).unwrap_err();
         assert!(e.contains("train.batch_size"), "{e}");
     }
@@ -496,11 +434,7 @@ mod tests {
     fn overrides_set_nested_keys() {
         let c = Config::parse(
             MINIMAL,
-            &[
-                "train.epochs=2".into(),
-                "data.face.n_classes=50".into(),
-                "data.train=x/y.txt".into(),
-            ],
+            &["train.epochs=2".into(), "data.face.n_classes=50".into(), "data.train=x/y.txt".into()],
         )
         .unwrap();
         assert_eq!((c.train.epochs, c.data.face.n_classes), (2, 50));

@@ -34,18 +34,10 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
         _ => {
-            let train_path = d
-                .train
-                .as_deref()
-                .expect("config check requires data.train");
+            let train_path = d.train.as_deref().expect("config check requires data.train");
             let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
             let test = match &d.test {
-                Some(p) => Some(load_split(
-                    config,
-                    p,
-                    d.test_labels.as_deref(),
-                    Some(&train),
-                )?),
+                Some(p) => Some(load_split(config, p, d.test_labels.as_deref(), Some(&train))?),
                 None => None,
             };
             (train, test)
@@ -60,10 +52,7 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     if let Some(t) = &mut test {
         prepare(config, idf.as_deref(), t);
     }
-    let mut n_classes = train
-        .labels
-        .n_labels
-        .max(test.as_ref().map_or(0, |t| t.labels.n_labels));
+    let mut n_classes = train.labels.n_labels.max(test.as_ref().map_or(0, |t| t.labels.n_labels));
     if d.n_classes > 0 {
         n_classes = d.n_classes;
     }
@@ -72,13 +61,7 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
         t.labels.n_labels = n_classes;
     }
     let n_features = train.features.n_cols();
-    Ok(TaskData {
-        train,
-        test,
-        n_classes,
-        n_features,
-        idf,
-    })
+    Ok(TaskData { train, test, n_classes, n_features, idf })
 }
 
 /// Applies the configured feature transforms to sparse rows: tf-idf weighting (with the
@@ -107,11 +90,8 @@ pub fn load_split(
     let ds = match d.format {
         DataFormat::Xmc => xmc::read(path)?,
         DataFormat::Npy | DataFormat::Raw => {
-            let features = if d.format == DataFormat::Npy {
-                npy::read_f32_matrix(path)?
-            } else {
-                raw::read_f32(path, d.dim)?
-            };
+            let features =
+                if d.format == DataFormat::Npy { npy::read_f32_matrix(path)? } else { raw::read_f32(path, d.dim)? };
             let labels = match labels_path {
                 Some(lp) => {
                     let l = labels::read(lp, k_hint)?;
@@ -132,10 +112,7 @@ pub fn load_split(
                     n_labels: k_hint.unwrap_or(0),
                 },
             };
-            Dataset {
-                features: Features::Dense(features),
-                labels,
-            }
+            Dataset { features: Features::Dense(features), labels }
         }
         DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {
             return Err(Error::Mismatch(format!(

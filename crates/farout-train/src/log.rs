@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 /// Receives named scalars at a training step.
 pub trait MetricsSink {
     /// Records `values` at `step`, `wall_seconds` after the start of training.
-    fn record(&mut self, step: u64, wall_seconds: f64, values: &[(&str, f64)])
-    -> Result<(), Error>;
+    fn record(&mut self, step: u64, wall_seconds: f64, values: &[(&str, f64)]) -> Result<(), Error>;
     /// Makes everything recorded so far durable.
     fn flush(&mut self) -> Result<(), Error> {
         Ok(())
@@ -28,48 +27,27 @@ pub struct JsonlSink {
 impl JsonlSink {
     /// Opens `path` for appending (resumed runs continue the same file).
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
-        Ok(Self {
-            path: path.to_path_buf(),
-            w: std::io::BufWriter::new(f),
-        })
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        Ok(Self { path: path.to_path_buf(), w: std::io::BufWriter::new(f) })
     }
 }
 
 impl MetricsSink for JsonlSink {
-    fn record(
-        &mut self,
-        step: u64,
-        wall_seconds: f64,
-        values: &[(&str, f64)],
-    ) -> Result<(), Error> {
+    fn record(&mut self, step: u64, wall_seconds: f64, values: &[(&str, f64)]) -> Result<(), Error> {
         let mut obj = serde_json::Map::new();
         obj.insert("step".into(), step.into());
         obj.insert("wall_seconds".into(), serde_json::Value::from(wall_seconds));
         for (k, v) in values {
-            let v = serde_json::Number::from_f64(*v)
-                .map_or(serde_json::Value::Null, serde_json::Value::Number);
+            let v = serde_json::Number::from_f64(*v).map_or(serde_json::Value::Null, serde_json::Value::Number);
             obj.insert((*k).into(), v);
         }
-        writeln!(self.w, "{}", serde_json::Value::Object(obj)).map_err(|source| Error::Io {
-            path: self.path.clone(),
-            source,
-        })
+        writeln!(self.w, "{}", serde_json::Value::Object(obj))
+            .map_err(|source| Error::Io { path: self.path.clone(), source })
     }
 
     fn flush(&mut self) -> Result<(), Error> {
-        self.w.flush().map_err(|source| Error::Io {
-            path: self.path.clone(),
-            source,
-        })
+        self.w.flush().map_err(|source| Error::Io { path: self.path.clone(), source })
     }
 }
 
@@ -81,13 +59,8 @@ pub struct TensorBoardSink {
 impl TensorBoardSink {
     /// Creates `dir` and an event file in it.
     pub fn open(dir: &Path) -> Result<Self, Error> {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        Ok(Self {
-            w: tensorboard_rs::summary_writer::SummaryWriter::new(dir),
-        })
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+        Ok(Self { w: tensorboard_rs::summary_writer::SummaryWriter::new(dir) })
     }
 }
 
@@ -111,9 +84,7 @@ pub struct Sinks(pub Vec<Box<dyn MetricsSink>>);
 
 impl MetricsSink for Sinks {
     fn record(&mut self, step: u64, wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {
-        self.0
-            .iter_mut()
-            .try_for_each(|s| s.record(step, wall, values))
+        self.0.iter_mut().try_for_each(|s| s.record(step, wall, values))
     }
 
     fn flush(&mut self) -> Result<(), Error> {
@@ -130,17 +101,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.jsonl");
         let mut s = JsonlSink::open(&p).unwrap();
-        s.record(3, 1.5, &[("train/loss", 0.25), ("eval/p@1", f64::NAN)])
-            .unwrap();
+        s.record(3, 1.5, &[("train/loss", 0.25), ("eval/p@1", f64::NAN)]).unwrap();
         s.flush().unwrap();
         let line = std::fs::read_to_string(&p).unwrap();
         let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
         assert_eq!(
-            (
-                v["step"].as_u64(),
-                v["train/loss"].as_f64(),
-                v["eval/p@1"].is_null()
-            ),
+            (v["step"].as_u64(), v["train/loss"].as_f64(), v["eval/p@1"].is_null()),
             (Some(3), Some(0.25), true)
         );
     }

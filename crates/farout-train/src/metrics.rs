@@ -43,9 +43,7 @@ impl RankingSums {
             }
             if i + 1 == KS[at] {
                 let k = KS[at];
-                let idcg: f64 = (0..k.min(positives.len()))
-                    .map(|j| 1.0 / ((j + 2) as f64).log2())
-                    .sum();
+                let idcg: f64 = (0..k.min(positives.len())).map(|j| 1.0 / ((j + 2) as f64).log2()).sum();
                 self.precision[at] += hits as f64 / k as f64;
                 self.ndcg[at] += dcg / idcg;
                 at += 1;
@@ -85,13 +83,7 @@ mod tests {
     use super::*;
 
     fn ranked(classes: &[u32]) -> Vec<Hit> {
-        classes
-            .iter()
-            .map(|&c| Hit {
-                class: c,
-                score: 0.0,
-            })
-            .collect()
+        classes.iter().map(|&c| Hit { class: c, score: 0.0 }).collect()
     }
 
     #[test]

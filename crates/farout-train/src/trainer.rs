@@ -6,9 +6,7 @@ use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
-use farout_estimators::{
-    Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax,
-};
+use farout_estimators::{Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -107,40 +105,24 @@ impl Trainer {
                 }
                 Encoder::Face(head)
             }
-            EncoderKind::DocEncoder => Encoder::Doc(DocEncoder::new(
-                &config.model.doc_encoder,
-                data.n_features,
-                config.seed,
-            )?),
+            EncoderKind::DocEncoder => {
+                Encoder::Doc(DocEncoder::new(&config.model.doc_encoder, data.n_features, config.seed)?)
+            }
         };
         let d_model = match &encoder {
             Encoder::Face(h) => h.d_out(data.n_features),
             Encoder::Doc(e) => e.d_model(),
         };
-        let layer = OutputLayer::new(
-            data.n_classes,
-            d_model,
-            &config.output.layer,
-            &config.output.optimizer,
-            config.seed,
-        )?;
-        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) =
-            match config.output.estimator {
-                EstimatorKind::Softmax => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
-                EstimatorKind::Margin => {
-                    let l = SmoothedMargin::new(config.output.mu)?;
-                    (Box::new(Exact::new(l)), Box::new(l))
-                }
-            };
-        Ok(Self {
-            config,
-            data,
-            encoder,
-            layer,
-            estimator,
-            loss,
-            state: State::default(),
-        })
+        let layer =
+            OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
+        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) = match config.output.estimator {
+            EstimatorKind::Softmax => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
+            EstimatorKind::Margin => {
+                let l = SmoothedMargin::new(config.output.mu)?;
+                (Box::new(Exact::new(l)), Box::new(l))
+            }
+        };
+        Ok(Self { config, data, encoder, layer, estimator, loss, state: State::default() })
     }
 
     /// The config.
@@ -162,9 +144,7 @@ impl Trainer {
     fn features(&self, ds: &Dataset, idx: &[usize]) -> Matrix {
         match (&ds.features, &self.encoder) {
             (Features::Dense(m), _) => gather_rows(m, idx),
-            (Features::Sparse(s), Encoder::Doc(enc)) => {
-                enc.encode(&idx.iter().map(|&i| s.row(i)).collect::<Vec<_>>())
-            }
+            (Features::Sparse(s), Encoder::Doc(enc)) => enc.encode(&idx.iter().map(|&i| s.row(i)).collect::<Vec<_>>()),
             (Features::Sparse(_), Encoder::Face(_)) => {
                 unreachable!("config check pairs face_head with dense data")
             }
@@ -173,11 +153,7 @@ impl Trainer {
 
     /// Evaluates on (the first `max_samples`, 0 = all, of) `ds`: P@k, nDCG@k, exact loss.
     pub fn evaluate(&self, ds: &Dataset, max_samples: usize) -> BTreeMap<String, f64> {
-        let n = if max_samples == 0 {
-            ds.len()
-        } else {
-            ds.len().min(max_samples)
-        };
+        let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
         let mut sums = RankingSums::default();
         let mut z = Matrix::default();
         for start in (0..n).step_by(self.config.eval.batch_size) {
@@ -190,14 +166,7 @@ impl Trainer {
                 .par_chunks(k)
                 .zip(idx.par_iter())
                 .fold(
-                    || {
-                        (
-                            RankingSums::default(),
-                            Vec::new(),
-                            Vec::new(),
-                            LossScratch::default(),
-                        )
-                    },
+                    || (RankingSums::default(), Vec::new(), Vec::new(), LossScratch::default()),
                     |(mut s, mut hits, mut grad, mut scratch), (row, &i)| {
                         let pos = ds.labels.get(i);
                         top_k(row, 5, &mut hits);
@@ -226,8 +195,7 @@ impl Trainer {
         let mut out = Vec::with_capacity(ds.len());
         let mut z = Matrix::default();
         for start in (0..ds.len()).step_by(self.config.eval.batch_size) {
-            let idx: Vec<usize> =
-                (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
+            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
             let phi = self.features(ds, &idx);
             self.layer.scores(&phi, &mut z);
             let cols = z.cols();
@@ -261,20 +229,13 @@ impl Trainer {
     pub fn run(&mut self) -> Result<Summary, Error> {
         let cfg = self.config.clone();
         let log_dir = cfg.log_dir();
-        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io {
-            path: log_dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io { path: log_dir.clone(), source })?;
         let mut sinks = Sinks::default();
         if cfg.log.jsonl {
-            sinks
-                .0
-                .push(Box::new(JsonlSink::open(&log_dir.join("metrics.jsonl"))?));
+            sinks.0.push(Box::new(JsonlSink::open(&log_dir.join("metrics.jsonl"))?));
         }
         if cfg.log.tensorboard {
-            sinks
-                .0
-                .push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
+            sinks.0.push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
         }
         let n = self.data.train.len();
         let bs = cfg.train.batch_size;
@@ -289,9 +250,11 @@ impl Trainer {
             ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden())
         };
         bar.set_style(
-            ProgressStyle::with_template("{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}")
-                .expect("static template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}",
+            )
+            .expect("static template")
+            .progress_chars("=> "),
         );
         bar.set_prefix(format!("{} ({})", cfg.name, self.estimator.name()));
         bar.set_position(self.state.step);
@@ -300,26 +263,19 @@ impl Trainer {
         let mut phi = Matrix::default();
         while self.state.step < total && self.state.epoch < cfg.train.epochs {
             let mut order: Vec<usize> = (0..n).collect();
-            rng::shuffle(
-                &mut order,
-                &mut rng::seeded(cfg.seed, 1 + self.state.epoch as u64),
-            );
+            rng::shuffle(&mut order, &mut rng::seeded(cfg.seed, 1 + self.state.epoch as u64));
             let batches: Vec<&[usize]> = order.chunks(bs).collect();
             while self.state.batch_in_epoch < batches.len() && self.state.step < total {
                 let idx = batches[self.state.batch_in_epoch];
                 let t0 = Instant::now();
-                let positives: Vec<&[ClassId]> =
-                    idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+                let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
                 let mut step_rng = rng::seeded(cfg.seed ^ 0xE57, self.state.step);
                 let stats = match (&mut self.encoder, &self.data.train.features) {
                     (Encoder::Face(_), Features::Dense(m)) => {
                         gather_rows_into(m, idx, &mut phi);
                         self.layer.train_step(
                             self.estimator.as_ref(),
-                            Batch {
-                                phi: &phi,
-                                positives: &positives,
-                            },
+                            Batch { phi: &phi, positives: &positives },
                             &mut step_rng,
                             false,
                         )
@@ -330,10 +286,7 @@ impl Trainer {
                         let phi = bridge::to_matrix(fwd.phi.clone());
                         let stats = self.layer.train_step(
                             self.estimator.as_ref(),
-                            Batch {
-                                phi: &phi,
-                                positives: &positives,
-                            },
+                            Batch { phi: &phi, positives: &positives },
                             &mut step_rng,
                             true,
                         );
@@ -350,13 +303,11 @@ impl Trainer {
                     let dir = cfg.checkpoint_dir();
                     let kept = match read_state(&dir) {
                         Some(s) => format!("the last good checkpoint (step {}) is kept at {}", s.step, dir.display()),
-                        None => "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into(),
+                        None => {
+                            "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into()
+                        }
                     };
-                    return Err(Error::Diverged {
-                        step: self.state.step,
-                        loss: stats.loss_sum,
-                        kept,
-                    });
+                    return Err(Error::Diverged { step: self.state.step, loss: stats.loss_sum, kept });
                 }
                 self.state.step += 1;
                 self.state.batch_in_epoch += 1;
@@ -377,14 +328,10 @@ impl Trainer {
                             ("train/loss", loss),
                             ("train/samples_per_s", sps),
                             ("train/lr", self.layer.lr() as f64),
-                            (
-                                "train/classes_scored_per_sample",
-                                window.2 as f64 / window.1 as f64,
-                            ),
+                            ("train/classes_scored_per_sample", window.2 as f64 / window.1 as f64),
                             (
                                 "train/epoch",
-                                self.state.epoch as f64
-                                    + self.state.batch_in_epoch as f64 / batches.len() as f64,
+                                self.state.epoch as f64 + self.state.batch_in_epoch as f64 / batches.len() as f64,
                             ),
                         ],
                     )?;
@@ -414,24 +361,13 @@ impl Trainer {
             }
         }
         bar.finish();
-        let test = self
-            .data
-            .test
-            .as_ref()
-            .filter(|t| !t.is_empty())
-            .unwrap_or(&self.data.train);
+        let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
         let metrics = self.evaluate(test, 0);
-        let values: Vec<(String, f64)> = metrics
-            .iter()
-            .map(|(k, v)| (format!("eval/{k}"), *v))
-            .collect();
+        let values: Vec<(String, f64)> = metrics.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
         sinks.record(
             self.state.step,
             self.state.train_seconds,
-            &values
-                .iter()
-                .map(|(k, v)| (k.as_str(), *v))
-                .collect::<Vec<_>>(),
+            &values.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
         )?;
         sinks.flush()?;
         if cfg.checkpoint.enabled {
@@ -449,10 +385,7 @@ impl Trainer {
         sinks.record(
             self.state.step,
             self.state.train_seconds,
-            &values
-                .iter()
-                .map(|(k, v)| (k.as_str(), *v))
-                .collect::<Vec<_>>(),
+            &values.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
         )?;
         sinks.flush()?;
         Ok(format!(" | test p@1 {:.4}", m["p@1"]))
