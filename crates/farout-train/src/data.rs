@@ -54,6 +54,10 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     }
     let mut n_classes = train.labels.n_labels.max(test.as_ref().map_or(0, |t| t.labels.n_labels));
     if d.n_classes > 0 {
+        let largest = train.labels.labels.iter().chain(test.iter().flat_map(|t| t.labels.labels.iter())).max();
+        if let Some(&l) = largest.filter(|&&l| l as usize >= d.n_classes) {
+            return Err(Error::Mismatch(format!("key `data.n_classes` = {} but the data contain label {l}", d.n_classes)));
+        }
         n_classes = d.n_classes;
     }
     train.labels.n_labels = n_classes;

@@ -35,18 +35,17 @@ impl RankingSums {
         self.loss += loss;
         let mut hits = 0usize;
         let mut dcg = 0.0;
-        let mut at = 0;
-        for (i, h) in ranked.iter().take(*KS.last().unwrap()).enumerate() {
-            if positives.contains(&h.class) {
+        // Ranks past the end of `ranked` (fewer than 5 classes) count as misses.
+        for i in 0..*KS.last().unwrap() {
+            if ranked.get(i).is_some_and(|h| positives.contains(&h.class)) {
                 hits += 1;
                 dcg += 1.0 / ((i + 2) as f64).log2();
             }
-            if i + 1 == KS[at] {
+            if let Some(at) = KS.iter().position(|&k| k == i + 1) {
                 let k = KS[at];
                 let idcg: f64 = (0..k.min(positives.len())).map(|j| 1.0 / ((j + 2) as f64).log2()).sum();
                 self.precision[at] += hits as f64 / k as f64;
                 self.ndcg[at] += dcg / idcg;
-                at += 1;
             }
         }
     }
@@ -99,6 +98,15 @@ mod tests {
         assert!((m["ndcg@3"] - (1.0 + 1.0 / 4f64.log2()) / idcg).abs() < 1e-12);
         assert_eq!(m["ndcg@1"], 1.0);
         assert!(!m.contains_key("accuracy"));
+    }
+
+    #[test]
+    fn fewer_than_five_classes_count_missing_ranks_as_misses() {
+        let mut s = RankingSums::default();
+        s.add(&ranked(&[1, 0]), &[1], 0.0);
+        let m = s.finish(true);
+        assert_eq!((m["p@1"], m["p@5"]), (1.0, 0.2));
+        assert_eq!(m["ndcg@5"], 1.0);
     }
 
     #[test]
