@@ -56,7 +56,10 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     if d.n_classes > 0 {
         let largest = train.labels.labels.iter().chain(test.iter().flat_map(|t| t.labels.labels.iter())).max();
         if let Some(&l) = largest.filter(|&&l| l as usize >= d.n_classes) {
-            return Err(Error::Mismatch(format!("key `data.n_classes` = {} but the data contain label {l}", d.n_classes)));
+            return Err(Error::Mismatch(format!(
+                "key `data.n_classes` = {} but the data contain label {l}",
+                d.n_classes
+            )));
         }
         n_classes = d.n_classes;
     }

@@ -362,33 +362,35 @@ impl Trainer {
         }
         bar.finish();
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-        let metrics = self.evaluate(test, 0);
-        let values: Vec<(String, f64)> = metrics.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
-        sinks.record(
-            self.state.step,
-            self.state.train_seconds,
-            &values.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
-        )?;
-        sinks.flush()?;
+        let metrics = self.evaluate_and_log(test, 0, &mut sinks)?;
         if cfg.checkpoint.enabled {
             self.save_checkpoint()?;
         }
         Ok(self.summary(metrics))
     }
 
+    /// Periodic evaluation on the test set (if any); returns the progress-bar suffix.
     fn log_eval(&self, sinks: &mut Sinks, max_samples: usize) -> Result<String, Error> {
         let Some(test) = self.data.test.as_ref().filter(|t| !t.is_empty()) else {
             return Ok(String::new());
         };
-        let m = self.evaluate(test, max_samples);
-        let values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
-        sinks.record(
-            self.state.step,
-            self.state.train_seconds,
-            &values.iter().map(|(k, v)| (k.as_str(), *v)).collect::<Vec<_>>(),
-        )?;
-        sinks.flush()?;
+        let m = self.evaluate_and_log(test, max_samples, sinks)?;
         Ok(format!(" | test p@1 {:.4}", m["p@1"]))
+    }
+
+    /// Evaluates on `ds` and records the metrics as `eval/<name>` at the current step.
+    fn evaluate_and_log(
+        &self,
+        ds: &Dataset,
+        max_samples: usize,
+        sinks: &mut Sinks,
+    ) -> Result<BTreeMap<String, f64>, Error> {
+        let m = self.evaluate(ds, max_samples);
+        let values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
+        let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        sinks.record(self.state.step, self.state.train_seconds, &refs)?;
+        sinks.flush()?;
+        Ok(m)
     }
 
     fn summary(&self, metrics: BTreeMap<String, f64>) -> Summary {
