@@ -3,8 +3,10 @@
 use anyhow::{Result, bail};
 use clap::{Subcommand, ValueEnum};
 use farout_core::{Matrix, gemm, kernels, rng};
+use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_estimators::{Batch, Exact, GradientEstimator, SmoothedMargin, Softmax};
 use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
+use farout_search::{ExactIndex, Hit, MipsIndex, SphericalConfig, SphericalIndex};
 use rand::Rng as _;
 use std::time::Instant;
 
@@ -32,6 +34,43 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Top-Q search over the class means of the FaceNet-like generator: recall against brute
+    /// force, queries per second of the index and of brute force (same run, same threads),
+    /// build time and refresh speed.
+    Search {
+        /// The index.
+        #[arg(long, value_enum, default_value_t = BenchIndex::Spherical)]
+        index: BenchIndex,
+        /// Number of rows (classes) K.
+        #[arg(long, default_value_t = 200_000)]
+        k: usize,
+        /// Dimension D.
+        #[arg(long, default_value_t = 128)]
+        d: usize,
+        /// Results per query Q.
+        #[arg(long, default_value_t = 2_000)]
+        top: usize,
+        /// Number of queries (generator samples).
+        #[arg(long, default_value_t = 1_000)]
+        queries: usize,
+        /// Class-mean clusters of the generator (0 = K / 100).
+        #[arg(long, default_value_t = 0)]
+        mean_clusters: usize,
+        /// Spherical: centroids (0 = sqrt(K)).
+        #[arg(long, default_value_t = 0)]
+        centroids: usize,
+        /// Spherical: candidates scored per result.
+        #[arg(long)]
+        candidate_factor: Option<f32>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BenchIndex {
+    Exact,
+    Spherical,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -109,10 +148,110 @@ pub fn bench_layer(
     }))
 }
 
+/// Runs every query through `index` in parallel; returns the results and the queries/second.
+fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (Vec<Vec<Hit>>, f64) {
+    use rayon::prelude::*;
+    let t = Instant::now();
+    let out: Vec<Vec<Hit>> = (0..q.rows())
+        .into_par_iter()
+        .map(|i| {
+            let mut h = Vec::with_capacity(top);
+            index.search(w, q.row(i), top, &mut h);
+            h
+        })
+        .collect();
+    (out, q.rows() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Measures one index against brute force; returns the JSON object.
+#[allow(clippy::too_many_arguments)]
+pub fn bench_search(
+    which: BenchIndex,
+    k: usize,
+    d: usize,
+    top: usize,
+    queries: usize,
+    mean_clusters: usize,
+    centroids: usize,
+    candidate_factor: Option<f32>,
+) -> Result<serde_json::Value> {
+    if k == 0 || d == 0 || top == 0 || queries == 0 {
+        bail!("--k, --d, --top and --queries must be > 0");
+    }
+    let clusters = if mean_clusters > 0 { mean_clusters } else { (k / 100).max(1) };
+    let spec = FaceSpec {
+        n_classes: k,
+        n_samples: 2 * k.max(queries),
+        dim: d,
+        mean_clusters: clusters,
+        cluster_spread: 0.7,
+        ..FaceSpec::default()
+    };
+    let g = FaceGenerator::new(spec)?;
+    let mut w = g.means().clone();
+    let q = g.features(Split::Train, 0..queries);
+    let t = Instant::now();
+    let mut index: Box<dyn MipsIndex> = match which {
+        BenchIndex::Exact => Box::new(ExactIndex::new()),
+        BenchIndex::Spherical => {
+            let mut c = SphericalConfig { n_centroids: centroids, ..SphericalConfig::default() };
+            if let Some(f) = candidate_factor {
+                c.candidate_factor = f;
+            }
+            Box::new(SphericalIndex::build(&w, &c))
+        }
+    };
+    let build_seconds = t.elapsed().as_secs_f64();
+    let (exact, exact_qps) = timed_queries(&ExactIndex::new(), &w, &q, top);
+    let (found, qps) = timed_queries(index.as_ref(), &w, &q, top);
+    let recall: f64 = exact
+        .iter()
+        .zip(&found)
+        .map(|(e, f)| {
+            let mut truth: Vec<u32> = e.iter().map(|h| h.class).collect();
+            truth.sort_unstable();
+            f.iter().filter(|h| truth.binary_search(&h.class).is_ok()).count() as f64 / e.len().max(1) as f64
+        })
+        .sum::<f64>()
+        / queries as f64;
+    // Refresh: nudge 1% of the rows (as one training step's updates would) and re-index them.
+    let mut r = rng::seeded(9, 0);
+    let rows: Vec<u32> = (0..(k / 100).max(1)).map(|_| r.random_range(0..k as u32)).collect();
+    for &i in &rows {
+        let row = w.row_mut(i as usize);
+        row.iter_mut().for_each(|x| *x += 0.01 * rng::normal(&mut r));
+        kernels::normalize(row);
+    }
+    let t = Instant::now();
+    index.refresh(&w, &rows);
+    let refresh_rows_per_s = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    Ok(serde_json::json!({
+        "bench": "search",
+        "index": index.name(),
+        "k": k,
+        "d": d,
+        "top": top,
+        "queries": queries,
+        "mean_clusters": clusters,
+        "threads": rayon::current_num_threads(),
+        "recall": recall,
+        "qps": qps,
+        "exact_qps": exact_qps,
+        "speedup": qps / exact_qps,
+        "build_seconds": build_seconds,
+        "refresh_rows_per_s": refresh_rows_per_s,
+        "index_bytes": index.memory_bytes(),
+        "w_bytes": w.bytes(),
+    }))
+}
+
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             println!("{}", bench_layer(estimator, k, d, batch, steps)?);
+        }
+        BenchCommand::Search { index, k, d, top, queries, mean_clusters, centroids, candidate_factor, json: _ } => {
+            println!("{}", bench_search(index, k, d, top, queries, mean_clusters, centroids, candidate_factor)?);
         }
     }
     Ok(())

@@ -36,10 +36,105 @@ pub fn top_k(scores: &[f32], k: usize, out: &mut Vec<Hit>) {
     }
 }
 
+/// Streaming top-k over `(class, score)` pushes: a min-heap of the best `k` so far, so a push
+/// that does not beat the current k-th best costs one comparison and one that does costs
+/// O(log k). Use it when k is large (hundreds to thousands) or scores are not in one slice.
+#[derive(Clone, Debug, Default)]
+pub struct TopK {
+    k: usize,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<Ranked>>,
+}
+
+/// Heap entry ordered by score, then by lower class id first (so ties keep index order).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ranked(Hit);
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.score.total_cmp(&other.0.score).then(other.0.class.cmp(&self.0.class))
+    }
+}
+
+impl TopK {
+    /// Starts a selection of the best `k`, keeping the heap's allocation.
+    pub fn reset(&mut self, k: usize) {
+        self.k = k;
+        self.heap.clear();
+    }
+
+    /// The score a new entry must beat to enter (minus infinity until k entries are held).
+    #[inline]
+    pub fn threshold(&self) -> f32 {
+        if self.heap.len() < self.k {
+            f32::NEG_INFINITY
+        } else {
+            self.heap.peek().map_or(f32::NEG_INFINITY, |r| r.0.0.score)
+        }
+    }
+
+    /// Offers `(class, score)`; NaN scores are ignored.
+    #[inline]
+    pub fn push(&mut self, class: ClassId, score: f32) {
+        if self.k == 0 || score.is_nan() {
+            return;
+        }
+        let hit = std::cmp::Reverse(Ranked(Hit { class, score }));
+        if self.heap.len() < self.k {
+            self.heap.push(hit);
+        } else if let Some(mut top) = self.heap.peek_mut()
+            && hit < *top
+        {
+            *top = hit;
+        }
+    }
+
+    /// Number held.
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+
+    /// Whether none is held.
+    pub fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
+
+    /// Writes the selection into `out`, best first (ties: lower class first), and empties it.
+    pub fn drain_sorted(&mut self, out: &mut Vec<Hit>) {
+        out.clear();
+        out.extend(self.heap.drain().map(|r| r.0.0));
+        out.sort_unstable_by(|a, b| b.score.total_cmp(&a.score).then(a.class.cmp(&b.class)));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn heap_top_k_equals_buffer_top_k(scores in prop::collection::vec(-50i32..50, 0..300), k in 0usize..40) {
+            let scores: Vec<f32> = scores.into_iter().map(|s| s as f32).collect();
+            let mut a = Vec::new();
+            top_k(&scores, k, &mut a);
+            let mut t = TopK::default();
+            t.reset(k);
+            for (i, &s) in scores.iter().enumerate() {
+                t.push(i as ClassId, s);
+            }
+            let mut b = Vec::new();
+            t.drain_sorted(&mut b);
+            prop_assert_eq!(a, b);
+        }
+    }
 
     proptest! {
         #[test]

@@ -50,6 +50,11 @@ pub struct FaceSpec {
     pub test_fraction: f64,
     /// Seed of everything random.
     pub seed: u64,
+    /// Group the class means around this many random centres (0 = independent means). Real
+    /// identities cluster (age, ethnicity, pose), which is what makes clustering indexes work.
+    pub mean_clusters: usize,
+    /// Distance of a class mean from its centre, relative to the centre's (unit) norm.
+    pub cluster_spread: f32,
 }
 
 impl Default for FaceSpec {
@@ -63,6 +68,8 @@ impl Default for FaceSpec {
             min_per_class: 2,
             test_fraction: 0.2,
             seed: 1,
+            mean_clusters: 0,
+            cluster_spread: 1.0,
         }
     }
 }
@@ -89,6 +96,9 @@ impl FaceSpec {
         }
         if !(0.0..1.0).contains(&self.test_fraction) {
             return p("test_fraction", format!("{} is not in [0, 1)", self.test_fraction));
+        }
+        if !(self.cluster_spread >= 0.0 && self.cluster_spread.is_finite()) {
+            return p("cluster_spread", format!("{} is not a finite number >= 0", self.cluster_spread));
         }
         if !(self.noise >= 0.0 && self.noise.is_finite()) {
             return p("noise", format!("{} is not a finite number >= 0", self.noise));
@@ -127,10 +137,22 @@ impl FaceGenerator {
     pub fn new(spec: FaceSpec) -> Result<Self> {
         spec.check()?;
         let (k, d) = (spec.n_classes, spec.dim);
+        let centre = |j: usize, row: &mut [f32]| {
+            let mut r = rng::seeded(spec.seed ^ 0xCE17, j as u64);
+            row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
+            kernels::normalize(row);
+        };
         let mut means = Matrix::zeros(k, d);
         means.as_mut_slice().par_chunks_mut(d).enumerate().for_each(|(c, row)| {
             let mut r = rng::seeded(spec.seed, c as u64);
-            row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
+            if spec.mean_clusters == 0 {
+                row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
+            } else {
+                // mean = normalise(centre + spread * g / sqrt(D)), centre = c mod n_clusters
+                centre(c % spec.mean_clusters, row);
+                let scale = spec.cluster_spread / (d as f32).sqrt();
+                row.iter_mut().for_each(|x| *x += scale * rng::normal(&mut r));
+            }
             kernels::normalize(row);
         });
         let sizes = power_law_sizes(k, spec.n_samples, spec.min_per_class, spec.size_exponent);
@@ -469,6 +491,26 @@ mod tests {
             nearest_is_own += (best == own) as usize;
         }
         assert!(nearest_is_own >= 95, "noise 0.5 keeps samples near their mean: {nearest_is_own}/100");
+    }
+
+    #[test]
+    fn clustered_means_are_closer_within_a_cluster() {
+        let spec = FaceSpec {
+            n_classes: 400,
+            n_samples: 800,
+            dim: 64,
+            mean_clusters: 20,
+            cluster_spread: 0.5,
+            ..FaceSpec::default()
+        };
+        let g = FaceGenerator::new(spec).unwrap();
+        let m = g.means();
+        let (mut within, mut across) = (0.0, 0.0);
+        for c in 0..20 {
+            within += kernels::dot(m.row(c), m.row(c + 20)); // same centre (c mod 20)
+            across += kernels::dot(m.row(c), m.row(c + 1)); // neighbouring centres
+        }
+        assert!(within / 20.0 > 0.7 && (across / 20.0f32).abs() < 0.2, "within {within} across {across}");
     }
 
     #[test]

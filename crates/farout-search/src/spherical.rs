@@ -1,0 +1,345 @@
+//! Spherical clustering for MIPS (Auvolat et al. 2015; the index of the LDGS experiments).
+//!
+//! **Reduction to cosine search.** With `M >= max_k |w_k|`, append one coordinate to every row
+//! scaled by `1/M`: `x_k = [w_k / M, sqrt(1 - |w_k|^2 / M^2)]`, a unit vector; a query becomes
+//! `[q, 0]`. Then `x_k . [q, 0] = w_k . q / M`: the largest inner products are the largest
+//! cosines, which spherical k-means can organise.
+//!
+//! **Index.** Spherical k-means (unit centroids, assignment by largest dot product) with
+//! `C ~ sqrt(K)` centroids, so that probing costs about as much as scanning one cluster.
+//!
+//! **Search.** Rank centroids by `c_j . [q, 0]`, scan the members of the best ones until
+//! `candidate_factor * k` rows have been scored, return the top `k` by exact score `w_k . q`.
+//!
+//! **Refresh.** A changed row is re-augmented and reassigned to its nearest centroid (cost C D per
+//! row, the paper's `k_r C D`). Centroids are not moved; when a row outgrows `M` (its augmented
+//! coordinate would be imaginary) the index asks for a rebuild.
+
+use crate::{Hit, MipsIndex};
+use farout_core::gemm::{self, Op};
+use farout_core::topk::TopK;
+use farout_core::{ClassId, Matrix, kernels, rng};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+
+/// Parameters of [`SphericalIndex`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SphericalConfig {
+    /// Number of centroids C (0 = round(sqrt(K))).
+    pub n_centroids: usize,
+    /// Spherical k-means iterations.
+    pub iterations: usize,
+    /// Probe clusters until `candidate_factor * k` rows have been scored.
+    pub candidate_factor: f32,
+    /// Norm bound `M = (1 + norm_headroom) * max_k |w_k|`: room for rows to grow before a
+    /// rebuild is needed.
+    pub norm_headroom: f32,
+    /// Seed of the centroid initialisation.
+    pub seed: u64,
+}
+
+impl Default for SphericalConfig {
+    fn default() -> Self {
+        Self { n_centroids: 0, iterations: 8, candidate_factor: 5.0, norm_headroom: 0.1, seed: 1 }
+    }
+}
+
+/// The spherical-clustering index (see the module docs).
+#[derive(Clone, Debug)]
+pub struct SphericalIndex {
+    config: SphericalConfig,
+    /// Norm bound M.
+    max_norm: f32,
+    /// Unit centroids in the augmented space, `C x (D + 1)`.
+    centroids: Matrix,
+    /// Cluster of every row.
+    assign: Vec<u32>,
+    /// Position of every row in its cluster's member list.
+    pos: Vec<u32>,
+    /// Rows of every cluster.
+    members: Vec<Vec<ClassId>>,
+    rebuild: bool,
+}
+
+/// Rows per block of the k-means assignment product (bounds its temporary to block x C).
+const ASSIGN_BLOCK: usize = 4096;
+
+thread_local! {
+    static SCRATCH: RefCell<(Vec<f32>, Vec<u32>, TopK)> = RefCell::new((Vec::new(), Vec::new(), TopK::default()));
+}
+
+/// `x = [w / m, sqrt(max(0, 1 - |w|^2 / m^2))]`.
+fn augment(w: &[f32], m: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (o, x) in out[..d].iter_mut().zip(w) {
+        *o = x / m;
+    }
+    let n2 = kernels::dot(&out[..d], &out[..d]);
+    out[d] = (1.0 - n2).max(0.0).sqrt();
+}
+
+impl SphericalIndex {
+    /// Builds the index over the rows of `w`.
+    pub fn build(w: &Matrix, config: &SphericalConfig) -> Self {
+        let (k, d) = (w.rows(), w.cols());
+        let max_norm = w.iter_rows().map(kernels::norm).fold(0.0f32, f32::max);
+        let m = if max_norm > 0.0 { max_norm * (1.0 + config.norm_headroom.max(0.0)) } else { 1.0 };
+        let c = if config.n_centroids > 0 { config.n_centroids } else { (k as f64).sqrt().round() as usize }
+            .clamp(1, k.max(1));
+        // Initialise with distinct random rows.
+        let mut order: Vec<usize> = (0..k).collect();
+        let mut r = rng::seeded(config.seed, 0x5F4E);
+        rng::shuffle(&mut order, &mut r);
+        let mut centroids = Matrix::zeros(c, d + 1);
+        for (j, &i) in order.iter().take(c).enumerate() {
+            augment(w.row(i), m, centroids.row_mut(j));
+        }
+        let mut assign = vec![0u32; k];
+        for it in 0..=config.iterations {
+            assign_rows(w, m, &centroids, &mut assign);
+            if it == config.iterations {
+                break;
+            }
+            // Centroid = normalised sum of its members' augmented rows; an empty cluster is
+            // re-seeded with a random row.
+            let mut sums = Matrix::zeros(c, d + 1);
+            let mut counts = vec![0usize; c];
+            let mut x = vec![0.0; d + 1];
+            for (i, &a) in assign.iter().enumerate() {
+                augment(w.row(i), m, &mut x);
+                kernels::axpy(1.0, &x, sums.row_mut(a as usize));
+                counts[a as usize] += 1;
+            }
+            for j in 0..c {
+                if counts[j] == 0 {
+                    let i = order[(c + it * c + j) % k.max(1)];
+                    augment(w.row(i), m, sums.row_mut(j));
+                }
+                kernels::normalize(sums.row_mut(j));
+            }
+            centroids = sums;
+        }
+        let mut members = vec![Vec::new(); c];
+        let mut pos = vec![0u32; k];
+        for (i, &a) in assign.iter().enumerate() {
+            pos[i] = members[a as usize].len() as u32;
+            members[a as usize].push(i as ClassId);
+        }
+        Self { config: config.clone(), max_norm: m, centroids, assign, pos, members, rebuild: false }
+    }
+
+    /// Number of centroids C.
+    pub fn n_centroids(&self) -> usize {
+        self.centroids.rows()
+    }
+
+    /// Sizes of the clusters.
+    pub fn cluster_sizes(&self) -> Vec<usize> {
+        self.members.iter().map(Vec::len).collect()
+    }
+
+    fn nearest_centroid(&self, x: &[f32]) -> u32 {
+        let mut best = (f32::NEG_INFINITY, 0u32);
+        for (j, c) in self.centroids.iter_rows().enumerate() {
+            let s = kernels::dot(c, x);
+            if s > best.0 {
+                best = (s, j as u32);
+            }
+        }
+        best.1
+    }
+}
+
+/// Assigns every row to the centroid with the largest dot product, by blocked matrix products.
+fn assign_rows(w: &Matrix, m: f32, centroids: &Matrix, assign: &mut [u32]) {
+    let (d, c) = (w.cols(), centroids.rows());
+    assign.par_chunks_mut(ASSIGN_BLOCK).enumerate().for_each(|(b, out)| {
+        let start = b * ASSIGN_BLOCK;
+        let n = out.len();
+        let mut x = Matrix::zeros(n, d + 1);
+        for j in 0..n {
+            augment(w.row(start + j), m, x.row_mut(j));
+        }
+        let mut s = vec![0.0f32; n * c];
+        gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
+        for (o, row) in out.iter_mut().zip(s.chunks_exact(c)) {
+            let mut best = (f32::NEG_INFINITY, 0u32);
+            for (j, &v) in row.iter().enumerate() {
+                if v > best.0 {
+                    best = (v, j as u32);
+                }
+            }
+            *o = best.1;
+        }
+    });
+}
+
+impl MipsIndex for SphericalIndex {
+    fn name(&self) -> &'static str {
+        "spherical"
+    }
+
+    fn search(&self, w: &Matrix, query: &[f32], k: usize, out: &mut Vec<Hit>) {
+        let d = w.cols();
+        let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
+        SCRATCH.with_borrow_mut(|(scores, order, heap)| {
+            scores.clear();
+            // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
+            scores.extend(self.centroids.iter_rows().map(|c| kernels::dot(&c[..d], query)));
+            order.clear();
+            order.extend(0..scores.len() as u32);
+            order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
+            heap.reset(k);
+            let mut scored = 0usize;
+            for &j in order.iter() {
+                for &i in &self.members[j as usize] {
+                    let s = kernels::dot(w.row(i as usize), query);
+                    if s > heap.threshold() {
+                        heap.push(i, s);
+                    }
+                }
+                scored += self.members[j as usize].len();
+                if scored >= budget {
+                    break;
+                }
+            }
+            heap.drain_sorted(out);
+        });
+    }
+
+    fn refresh(&mut self, w: &Matrix, rows: &[ClassId]) {
+        let mut x = vec![0.0; w.cols() + 1];
+        for &i in rows {
+            let row = w.row(i as usize);
+            if kernels::norm(row) > self.max_norm {
+                self.rebuild = true;
+            }
+            augment(row, self.max_norm, &mut x);
+            let new = self.nearest_centroid(&x);
+            let old = self.assign[i as usize];
+            if new == old {
+                continue;
+            }
+            // O(1) removal: move the last member into the freed slot.
+            let p = self.pos[i as usize] as usize;
+            let list = &mut self.members[old as usize];
+            list.swap_remove(p);
+            if let Some(&moved) = list.get(p) {
+                self.pos[moved as usize] = p as u32;
+            }
+            self.pos[i as usize] = self.members[new as usize].len() as u32;
+            self.members[new as usize].push(i);
+            self.assign[i as usize] = new;
+        }
+    }
+
+    fn needs_rebuild(&self) -> bool {
+        self.rebuild
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.centroids.bytes()
+            + 4 * (self.assign.len() + self.pos.len())
+            + self.members.iter().map(|m| 4 * m.capacity()).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ExactIndex, recall};
+    use farout_data::synth::{FaceGenerator, FaceSpec, Split};
+
+    fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
+        let spec = FaceSpec {
+            n_classes: k,
+            n_samples: 2 * k,
+            dim: d,
+            mean_clusters: k / 50,
+            cluster_spread: 0.7,
+            noise: 0.5,
+            ..FaceSpec::default()
+        };
+        let g = FaceGenerator::new(spec).unwrap();
+        (g.means().clone(), g.features(Split::Train, 0..200))
+    }
+
+    /// 20,000 rows in 400 natural clusters; with 400 centroids and 1,000 candidates scored per
+    /// query (5% of the rows) the measured recall of the top 100 is 0.93 (0.85 with 500).
+    #[test]
+    fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
+        let (w, q) = clustered(20_000, 32);
+        let config = SphericalConfig { n_centroids: 400, candidate_factor: 10.0, ..SphericalConfig::default() };
+        let index = SphericalIndex::build(&w, &config);
+        let r = recall(&index, &w, &q, 100);
+        assert!(r >= 0.9, "recall {r}");
+        let sizes = index.cluster_sizes();
+        assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (400, 20_000));
+    }
+
+    #[test]
+    fn default_centroid_count_is_sqrt_k() {
+        let (w, _) = clustered(20_000, 8);
+        assert_eq!(
+            SphericalIndex::build(&w, &SphericalConfig { iterations: 1, ..SphericalConfig::default() }).n_centroids(),
+            141
+        );
+    }
+
+    #[test]
+    fn returned_scores_are_exact_and_sorted() {
+        let (w, q) = clustered(5_000, 16);
+        let index = SphericalIndex::build(&w, &SphericalConfig::default());
+        let mut out = Vec::new();
+        for i in 0..20 {
+            index.search(&w, q.row(i), 50, &mut out);
+            assert_eq!(out.len(), 50);
+            assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
+            for h in &out {
+                assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
+            }
+        }
+    }
+
+    #[test]
+    fn refreshed_rows_are_found_where_they_now_belong() {
+        let (mut w, q) = clustered(10_000, 16);
+        let mut index = SphericalIndex::build(&w, &SphericalConfig::default());
+        // Move 50 rows onto the (unit) query, scaled to norms in (1.085, 1.09]: they outscore
+        // every unit mean, so they become its top 50, and stay within the norm bound 1.1.
+        let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
+        for (j, &r) in moved.iter().enumerate() {
+            let row: Vec<f32> = q.row(0).iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
+            w.row_mut(r as usize).copy_from_slice(&row);
+        }
+        index.refresh(&w, &moved);
+        assert!(!index.needs_rebuild(), "the moved rows stay within the norm bound");
+        let mut out = Vec::new();
+        index.search(&w, q.row(0), 50, &mut out);
+        let mut found: Vec<ClassId> = out.iter().map(|h| h.class).collect();
+        found.sort_unstable();
+        let mut expect = moved.clone();
+        expect.sort_unstable();
+        assert_eq!(found, expect);
+        let mut exact = Vec::new();
+        ExactIndex.search(&w, q.row(0), 50, &mut exact);
+        assert_eq!(out, exact);
+        // Membership bookkeeping stays consistent.
+        for (c, list) in index.members.iter().enumerate() {
+            for (p, &i) in list.iter().enumerate() {
+                assert_eq!((index.assign[i as usize] as usize, index.pos[i as usize] as usize), (c, p));
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_outgrowing_the_norm_bound_asks_for_a_rebuild() {
+        let (mut w, _) = clustered(2_000, 8);
+        let mut index = SphericalIndex::build(&w, &SphericalConfig::default());
+        kernels::scale(10.0, w.row_mut(3));
+        index.refresh(&w, &[3]);
+        assert!(index.needs_rebuild());
+    }
+}
