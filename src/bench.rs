@@ -6,7 +6,7 @@ use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_estimators::{Batch, Exact, GradientEstimator, SmoothedMargin, Softmax};
 use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
-use farout_search::{ExactIndex, Hit, MipsIndex, SphericalConfig, SphericalIndex};
+use farout_search::{ExactIndex, Hit, MipsIndex, Rows, SphericalConfig, SphericalIndex};
 use rand::Rng as _;
 use std::time::Instant;
 
@@ -156,7 +156,7 @@ fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (
         .into_par_iter()
         .map(|i| {
             let mut h = Vec::with_capacity(top);
-            index.search(w, q.row(i), top, &mut h);
+            index.search(Rows::all(w), q.row(i), top, &mut h);
             h
         })
         .collect();
@@ -198,7 +198,7 @@ pub fn bench_search(
             if let Some(f) = candidate_factor {
                 c.candidate_factor = f;
             }
-            Box::new(SphericalIndex::build(&w, &c))
+            Box::new(SphericalIndex::build(Rows::all(&w), &c))
         }
     };
     let build_seconds = t.elapsed().as_secs_f64();
@@ -223,7 +223,7 @@ pub fn bench_search(
         kernels::normalize(row);
     }
     let t = Instant::now();
-    index.refresh(&w, &rows);
+    index.refresh(Rows::all(&w), &rows);
     let refresh_rows_per_s = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
     Ok(serde_json::json!({
         "bench": "search",

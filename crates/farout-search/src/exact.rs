@@ -1,6 +1,6 @@
-use crate::{Hit, MipsIndex};
+use crate::{Hit, MipsIndex, Rows};
 use farout_core::topk::TopK;
-use farout_core::{ClassId, Matrix, kernels};
+use farout_core::{ClassId, kernels};
 use std::cell::RefCell;
 
 /// Brute force: scores every row (vectorised dot products, streamed into a top-k heap).
@@ -24,10 +24,10 @@ impl MipsIndex for ExactIndex {
         "exact"
     }
 
-    fn search(&self, w: &Matrix, query: &[f32], k: usize, out: &mut Vec<Hit>) {
+    fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         HEAP.with_borrow_mut(|heap| {
             heap.reset(k);
-            for (i, row) in w.iter_rows().enumerate() {
+            for (i, row) in w.iter().enumerate() {
                 let s = kernels::dot(row, query);
                 if s > heap.threshold() {
                     heap.push(i as ClassId, s);
@@ -35,9 +35,10 @@ impl MipsIndex for ExactIndex {
             }
             heap.drain_sorted(out);
         });
+        w.len()
     }
 
-    fn refresh(&mut self, _w: &Matrix, _rows: &[ClassId]) {}
+    fn refresh(&mut self, _w: Rows, _rows: &[ClassId]) {}
 
     fn memory_bytes(&self) -> usize {
         0
@@ -47,7 +48,17 @@ impl MipsIndex for ExactIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use farout_core::Matrix;
     use farout_core::topk::top_k;
+
+    #[test]
+    fn block_view_searches_the_block_only() {
+        let w = Matrix::from_vec(3, 4, vec![1.0, 0.0, 0.0, 9.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0]).unwrap();
+        let mut out = Vec::new();
+        // Block 1..3 of each row: (0, 0), (1, 0), (0, 2); query (1, 1).
+        let cost = ExactIndex.search(Rows::block(&w, 1, 3), &[1.0, 1.0], 2, &mut out);
+        assert_eq!((out[0].class, out[0].score, out[1].class, cost), (2, 2.0, 1, 3));
+    }
 
     #[test]
     fn exact_index_equals_full_scoring_then_top_k() {
@@ -58,7 +69,7 @@ mod tests {
         kernels::gemv(w.as_slice(), &q, &mut z);
         for k in [1, 10, 499, 500, 600] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
-            ExactIndex.search(&w, &q, k, &mut a);
+            ExactIndex.search(Rows::all(&w), &q, k, &mut a);
             top_k(&z, k, &mut b);
             assert_eq!(a, b, "k = {k}");
         }

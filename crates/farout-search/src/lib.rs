@@ -34,12 +34,14 @@ pub trait MipsIndex: Send + Sync {
     /// Name used in configs and logs.
     fn name(&self) -> &'static str;
 
-    /// The (approximate) top `k` rows of `w` by inner product with `query`, best first, with
-    /// exact scores, into `out` (cleared first).
-    fn search(&self, w: &Matrix, query: &[f32], k: usize, out: &mut Vec<Hit>);
+    /// The (approximate) top `k` rows of `w` by inner product with `query` (length
+    /// `w.dim()`), best first, with exact scores, into `out` (cleared first). Returns the number
+    /// of inner products computed (rows rescored plus index overhead such as centroids): the
+    /// query's cost, to compare with K for brute force.
+    fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize;
 
     /// Re-indexes `rows` of `w`, which changed since they were last indexed.
-    fn refresh(&mut self, w: &Matrix, rows: &[ClassId]);
+    fn refresh(&mut self, w: Rows, rows: &[ClassId]);
 
     /// Whether the index should be rebuilt from scratch (e.g. a row outgrew its norm bound).
     fn needs_rebuild(&self) -> bool {
@@ -50,9 +52,57 @@ pub trait MipsIndex: Send + Sync {
     fn memory_bytes(&self) -> usize;
 }
 
+/// The rows of `W` an index searches: every column, or one block of columns (the LDGS block
+/// `W^(j)`), viewed in place without copying.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    m: &'a Matrix,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// All columns of `m`.
+    pub fn all(m: &'a Matrix) -> Self {
+        Self { m, start: 0, end: m.cols() }
+    }
+
+    /// Columns `start..end` of `m`.
+    pub fn block(m: &'a Matrix, start: usize, end: usize) -> Self {
+        assert!(start <= end && end <= m.cols(), "column block {start}..{end} of a {}-column matrix", m.cols());
+        Self { m, start, end }
+    }
+
+    /// Row `i` restricted to the view's columns.
+    #[inline]
+    pub fn row(&self, i: usize) -> &'a [f32] {
+        &self.m.row(i)[self.start..self.end]
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.m.rows()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.m.rows() == 0
+    }
+
+    /// Number of columns in the view.
+    pub fn dim(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Iterator over the rows.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [f32]> + '_ {
+        (0..self.len()).map(|i| self.row(i))
+    }
+}
+
 /// Mean overlap `|approx ∩ exact| / |exact|` of an index's top-`k` with brute force over
 /// `queries` (rows of a matrix).
-pub fn recall(index: &dyn MipsIndex, w: &Matrix, queries: &Matrix, k: usize) -> f64 {
+pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64 {
     use rayon::prelude::*;
     let exact = ExactIndex::new();
     let total: f64 = (0..queries.rows())

@@ -15,7 +15,7 @@
 //! row, the paper's `k_r C D`). Centroids are not moved; when a row outgrows `M` (its augmented
 //! coordinate would be imaginary) the index asks for a rebuild.
 
-use crate::{Hit, MipsIndex};
+use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
 use farout_core::topk::TopK;
 use farout_core::{ClassId, Matrix, kernels, rng};
@@ -82,9 +82,9 @@ fn augment(w: &[f32], m: f32, out: &mut [f32]) {
 
 impl SphericalIndex {
     /// Builds the index over the rows of `w`.
-    pub fn build(w: &Matrix, config: &SphericalConfig) -> Self {
-        let (k, d) = (w.rows(), w.cols());
-        let max_norm = w.iter_rows().map(kernels::norm).fold(0.0f32, f32::max);
+    pub fn build(w: Rows, config: &SphericalConfig) -> Self {
+        let (k, d) = (w.len(), w.dim());
+        let max_norm = w.iter().map(kernels::norm).fold(0.0f32, f32::max);
         let m = if max_norm > 0.0 { max_norm * (1.0 + config.norm_headroom.max(0.0)) } else { 1.0 };
         let c = if config.n_centroids > 0 { config.n_centroids } else { (k as f64).sqrt().round() as usize }
             .clamp(1, k.max(1));
@@ -153,8 +153,8 @@ impl SphericalIndex {
 }
 
 /// Assigns every row to the centroid with the largest dot product, by blocked matrix products.
-fn assign_rows(w: &Matrix, m: f32, centroids: &Matrix, assign: &mut [u32]) {
-    let (d, c) = (w.cols(), centroids.rows());
+fn assign_rows(w: Rows, m: f32, centroids: &Matrix, assign: &mut [u32]) {
+    let (d, c) = (w.dim(), centroids.rows());
     assign.par_chunks_mut(ASSIGN_BLOCK).enumerate().for_each(|(b, out)| {
         let start = b * ASSIGN_BLOCK;
         let n = out.len();
@@ -181,8 +181,8 @@ impl MipsIndex for SphericalIndex {
         "spherical"
     }
 
-    fn search(&self, w: &Matrix, query: &[f32], k: usize, out: &mut Vec<Hit>) {
-        let d = w.cols();
+    fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+        let d = w.dim();
         let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
         SCRATCH.with_borrow_mut(|(scores, order, heap)| {
             scores.clear();
@@ -206,11 +206,12 @@ impl MipsIndex for SphericalIndex {
                 }
             }
             heap.drain_sorted(out);
-        });
+            scored + self.centroids.rows()
+        })
     }
 
-    fn refresh(&mut self, w: &Matrix, rows: &[ClassId]) {
-        let mut x = vec![0.0; w.cols() + 1];
+    fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
+        let mut x = vec![0.0; w.dim() + 1];
         for &i in rows {
             let row = w.row(i as usize);
             if kernels::norm(row) > self.max_norm {
@@ -272,8 +273,8 @@ mod tests {
     fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
         let (w, q) = clustered(20_000, 32);
         let config = SphericalConfig { n_centroids: 400, candidate_factor: 10.0, ..SphericalConfig::default() };
-        let index = SphericalIndex::build(&w, &config);
-        let r = recall(&index, &w, &q, 100);
+        let index = SphericalIndex::build(Rows::all(&w), &config);
+        let r = recall(&index, Rows::all(&w), &q, 100);
         assert!(r >= 0.9, "recall {r}");
         let sizes = index.cluster_sizes();
         assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (400, 20_000));
@@ -283,7 +284,8 @@ mod tests {
     fn default_centroid_count_is_sqrt_k() {
         let (w, _) = clustered(20_000, 8);
         assert_eq!(
-            SphericalIndex::build(&w, &SphericalConfig { iterations: 1, ..SphericalConfig::default() }).n_centroids(),
+            SphericalIndex::build(Rows::all(&w), &SphericalConfig { iterations: 1, ..SphericalConfig::default() })
+                .n_centroids(),
             141
         );
     }
@@ -291,10 +293,10 @@ mod tests {
     #[test]
     fn returned_scores_are_exact_and_sorted() {
         let (w, q) = clustered(5_000, 16);
-        let index = SphericalIndex::build(&w, &SphericalConfig::default());
+        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
         let mut out = Vec::new();
         for i in 0..20 {
-            index.search(&w, q.row(i), 50, &mut out);
+            index.search(Rows::all(&w), q.row(i), 50, &mut out);
             assert_eq!(out.len(), 50);
             assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
             for h in &out {
@@ -306,7 +308,7 @@ mod tests {
     #[test]
     fn refreshed_rows_are_found_where_they_now_belong() {
         let (mut w, q) = clustered(10_000, 16);
-        let mut index = SphericalIndex::build(&w, &SphericalConfig::default());
+        let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
         // Move 50 rows onto the (unit) query, scaled to norms in (1.085, 1.09]: they outscore
         // every unit mean, so they become its top 50, and stay within the norm bound 1.1.
         let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
@@ -314,17 +316,17 @@ mod tests {
             let row: Vec<f32> = q.row(0).iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
             w.row_mut(r as usize).copy_from_slice(&row);
         }
-        index.refresh(&w, &moved);
+        index.refresh(Rows::all(&w), &moved);
         assert!(!index.needs_rebuild(), "the moved rows stay within the norm bound");
         let mut out = Vec::new();
-        index.search(&w, q.row(0), 50, &mut out);
+        index.search(Rows::all(&w), q.row(0), 50, &mut out);
         let mut found: Vec<ClassId> = out.iter().map(|h| h.class).collect();
         found.sort_unstable();
         let mut expect = moved.clone();
         expect.sort_unstable();
         assert_eq!(found, expect);
         let mut exact = Vec::new();
-        ExactIndex.search(&w, q.row(0), 50, &mut exact);
+        ExactIndex.search(Rows::all(&w), q.row(0), 50, &mut exact);
         assert_eq!(out, exact);
         // Membership bookkeeping stays consistent.
         for (c, list) in index.members.iter().enumerate() {
@@ -337,9 +339,9 @@ mod tests {
     #[test]
     fn a_row_outgrowing_the_norm_bound_asks_for_a_rebuild() {
         let (mut w, _) = clustered(2_000, 8);
-        let mut index = SphericalIndex::build(&w, &SphericalConfig::default());
+        let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
         kernels::scale(10.0, w.row_mut(3));
-        index.refresh(&w, &[3]);
+        index.refresh(Rows::all(&w), &[3]);
         assert!(index.needs_rebuild());
     }
 }
