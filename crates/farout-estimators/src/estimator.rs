@@ -1,19 +1,22 @@
 use farout_core::{ClassId, Matrix, Rng, SparseGrad, rng::RngCore};
 use rayon::prelude::*;
 
-/// What an estimator sees of the output layer: `W` (K x D) and the optional bias (K).
-#[derive(Clone, Copy, Debug)]
+/// What an estimator sees of the output layer: `W` (K x D), the optional bias (K) and the
+/// layer's MIPS index, when one is attached.
+#[derive(Clone, Copy)]
 pub struct Ctx<'a> {
     /// The class weights, one row per class.
     pub w: &'a Matrix,
     /// The class biases, when the layer has them.
     pub bias: Option<&'a [f32]>,
+    /// The index over the rows of `w`, for search-based estimators.
+    pub index: Option<&'a dyn farout_search::MipsIndex>,
 }
 
 impl<'a> Ctx<'a> {
-    /// A view of `w` and `bias`.
+    /// A view of `w` and `bias`, without index.
     pub fn new(w: &'a Matrix, bias: Option<&'a [f32]>) -> Self {
-        Self { w, bias }
+        Self { w, bias, index: None }
     }
 
     /// Number of classes K.
@@ -89,6 +92,11 @@ impl BatchGrad {
 pub trait GradientEstimator: Send + Sync {
     /// Name used in configs, logs and summaries (`softmax`, `margin`, ...).
     fn name(&self) -> &'static str;
+
+    /// Whether [`Ctx::index`] must be present (search-based estimators).
+    fn uses_index(&self) -> bool {
+        false
+    }
 
     /// Estimates the loss of one sample with features `phi` (length D) and positive classes
     /// `positives`, writing `(k, g_k ~ dL/dz_k)` into `out` (cleared first).

@@ -25,11 +25,15 @@ mod bisimplex;
 mod estimator;
 mod exact;
 mod loss;
+mod mips;
+mod sampled;
 
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::Exact;
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
+pub use mips::{Mips, dphi_cosine};
+pub use sampled::SampledSoftmax;
 
 /// Errors of estimator construction.
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@ use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
+use farout_search::{IndexConfig, MipsIndex, Rows};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -38,8 +39,19 @@ pub struct StepStats {
     pub rows_updated: usize,
 }
 
-/// The output layer: `W` (K x D), optional bias, their optimisers and reusable buffers.
-#[derive(Debug)]
+/// A MIPS index over the rows of W and the rows changed since it last saw them.
+struct Attached {
+    config: IndexConfig,
+    refresh_every: u64,
+    index: Option<Box<dyn MipsIndex>>,
+    dirty: Vec<bool>,
+    dirty_rows: Vec<ClassId>,
+    steps_since_refresh: u64,
+    rebuilds: u64,
+}
+
+/// The output layer: `W` (K x D), optional bias, their optimisers, an optional MIPS index and
+/// reusable buffers.
 pub struct OutputLayer {
     w: Matrix,
     bias: Option<Vec<f32>>,
@@ -49,6 +61,7 @@ pub struct OutputLayer {
     dphi: Matrix,
     dw: Matrix,
     entries: Vec<(ClassId, u32, f32)>,
+    attached: Option<Attached>,
 }
 
 impl OutputLayer {
@@ -89,6 +102,7 @@ impl OutputLayer {
             dphi: Matrix::default(),
             dw: Matrix::default(),
             entries: Vec::new(),
+            attached: None,
         })
     }
 
@@ -112,9 +126,81 @@ impl OutputLayer {
         self.bias.as_deref()
     }
 
-    /// The view estimators score against.
+    /// The view estimators score against (with the index, once built).
     pub fn ctx(&self) -> Ctx<'_> {
-        Ctx::new(&self.w, self.bias.as_deref())
+        Ctx { w: &self.w, bias: self.bias.as_deref(), index: self.attached.as_ref().and_then(|a| a.index.as_deref()) }
+    }
+
+    /// Attaches a MIPS index of `config`, built lazily at the first step of an estimator that
+    /// uses it and refreshed every `refresh_every` steps with the rows that changed (rebuilt
+    /// when the index asks for it).
+    pub fn attach_index(&mut self, config: IndexConfig, refresh_every: u64) {
+        self.attached = Some(Attached {
+            config,
+            refresh_every: refresh_every.max(1),
+            index: None,
+            dirty: vec![false; self.n_classes()],
+            dirty_rows: Vec::new(),
+            steps_since_refresh: 0,
+            rebuilds: 0,
+        });
+    }
+
+    /// The attached index, once built.
+    pub fn index(&self) -> Option<&dyn MipsIndex> {
+        self.attached.as_ref().and_then(|a| a.index.as_deref())
+    }
+
+    /// Number of full index builds so far (the first build counts).
+    pub fn index_builds(&self) -> u64 {
+        self.attached.as_ref().map_or(0, |a| a.rebuilds)
+    }
+
+    /// Recall of the index's top-`k` against brute force for `queries` (`[n, d_model]`).
+    pub fn index_recall(&self, queries: &Matrix, k: usize) -> Option<f64> {
+        self.index().map(|i| farout_search::recall(i, Rows::all(&self.w), queries, k))
+    }
+
+    fn ensure_index(&mut self) {
+        if let Some(a) = &mut self.attached
+            && (a.index.is_none() || a.index.as_ref().is_some_and(|i| i.needs_rebuild()))
+        {
+            a.index = Some(a.config.build(Rows::all(&self.w)));
+            a.rebuilds += 1;
+            a.dirty.fill(false);
+            a.dirty_rows.clear();
+            a.steps_since_refresh = 0;
+        }
+    }
+
+    /// Records that `rows` changed (all rows when `None`) and refreshes the index when due.
+    fn after_update(&mut self, rows: Option<&[ClassId]>) {
+        let Some(a) = &mut self.attached else { return };
+        let Some(index) = &mut a.index else { return };
+        match rows {
+            Some(rows) => {
+                for &r in rows {
+                    if !a.dirty[r as usize] {
+                        a.dirty[r as usize] = true;
+                        a.dirty_rows.push(r);
+                    }
+                }
+            }
+            None => {
+                a.dirty_rows.clear();
+                a.dirty_rows.extend(0..a.dirty.len() as ClassId);
+                a.dirty.fill(true);
+            }
+        }
+        a.steps_since_refresh += 1;
+        if a.steps_since_refresh >= a.refresh_every {
+            index.refresh(Rows::all(&self.w), &a.dirty_rows);
+            for &r in &a.dirty_rows {
+                a.dirty[r as usize] = false;
+            }
+            a.dirty_rows.clear();
+            a.steps_since_refresh = 0;
+        }
     }
 
     /// Steps taken.
@@ -158,13 +244,27 @@ impl OutputLayer {
         rng: &mut Rng,
         want_dphi: bool,
     ) -> StepStats {
-        let ctx = Ctx::new(&self.w, self.bias.as_deref());
+        if estimator.uses_index() {
+            assert!(self.attached.is_some(), "estimator `{}` needs an index: call attach_index", estimator.name());
+            self.ensure_index();
+        }
+        // Field-wise borrows: the context reads W while the gradient buffers are written.
+        let index = self.attached.as_ref().and_then(|a| a.index.as_deref());
+        let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
         if want_dphi {
             self.compute_dphi(batch.phi);
         }
-        let rows_updated =
-            if self.grads.is_dense { self.update_dense(batch.phi) } else { self.update_sparse(batch.phi) };
+        let rows_updated = if self.grads.is_dense {
+            let n = self.update_dense(batch.phi);
+            self.after_update(None);
+            n
+        } else {
+            let n = self.update_sparse(batch.phi);
+            let rows: Vec<ClassId> = self.unique_rows().collect();
+            self.after_update(Some(&rows));
+            n
+        };
         self.opt_w.advance();
         self.opt_b.advance();
         StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
@@ -276,6 +376,11 @@ impl OutputLayer {
         n_rows
     }
 
+    /// Rows changed by the last sparse update (the grouped entries' distinct classes).
+    fn unique_rows(&self) -> impl Iterator<Item = ClassId> + '_ {
+        self.entries.iter().enumerate().filter(|(j, e)| *j == 0 || self.entries[j - 1].0 != e.0).map(|(_, e)| e.0)
+    }
+
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
         let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
@@ -333,6 +438,9 @@ impl OutputLayer {
         read_f32s(&mut f, &mut self.opt_w.accum).map_err(|e| err(e.to_string()))?;
         read_f32s(&mut f, &mut self.opt_b.accum).map_err(|e| err(e.to_string()))?;
         self.opt_w.step = h[3];
+        if let Some(a) = &mut self.attached {
+            a.index = None; // rebuilt from the loaded W at the next search step
+        }
         self.opt_b.step = h[3];
         Ok(())
     }
@@ -412,6 +520,29 @@ mod tests {
             check_step(&Exact::new(Softmax), opt.clone());
             check_step(&Exact::new(SmoothedMargin::new(1.0).unwrap()), opt);
         }
+    }
+
+    #[test]
+    fn attached_index_is_built_lazily_and_refreshed_with_updated_rows() {
+        use farout_estimators::{Mips, SmoothedMargin};
+        use farout_search::IndexKind;
+        let (phi, pos) = setup(4);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
+        // Small steps keep every row within the index's norm bound (10% headroom), so the one
+        // build is followed by refreshes only; a larger step would trigger a rebuild.
+        let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
+        let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
+        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        layer.attach_index(index, 1);
+        assert!(layer.index().is_none(), "built lazily");
+        let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
+        for _ in 0..5 {
+            layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
+            // Refreshed every step: the index agrees with brute force on the current W.
+            assert_eq!(layer.index_recall(&phi, 3), Some(1.0));
+        }
+        assert_eq!(layer.index_builds(), 1);
     }
 
     #[test]

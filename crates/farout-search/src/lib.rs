@@ -122,3 +122,34 @@ pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64
         .sum();
     total / queries.rows().max(1) as f64
 }
+
+/// Which index to build (the `[index]` block of a config).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexKind {
+    /// Brute force.
+    Exact,
+    /// Spherical clustering.
+    #[default]
+    Spherical,
+}
+
+/// An index choice with its parameters.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexConfig {
+    /// The index.
+    pub kind: IndexKind,
+    /// Parameters of `spherical`.
+    pub spherical: SphericalConfig,
+}
+
+impl IndexConfig {
+    /// Builds the configured index over `w`.
+    pub fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        match self.kind {
+            IndexKind::Exact => Box::new(ExactIndex::new()),
+            IndexKind::Spherical => Box::new(SphericalIndex::build(w, &self.spherical)),
+        }
+    }
+}

@@ -17,7 +17,6 @@
 
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
-use farout_core::topk::TopK;
 use farout_core::{ClassId, Matrix, kernels, rng};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -67,7 +66,7 @@ pub struct SphericalIndex {
 const ASSIGN_BLOCK: usize = 4096;
 
 thread_local! {
-    static SCRATCH: RefCell<(Vec<f32>, Vec<u32>, TopK)> = RefCell::new((Vec::new(), Vec::new(), TopK::default()));
+    static SCRATCH: RefCell<(Vec<f32>, Vec<u32>, Vec<Hit>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// `x = [w / m, sqrt(max(0, 1 - |w|^2 / m^2))]`.
@@ -184,28 +183,32 @@ impl MipsIndex for SphericalIndex {
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         let d = w.dim();
         let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
-        SCRATCH.with_borrow_mut(|(scores, order, heap)| {
+        SCRATCH.with_borrow_mut(|(scores, order, cand)| {
             scores.clear();
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.extend(self.centroids.iter_rows().map(|c| kernels::dot(&c[..d], query)));
             order.clear();
             order.extend(0..scores.len() as u32);
             order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
-            heap.reset(k);
-            let mut scored = 0usize;
+            // Every probed row is rescored, so collect them all and select the top k once
+            // (linear time) rather than maintaining a heap per push.
+            cand.clear();
             for &j in order.iter() {
-                for &i in &self.members[j as usize] {
-                    let s = kernels::dot(w.row(i as usize), query);
-                    if s > heap.threshold() {
-                        heap.push(i, s);
-                    }
-                }
-                scored += self.members[j as usize].len();
-                if scored >= budget {
+                let members = &self.members[j as usize];
+                cand.extend(members.iter().map(|&i| Hit { class: i, score: kernels::dot(w.row(i as usize), query) }));
+                if cand.len() >= budget {
                     break;
                 }
             }
-            heap.drain_sorted(out);
+            let scored = cand.len();
+            let by_score = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.class.cmp(&b.class));
+            if cand.len() > k {
+                cand.select_nth_unstable_by(k, by_score);
+                cand.truncate(k);
+            }
+            cand.sort_unstable_by(by_score);
+            out.clear();
+            out.extend_from_slice(cand);
             scored + self.centroids.rows()
         })
     }

@@ -42,6 +42,9 @@ pub struct Config {
     /// Checkpoints.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
+    /// The MIPS index of search-based estimators.
+    #[serde(default)]
+    pub index: IndexSection,
 }
 
 fn default_seed() -> u64 {
@@ -142,6 +145,22 @@ pub enum EstimatorKind {
     Softmax,
     /// Exact smoothed max-margin (LDGS eq. 10-11) with `output.mu`.
     Margin,
+    /// Algorithm 1 of the LDGS paper: top-`output.top` retrieval from `[index]`, `output.loss`
+    /// on the retrieved scores.
+    Mips,
+    /// Sampled softmax with `output.n_samples` uniform negatives.
+    SampledSoftmax,
+}
+
+/// The loss a search-based estimator approximates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// Cross-entropy (eq. 2).
+    Softmax,
+    /// Smoothed max-margin (eq. 10) with `output.mu`.
+    #[default]
+    Margin,
 }
 
 /// `[output]`.
@@ -153,6 +172,19 @@ pub struct OutputConfig {
     /// Smoothing of the margin loss (the paper: 1 for multiclass, 5 for multilabel).
     #[serde(default = "default_mu")]
     pub mu: f32,
+    /// Loss approximated by `mips`.
+    #[serde(default)]
+    pub loss: LossKind,
+    /// Classes retrieved per sample by `mips` (0 = K / 100, the paper's batch query).
+    #[serde(default)]
+    pub top: usize,
+    /// Negatives per sample of `sampled_softmax` and of the warm-up (0 = K / 100).
+    #[serde(default)]
+    pub n_samples: usize,
+    /// Train the first this many steps with uniform sampled softmax before switching to the
+    /// configured estimator (the LDGS paper warms search up by sampling until scores spread).
+    #[serde(default)]
+    pub warmup_steps: u64,
     /// Bias and initialisation of W.
     #[serde(default)]
     pub layer: OutputLayerConfig,
@@ -244,6 +276,42 @@ impl Default for CheckpointConfig {
     }
 }
 
+/// `[index]`: the MIPS index of search-based estimators.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IndexSection {
+    /// `spherical` (the LDGS paper's) or `exact` (brute force, for reference).
+    pub kind: farout_search::IndexKind,
+    /// Parameters of `spherical`.
+    pub spherical: farout_search::SphericalConfig,
+    /// Re-index the rows that changed every this many steps.
+    pub refresh_every: u64,
+    /// Log the index's recall against brute force every this many steps (0 = never); stale
+    /// indexes fail silently, this is how to see it.
+    pub recall_every: u64,
+    /// Queries (rows of the current batch) used for the recall measurement.
+    pub recall_queries: usize,
+}
+
+impl Default for IndexSection {
+    fn default() -> Self {
+        Self {
+            kind: farout_search::IndexKind::Spherical,
+            spherical: farout_search::SphericalConfig::default(),
+            refresh_every: 1,
+            recall_every: 200,
+            recall_queries: 32,
+        }
+    }
+}
+
+impl IndexSection {
+    /// The index part of the section.
+    pub fn index_config(&self) -> farout_search::IndexConfig {
+        farout_search::IndexConfig { kind: self.kind, spherical: self.spherical.clone() }
+    }
+}
+
 impl Config {
     /// Reads `path`, applies `overrides` (`key.path=value`), parses and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
@@ -325,6 +393,15 @@ impl Config {
         }
         if !(self.output.mu > 0.0 && self.output.mu.is_finite()) {
             return Err(format!("key `output.mu` = {} must be a finite number > 0", self.output.mu));
+        }
+        if self.output.estimator == EstimatorKind::Mips && self.output.layer.bias {
+            return Err(
+                "key `output.layer.bias` must be false with output.estimator = \"mips\" (the index searches W alone)"
+                    .into(),
+            );
+        }
+        if self.index.refresh_every == 0 {
+            return Err("key `index.refresh_every` must be > 0".into());
         }
         self.output.optimizer.check("output.optimizer").map_err(|e| e.to_string())?;
         self.model.doc_encoder.optimizer.check("model.doc_encoder.optimizer").map_err(|e| e.to_string())?;

@@ -1,12 +1,14 @@
 use crate::Error;
-use crate::config::{Config, EncoderKind, EstimatorKind};
+use crate::config::{Config, EncoderKind, EstimatorKind, LossKind};
 use crate::data::{self, TaskData};
 use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
 use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
-use farout_estimators::{Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax};
+use farout_estimators::{
+    Batch, Exact, GradientEstimator, Loss, LossScratch, Mips, SampledSoftmax, SmoothedMargin, Softmax,
+};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -57,6 +59,8 @@ pub struct Summary {
     pub samples_per_s: f64,
     /// Classes scored per training sample (the estimator's cost; K for exact estimators).
     pub classes_scored_per_sample: f64,
+    /// Last measured recall of the MIPS index against brute force (search estimators).
+    pub index_recall: Option<f64>,
     /// Bytes of the output layer (W, bias, optimiser state) and the encoder.
     pub model_bytes: usize,
     /// Peak resident memory of the process (Linux), bytes.
@@ -82,6 +86,12 @@ pub struct Trainer {
     encoder: Encoder,
     layer: OutputLayer,
     estimator: Box<dyn GradientEstimator>,
+    /// Used for the first `output.warmup_steps` steps.
+    warmup: Option<Box<dyn GradientEstimator>>,
+    /// Classes retrieved per query by a search-based estimator (recall is measured at this k).
+    search_top: usize,
+    /// Last measured recall of the index against brute force.
+    last_recall: Option<f64>,
     loss: Box<dyn Loss>,
     state: State,
 }
@@ -113,16 +123,37 @@ impl Trainer {
             Encoder::Face(h) => h.d_out(data.n_features),
             Encoder::Doc(e) => e.d_model(),
         };
-        let layer =
+        let mut layer =
             OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
-        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) = match config.output.estimator {
-            EstimatorKind::Softmax => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
-            EstimatorKind::Margin => {
-                let l = SmoothedMargin::new(config.output.mu)?;
-                (Box::new(Exact::new(l)), Box::new(l))
-            }
+        let out = &config.output;
+        let percent = (data.n_classes / 100).max(1); // the paper's K/100 default for Q and samples
+        let n_samples = if out.n_samples > 0 { out.n_samples } else { percent };
+        let margin = SmoothedMargin::new(out.mu)?;
+        let search_top = if out.top > 0 { out.top } else { percent };
+        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) = match (out.estimator, out.loss) {
+            (EstimatorKind::Softmax, _) => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
+            (EstimatorKind::Margin, _) => (Box::new(Exact::new(margin)), Box::new(margin)),
+            (EstimatorKind::SampledSoftmax, _) => (Box::new(SampledSoftmax::new(n_samples)?), Box::new(Softmax)),
+            (EstimatorKind::Mips, LossKind::Softmax) => (Box::new(Mips::new(Softmax, search_top)?), Box::new(Softmax)),
+            (EstimatorKind::Mips, LossKind::Margin) => (Box::new(Mips::new(margin, search_top)?), Box::new(margin)),
         };
-        Ok(Self { config, data, encoder, layer, estimator, loss, state: State::default() })
+        if estimator.uses_index() {
+            layer.attach_index(config.index.index_config(), config.index.refresh_every);
+        }
+        let warmup: Option<Box<dyn GradientEstimator>> =
+            if out.warmup_steps > 0 { Some(Box::new(SampledSoftmax::new(n_samples)?)) } else { None };
+        Ok(Self {
+            config,
+            data,
+            encoder,
+            layer,
+            estimator,
+            warmup,
+            search_top,
+            last_recall: None,
+            loss,
+            state: State::default(),
+        })
     }
 
     /// The config.
@@ -258,7 +289,7 @@ impl Trainer {
         );
         bar.set_prefix(format!("{} ({})", cfg.name, self.estimator.name()));
         bar.set_position(self.state.step);
-        let mut window = (0.0f64, 0u64, 0u64, 0.0f64); // loss, samples, classes scored, seconds
+        let mut window = (0.0f64, 0u64, 0u64, 0.0f64, 0u64); // loss, samples, classes scored, seconds, rows updated
         let mut last_eval = String::new();
         let mut phi = Matrix::default();
         while self.state.step < total && self.state.epoch < cfg.train.epochs {
@@ -270,11 +301,15 @@ impl Trainer {
                 let t0 = Instant::now();
                 let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
                 let mut step_rng = rng::seeded(cfg.seed ^ 0xE57, self.state.step);
+                let estimator: &dyn GradientEstimator = match &self.warmup {
+                    Some(w) if self.state.step < cfg.output.warmup_steps => w.as_ref(),
+                    _ => self.estimator.as_ref(),
+                };
                 let stats = match (&mut self.encoder, &self.data.train.features) {
                     (Encoder::Face(_), Features::Dense(m)) => {
                         gather_rows_into(m, idx, &mut phi);
                         self.layer.train_step(
-                            self.estimator.as_ref(),
+                            estimator,
                             Batch { phi: &phi, positives: &positives },
                             &mut step_rng,
                             false,
@@ -285,7 +320,7 @@ impl Trainer {
                         let fwd = enc.forward(&docs, &mut step_rng);
                         let phi = bridge::to_matrix(fwd.phi.clone());
                         let stats = self.layer.train_step(
-                            self.estimator.as_ref(),
+                            estimator,
                             Batch { phi: &phi, positives: &positives },
                             &mut step_rng,
                             true,
@@ -318,6 +353,7 @@ impl Trainer {
                 window.1 += idx.len() as u64;
                 window.2 += stats.classes_scored as u64;
                 window.3 += dt;
+                window.4 += stats.rows_updated as u64;
                 if self.state.step % cfg.train.log_every == 0 || self.state.step == total {
                     let loss = window.0 / window.1 as f64;
                     let sps = window.1 as f64 / window.3.max(1e-9);
@@ -329,6 +365,7 @@ impl Trainer {
                             ("train/samples_per_s", sps),
                             ("train/lr", self.layer.lr() as f64),
                             ("train/classes_scored_per_sample", window.2 as f64 / window.1 as f64),
+                            ("train/rows_updated_per_step", window.4 as f64 / cfg.train.log_every as f64),
                             (
                                 "train/epoch",
                                 self.state.epoch as f64 + self.state.batch_in_epoch as f64 / batches.len() as f64,
@@ -336,9 +373,24 @@ impl Trainer {
                         ],
                     )?;
                     bar.set_message(format!("loss {loss:.4} | {sps:.0} samples/s{last_eval}"));
-                    window = (0.0, 0, 0, 0.0);
+                    window = (0.0, 0, 0, 0.0, 0);
                 }
                 bar.set_position(self.state.step);
+                if cfg.index.recall_every > 0
+                    && self.state.step % cfg.index.recall_every == 0
+                    && self.layer.index().is_some()
+                {
+                    let queries = self.features(&self.data.train, &idx[..idx.len().min(cfg.index.recall_queries)]);
+                    if let Some(r) = self.layer.index_recall(&queries, self.search_top) {
+                        self.last_recall = Some(r);
+                        let builds = self.layer.index_builds() as f64;
+                        sinks.record(
+                            self.state.step,
+                            self.state.train_seconds,
+                            &[("index/recall", r), ("index/builds", builds)],
+                        )?;
+                    }
+                }
                 if cfg.eval.every_steps > 0 && self.state.step % cfg.eval.every_steps == 0 {
                     last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
                 }
@@ -409,6 +461,7 @@ impl Trainer {
             epochs: s.epoch,
             samples_per_s: s.samples as f64 / s.train_seconds.max(1e-9),
             classes_scored_per_sample: s.classes_scored as f64 / s.samples.max(1) as f64,
+            index_recall: self.last_recall,
             model_bytes: self.layer.memory_bytes() + encoder_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             n_classes: self.data.n_classes,

@@ -1,0 +1,195 @@
+use crate::estimator::{Ctx, Estimate, GradientEstimator};
+use crate::loss::{Loss, LossScratch};
+use farout_core::{ClassId, Rng, SparseGrad, kernels};
+use farout_search::{Hit, Rows};
+use std::cell::RefCell;
+
+/// Search-based gradient, Algorithm 1 of the LDGS paper ("MIPS").
+///
+/// Retrieve the `top` (Q) classes with the largest scores `z_k = W_k . phi` from the layer's
+/// MIPS index, add the positives, and evaluate the loss and its gradient on the sparse score
+/// vector of these candidates `U`; classes outside `U` get no gradient:
+///
+/// `g_k = dL(z_U, P)/dz_k` for `k in U`, `0` otherwise.
+///
+/// How good this is depends on the loss (DESIGN.md, "classes that were not retrieved"):
+/// - smoothed max-margin: a class below the Q-th score carries no gradient once that score is
+///   more than the margin under the top, so with good recall the gradient is exact;
+/// - softmax: the partition function is summed over `U` only, a lower bound of the exact one,
+///   which over-weights the retrieved classes; the error is the unretrieved probability mass.
+///
+/// Cost per sample: the index's inner products plus |P|. Requires a layer without bias (the
+/// index searches `W` alone) and an index attached to the layer.
+#[derive(Clone, Debug)]
+pub struct Mips<L> {
+    loss: L,
+    top: usize,
+}
+
+#[derive(Default)]
+struct Scratch {
+    hits: Vec<Hit>,
+    classes: Vec<ClassId>,
+    z: Vec<f32>,
+    grad: Vec<f32>,
+    pos: Vec<ClassId>,
+    loss: LossScratch,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl<L: Loss> Mips<L> {
+    /// Retrieves `top` classes per sample (the paper: K/100; K/20 for skip-gram).
+    pub fn new(loss: L, top: usize) -> Result<Self, crate::Error> {
+        if top == 0 {
+            return Err(crate::Error::Param {
+                name: "output.top",
+                value: "0".into(),
+                reason: "must retrieve at least one class",
+            });
+        }
+        Ok(Self { loss, top })
+    }
+}
+
+impl<L: Loss> GradientEstimator for Mips<L> {
+    fn name(&self) -> &'static str {
+        "mips"
+    }
+
+    fn uses_index(&self) -> bool {
+        true
+    }
+
+    fn estimate(
+        &self,
+        ctx: &Ctx,
+        phi: &[f32],
+        positives: &[ClassId],
+        _rng: &mut Rng,
+        out: &mut SparseGrad,
+    ) -> Estimate {
+        let index = ctx.index.expect("the mips estimator needs an index attached to the output layer");
+        SCRATCH.with_borrow_mut(|s| {
+            let mut cost = index.search(Rows::all(ctx.w), phi, self.top, &mut s.hits);
+            s.classes.clear();
+            s.z.clear();
+            for h in &s.hits {
+                s.classes.push(h.class);
+                s.z.push(h.score + ctx.bias.map_or(0.0, |b| b[h.class as usize]));
+            }
+            // Positives the search missed are scored exactly; `pos` holds positions in `classes`.
+            s.pos.clear();
+            for &p in positives {
+                let at = match s.classes.iter().position(|&c| c == p) {
+                    Some(i) => i,
+                    None => {
+                        s.classes.push(p);
+                        s.z.push(ctx.score(p as usize, phi));
+                        cost += 1;
+                        s.classes.len() - 1
+                    }
+                };
+                s.pos.push(at as ClassId);
+            }
+            s.grad.resize(s.z.len(), 0.0);
+            let loss = self.loss.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
+            out.clear();
+            for (&c, &g) in s.classes.iter().zip(&s.grad) {
+                if g != 0.0 {
+                    out.push(c, g);
+                }
+            }
+            Estimate { loss, classes_scored: cost }
+        })
+    }
+}
+
+/// Cosine between two sparse class gradients mapped through `W`: the `dL/dphi` they imply.
+/// Used to measure estimators against the exact gradient.
+pub fn dphi_cosine(ctx: &Ctx, a: &SparseGrad, b: &SparseGrad) -> f32 {
+    let d = ctx.w.cols();
+    let (mut va, mut vb) = (vec![0.0; d], vec![0.0; d]);
+    for (k, g) in a.iter() {
+        kernels::axpy(g, ctx.w.row(k as usize), &mut va);
+    }
+    for (k, g) in b.iter() {
+        kernels::axpy(g, ctx.w.row(k as usize), &mut vb);
+    }
+    let (na, nb) = (kernels::norm(&va), kernels::norm(&vb));
+    if na == 0.0 && nb == 0.0 { 1.0 } else { kernels::dot(&va, &vb) / (na * nb).max(f32::MIN_POSITIVE) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Exact, SmoothedMargin, Softmax};
+    use farout_core::{Matrix, rng};
+    use farout_search::{ExactIndex, MipsIndex};
+
+    fn layer(k: usize, d: usize) -> (Matrix, Matrix) {
+        let mut r = rng::seeded(11, 0);
+        let w = Matrix::from_vec(k, d, (0..k * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let phi = Matrix::from_vec(20, d, (0..20 * d).map(|_| 0.5 * rng::normal(&mut r)).collect()).unwrap();
+        (w, phi)
+    }
+
+    #[test]
+    fn retrieving_every_class_gives_the_exact_gradient() {
+        let (w, phi) = layer(300, 16);
+        let index = ExactIndex::new();
+        let ctx = Ctx { w: &w, bias: None, index: Some(&index as &dyn MipsIndex) };
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        for (name, approx, exact) in [
+            (
+                "softmax",
+                Box::new(Mips::new(Softmax, 300).unwrap()) as Box<dyn GradientEstimator>,
+                Box::new(Exact::new(Softmax)) as Box<dyn GradientEstimator>,
+            ),
+            ("margin", Box::new(Mips::new(margin, 300).unwrap()), Box::new(Exact::new(margin))),
+        ] {
+            for i in 0..20 {
+                let pos = [(i * 7) as u32 % 300];
+                let (mut a, mut b) = (SparseGrad::new(), SparseGrad::new());
+                let ea = approx.estimate(&ctx, phi.row(i), &pos, &mut rng::seeded(0, 0), &mut a);
+                let eb = exact.estimate(&ctx, phi.row(i), &pos, &mut rng::seeded(0, 0), &mut b);
+                assert!(
+                    (ea.loss - eb.loss).abs() < 1e-3 * eb.loss.abs().max(1.0),
+                    "{name}: {} vs {}",
+                    ea.loss,
+                    eb.loss
+                );
+                assert!(dphi_cosine(&ctx, &a, &b) > 0.9999, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn margin_gradient_is_exact_when_the_support_is_retrieved() {
+        // Scores spread widely: the margin gradient's support (classes within ~mu of the top)
+        // is far smaller than Q = 30, so top-30 retrieval reproduces the exact gradient.
+        let (mut w, phi) = layer(2000, 16);
+        kernels::scale(4.0, w.as_mut_slice());
+        let index = ExactIndex::new();
+        let ctx = Ctx { w: &w, bias: None, index: Some(&index as &dyn MipsIndex) };
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let (approx, exact) = (Mips::new(margin, 30).unwrap(), Exact::new(margin));
+        for i in 0..20 {
+            let (mut a, mut b) = (SparseGrad::new(), SparseGrad::new());
+            let pos = [i as u32];
+            let e = approx.estimate(&ctx, phi.row(i), &pos, &mut rng::seeded(0, 0), &mut a);
+            exact.estimate(&ctx, phi.row(i), &pos, &mut rng::seeded(0, 0), &mut b);
+            let mut a_sorted: Vec<(u32, f32)> = a.iter().collect();
+            let mut b_sorted: Vec<(u32, f32)> = b.iter().collect();
+            a_sorted.sort_by_key(|x| x.0);
+            b_sorted.sort_by_key(|x| x.0);
+            assert_eq!(a_sorted.len(), b_sorted.len(), "sample {i}");
+            for (x, y) in a_sorted.iter().zip(&b_sorted) {
+                assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-5, "sample {i}: {x:?} vs {y:?}");
+            }
+            assert!(e.classes_scored <= 2000 + 1);
+        }
+    }
+}
