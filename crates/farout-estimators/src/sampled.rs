@@ -85,7 +85,9 @@ impl GradientEstimator for SampledSoftmax {
             let loss = Softmax.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
             out.clear();
             for (&c, &g) in s.classes.iter().zip(&s.grad) {
-                out.push(c, g);
+                if g != 0.0 {
+                    out.push(c, g);
+                }
             }
             Estimate { loss, classes_scored: s.classes.len() }
         })

@@ -7,8 +7,16 @@
 //! 3. `dL/dW_k = sum_i g_ik phi_i` and `dL/db_k = sum_i g_ik` update only the touched rows
 //!    (all rows for a dense gradient, through one matrix product).
 //!
+//! A step's gradient is the *sum* over the batch's samples (not the mean): each sample counts as
+//! one stochastic step, as in word2vec's per-pair updates, so a row's update does not shrink
+//! when more samples share the batch. Scale learning rates with that in mind (AdaGrad is
+//! insensitive to it).
+//!
 //! The optimisers are SGD with the LDGS paper's `1/(1 + t)` cooling and AdaGrad; both apply an
 //! optional L2 penalty lazily, to the rows a step touches.
+//!
+//! A MIPS index can be attached ([`OutputLayer::attach_index`]) for search-based estimators:
+//! built when first needed, refreshed with the rows that changed, rebuilt on request.
 #![warn(missing_docs)]
 
 mod layer;
