@@ -9,8 +9,8 @@ pub struct Ctx<'a> {
     pub w: &'a Matrix,
     /// The class biases, when the layer has them.
     pub bias: Option<&'a [f32]>,
-    /// The index over the rows of `w`, for search-based estimators.
-    pub index: Option<&'a dyn farout_search::MipsIndex>,
+    /// The index over the rows of `w` (one per column block), for search-based estimators.
+    pub index: Option<&'a farout_search::BlockIndex>,
 }
 
 impl<'a> Ctx<'a> {

@@ -24,6 +24,7 @@
 mod bisimplex;
 mod estimator;
 mod exact;
+mod ldgs;
 mod loss;
 mod mips;
 mod sampled;
@@ -31,6 +32,7 @@ mod sampled;
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::Exact;
+pub use ldgs::{ActiveSet, Ldgs, Rescore};
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, dphi_cosine};
 pub use sampled::SampledSoftmax;

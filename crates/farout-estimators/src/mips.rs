@@ -1,7 +1,7 @@
 use crate::estimator::{Ctx, Estimate, GradientEstimator};
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
-use farout_search::{Hit, Rows};
+use farout_search::Hit;
 use std::cell::RefCell;
 
 /// Search-based gradient, Algorithm 1 of the LDGS paper ("MIPS").
@@ -72,8 +72,9 @@ impl<L: Loss> GradientEstimator for Mips<L> {
         out: &mut SparseGrad,
     ) -> Estimate {
         let index = ctx.index.expect("the mips estimator needs an index attached to the output layer");
+        debug_assert_eq!(index.n_blocks(), 1, "Algorithm 1 searches one index over all columns");
         SCRATCH.with_borrow_mut(|s| {
-            let mut cost = index.search(Rows::all(ctx.w), phi, self.top, &mut s.hits);
+            let mut cost = index.search_block(ctx.w, 0, phi, self.top, &mut s.hits);
             s.classes.clear();
             s.z.clear();
             for h in &s.hits {
@@ -127,7 +128,11 @@ mod tests {
     use super::*;
     use crate::{Exact, SmoothedMargin, Softmax};
     use farout_core::{Matrix, rng};
-    use farout_search::{ExactIndex, MipsIndex};
+    use farout_search::{BlockIndex, IndexConfig, IndexKind};
+
+    fn exact_index(w: &Matrix, blocks: usize) -> BlockIndex {
+        BlockIndex::build(w, &IndexConfig { kind: IndexKind::Exact, ..IndexConfig::default() }, blocks)
+    }
 
     fn layer(k: usize, d: usize) -> (Matrix, Matrix) {
         let mut r = rng::seeded(11, 0);
@@ -139,8 +144,8 @@ mod tests {
     #[test]
     fn retrieving_every_class_gives_the_exact_gradient() {
         let (w, phi) = layer(300, 16);
-        let index = ExactIndex::new();
-        let ctx = Ctx { w: &w, bias: None, index: Some(&index as &dyn MipsIndex) };
+        let index = exact_index(&w, 1);
+        let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
         let margin = SmoothedMargin::new(1.0).unwrap();
         for (name, approx, exact) in [
             (
@@ -172,8 +177,8 @@ mod tests {
         // is far smaller than Q = 30, so top-30 retrieval reproduces the exact gradient.
         let (mut w, phi) = layer(2000, 16);
         kernels::scale(4.0, w.as_mut_slice());
-        let index = ExactIndex::new();
-        let ctx = Ctx { w: &w, bias: None, index: Some(&index as &dyn MipsIndex) };
+        let index = exact_index(&w, 1);
+        let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
         let margin = SmoothedMargin::new(1.0).unwrap();
         let (approx, exact) = (Mips::new(margin, 30).unwrap(), Exact::new(margin));
         for i in 0..20 {

@@ -4,7 +4,7 @@ use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
-use farout_search::{IndexConfig, MipsIndex, Rows};
+use farout_search::{BlockIndex, IndexConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -42,8 +42,9 @@ pub struct StepStats {
 /// A MIPS index over the rows of W and the rows changed since it last saw them.
 struct Attached {
     config: IndexConfig,
+    n_blocks: usize,
     refresh_every: u64,
-    index: Option<Box<dyn MipsIndex>>,
+    index: Option<BlockIndex>,
     dirty: Vec<bool>,
     dirty_rows: Vec<ClassId>,
     steps_since_refresh: u64,
@@ -128,15 +129,22 @@ impl OutputLayer {
 
     /// The view estimators score against (with the index, once built).
     pub fn ctx(&self) -> Ctx<'_> {
-        Ctx { w: &self.w, bias: self.bias.as_deref(), index: self.attached.as_ref().and_then(|a| a.index.as_deref()) }
+        Ctx { w: &self.w, bias: self.bias.as_deref(), index: self.index() }
     }
 
-    /// Attaches a MIPS index of `config`, built lazily at the first step of an estimator that
-    /// uses it and refreshed every `refresh_every` steps with the rows that changed (rebuilt
-    /// when the index asks for it).
-    pub fn attach_index(&mut self, config: IndexConfig, refresh_every: u64) {
+    /// Attaches MIPS indexes of `config` over `n_blocks` column blocks of W (1 = one index over
+    /// all columns), built lazily at the first step of an estimator that uses them and refreshed
+    /// every `refresh_every` steps with the rows that changed (rebuilt when an index asks).
+    pub fn attach_index(&mut self, config: IndexConfig, n_blocks: usize, refresh_every: u64) -> Result<(), Error> {
+        if n_blocks == 0 || self.d_model() % n_blocks != 0 {
+            return Err(Error::Config {
+                key: "output.blocks",
+                msg: format!("{n_blocks} blocks do not divide the feature dimension {}", self.d_model()),
+            });
+        }
         self.attached = Some(Attached {
             config,
+            n_blocks,
             refresh_every: refresh_every.max(1),
             index: None,
             dirty: vec![false; self.n_classes()],
@@ -144,11 +152,12 @@ impl OutputLayer {
             steps_since_refresh: 0,
             rebuilds: 0,
         });
+        Ok(())
     }
 
-    /// The attached index, once built.
-    pub fn index(&self) -> Option<&dyn MipsIndex> {
-        self.attached.as_ref().and_then(|a| a.index.as_deref())
+    /// The attached indexes, once built.
+    pub fn index(&self) -> Option<&BlockIndex> {
+        self.attached.as_ref().and_then(|a| a.index.as_ref())
     }
 
     /// Number of full index builds so far (the first build counts).
@@ -156,16 +165,17 @@ impl OutputLayer {
         self.attached.as_ref().map_or(0, |a| a.rebuilds)
     }
 
-    /// Recall of the index's top-`k` against brute force for `queries` (`[n, d_model]`).
+    /// Recall of the index's top-`k` against brute force for `queries` (`[n, d_model]`),
+    /// averaged over the blocks.
     pub fn index_recall(&self, queries: &Matrix, k: usize) -> Option<f64> {
-        self.index().map(|i| farout_search::recall(i, Rows::all(&self.w), queries, k))
+        self.index().map(|i| i.recall(&self.w, queries, k))
     }
 
     fn ensure_index(&mut self) {
         if let Some(a) = &mut self.attached
             && (a.index.is_none() || a.index.as_ref().is_some_and(|i| i.needs_rebuild()))
         {
-            a.index = Some(a.config.build(Rows::all(&self.w)));
+            a.index = Some(BlockIndex::build(&self.w, &a.config, a.n_blocks));
             a.rebuilds += 1;
             a.dirty.fill(false);
             a.dirty_rows.clear();
@@ -194,7 +204,7 @@ impl OutputLayer {
         }
         a.steps_since_refresh += 1;
         if a.steps_since_refresh >= a.refresh_every {
-            index.refresh(Rows::all(&self.w), &a.dirty_rows);
+            index.refresh(&self.w, &a.dirty_rows);
             for &r in &a.dirty_rows {
                 a.dirty[r as usize] = false;
             }
@@ -249,7 +259,7 @@ impl OutputLayer {
             self.ensure_index();
         }
         // Field-wise borrows: the context reads W while the gradient buffers are written.
-        let index = self.attached.as_ref().and_then(|a| a.index.as_deref());
+        let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
         let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
         if want_dphi {
@@ -534,7 +544,7 @@ mod tests {
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
         let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
-        layer.attach_index(index, 1);
+        layer.attach_index(index, 1, 1).unwrap();
         assert!(layer.index().is_none(), "built lazily");
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
         for _ in 0..5 {

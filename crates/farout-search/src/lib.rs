@@ -153,3 +153,77 @@ impl IndexConfig {
         }
     }
 }
+
+/// One index per column block of `W` (LDGS: `B` blocks of `D / B` dimensions); a single block
+/// covers all columns and serves Algorithm 1.
+pub struct BlockIndex {
+    blocks: Vec<Box<dyn MipsIndex>>,
+    width: usize,
+}
+
+impl BlockIndex {
+    /// Builds `n_blocks` indexes of `config` over the column blocks of `w` (`w.cols()` must be a
+    /// multiple of `n_blocks`; callers validate it).
+    pub fn build(w: &Matrix, config: &IndexConfig, n_blocks: usize) -> Self {
+        assert!(n_blocks > 0 && w.cols() % n_blocks == 0, "{} columns in {n_blocks} blocks", w.cols());
+        let width = w.cols() / n_blocks;
+        let blocks = (0..n_blocks).map(|j| config.build(Rows::block(w, j * width, (j + 1) * width))).collect();
+        Self { blocks, width }
+    }
+
+    /// Number of blocks B.
+    pub fn n_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Columns per block.
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The view of `w` that block `j` indexes.
+    pub fn rows<'a>(&self, w: &'a Matrix, j: usize) -> Rows<'a> {
+        Rows::block(w, j * self.width, (j + 1) * self.width)
+    }
+
+    /// The index of block `j`.
+    pub fn block(&self, j: usize) -> &dyn MipsIndex {
+        self.blocks[j].as_ref()
+    }
+
+    /// Top `k` of block `j` for the matching slice of the full query `phi`; returns the cost.
+    pub fn search_block(&self, w: &Matrix, j: usize, phi: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+        self.blocks[j].search(self.rows(w, j), &phi[j * self.width..(j + 1) * self.width], k, out)
+    }
+
+    /// Re-indexes `rows` in every block.
+    pub fn refresh(&mut self, w: &Matrix, rows: &[ClassId]) {
+        let width = self.width;
+        for (j, b) in self.blocks.iter_mut().enumerate() {
+            b.refresh(Rows::block(w, j * width, (j + 1) * width), rows);
+        }
+    }
+
+    /// Whether any block asks for a rebuild.
+    pub fn needs_rebuild(&self) -> bool {
+        self.blocks.iter().any(|b| b.needs_rebuild())
+    }
+
+    /// Bytes held by all blocks.
+    pub fn memory_bytes(&self) -> usize {
+        self.blocks.iter().map(|b| b.memory_bytes()).sum()
+    }
+
+    /// Mean recall over the blocks of their top-`k` against brute force on the same block.
+    pub fn recall(&self, w: &Matrix, queries: &Matrix, k: usize) -> f64 {
+        let mut total = 0.0;
+        for j in 0..self.n_blocks() {
+            let mut q = Matrix::zeros(queries.rows(), self.width);
+            for i in 0..queries.rows() {
+                q.row_mut(i).copy_from_slice(&queries.row(i)[j * self.width..(j + 1) * self.width]);
+            }
+            total += recall(self.block(j), self.rows(w, j), &q, k);
+        }
+        total / self.n_blocks() as f64
+    }
+}

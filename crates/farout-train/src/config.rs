@@ -150,6 +150,9 @@ pub enum EstimatorKind {
     Mips,
     /// Sampled softmax with `output.n_samples` uniform negatives.
     SampledSoftmax,
+    /// Algorithm 2 of the LDGS paper: `output.blocks` block indexes, top-`output.top` per block,
+    /// `output.iterations` steps of greedy message passing, `output.loss`.
+    Ldgs,
 }
 
 /// The loss a search-based estimator approximates.
@@ -181,6 +184,23 @@ pub struct OutputConfig {
     /// Negatives per sample of `sampled_softmax` and of the warm-up (0 = K / 100).
     #[serde(default)]
     pub n_samples: usize,
+    /// LDGS: number of column blocks B (0 = D/16 when 16 divides D, else D/25 when 25 does,
+    /// else 1: the paper's B = 8 for D = 128 and B = 4 for D = 100).
+    #[serde(default)]
+    pub blocks: usize,
+    /// LDGS: message-passing iterations T.
+    #[serde(default = "default_iterations")]
+    pub iterations: usize,
+    /// LDGS: which coordinates message passing updates (`union` or the paper's `gradient`).
+    #[serde(default)]
+    pub active_set: farout_estimators::ActiveSet,
+    /// LDGS: gradient threshold of the `gradient` active set.
+    #[serde(default = "default_tau2")]
+    pub tau2: f32,
+    /// LDGS: score every candidate in every block (`exact`) or only where retrieved (`partial`,
+    /// Algorithm 2 as written).
+    #[serde(default)]
+    pub rescore: farout_estimators::Rescore,
     /// Train the first this many steps with uniform sampled softmax before switching to the
     /// configured estimator (the LDGS paper warms search up by sampling until scores spread).
     #[serde(default)]
@@ -195,6 +215,14 @@ pub struct OutputConfig {
 
 fn default_mu() -> f32 {
     1.0
+}
+
+fn default_iterations() -> usize {
+    1
+}
+
+fn default_tau2() -> f32 {
+    1e-3
 }
 
 /// `[train]`.

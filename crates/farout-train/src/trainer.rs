@@ -7,7 +7,7 @@ use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
 use farout_estimators::{
-    Batch, Exact, GradientEstimator, Loss, LossScratch, Mips, SampledSoftmax, SmoothedMargin, Softmax,
+    Batch, Exact, GradientEstimator, Ldgs, Loss, LossScratch, Mips, SampledSoftmax, SmoothedMargin, Softmax,
 };
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
@@ -136,9 +136,24 @@ impl Trainer {
             (EstimatorKind::SampledSoftmax, _) => (Box::new(SampledSoftmax::new(n_samples)?), Box::new(Softmax)),
             (EstimatorKind::Mips, LossKind::Softmax) => (Box::new(Mips::new(Softmax, search_top)?), Box::new(Softmax)),
             (EstimatorKind::Mips, LossKind::Margin) => (Box::new(Mips::new(margin, search_top)?), Box::new(margin)),
+            (EstimatorKind::Ldgs, LossKind::Softmax) => (
+                Box::new(Ldgs::new(Softmax, search_top, out.iterations, out.active_set, out.tau2, out.rescore)?),
+                Box::new(Softmax),
+            ),
+            (EstimatorKind::Ldgs, LossKind::Margin) => (
+                Box::new(Ldgs::new(margin, search_top, out.iterations, out.active_set, out.tau2, out.rescore)?),
+                Box::new(margin),
+            ),
         };
         if estimator.uses_index() {
-            layer.attach_index(config.index.index_config(), config.index.refresh_every);
+            let blocks = if out.estimator != EstimatorKind::Ldgs {
+                1
+            } else if out.blocks > 0 {
+                out.blocks
+            } else {
+                default_blocks(d_model)
+            };
+            layer.attach_index(config.index.index_config(), blocks, config.index.refresh_every)?;
         }
         let warmup: Option<Box<dyn GradientEstimator>> =
             if out.warmup_steps > 0 { Some(Box::new(SampledSoftmax::new(n_samples)?)) } else { None };
@@ -532,6 +547,18 @@ impl Trainer {
     /// Steps taken so far.
     pub fn step(&self) -> u64 {
         self.state.step
+    }
+}
+
+/// The LDGS paper's block counts: B = 8 for D = 128 and B = 4 for D = 100, i.e. blocks of 16 or
+/// 25 dimensions; one block when neither divides D.
+fn default_blocks(d: usize) -> usize {
+    if d % 16 == 0 {
+        d / 16
+    } else if d % 25 == 0 {
+        d / 25
+    } else {
+        1
     }
 }
 
