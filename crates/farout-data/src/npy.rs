@@ -173,7 +173,7 @@ impl MatrixWriter {
     /// Appends rows (a multiple of `cols` values).
     pub fn write_rows(&mut self, values: &[f32]) -> Result<()> {
         let n = values.len() / self.cols.max(1);
-        if values.len() % self.cols.max(1) != 0 || n > self.remaining {
+        if !values.len().is_multiple_of(self.cols.max(1)) || n > self.remaining {
             return Err(format_err(&self.path, "more rows written than declared"));
         }
         self.remaining -= n;

@@ -136,7 +136,7 @@ mod tests {
             let mut g = SparseGrad::new();
             let e = est.estimate(&ctx, phi.row(i), &pos[i], &mut r, &mut g);
             sum += e.loss as f64;
-            let mut dense = vec![0.0; 50];
+            let mut dense = [0.0; 50];
             for (k, v) in g.iter() {
                 dense[k as usize] = v;
             }

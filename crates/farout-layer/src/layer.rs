@@ -136,7 +136,7 @@ impl OutputLayer {
     /// all columns), built lazily at the first step of an estimator that uses them and refreshed
     /// every `refresh_every` steps with the rows that changed (rebuilt when an index asks).
     pub fn attach_index(&mut self, config: IndexConfig, n_blocks: usize, refresh_every: u64) -> Result<(), Error> {
-        if n_blocks == 0 || self.d_model() % n_blocks != 0 {
+        if n_blocks == 0 || !self.d_model().is_multiple_of(n_blocks) {
             return Err(Error::Config {
                 key: "output.blocks",
                 msg: format!("{n_blocks} blocks do not divide the feature dimension {}", self.d_model()),
@@ -511,7 +511,7 @@ mod tests {
             let mut row = w0.row(c).to_vec();
             let mut bias = [b0[c]];
             if dw.row(c).iter().any(|&x| x != 0.0) || db[c] != 0.0 {
-                rule.apply(&mut row, &mut vec![0.0; 6], dw.row(c));
+                rule.apply(&mut row, &mut [0.0; 6], dw.row(c));
                 rule.apply(&mut bias, &mut [0.0], &[db[c]]);
             }
             for (a, b) in layer.weights().row(c).iter().zip(&row) {

@@ -165,7 +165,7 @@ impl BlockIndex {
     /// Builds `n_blocks` indexes of `config` over the column blocks of `w` (`w.cols()` must be a
     /// multiple of `n_blocks`; callers validate it).
     pub fn build(w: &Matrix, config: &IndexConfig, n_blocks: usize) -> Self {
-        assert!(n_blocks > 0 && w.cols() % n_blocks == 0, "{} columns in {n_blocks} blocks", w.cols());
+        assert!(n_blocks > 0 && w.cols().is_multiple_of(n_blocks), "{} columns in {n_blocks} blocks", w.cols());
         let width = w.cols() / n_blocks;
         let blocks = (0..n_blocks).map(|j| config.build(Rows::block(w, j * width, (j + 1) * width))).collect();
         Self { blocks, width }

@@ -369,7 +369,7 @@ impl Trainer {
                 window.2 += stats.classes_scored as u64;
                 window.3 += dt;
                 window.4 += stats.rows_updated as u64;
-                if self.state.step % cfg.train.log_every == 0 || self.state.step == total {
+                if self.state.step.is_multiple_of(cfg.train.log_every) || self.state.step == total {
                     let loss = window.0 / window.1 as f64;
                     let sps = window.1 as f64 / window.3.max(1e-9);
                     sinks.record(
@@ -392,7 +392,7 @@ impl Trainer {
                 }
                 bar.set_position(self.state.step);
                 if cfg.index.recall_every > 0
-                    && self.state.step % cfg.index.recall_every == 0
+                    && self.state.step.is_multiple_of(cfg.index.recall_every)
                     && self.layer.index().is_some()
                 {
                     let queries = self.features(&self.data.train, &idx[..idx.len().min(cfg.index.recall_queries)]);
@@ -406,12 +406,12 @@ impl Trainer {
                         )?;
                     }
                 }
-                if cfg.eval.every_steps > 0 && self.state.step % cfg.eval.every_steps == 0 {
+                if cfg.eval.every_steps > 0 && self.state.step.is_multiple_of(cfg.eval.every_steps) {
                     last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
                 }
                 if cfg.checkpoint.enabled
                     && cfg.checkpoint.every_steps > 0
-                    && self.state.step % cfg.checkpoint.every_steps == 0
+                    && self.state.step.is_multiple_of(cfg.checkpoint.every_steps)
                 {
                     self.save_checkpoint()?;
                 }
@@ -553,9 +553,9 @@ impl Trainer {
 /// The LDGS paper's block counts: B = 8 for D = 128 and B = 4 for D = 100, i.e. blocks of 16 or
 /// 25 dimensions; one block when neither divides D.
 fn default_blocks(d: usize) -> usize {
-    if d % 16 == 0 {
+    if d.is_multiple_of(16) {
         d / 16
-    } else if d % 25 == 0 {
+    } else if d.is_multiple_of(25) {
         d / 25
     } else {
         1
