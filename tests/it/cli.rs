@@ -188,6 +188,22 @@ fn bench_layer_prints_the_documented_fields() {
     }
 }
 
+/// A small clustered face task for the search estimators: 500 classes in 25 mean clusters,
+/// 32-d, top 25 retrieved, 20 warm-up steps of sampled softmax, 3 epochs.
+const SMALL_CLUSTERED_SEARCH: [&str; 11] = [
+    "data.face.n_classes=500",
+    "data.face.n_samples=10000",
+    "data.face.dim=32",
+    "data.face.noise=0.7",
+    "data.face.mean_clusters=25",
+    "output.top=25",
+    "output.n_samples=25",
+    "output.warmup_steps=20",
+    "train.epochs=3",
+    "train.batch_size=64",
+    "index.recall_every=20",
+];
+
 /// Search-based training end to end: sampled-softmax warm-up, then Algorithm 1 over a
 /// spherical index refreshed every step. On this small clustered task exact margin reaches
 /// 0.978 test accuracy and mips 0.956 (measured), scoring about 155 of 500 classes per sample.
@@ -196,19 +212,7 @@ fn mips_trains_with_warmup_and_reports_index_recall() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
     let mut args = vec!["train", "configs/face-synthetic-mips.toml"];
-    for s in [
-        "data.face.n_classes=500",
-        "data.face.n_samples=10000",
-        "data.face.dim=32",
-        "data.face.noise=0.7",
-        "data.face.mean_clusters=25",
-        "output.top=25",
-        "output.n_samples=25",
-        "output.warmup_steps=20",
-        "train.epochs=3",
-        "train.batch_size=64",
-        "index.recall_every=20",
-    ] {
+    for s in SMALL_CLUSTERED_SEARCH {
         args.extend(["--set", s]);
     }
     args.extend(q.iter().map(String::as_str));
@@ -230,21 +234,7 @@ fn ldgs_trains_with_block_indexes() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
     let mut args = vec!["train", "configs/face-synthetic-ldgs.toml"];
-    for s in [
-        "data.face.n_classes=500",
-        "data.face.n_samples=10000",
-        "data.face.dim=32",
-        "data.face.noise=0.7",
-        "data.face.mean_clusters=25",
-        "output.top=25",
-        "output.n_samples=25",
-        "output.warmup_steps=20",
-        "output.blocks=4",
-        "output.iterations=3",
-        "train.epochs=3",
-        "train.batch_size=64",
-        "index.recall_every=20",
-    ] {
+    for s in SMALL_CLUSTERED_SEARCH.iter().chain(&["output.blocks=4", "output.iterations=3"]) {
         args.extend(["--set", s]);
     }
     args.extend(q.iter().map(String::as_str));
