@@ -306,6 +306,7 @@ impl Trainer {
         bar.set_position(self.state.step);
         let mut window = (0.0f64, 0u64, 0u64, 0.0f64, 0u64); // loss, samples, classes scored, seconds, rows updated
         let mut last_eval = String::new();
+        let mut last_logged_step = self.state.step;
         let mut phi = Matrix::default();
         while self.state.step < total && self.state.epoch < cfg.train.epochs {
             let mut order: Vec<usize> = (0..n).collect();
@@ -380,7 +381,10 @@ impl Trainer {
                             ("train/samples_per_s", sps),
                             ("train/lr", self.layer.lr() as f64),
                             ("train/classes_scored_per_sample", window.2 as f64 / window.1 as f64),
-                            ("train/rows_updated_per_step", window.4 as f64 / cfg.train.log_every as f64),
+                            (
+                                "train/rows_updated_per_step",
+                                window.4 as f64 / (self.state.step - last_logged_step) as f64,
+                            ),
                             (
                                 "train/epoch",
                                 self.state.epoch as f64 + self.state.batch_in_epoch as f64 / batches.len() as f64,
@@ -389,6 +393,7 @@ impl Trainer {
                     )?;
                     bar.set_message(format!("loss {loss:.4} | {sps:.0} samples/s{last_eval}"));
                     window = (0.0, 0, 0, 0.0, 0);
+                    last_logged_step = self.state.step;
                 }
                 bar.set_position(self.state.step);
                 if cfg.index.recall_every > 0
