@@ -97,7 +97,7 @@ impl SphericalIndex {
         }
         let mut assign = vec![0u32; k];
         for it in 0..=config.iterations {
-            assign_rows(w, m, &centroids, &mut assign);
+            assign_rows(w, m, &centroids, None, &mut assign);
             if it == config.iterations {
                 break;
             }
@@ -138,28 +138,19 @@ impl SphericalIndex {
     pub fn cluster_sizes(&self) -> Vec<usize> {
         self.members.iter().map(Vec::len).collect()
     }
-
-    fn nearest_centroid(&self, x: &[f32]) -> u32 {
-        let mut best = (f32::NEG_INFINITY, 0u32);
-        for (j, c) in self.centroids.iter_rows().enumerate() {
-            let s = kernels::dot(c, x);
-            if s > best.0 {
-                best = (s, j as u32);
-            }
-        }
-        best.1
-    }
 }
 
-/// Assigns every row to the centroid with the largest dot product, by blocked matrix products.
-fn assign_rows(w: Rows, m: f32, centroids: &Matrix, assign: &mut [u32]) {
+/// Assigns rows to the centroid with the largest dot product, by blocked matrix products:
+/// every row when `rows` is `None` (`assign` has K entries), else `rows[j]` into `assign[j]`.
+fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, assign: &mut [u32]) {
     let (d, c) = (w.dim(), centroids.rows());
     assign.par_chunks_mut(ASSIGN_BLOCK).enumerate().for_each(|(b, out)| {
         let start = b * ASSIGN_BLOCK;
         let n = out.len();
         let mut x = Matrix::zeros(n, d + 1);
         for j in 0..n {
-            augment(w.row(start + j), m, x.row_mut(j));
+            let r = rows.map_or(start + j, |rows| rows[start + j] as usize);
+            augment(w.row(r), m, x.row_mut(j));
         }
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
@@ -214,14 +205,10 @@ impl MipsIndex for SphericalIndex {
     }
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
-        let mut x = vec![0.0; w.dim() + 1];
-        for &i in rows {
-            let row = w.row(i as usize);
-            if kernels::norm(row) > self.max_norm {
-                self.rebuild = true;
-            }
-            augment(row, self.max_norm, &mut x);
-            let new = self.nearest_centroid(&x);
+        self.rebuild |= rows.iter().any(|&i| kernels::norm(w.row(i as usize)) > self.max_norm);
+        let mut nearest = vec![0u32; rows.len()];
+        assign_rows(w, self.max_norm, &self.centroids, Some(rows), &mut nearest);
+        for (&i, &new) in rows.iter().zip(&nearest) {
             let old = self.assign[i as usize];
             if new == old {
                 continue;
