@@ -148,11 +148,15 @@ pub fn bench_layer(
     }))
 }
 
-/// Runs every query through `index` in parallel; returns the results and the queries/second.
-fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (Vec<Vec<Hit>>, f64) {
+/// Queries per call of the batched search (as one training step of 256 samples would issue).
+const QUERY_BATCH: usize = 256;
+
+/// Runs the queries through `index`, one by one in parallel and in batches of [`QUERY_BATCH`];
+/// returns the batched results and the queries/second of both ways.
+fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (Vec<Vec<Hit>>, f64, f64) {
     use rayon::prelude::*;
     let t = Instant::now();
-    let out: Vec<Vec<Hit>> = (0..q.rows())
+    let _: Vec<Vec<Hit>> = (0..q.rows())
         .into_par_iter()
         .map(|i| {
             let mut h = Vec::with_capacity(top);
@@ -160,7 +164,18 @@ fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (
             h
         })
         .collect();
-    (out, q.rows() as f64 / t.elapsed().as_secs_f64())
+    let single_qps = q.rows() as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut out = Vec::with_capacity(q.rows());
+    let mut part = Vec::new();
+    for start in (0..q.rows()).step_by(QUERY_BATCH) {
+        let end = (start + QUERY_BATCH).min(q.rows());
+        let chunk = Matrix::from_vec(end - start, q.cols(), q.as_slice()[start * q.cols()..end * q.cols()].to_vec())
+            .expect("rows of q");
+        index.search_batch(Rows::all(w), &chunk, top, &mut part);
+        out.append(&mut part);
+    }
+    (out, q.rows() as f64 / t.elapsed().as_secs_f64(), single_qps)
 }
 
 /// Measures one index against brute force; returns the JSON object.
@@ -202,8 +217,8 @@ pub fn bench_search(
         }
     };
     let build_seconds = t.elapsed().as_secs_f64();
-    let (exact, exact_qps) = timed_queries(&ExactIndex::new(), &w, &q, top);
-    let (found, qps) = timed_queries(index.as_ref(), &w, &q, top);
+    let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, top);
+    let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, top);
     let recall: f64 = exact
         .iter()
         .zip(&found)
@@ -238,6 +253,9 @@ pub fn bench_search(
         "qps": qps,
         "exact_qps": exact_qps,
         "speedup": qps / exact_qps,
+        "qps_single": qps_single,
+        "exact_qps_single": exact_qps_single,
+        "query_batch": QUERY_BATCH,
         "build_seconds": build_seconds,
         "refresh_rows_per_s": refresh_rows_per_s,
         "index_bytes": index.memory_bytes(),

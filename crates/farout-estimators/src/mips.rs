@@ -1,4 +1,4 @@
-use crate::estimator::{Ctx, Estimate, GradientEstimator};
+use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
@@ -28,7 +28,6 @@ pub struct Mips<L> {
 
 #[derive(Default)]
 struct Scratch {
-    hits: Vec<Hit>,
     classes: Vec<ClassId>,
     z: Vec<f32>,
     grad: Vec<f32>,
@@ -73,11 +72,50 @@ impl<L: Loss> GradientEstimator for Mips<L> {
     ) -> Estimate {
         let index = ctx.index.expect("the mips estimator needs an index attached to the output layer");
         debug_assert_eq!(index.n_blocks(), 1, "Algorithm 1 searches one index over all columns");
+        let mut hits = Vec::new();
+        let cost = index.search_block(ctx.w, 0, phi, self.top, &mut hits);
+        self.estimate_from_hits(ctx, phi, positives, &hits, cost, out)
+    }
+
+    /// The batch's queries go to the index together ([`farout_search::MipsIndex::search_batch`],
+    /// which shares the work across queries), then every sample's loss in parallel.
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
+        use rayon::prelude::*;
+        let index = ctx.index.expect("the mips estimator needs an index attached to the output layer");
+        let mut hits = Vec::new();
+        let search_cost = index.search_block_batch(ctx.w, 0, batch.phi, self.top, &mut hits);
+        out.reset_sparse(batch.phi.rows());
+        let (loss_sum, extra) = out
+            .sparse
+            .par_iter_mut()
+            .zip(hits.par_iter())
+            .enumerate()
+            .map(|(i, (g, h))| {
+                let e = self.estimate_from_hits(ctx, batch.phi.row(i), batch.positives[i], h, 0, g);
+                (e.loss as f64, e.classes_scored)
+            })
+            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        BatchEstimate { loss_sum, classes_scored: search_cost + extra }
+    }
+}
+
+impl<L: Loss> Mips<L> {
+    /// Algorithm 1 after retrieval: `hits` are the retrieved classes with exact scores, `cost`
+    /// what retrieving them cost.
+    fn estimate_from_hits(
+        &self,
+        ctx: &Ctx,
+        phi: &[f32],
+        positives: &[ClassId],
+        hits: &[Hit],
+        cost: usize,
+        out: &mut SparseGrad,
+    ) -> Estimate {
         SCRATCH.with_borrow_mut(|s| {
-            let mut cost = index.search_block(ctx.w, 0, phi, self.top, &mut s.hits);
+            let mut cost = cost;
             s.classes.clear();
             s.z.clear();
-            for h in &s.hits {
+            for h in hits {
                 s.classes.push(h.class);
                 s.z.push(h.score + ctx.bias.map_or(0.0, |b| b[h.class as usize]));
             }
@@ -168,6 +206,42 @@ mod tests {
                 );
                 assert!(dphi_cosine(&ctx, &a, &b) > 0.9999, "{name}");
             }
+        }
+    }
+
+    #[test]
+    fn batched_estimates_equal_per_sample_estimates() {
+        let (w, phi) = layer(3000, 16);
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let pos: Vec<Vec<u32>> = (0..20).map(|i| vec![(i * 131) as u32 % 3000]).collect();
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        for kind in [IndexKind::Exact, IndexKind::Spherical] {
+            let index = BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, 1);
+            let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
+            let est = Mips::new(margin, 40).unwrap();
+            let mut bg = crate::BatchGrad::default();
+            let total =
+                est.estimate_batch(&ctx, crate::Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), &mut bg);
+            let mut loss = 0.0;
+            let mut cost = 0;
+            for i in 0..20 {
+                let (mut g, e) = (
+                    SparseGrad::new(),
+                    est.estimate(&ctx, phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut SparseGrad::new()),
+                );
+                est.estimate(&ctx, phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
+                loss += e.loss as f64;
+                cost += e.classes_scored;
+                let (mut a, mut b): (Vec<_>, Vec<_>) = (g.iter().collect(), bg.sparse[i].iter().collect());
+                a.sort_by_key(|x| x.0);
+                b.sort_by_key(|x| x.0);
+                assert_eq!(a.len(), b.len(), "{kind:?} sample {i}");
+                for (x, y) in a.iter().zip(&b) {
+                    assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-4, "{kind:?} sample {i}: {x:?} vs {y:?}");
+                }
+            }
+            assert!((loss - total.loss_sum).abs() < 1e-3 * loss.max(1.0), "{kind:?}");
+            assert_eq!(cost, total.classes_scored, "{kind:?}");
         }
     }
 

@@ -40,6 +40,16 @@ pub trait MipsIndex: Send + Sync {
     /// query's cost, to compare with K for brute force.
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize;
 
+    /// Searches every row of `queries` (`[n, w.dim()]`): `out[i]` gets query `i`'s top `k`, as
+    /// [`MipsIndex::search`] would return it. Returns the summed cost. The default searches the
+    /// queries in parallel one by one; indexes that can share work across queries override it.
+    fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        use rayon::prelude::*;
+        out.resize_with(queries.rows(), Vec::new);
+        out.truncate(queries.rows());
+        out.par_iter_mut().enumerate().map(|(i, o)| self.search(w, queries.row(i), k, o)).sum()
+    }
+
     /// Re-indexes `rows` of `w`, which changed since they were last indexed.
     fn refresh(&mut self, w: Rows, rows: &[ClassId]);
 
@@ -87,6 +97,11 @@ impl<'a> Rows<'a> {
     /// Whether there are no rows.
     pub fn is_empty(&self) -> bool {
         self.m.rows() == 0
+    }
+
+    /// The whole matrix the view is taken from.
+    pub fn matrix(&self) -> &'a Matrix {
+        self.m
     }
 
     /// Number of columns in the view.
@@ -194,6 +209,18 @@ impl BlockIndex {
     /// Top `k` of block `j` for the matching slice of the full query `phi`; returns the cost.
     pub fn search_block(&self, w: &Matrix, j: usize, phi: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         self.blocks[j].search(self.rows(w, j), &phi[j * self.width..(j + 1) * self.width], k, out)
+    }
+
+    /// Top `k` of block `j` for every row of `phi` (`[n, D]`, full width); returns the cost.
+    pub fn search_block_batch(&self, w: &Matrix, j: usize, phi: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        if self.n_blocks() == 1 {
+            return self.blocks[0].search_batch(self.rows(w, 0), phi, k, out);
+        }
+        let mut q = Matrix::zeros(phi.rows(), self.width);
+        for i in 0..phi.rows() {
+            q.row_mut(i).copy_from_slice(&phi.row(i)[j * self.width..(j + 1) * self.width]);
+        }
+        self.blocks[j].search_batch(self.rows(w, j), &q, k, out)
     }
 
     /// Re-indexes `rows` in every block.
