@@ -1,4 +1,4 @@
-use crate::estimator::{Ctx, Estimate, GradientEstimator};
+use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
@@ -125,6 +125,52 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
         out: &mut SparseGrad,
     ) -> Estimate {
         let index = ctx.index.expect("the ldgs estimator needs block indexes attached to the output layer");
+        self.estimate_with(ctx, phi, positives, out, |j, hits| index.search_block(ctx.w, j, phi, self.top, hits))
+    }
+
+    /// Every block's queries of the batch go to its index together
+    /// ([`farout_search::MipsIndex::search_batch`]), then every sample in parallel.
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
+        use rayon::prelude::*;
+        let index = ctx.index.expect("the ldgs estimator needs block indexes attached to the output layer");
+        let mut search_dots = 0;
+        let per_block: Vec<Vec<Vec<Hit>>> = (0..index.n_blocks())
+            .map(|j| {
+                let mut hits = Vec::new();
+                search_dots += index.search_block_batch(ctx.w, j, batch.phi, self.top, &mut hits);
+                hits
+            })
+            .collect();
+        out.reset_sparse(batch.phi.rows());
+        let (loss_sum, cost) = out
+            .sparse
+            .par_iter_mut()
+            .enumerate()
+            .map(|(i, g)| {
+                let e = self.estimate_with(ctx, batch.phi.row(i), batch.positives[i], g, |j, hits| {
+                    hits.clear();
+                    hits.extend_from_slice(&per_block[j][i]);
+                    0
+                });
+                (e.loss as f64, e.classes_scored)
+            })
+            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        BatchEstimate { loss_sum, classes_scored: cost + search_dots.div_ceil(index.n_blocks()) }
+    }
+}
+
+impl<L: Loss> Ldgs<L> {
+    /// Algorithm 2 for one sample; `search(j, hits)` fills block `j`'s retrieved classes and
+    /// returns what that cost in block inner products.
+    fn estimate_with(
+        &self,
+        ctx: &Ctx,
+        phi: &[f32],
+        positives: &[ClassId],
+        out: &mut SparseGrad,
+        mut search: impl FnMut(usize, &mut Vec<Hit>) -> usize,
+    ) -> Estimate {
+        let index = ctx.index.expect("the ldgs estimator needs block indexes attached to the output layer");
         let (b, width) = (index.n_blocks(), index.width());
         let bf = b as f32;
         SCRATCH.with_borrow_mut(|s| {
@@ -132,7 +178,7 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
             let mut block_dots = 0usize;
             s.found.clear();
             for j in 0..b {
-                block_dots += index.search_block(ctx.w, j, phi, self.top, &mut s.hits);
+                block_dots += search(j, &mut s.hits);
                 s.found.extend(s.hits.iter().map(|h| (h.class, j as u32, h.score)));
             }
             s.classes.clear();
@@ -271,6 +317,32 @@ mod tests {
         let mut g = SparseGrad::new();
         let e = est.estimate(ctx, phi, pos, &mut rng::seeded(0, 0), &mut g);
         (g, e)
+    }
+
+    #[test]
+    fn batched_estimates_equal_per_sample_estimates() {
+        let (w, phi, labels) = trained_like(3000, 32, 24, 3.0);
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let refs: Vec<&[u32]> = labels.iter().map(std::slice::from_ref).collect();
+        let index = BlockIndex::build(&w, &IndexConfig::default(), 4);
+        let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
+        let est = Ldgs::new(margin, 60, 3, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
+        let mut bg = crate::BatchGrad::default();
+        let total =
+            est.estimate_batch(&ctx, crate::Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), &mut bg);
+        let mut loss = 0.0;
+        for i in 0..phi.rows() {
+            let (g, e) = estimate(&est, &ctx, phi.row(i), &labels[i..=i]);
+            loss += e.loss as f64;
+            let (mut a, mut b): (Vec<_>, Vec<_>) = (g.iter().collect(), bg.sparse[i].iter().collect());
+            a.sort_by_key(|x| x.0);
+            b.sort_by_key(|x| x.0);
+            assert_eq!(a.len(), b.len(), "sample {i}");
+            for (x, y) in a.iter().zip(&b) {
+                assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-4, "sample {i}: {x:?} vs {y:?}");
+            }
+        }
+        assert!((loss - total.loss_sum).abs() < 1e-3 * loss.max(1.0));
     }
 
     #[test]
