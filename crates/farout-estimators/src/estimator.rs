@@ -105,23 +105,32 @@ pub trait GradientEstimator: Send + Sync {
     /// Estimates a whole batch into `out`. Default: [`Self::estimate`] for every sample in
     /// parallel, sample `i` using a generator seeded from one draw of `rng` and `i`.
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        let n = batch.phi.rows();
-        out.reset_sparse(n);
         let seed = rng.next_u64();
-        out.sparse
-            .par_iter_mut()
-            .enumerate()
-            .map(|(i, g)| {
-                let mut r = farout_core::rng::seeded(seed, i as u64);
-                self.estimate(ctx, batch.phi.row(i), batch.positives[i], &mut r, g)
-            })
-            .fold(BatchEstimate::default, |acc, e| BatchEstimate {
-                loss_sum: acc.loss_sum + e.loss as f64,
-                classes_scored: acc.classes_scored + e.classes_scored,
-            })
-            .reduce(BatchEstimate::default, |a, b| BatchEstimate {
-                loss_sum: a.loss_sum + b.loss_sum,
-                classes_scored: a.classes_scored + b.classes_scored,
-            })
+        for_each_sample(out, batch.phi.rows(), |i, g| {
+            let mut r = farout_core::rng::seeded(seed, i as u64);
+            self.estimate(ctx, batch.phi.row(i), batch.positives[i], &mut r, g)
+        })
     }
+}
+
+/// Runs `f(i, grad_i)` for every sample `i < n` of a batch in parallel, into `n` cleared sparse
+/// gradients of `out`, and sums the per-sample estimates.
+pub(crate) fn for_each_sample(
+    out: &mut BatchGrad,
+    n: usize,
+    f: impl Fn(usize, &mut SparseGrad) -> Estimate + Sync + Send,
+) -> BatchEstimate {
+    out.reset_sparse(n);
+    out.sparse
+        .par_iter_mut()
+        .enumerate()
+        .map(|(i, g)| f(i, g))
+        .fold(BatchEstimate::default, |acc, e| BatchEstimate {
+            loss_sum: acc.loss_sum + e.loss as f64,
+            classes_scored: acc.classes_scored + e.classes_scored,
+        })
+        .reduce(BatchEstimate::default, |a, b| BatchEstimate {
+            loss_sum: a.loss_sum + b.loss_sum,
+            classes_scored: a.classes_scored + b.classes_scored,
+        })
 }

@@ -1,4 +1,4 @@
-use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
+use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
@@ -131,7 +131,6 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
     /// Every block's queries of the batch go to its index together
     /// ([`farout_search::MipsIndex::search_batch`]), then every sample in parallel.
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        use rayon::prelude::*;
         let index = ctx.index.expect("the ldgs estimator needs block indexes attached to the output layer");
         let mut search_dots = 0;
         let per_block: Vec<Vec<Vec<Hit>>> = (0..index.n_blocks())
@@ -141,21 +140,15 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
                 hits
             })
             .collect();
-        out.reset_sparse(batch.phi.rows());
-        let (loss_sum, cost) = out
-            .sparse
-            .par_iter_mut()
-            .enumerate()
-            .map(|(i, g)| {
-                let e = self.estimate_with(ctx, batch.phi.row(i), batch.positives[i], g, |j, hits| {
-                    hits.clear();
-                    hits.extend_from_slice(&per_block[j][i]);
-                    0
-                });
-                (e.loss as f64, e.classes_scored)
+        let mut total = for_each_sample(out, batch.phi.rows(), |i, g| {
+            self.estimate_with(ctx, batch.phi.row(i), batch.positives[i], g, |j, hits| {
+                hits.clear();
+                hits.extend_from_slice(&per_block[j][i]);
+                0
             })
-            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        BatchEstimate { loss_sum, classes_scored: cost + search_dots.div_ceil(index.n_blocks()) }
+        });
+        total.classes_scored += search_dots.div_ceil(index.n_blocks());
+        total
     }
 }
 

@@ -1,4 +1,4 @@
-use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
+use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
@@ -80,22 +80,14 @@ impl<L: Loss> GradientEstimator for Mips<L> {
     /// The batch's queries go to the index together ([`farout_search::MipsIndex::search_batch`],
     /// which shares the work across queries), then every sample's loss in parallel.
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        use rayon::prelude::*;
         let index = ctx.index.expect("the mips estimator needs an index attached to the output layer");
         let mut hits = Vec::new();
         let search_cost = index.search_block_batch(ctx.w, 0, batch.phi, self.top, &mut hits);
-        out.reset_sparse(batch.phi.rows());
-        let (loss_sum, extra) = out
-            .sparse
-            .par_iter_mut()
-            .zip(hits.par_iter())
-            .enumerate()
-            .map(|(i, (g, h))| {
-                let e = self.estimate_from_hits(ctx, batch.phi.row(i), batch.positives[i], h, 0, g);
-                (e.loss as f64, e.classes_scored)
-            })
-            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        BatchEstimate { loss_sum, classes_scored: search_cost + extra }
+        let mut total = for_each_sample(out, batch.phi.rows(), |i, g| {
+            self.estimate_from_hits(ctx, batch.phi.row(i), batch.positives[i], &hits[i], 0, g)
+        });
+        total.classes_scored += search_cost;
+        total
     }
 }
 

@@ -271,8 +271,10 @@ impl OutputLayer {
             n
         } else {
             let n = self.update_sparse(batch.phi);
-            let rows: Vec<ClassId> = self.unique_rows().collect();
-            self.after_update(Some(&rows));
+            if self.index().is_some() {
+                let rows: Vec<ClassId> = self.unique_rows().collect();
+                self.after_update(Some(&rows));
+            }
             n
         };
         self.opt_w.advance();
