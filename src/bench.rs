@@ -111,7 +111,7 @@ pub fn bench_layer(
     let mut r = rng::seeded(3, 0);
     let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
-    let b = Batch { phi: &phi, positives: &positives };
+    let b = Batch::new(&phi, &positives);
     layer.train_step(est.as_ref(), b, &mut r, true); // warm-up: buffers, thread pool
     let t = Instant::now();
     for _ in 0..steps {

@@ -7,6 +7,7 @@
 //! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`].
 #![warn(missing_docs)]
 
+pub mod alias;
 pub mod binio;
 pub mod gemm;
 pub mod kernels;
@@ -15,6 +16,7 @@ pub mod rng;
 mod sparse;
 pub mod topk;
 
+pub use alias::AliasTable;
 pub use matrix::Matrix;
 pub use rng::Rng;
 pub use sparse::{SparseGrad, SparseVec};

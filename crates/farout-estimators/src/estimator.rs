@@ -40,13 +40,29 @@ pub struct Estimate {
     pub classes_scored: usize,
 }
 
-/// A mini-batch: features `phi` (`[batch, d_model]`) and each sample's positive classes.
+/// A mini-batch: features `phi` (`[batch, d_model]`), each sample's positive classes and, for
+/// estimators with per-sample state (A&R), each sample's index in the training set.
 #[derive(Clone, Copy, Debug)]
 pub struct Batch<'a> {
     /// Features, one row per sample: `[batch, d_model]`.
     pub phi: &'a Matrix,
     /// Positive classes per sample (`positives.len() == phi.rows()`).
     pub positives: &'a [&'a [ClassId]],
+    /// Index of each sample in the training set (`ids.len() == phi.rows()`), or empty when the
+    /// estimator keeps no per-sample state ([`GradientEstimator::sample_state`] is `None`).
+    pub ids: &'a [usize],
+}
+
+impl<'a> Batch<'a> {
+    /// A batch without sample ids.
+    pub fn new(phi: &'a Matrix, positives: &'a [&'a [ClassId]]) -> Self {
+        Self { phi, positives, ids: &[] }
+    }
+
+    /// The same batch, with training-set indices for per-sample state.
+    pub fn with_ids(self, ids: &'a [usize]) -> Self {
+        Self { ids, ..self }
+    }
 }
 
 /// Totals over a batch.
@@ -96,6 +112,17 @@ pub trait GradientEstimator: Send + Sync {
     /// Whether [`Ctx::index`] must be present (search-based estimators).
     fn uses_index(&self) -> bool {
         false
+    }
+
+    /// Whether the estimator models exactly one label per sample (A&R, OVE: the likelihood of
+    /// a categorical outcome). It uses the first positive; trainers reject multi-label data.
+    fn single_label(&self) -> bool {
+        false
+    }
+
+    /// Per-sample variational state, indexed by [`Batch::ids`], to be saved in checkpoints.
+    fn sample_state(&self) -> Option<&crate::SampleState> {
+        None
     }
 
     /// Estimates the loss of one sample with features `phi` (length D) and positive classes

@@ -130,7 +130,7 @@ mod tests {
         let est = Exact::new(loss);
         let mut bg = BatchGrad::default();
         let mut r = rng::seeded(0, 0);
-        let tot = est.estimate_batch(&ctx, Batch { phi: &phi, positives: &pos_refs }, &mut r, &mut bg);
+        let tot = est.estimate_batch(&ctx, Batch::new(&phi, &pos_refs), &mut r, &mut bg);
         let mut sum = 0.0;
         for i in 0..6 {
             let mut g = SparseGrad::new();

@@ -27,7 +27,9 @@ mod exact;
 mod ldgs;
 mod loss;
 mod mips;
+mod proposal;
 mod sampled;
+mod state;
 
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
@@ -35,7 +37,9 @@ pub use exact::Exact;
 pub use ldgs::{ActiveSet, Ldgs, Rescore};
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, dphi_cosine};
-pub use sampled::SampledSoftmax;
+pub use proposal::{Draws, Proposal};
+pub use sampled::{NegativeSampling, SampledSoftmax};
+pub use state::SampleState;
 
 /// Errors of estimator construction.
 #[derive(Debug, thiserror::Error)]

@@ -213,7 +213,7 @@ mod tests {
             let est = Mips::new(margin, 40).unwrap();
             let mut bg = crate::BatchGrad::default();
             let total =
-                est.estimate_batch(&ctx, crate::Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), &mut bg);
+                est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
             let mut loss = 0.0;
             let mut cost = 0;
             for i in 0..20 {

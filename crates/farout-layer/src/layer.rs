@@ -503,7 +503,7 @@ mod tests {
         let w0 = layer.weights().clone();
         let b0 = layer.bias().unwrap().to_vec();
         let rule = opt.build(1, 1).rule();
-        layer.train_step(est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), true);
+        layer.train_step(est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), true);
         for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
             assert!((a - b).abs() < 1e-4, "dphi {a} vs {b}");
         }
@@ -550,7 +550,7 @@ mod tests {
         assert!(layer.index().is_none(), "built lazily");
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
         for _ in 0..5 {
-            layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
+            layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false);
             // Refreshed every step: the index agrees with brute force on the current W.
             assert_eq!(layer.index_recall(&phi, 3), Some(1.0));
         }
@@ -564,11 +564,11 @@ mod tests {
         let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &OptimizerConfig::default(), 0).unwrap();
         let est = Exact::new(Softmax);
         let first =
-            layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+            layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
         let mut last = first;
         for _ in 0..50 {
             last =
-                layer.train_step(&est, Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false).loss_sum;
+                layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
         }
         assert!(last < 0.2 * first, "{first} -> {last}");
     }
@@ -580,7 +580,7 @@ mod tests {
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let opt = OptimizerConfig::default();
         let mut a = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
-        a.train_step(&Exact::new(Softmax), Batch { phi: &phi, positives: &refs }, &mut rng::seeded(0, 0), false);
+        a.train_step(&Exact::new(Softmax), Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false);
         let p = dir.path().join("layer.bin");
         a.save(&p).unwrap();
         let mut b = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 9).unwrap();

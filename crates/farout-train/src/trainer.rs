@@ -326,7 +326,7 @@ impl Trainer {
                         gather_rows_into(m, idx, &mut phi);
                         self.layer.train_step(
                             estimator,
-                            Batch { phi: &phi, positives: &positives },
+                            Batch::new(&phi, &positives),
                             &mut step_rng,
                             false,
                         )
@@ -337,7 +337,7 @@ impl Trainer {
                         let phi = bridge::to_matrix(fwd.phi.clone());
                         let stats = self.layer.train_step(
                             estimator,
-                            Batch { phi: &phi, positives: &positives },
+                            Batch::new(&phi, &positives),
                             &mut step_rng,
                             true,
                         );
