@@ -1,0 +1,747 @@
+//! Augment & Reduce (Ruiz et al. 2018) and the One-vs-Each bound (Titsias 2016): lower bounds
+//! on `log p(y | psi)` of a categorical whose sums over classes are replaced by unbiased
+//! estimates from `|S|` uniformly drawn negatives, scaled by `c = (K-1)/|S|`.
+//!
+//! All four estimators model one label per sample (`y` = the first positive); their reported
+//! loss is the negative bound estimate, `-ELBO`, an upper bound (in expectation) on `-log p`.
+//!
+//! The utility view (Section 2 of the A&R paper): `y = argmax_k (psi_k + eps_k)` with i.i.d.
+//! noise of density `phi` and CDF `Phi` — Gumbel gives the softmax, Gaussian the multinomial
+//! probit, logistic the multinomial logistic — so that (eq. 5)
+//!
+//! `p(y | psi) = ∫ phi(eps) prod_{k != y} Phi(eps + psi_y - psi_k) d eps`.
+//!
+//! Augmenting with `eps` and a variational `q(eps)` gives the ELBO (eq. 7), a sum over classes
+//! that sampling reduces.
+
+use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
+use crate::sampled::{sigmoid, softplus};
+use crate::state::SampleState;
+use farout_core::rng::{RngCore, RngExt};
+use farout_core::{ClassId, Rng, SparseGrad};
+
+/// Draws `n` negatives uniformly from `{0..k} \ {y}` (with replacement) and scores them:
+/// `neg` gets `(class, psi_class - psi_y)`. Returns `psi_y`.
+fn draw_and_score(
+    ctx: &Ctx,
+    phi: &[f32],
+    y: ClassId,
+    n: usize,
+    rng: &mut Rng,
+    neg: &mut Vec<(ClassId, f64)>,
+) -> f64 {
+    let k = ctx.n_classes() as ClassId;
+    let psi_y = ctx.score(y as usize, phi) as f64;
+    neg.clear();
+    if k < 2 {
+        return psi_y;
+    }
+    for _ in 0..n {
+        let mut c = rng.random_range(0..k - 1);
+        if c >= y {
+            c += 1;
+        }
+        neg.push((c, ctx.score(c as usize, phi) as f64 - psi_y));
+    }
+    psi_y
+}
+
+/// The importance weight `(K-1)/|S|` of one drawn negative.
+fn class_scale(k: usize, n: usize) -> f64 {
+    (k.saturating_sub(1)) as f64 / n as f64
+}
+
+fn check_samples(n: usize) -> Result<(), crate::Error> {
+    if n == 0 {
+        return Err(crate::Error::Param {
+            name: "n_samples",
+            value: "0".into(),
+            reason: "the bound needs at least one sampled negative class",
+        });
+    }
+    Ok(())
+}
+
+/// Writes the sparse class gradient `(c_j, g_j)` for the negatives and `-sum_j g_j` for `y`.
+fn push_grad(out: &mut SparseGrad, y: ClassId, neg: &[(ClassId, f64)], g: impl Fn(f64) -> f64) {
+    out.clear();
+    let mut sum = 0.0;
+    for &(c, d) in neg {
+        let v = g(d);
+        sum += v;
+        out.push(c, v as f32);
+    }
+    out.push(y, -sum as f32);
+}
+
+thread_local! {
+    static NEG: std::cell::RefCell<Vec<(ClassId, f64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One-vs-Each bound (Titsias 2016; eq. 10 of the A&R paper), a lower bound on the softmax
+/// log-likelihood: `L_OVE = sum_{k != y} log sigma(psi_y - psi_k)`, estimated with `|S|`
+/// uniform negatives: `-L ≈ c sum_{j in S} softplus(psi_j - psi_y)`, whose gradient is
+/// `dL/dpsi_j = c sigma(psi_j - psi_y)`, `dL/dpsi_y = -sum_j` (negatives weighted by how
+/// strongly they beat the label). Unbiased for the bound and its gradient; cost `|S| + 1`.
+#[derive(Clone, Debug)]
+pub struct Ove {
+    n_samples: usize,
+}
+
+impl Ove {
+    /// `n_samples` negatives per sample.
+    pub fn new(n_samples: usize) -> Result<Self, crate::Error> {
+        check_samples(n_samples)?;
+        Ok(Self { n_samples })
+    }
+}
+
+impl GradientEstimator for Ove {
+    fn name(&self) -> &'static str {
+        "ove"
+    }
+
+    fn single_label(&self) -> bool {
+        true
+    }
+
+    fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
+        out.clear();
+        let Some(&y) = positives.first() else { return Estimate::default() };
+        let c = class_scale(ctx.n_classes(), self.n_samples);
+        NEG.with_borrow_mut(|neg| {
+            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
+            let loss: f64 = c * neg.iter().map(|&(_, d)| softplus(d)).sum::<f64>();
+            push_grad(out, y, neg, |d| c * sigmoid(d));
+            Estimate { loss: loss as f32, classes_scored: neg.len() + 1 }
+        })
+    }
+}
+
+/// Softmax A&R, Algorithm 1 of the A&R paper. With Gumbel noise the optimal `q(eps)` is
+/// `Gumbel(log eta, 1)` and the ELBO is (eq. 8)
+///
+/// `L(eta) = 1 - log eta - (1/eta) (1 + sum_{k != y} exp(psi_k - psi_y))`,
+///
+/// tight at `eta* = 1 + sum_{k != y} exp(psi_k - psi_y)` (then `L = log p(y)`). Each sample
+/// keeps its own `eta` (initialised to 1) across epochs. Per visit `t` of a sample:
+/// - local step: `eta_hat = 1 + c sum_{j in S} exp(psi_j - psi_y)`,
+///   `eta <- (1 - a) eta + a eta_hat` with `a = (1 + t)^-0.9`;
+/// - global step (with the new `eta`): `dL/dpsi_j = (c / eta) exp(psi_j - psi_y)`,
+///   `dL/dpsi_y = -sum_j`, unbiased for the gradient of `-L(eta)` (tested).
+///
+/// `eta` is kept as `log eta` so that large score gaps cannot overflow. Without a sample id
+/// ([`GradientEstimator::estimate`]) the local step is taken with `a = 1` (`eta = eta_hat`),
+/// which makes the loss `log eta_hat`, the sampled estimate of the softmax loss.
+#[derive(Debug)]
+pub struct ArSoftmax {
+    n_samples: usize,
+    /// Per sample: `[log eta, visits]`.
+    state: SampleState,
+}
+
+impl ArSoftmax {
+    /// `n_samples` negatives per sample, state for `n_data` training samples.
+    pub fn new(n_samples: usize, n_data: usize) -> Result<Self, crate::Error> {
+        check_samples(n_samples)?;
+        Ok(Self { n_samples, state: SampleState::new(n_data, &[0.0, 0.0]) })
+    }
+
+    /// One sample: local step on `log eta` (from `prev`, `None` = stateless), then the global
+    /// gradient. Returns the estimate and the new `(log eta, visits)`.
+    fn step(
+        &self,
+        ctx: &Ctx,
+        phi: &[f32],
+        positives: &[ClassId],
+        prev: Option<(f64, f64)>,
+        rng: &mut Rng,
+        out: &mut SparseGrad,
+    ) -> (Estimate, Option<(f64, f64)>) {
+        out.clear();
+        let Some(&y) = positives.first() else { return (Estimate::default(), prev) };
+        let c = class_scale(ctx.n_classes(), self.n_samples);
+        NEG.with_borrow_mut(|neg| {
+            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
+            // log eta_hat = log(1 + c sum_j exp(d_j)) = softplus(log c + logsumexp(d)).
+            let m = neg.iter().map(|&(_, d)| d).fold(f64::NEG_INFINITY, f64::max);
+            let lse = if neg.is_empty() { f64::NEG_INFINITY } else { m + neg.iter().map(|&(_, d)| (d - m).exp()).sum::<f64>().ln() };
+            let log_eta_hat = softplus(c.ln() + lse);
+            let next = prev.map(|(log_eta, visits)| {
+                let t = visits + 1.0;
+                let a = (1.0 + t).powf(-0.9);
+                (log_add_exp((1.0 - a).ln() + log_eta, a.ln() + log_eta_hat), t)
+            });
+            let log_eta = next.map_or(log_eta_hat, |n| n.0);
+            Self::global_step(out, y, neg, c, log_eta);
+            let elbo = 1.0 - log_eta - (log_eta_hat - log_eta).exp();
+            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, next)
+        })
+    }
+}
+
+impl ArSoftmax {
+    /// The global step given `eta`: `dL/dpsi_j = (c / eta) exp(psi_j - psi_y)`.
+    fn global_step(out: &mut SparseGrad, y: ClassId, neg: &[(ClassId, f64)], c: f64, log_eta: f64) {
+        push_grad(out, y, neg, |d| c * (d - log_eta).exp());
+    }
+}
+
+/// `log(e^a + e^b)`.
+fn log_add_exp(a: f64, b: f64) -> f64 {
+    let m = a.max(b);
+    if m == f64::NEG_INFINITY { m } else { m + ((a - m).exp() + (b - m).exp()).ln() }
+}
+
+impl GradientEstimator for ArSoftmax {
+    fn name(&self) -> &'static str {
+        "ar_softmax"
+    }
+
+    fn single_label(&self) -> bool {
+        true
+    }
+
+    fn sample_state(&self) -> Option<&SampleState> {
+        Some(&self.state)
+    }
+
+    fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
+        self.step(ctx, phi, positives, None, rng, out).0
+    }
+
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
+        assert_eq!(batch.ids.len(), batch.phi.rows(), "ar_softmax keeps per-sample state: the batch needs sample ids");
+        let seed = rng.next_u64();
+        for_each_sample(out, batch.phi.rows(), |i, g| {
+            let mut r = farout_core::rng::seeded(seed, i as u64);
+            let id = batch.ids[i];
+            let mut s = [0.0f32; 2];
+            self.state.read(id, &mut s);
+            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], Some((s[0] as f64, s[1] as f64)), &mut r, g);
+            if let Some((log_eta, visits)) = next {
+                self.state.write(id, &[log_eta as f32, visits as f32]);
+            }
+            e
+        })
+    }
+}
+
+/// The noise of a random-utility model: density `phi`, CDF `Phi`, and what A&R's
+/// reparameterised steps need of them.
+pub trait Noise: Send + Sync + 'static {
+    /// Config name of the A&R estimator for this noise.
+    const NAME: &'static str;
+    /// `log phi(x)`.
+    fn log_pdf(x: f64) -> f64;
+    /// `d/dx log phi(x)`.
+    fn dlog_pdf(x: f64) -> f64;
+    /// `log Phi(x)`.
+    fn log_cdf(x: f64) -> f64;
+    /// `d/dx log Phi(x) = phi(x) / Phi(x)`.
+    fn dlog_cdf(x: f64) -> f64;
+    /// A standard draw `u` (the variational `q` is `mu + scale * u`).
+    fn standard(rng: &mut Rng) -> f64;
+    /// Entropy of `mu + scale * u`.
+    fn entropy(scale: f64) -> f64;
+}
+
+/// Standard Gaussian noise: the multinomial probit.
+#[derive(Clone, Copy, Debug)]
+pub struct Gaussian;
+
+const LN_SQRT_2PI: f64 = 0.918_938_533_204_672_8;
+
+impl Noise for Gaussian {
+    const NAME: &'static str = "ar_probit";
+
+    fn log_pdf(x: f64) -> f64 {
+        -0.5 * x * x - LN_SQRT_2PI
+    }
+    fn dlog_pdf(x: f64) -> f64 {
+        -x
+    }
+    fn log_cdf(x: f64) -> f64 {
+        if x > -30.0 {
+            (0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)).ln()
+        } else {
+            // Mills-ratio asymptotics: Phi(x) ~ phi(x)/(-x) (1 - 1/x^2 + 3/x^4).
+            let x2 = x * x;
+            Self::log_pdf(x) - (-x).ln() + (1.0 - 1.0 / x2 + 3.0 / (x2 * x2)).ln()
+        }
+    }
+    fn dlog_cdf(x: f64) -> f64 {
+        if x > -30.0 {
+            (Self::log_pdf(x) - Self::log_cdf(x)).exp()
+        } else {
+            let x2 = x * x;
+            -x / (1.0 - 1.0 / x2 + 3.0 / (x2 * x2))
+        }
+    }
+    fn standard(rng: &mut Rng) -> f64 {
+        farout_core::rng::normal(rng) as f64
+    }
+    fn entropy(scale: f64) -> f64 {
+        0.5 + LN_SQRT_2PI + scale.ln()
+    }
+}
+
+/// Standard logistic noise: the multinomial logistic.
+#[derive(Clone, Copy, Debug)]
+pub struct Logistic;
+
+impl Noise for Logistic {
+    const NAME: &'static str = "ar_logistic";
+
+    fn log_pdf(x: f64) -> f64 {
+        -softplus(-x) - softplus(x)
+    }
+    fn dlog_pdf(x: f64) -> f64 {
+        1.0 - 2.0 * sigmoid(x)
+    }
+    fn log_cdf(x: f64) -> f64 {
+        -softplus(-x)
+    }
+    fn dlog_cdf(x: f64) -> f64 {
+        sigmoid(-x)
+    }
+    fn standard(rng: &mut Rng) -> f64 {
+        let v: f64 = rng.random::<f64>().clamp(1e-300, 1.0 - 1e-16);
+        v.ln() - (-v).ln_1p()
+    }
+    fn entropy(scale: f64) -> f64 {
+        scale.ln() + 2.0
+    }
+}
+
+/// A&R for a general random-utility model, Algorithm 2 of the A&R paper (multinomial probit
+/// with [`Gaussian`] noise, multinomial logistic with [`Logistic`] noise).
+///
+/// `q(eps) = mu + sigma u` with `u` standard noise and `sigma = softplus(gamma)`; each sample
+/// keeps `(mu, gamma)` (initialised to `(0, softplus^-1(1))`). With the reduced log-joint
+/// `log p~(y, eps) = log phi(eps) + c sum_{j in S} log Phi(eps + psi_y - psi_j)`, per visit `t`:
+/// - local step (reparameterised, eq. 9): `g_eps = d/d eps log p~`,
+///   `mu += a g_eps`, `gamma += a (g_eps u + 1/sigma) sigmoid(gamma)`, `a = 0.01 (1+t)^-0.9`;
+/// - global step with a fresh `eps ~ q`: `dL/dpsi_j = c Phi'/Phi(eps + psi_y - psi_j)`,
+///   `dL/dpsi_y = -sum_j`;
+/// - loss: `-(log phi(eps) + H[q] + c sum_j log Phi(eps + psi_y - psi_j))`, a one-sample
+///   estimate of `-ELBO` (eq. 7).
+#[derive(Debug)]
+pub struct ArUtility<N: Noise> {
+    n_samples: usize,
+    /// Per sample: `[mu, gamma, visits]`.
+    state: SampleState,
+    noise: std::marker::PhantomData<N>,
+}
+
+/// `gamma` with `softplus(gamma) = 1`.
+const GAMMA_UNIT: f32 = 0.541_324_85;
+
+impl<N: Noise> ArUtility<N> {
+    /// `n_samples` negatives per sample, state for `n_data` training samples.
+    pub fn new(n_samples: usize, n_data: usize) -> Result<Self, crate::Error> {
+        check_samples(n_samples)?;
+        Ok(Self { n_samples, state: SampleState::new(n_data, &[0.0, GAMMA_UNIT, 0.0]), noise: std::marker::PhantomData })
+    }
+
+    /// The reparameterised one-sample gradient of the ELBO in `(mu, gamma)` (eq. 9) for the
+    /// standard draw `u`, with `d_j = psi_j - psi_y` of the drawn negatives.
+    fn local_gradient(neg: &[(ClassId, f64)], c: f64, mu: f64, gamma: f64, u: f64) -> (f64, f64) {
+        let sigma = softplus(gamma);
+        let eps = mu + sigma * u;
+        let g_eps = N::dlog_pdf(eps) + c * neg.iter().map(|&(_, d)| N::dlog_cdf(eps - d)).sum::<f64>();
+        // d eps/d mu = 1; d eps/d gamma = u sigmoid(gamma); dH/d gamma = sigmoid(gamma) / sigma.
+        (g_eps, (g_eps * u + 1.0 / sigma) * sigmoid(gamma))
+    }
+
+    fn step(
+        &self,
+        ctx: &Ctx,
+        phi: &[f32],
+        positives: &[ClassId],
+        prev: [f64; 3],
+        local: bool,
+        rng: &mut Rng,
+        out: &mut SparseGrad,
+    ) -> (Estimate, [f64; 3]) {
+        out.clear();
+        let Some(&y) = positives.first() else { return (Estimate::default(), prev) };
+        let c = class_scale(ctx.n_classes(), self.n_samples);
+        NEG.with_borrow_mut(|neg| {
+            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
+            let [mut mu, mut gamma, mut visits] = prev;
+            if local {
+                visits += 1.0;
+                let a = 0.01 * (1.0 + visits).powf(-0.9);
+                let (g_mu, g_gamma) = Self::local_gradient(neg, c, mu, gamma, N::standard(rng));
+                mu += a * g_mu;
+                gamma += a * g_gamma;
+            }
+            let sigma = softplus(gamma);
+            let eps = mu + sigma * N::standard(rng);
+            push_grad(out, y, neg, |d| c * N::dlog_cdf(eps - d));
+            let elbo =
+                N::log_pdf(eps) + N::entropy(sigma) + c * neg.iter().map(|&(_, d)| N::log_cdf(eps - d)).sum::<f64>();
+            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, [mu, gamma, visits])
+        })
+    }
+}
+
+impl<N: Noise> GradientEstimator for ArUtility<N> {
+    fn name(&self) -> &'static str {
+        N::NAME
+    }
+
+    fn single_label(&self) -> bool {
+        true
+    }
+
+    fn sample_state(&self) -> Option<&SampleState> {
+        Some(&self.state)
+    }
+
+    /// Without a sample id: the initial `q` (`mu = 0, sigma = 1`), no local step.
+    fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
+        self.step(ctx, phi, positives, [0.0, GAMMA_UNIT as f64, 0.0], false, rng, out).0
+    }
+
+    fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
+        assert_eq!(batch.ids.len(), batch.phi.rows(), "{} keeps per-sample state: the batch needs sample ids", N::NAME);
+        let seed = rng.next_u64();
+        for_each_sample(out, batch.phi.rows(), |i, g| {
+            let mut r = farout_core::rng::seeded(seed, i as u64);
+            let id = batch.ids[i];
+            let mut s = [0.0f32; 3];
+            self.state.read(id, &mut s);
+            let prev = s.map(|v| v as f64);
+            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], prev, true, &mut r, g);
+            self.state.write(id, &next.map(|v| v as f32));
+            e
+        })
+    }
+}
+
+/// The multinomial probit A&R estimator.
+pub type ArProbit = ArUtility<Gaussian>;
+/// The multinomial logistic A&R estimator.
+pub type ArLogistic = ArUtility<Logistic>;
+
+/// `log p(y | psi)` of the random-utility model with noise `N` (eq. 5), by the trapezoid rule
+/// over `eps` in log space: the integrand `phi(eps) prod_{k != y} Phi(eps + psi_y - psi_k)` is
+/// smooth on the scale of one, so a step of 0.02 over a range that covers the noise density
+/// and the largest score gap is exact to many digits (tested against the softmax for Gumbel
+/// noise). Cost O(K x grid); meant for evaluation.
+pub fn utility_log_prob<N: Noise>(psi: &[f32], y: usize) -> f64 {
+    let psi_y = psi[y] as f64;
+    let gap = psi.iter().map(|&p| p as f64 - psi_y).fold(0.0f64, f64::max);
+    let (lo, hi) = (-40.0, gap + 40.0);
+    let h = 0.02;
+    let steps = ((hi - lo) / h).ceil() as usize;
+    let mut terms = Vec::with_capacity(steps + 1);
+    for i in 0..=steps {
+        let eps = lo + i as f64 * h;
+        let mut v = N::log_pdf(eps);
+        for (k, &p) in psi.iter().enumerate() {
+            if k != y {
+                v += N::log_cdf(eps + psi_y - p as f64);
+            }
+        }
+        let w: f64 = if i == 0 || i == steps { 0.5 } else { 1.0 };
+        terms.push(v + w.ln());
+    }
+    let m = terms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    m + terms.iter().map(|t| (t - m).exp()).sum::<f64>().ln() + h.ln()
+}
+
+/// The softmax A&R bound (eq. 8) with every class: `1 - log eta - (1/eta)(1 + sum_{k != y}
+/// exp(psi_k - psi_y))`, for evaluation and tests.
+pub fn softmax_elbo(psi: &[f32], y: usize, log_eta: f64) -> f64 {
+    let psi_y = psi[y] as f64;
+    let sum: f64 = psi.iter().enumerate().filter(|&(k, _)| k != y).map(|(_, &p)| (p as f64 - psi_y).exp()).sum();
+    1.0 - log_eta - (1.0 + sum) / log_eta.exp()
+}
+
+/// The One-vs-Each bound (eq. 10) with every class.
+pub fn ove_bound(psi: &[f32], y: usize) -> f64 {
+    let psi_y = psi[y] as f64;
+    -psi.iter().enumerate().filter(|&(k, _)| k != y).map(|(_, &p)| softplus(p as f64 - psi_y)).sum::<f64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farout_core::{Matrix, rng};
+
+    /// A K x 1 layer whose scores are its biases (phi = [0]): psi is set directly.
+    fn layer(psi: &[f32]) -> (Matrix, Vec<f32>) {
+        (Matrix::zeros(psi.len(), 1), psi.to_vec())
+    }
+
+    fn random_psi(k: usize, spread: f32, seed: u64) -> Vec<f32> {
+        let mut r = rng::seeded(seed, 0);
+        (0..k).map(|_| spread * rng::normal(&mut r)).collect()
+    }
+
+    fn log_softmax(psi: &[f32], y: usize) -> f64 {
+        let m = psi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        psi[y] as f64 - m - psi.iter().map(|&p| (p as f64 - m).exp()).sum::<f64>().ln()
+    }
+
+    /// Mean and standard error of each class's gradient over `seeds` estimates.
+    fn gradient_moments(k: usize, seeds: u64, mut f: impl FnMut(&mut Rng, &mut SparseGrad)) -> (Vec<f64>, Vec<f64>) {
+        let (mut s1, mut s2) = (vec![0.0f64; k], vec![0.0f64; k]);
+        let mut g = SparseGrad::new();
+        let mut dense = vec![0.0f64; k];
+        for seed in 0..seeds {
+            f(&mut rng::seeded(seed, 99), &mut g);
+            dense.fill(0.0);
+            for (c, v) in g.iter() {
+                dense[c as usize] += v as f64;
+            }
+            for j in 0..k {
+                s1[j] += dense[j];
+                s2[j] += dense[j] * dense[j];
+            }
+        }
+        let n = seeds as f64;
+        let mean: Vec<f64> = s1.iter().map(|v| v / n).collect();
+        let se = s2.iter().zip(&mean).map(|(v, m)| ((v / n - m * m).max(0.0) / n).sqrt()).collect();
+        (mean, se)
+    }
+
+    /// Every coordinate within 5 standard errors (plus 1e-9 for coordinates without variance).
+    fn assert_unbiased(mean: &[f64], se: &[f64], exact: &[f64], what: &str) {
+        for j in 0..exact.len() {
+            assert!((mean[j] - exact[j]).abs() <= 5.0 * se[j] + 1e-9, "{what}, class {j}: mean {} vs exact {} (se {})", mean[j], exact[j], se[j]);
+        }
+    }
+
+    #[test]
+    fn softmax_bound_is_tight_at_eta_star_and_below_elsewhere() {
+        for seed in 0..20 {
+            let psi = random_psi(200, 2.0, seed);
+            let y = (seed as usize * 13) % 200;
+            let eta_star: f64 = 1.0 + psi.iter().enumerate().filter(|&(k, _)| k != y).map(|(_, &p)| (p as f64 - psi[y] as f64).exp()).sum::<f64>();
+            let log_p = log_softmax(&psi, y);
+            assert!((softmax_elbo(&psi, y, eta_star.ln()) - log_p).abs() < 1e-9 * log_p.abs().max(1.0));
+            for f in [0.3f64, 0.9, 1.1, 4.0] {
+                assert!(softmax_elbo(&psi, y, (f * eta_star).ln()) < log_p);
+            }
+            assert!(ove_bound(&psi, y) < log_p, "OVE is a lower bound too");
+        }
+    }
+
+    #[test]
+    fn ar_softmax_global_step_is_unbiased_for_its_elbo_given_eta() {
+        // Given eta, E_S[(c/eta) exp(psi_j - psi_y)] summed over draws = the exact gradient of
+        // -L(eta): (1/eta) exp(psi_k - psi_y) for k != y and minus their sum for y.
+        let k = 40;
+        let psi = random_psi(k, 1.5, 1);
+        let (w, b) = layer(&psi);
+        let ctx = Ctx::new(&w, Some(&b));
+        let (y, n, log_eta) = (7u32, 5, 1.3f64);
+        let c = class_scale(k, n);
+        let (mean, se) = gradient_moments(k, 40_000, |r, g| {
+            let mut neg = Vec::new();
+            draw_and_score(&ctx, &[0.0], y, n, r, &mut neg);
+            ArSoftmax::global_step(g, y, &neg, c, log_eta);
+        });
+        let mut exact: Vec<f64> = psi.iter().map(|&p| (p as f64 - psi[y as usize] as f64 - log_eta).exp()).collect();
+        exact[y as usize] = 0.0;
+        exact[y as usize] = -exact.iter().sum::<f64>();
+        assert_unbiased(&mean, &se, &exact, "ar_softmax");
+    }
+
+    #[test]
+    fn ove_gradient_and_bound_estimates_are_unbiased() {
+        let k = 40;
+        let psi = random_psi(k, 1.5, 2);
+        let (w, b) = layer(&psi);
+        let ctx = Ctx::new(&w, Some(&b));
+        let (y, n) = (3u32, 4);
+        let est = Ove::new(n).unwrap();
+        let mut loss_sum = 0.0;
+        let (mean, se) = gradient_moments(k, 40_000, |r, g| loss_sum += est.estimate(&ctx, &[0.0], &[y], r, g).loss as f64);
+        let mut exact: Vec<f64> = psi.iter().map(|&p| sigmoid(p as f64 - psi[y as usize] as f64)).collect();
+        exact[y as usize] = 0.0;
+        exact[y as usize] = -exact.iter().sum::<f64>();
+        assert_unbiased(&mean, &se, &exact, "ove");
+        let bound = -ove_bound(&psi, y as usize);
+        assert!((loss_sum / 40_000.0 - bound).abs() < 0.02 * bound, "mean loss {} vs -L_OVE {bound}", loss_sum / 40_000.0);
+    }
+
+    /// Gumbel noise: the random-utility model it defines is the softmax.
+    struct Gumbel;
+    impl Noise for Gumbel {
+        const NAME: &'static str = "gumbel";
+        fn log_pdf(x: f64) -> f64 {
+            -x - (-x).exp()
+        }
+        fn dlog_pdf(x: f64) -> f64 {
+            -1.0 + (-x).exp()
+        }
+        fn log_cdf(x: f64) -> f64 {
+            -(-x).exp()
+        }
+        fn dlog_cdf(x: f64) -> f64 {
+            (-x).exp()
+        }
+        fn standard(_: &mut Rng) -> f64 {
+            unreachable!()
+        }
+        fn entropy(_: f64) -> f64 {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn utility_quadrature_recovers_the_softmax_and_normalises() {
+        let psi = random_psi(30, 2.0, 5);
+        for y in [0, 7, 29] {
+            let (q, e) = (utility_log_prob::<Gumbel>(&psi, y), log_softmax(&psi, y));
+            assert!((q - e).abs() < 1e-6, "Gumbel quadrature {q} vs softmax {e}");
+        }
+        let total_probit: f64 = (0..30).map(|y| utility_log_prob::<Gaussian>(&psi, y).exp()).sum();
+        let total_logistic: f64 = (0..30).map(|y| utility_log_prob::<Logistic>(&psi, y).exp()).sum();
+        assert!((total_probit - 1.0).abs() < 1e-6 && (total_logistic - 1.0).abs() < 1e-6, "{total_probit} {total_logistic}");
+    }
+
+    #[test]
+    fn noise_derivatives_match_finite_differences() {
+        fn check<N: Noise>() {
+            for x in [-45.0, -31.0, -29.0, -5.0, -0.3, 0.0, 0.7, 6.0, 35.0] {
+                let h = 1e-5;
+                let fd_pdf = (N::log_pdf(x + h) - N::log_pdf(x - h)) / (2.0 * h);
+                let fd_cdf = (N::log_cdf(x + h) - N::log_cdf(x - h)) / (2.0 * h);
+                assert!((fd_pdf - N::dlog_pdf(x)).abs() < 1e-4 * (1.0 + fd_pdf.abs()), "{} pdf at {x}", N::NAME);
+                assert!((fd_cdf - N::dlog_cdf(x)).abs() < 1e-3 * (1.0 + fd_cdf.abs()), "{} cdf at {x}: {fd_cdf} vs {}", N::NAME, N::dlog_cdf(x));
+                assert!(N::log_cdf(x) <= 0.0 && N::log_cdf(x).is_finite());
+            }
+        }
+        check::<Gaussian>();
+        check::<Logistic>();
+    }
+
+    /// ELBO of `q = mu + sigma u` for one sample with every class (quadrature over `u`).
+    fn utility_elbo<N: Noise>(psi: &[f32], y: usize, mu: f64, sigma: f64) -> f64 {
+        let h = 0.01;
+        let mut total = 0.0;
+        let mut mass = 0.0;
+        let mut u = -40.0;
+        while u <= 40.0 {
+            let w = N::log_pdf(u).exp() * h;
+            let eps = mu + sigma * u;
+            let mut f = N::log_pdf(eps);
+            for (k, &p) in psi.iter().enumerate() {
+                if k != y {
+                    f += N::log_cdf(eps + psi[y] as f64 - p as f64);
+                }
+            }
+            total += w * f;
+            mass += w;
+            u += h;
+        }
+        total / mass + N::entropy(sigma)
+    }
+
+    fn local_steps_tighten_the_bound<N: Noise>() {
+        // One sample, fixed scores: repeated visits (local steps only move q) must raise the
+        // exact ELBO from its initial value towards log p(y), staying below it.
+        let k = 50;
+        let psi = random_psi(k, 1.0, 9);
+        let y = 4usize;
+        let (w, b) = layer(&psi);
+        let ctx = Ctx::new(&w, Some(&b));
+        let est = ArUtility::<N>::new(10, 1).unwrap();
+        let phi = Matrix::zeros(1, 1);
+        let pos = [y as u32];
+        let refs: Vec<&[u32]> = vec![&pos];
+        let mut bg = BatchGrad::default();
+        let initial = utility_elbo::<N>(&psi, y, 0.0, 1.0);
+        for step in 0..20_000u64 {
+            est.estimate_batch(&ctx, Batch::new(&phi, &refs).with_ids(&[0]), &mut rng::seeded(step, 0), &mut bg);
+        }
+        let mut s = [0.0f32; 3];
+        est.sample_state().unwrap().read(0, &mut s);
+        let fitted = utility_elbo::<N>(&psi, y, s[0] as f64, softplus(s[1] as f64));
+        let log_p = utility_log_prob::<N>(&psi, y);
+        assert!(fitted <= log_p + 1e-6, "{}: ELBO {fitted} above log p {log_p}", N::NAME);
+        assert!(fitted > initial && log_p - fitted < 0.5 * (log_p - initial), "{}: initial {initial}, fitted {fitted}, log p {log_p}, state {s:?}", N::NAME);
+    }
+
+    fn local_gradient_is_unbiased<N: Noise>() {
+        // E_{u,S}[local gradient] = the gradient of the exact ELBO (all classes, quadrature) in
+        // (mu, gamma), by central differences; 5 standard errors over 200k draws.
+        let k = 20;
+        let psi = random_psi(k, 1.0, 12);
+        let (w, b) = layer(&psi);
+        let ctx = Ctx::new(&w, Some(&b));
+        let (y, n, mu, gamma) = (2u32, 4, 0.7, -0.2);
+        let c = class_scale(k, n);
+        let draws = 200_000;
+        let (mut s1, mut s2) = ([0.0f64; 2], [0.0f64; 2]);
+        let mut neg = Vec::new();
+        let mut r = rng::seeded(21, 0);
+        for _ in 0..draws {
+            draw_and_score(&ctx, &[0.0], y, n, &mut r, &mut neg);
+            let (gm, gg) = ArUtility::<N>::local_gradient(&neg, c, mu, gamma, N::standard(&mut r));
+            for (j, v) in [gm, gg].into_iter().enumerate() {
+                s1[j] += v;
+                s2[j] += v * v;
+            }
+        }
+        let h = 1e-3;
+        let elbo = |m: f64, g: f64| utility_elbo::<N>(&psi, y as usize, m, softplus(g));
+        let exact = [(elbo(mu + h, gamma) - elbo(mu - h, gamma)) / (2.0 * h), (elbo(mu, gamma + h) - elbo(mu, gamma - h)) / (2.0 * h)];
+        for j in 0..2 {
+            let mean = s1[j] / draws as f64;
+            let se = ((s2[j] / draws as f64 - mean * mean) / draws as f64).sqrt();
+            assert!((mean - exact[j]).abs() <= 5.0 * se + 1e-4, "{} parameter {j}: mean {mean} vs exact {} (se {se})", N::NAME, exact[j]);
+        }
+    }
+
+    #[test]
+    fn probit_local_gradient_is_unbiased() {
+        local_gradient_is_unbiased::<Gaussian>();
+    }
+
+    #[test]
+    fn logistic_local_gradient_is_unbiased() {
+        local_gradient_is_unbiased::<Logistic>();
+    }
+
+    #[test]
+    fn probit_local_steps_tighten_the_bound() {
+        local_steps_tighten_the_bound::<Gaussian>();
+    }
+
+    #[test]
+    fn logistic_local_steps_tighten_the_bound() {
+        local_steps_tighten_the_bound::<Logistic>();
+    }
+
+    #[test]
+    fn ar_softmax_local_steps_reach_eta_star() {
+        // Fixed scores, repeated visits: eta converges (Robbins-Monro) to eta*, where the
+        // bound is tight.
+        let k = 60;
+        let psi = random_psi(k, 1.0, 4);
+        let y = 10usize;
+        let (w, b) = layer(&psi);
+        let ctx = Ctx::new(&w, Some(&b));
+        let est = ArSoftmax::new(8, 1).unwrap();
+        let phi = Matrix::zeros(1, 1);
+        let pos = [y as u32];
+        let refs: Vec<&[u32]> = vec![&pos];
+        let mut bg = BatchGrad::default();
+        for step in 0..5_000u64 {
+            est.estimate_batch(&ctx, Batch::new(&phi, &refs).with_ids(&[0]), &mut rng::seeded(step, 1), &mut bg);
+        }
+        let mut s = [0.0f32; 2];
+        est.sample_state().unwrap().read(0, &mut s);
+        let log_p = log_softmax(&psi, y);
+        let gap = log_p - softmax_elbo(&psi, y, s[0] as f64);
+        assert!((0.0..0.01).contains(&gap), "bound gap {gap} after 5000 visits (log eta {})", s[0]);
+        assert_eq!(s[1], 5000.0, "visits are counted");
+    }
+}
