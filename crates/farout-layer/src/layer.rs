@@ -528,6 +528,7 @@ mod tests {
         for opt in [
             OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 },
             OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 },
+            OptimizerConfig::ArSchedule { rho0: 0.5, decay: 0.9, decay_every: 2000, grad_scale: 3.0, l2: 0.1 },
         ] {
             check_step(&Exact::new(Softmax), opt.clone());
             check_step(&Exact::new(SmoothedMargin::new(1.0).unwrap()), opt);

@@ -27,6 +27,42 @@ pub enum OptimizerConfig {
         #[serde(default)]
         l2: f32,
     },
+    /// The A&R paper's schedule (Kucukelbir et al. 2017, RMSProp/AdaGrad mix):
+    /// `g' = grad_scale g + l2 w; s = 0.1 g'^2 + 0.9 s` (`s = g'^2` on a coordinate's first
+    /// update); `w -= rho_t g' / (1 + sqrt(s))` with `rho_t = rho0 decay^floor(t / decay_every)
+    /// t^(-1/2)`, t = 1, 2, ... the step. A&R's code multiplies the batch-sum gradient by
+    /// `N/|B|` (a full-data estimate): set `grad_scale` to that to match it. Rows are updated
+    /// lazily: `s` of an untouched coordinate does not decay.
+    ArSchedule {
+        /// Base step size (the paper: 0.02).
+        #[serde(default = "default_rho0")]
+        rho0: f32,
+        /// Factor applied to `rho0` every `decay_every` steps (the paper: 0.9 every 2000).
+        #[serde(default = "default_ar_decay")]
+        decay: f32,
+        /// Steps between decays.
+        #[serde(default = "default_decay_every")]
+        decay_every: u64,
+        /// Multiplies the gradient before use.
+        #[serde(default = "default_one")]
+        grad_scale: f32,
+        /// L2 penalty (applied to touched rows).
+        #[serde(default)]
+        l2: f32,
+    },
+}
+
+fn default_rho0() -> f32 {
+    0.02
+}
+fn default_ar_decay() -> f32 {
+    0.9
+}
+fn default_decay_every() -> u64 {
+    2000
+}
+fn default_one() -> f32 {
+    1.0
 }
 
 fn default_decay() -> f32 {
@@ -58,6 +94,18 @@ impl OptimizerConfig {
                 }
                 (lr, l2)
             }
+            OptimizerConfig::ArSchedule { rho0, decay, decay_every, grad_scale, l2 } => {
+                if !(decay > 0.0 && decay <= 1.0) {
+                    return Err(crate::Error::Config { key, msg: format!("decay = {decay} must be in (0, 1]") });
+                }
+                if decay_every == 0 {
+                    return Err(crate::Error::Config { key, msg: "decay_every must be >= 1".into() });
+                }
+                if !(grad_scale > 0.0 && grad_scale.is_finite()) {
+                    return Err(crate::Error::Config { key, msg: format!("grad_scale = {grad_scale} must be > 0") });
+                }
+                (rho0, l2)
+            }
         };
         if !(lr > 0.0 && lr.is_finite()) {
             return Err(crate::Error::Config { key, msg: format!("lr = {lr} must be a finite number > 0") });
@@ -71,7 +119,7 @@ impl OptimizerConfig {
     /// The optimiser for a `rows x cols` table.
     pub fn build(&self, rows: usize, cols: usize) -> Optimizer {
         let accum = match self {
-            OptimizerConfig::Adagrad { .. } => vec![0.0; rows * cols],
+            OptimizerConfig::Adagrad { .. } | OptimizerConfig::ArSchedule { .. } => vec![0.0; rows * cols],
             OptimizerConfig::Sgd { .. } => Vec::new(),
         };
         Optimizer { config: self.clone(), accum, step: 0 }
@@ -119,18 +167,24 @@ impl Optimizer {
         match self.config {
             OptimizerConfig::Sgd { lr, decay, .. } => lr / (1.0 + decay * self.step as f32),
             OptimizerConfig::Adagrad { lr, .. } => lr,
+            OptimizerConfig::ArSchedule { rho0, decay, decay_every, .. } => {
+                let t = self.step + 1;
+                rho0 * decay.powi((t / decay_every).min(i32::MAX as u64) as i32) / (t as f32).sqrt()
+            }
         }
     }
 
     /// Whether updates need the per-element gradient (AdaGrad) rather than a fused product.
     pub fn is_adaptive(&self) -> bool {
-        matches!(self.config, OptimizerConfig::Adagrad { .. })
+        matches!(self.config, OptimizerConfig::Adagrad { .. } | OptimizerConfig::ArSchedule { .. })
     }
 
     /// The L2 penalty.
     pub fn l2(&self) -> f32 {
         match self.config {
-            OptimizerConfig::Sgd { l2, .. } | OptimizerConfig::Adagrad { l2, .. } => l2,
+            OptimizerConfig::Sgd { l2, .. }
+            | OptimizerConfig::Adagrad { l2, .. }
+            | OptimizerConfig::ArSchedule { l2, .. } => l2,
         }
     }
 
@@ -140,6 +194,7 @@ impl Optimizer {
         match self.config {
             OptimizerConfig::Sgd { l2, .. } => UpdateRule::Sgd { lr: self.lr(), l2 },
             OptimizerConfig::Adagrad { lr, eps, l2 } => UpdateRule::Adagrad { lr, eps, l2 },
+            OptimizerConfig::ArSchedule { grad_scale, l2, .. } => UpdateRule::ArSchedule { lr: self.lr(), scale: grad_scale, l2 },
         }
     }
 
@@ -173,6 +228,15 @@ pub enum UpdateRule {
         /// L2 penalty.
         l2: f32,
     },
+    /// `g = scale g + l2 w; s = 0.1 g^2 + 0.9 s (s = g^2 at first); w -= lr g / (1 + sqrt(s))`.
+    ArSchedule {
+        /// `rho_t` of this step.
+        lr: f32,
+        /// Gradient multiplier.
+        scale: f32,
+        /// L2 penalty.
+        l2: f32,
+    },
 }
 
 impl UpdateRule {
@@ -191,6 +255,14 @@ impl UpdateRule {
                     let g = g + l2 * *w;
                     *a += g * g;
                     *w -= lr * g / (a.sqrt() + eps);
+                }
+            }
+            UpdateRule::ArSchedule { lr, scale, l2 } => {
+                debug_assert_eq!(acc.len(), row.len());
+                for ((w, s), g) in row.iter_mut().zip(acc.iter_mut()).zip(grad) {
+                    let g = scale * g + l2 * *w;
+                    *s = if *s == 0.0 { g * g } else { 0.1 * g * g + 0.9 * *s };
+                    *w -= lr * g / (1.0 + s.sqrt());
                 }
             }
         }
@@ -226,6 +298,22 @@ mod tests {
         rule.apply(&mut row, o.accum_row(0, 2), &[2.0, -0.1]);
         // First AdaGrad step moves each coordinate by lr * sign(g).
         assert!((row[0] - 0.5).abs() < 1e-6 && (row[1] - 1.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn ar_schedule_follows_the_papers_formula() {
+        let cfg = OptimizerConfig::ArSchedule { rho0: 0.02, decay: 0.9, decay_every: 2, grad_scale: 10.0, l2: 0.0 };
+        let mut o = cfg.build(1, 1);
+        let mut w = [0.0f32];
+        // t = 1: s = (10*0.5)^2 = 25, rho = 0.02; step = 0.02 * 5 / (1 + 5).
+        o.rule().apply(&mut w, o.accum_row(0, 1), &[0.5]);
+        assert!((w[0] + 0.02 * 5.0 / 6.0).abs() < 1e-7, "{}", w[0]);
+        o.advance();
+        // t = 2: rho = 0.02 * 0.9 / sqrt(2); s = 0.1 * 1 + 0.9 * 25 = 22.6.
+        let before = w[0];
+        o.rule().apply(&mut w, o.accum_row(0, 1), &[0.1]);
+        let expect = 0.02 * 0.9 / 2f32.sqrt() * 1.0 / (1.0 + 22.6f32.sqrt());
+        assert!((before - w[0] - expect).abs() < 1e-7, "{} vs {expect}", before - w[0]);
     }
 
     #[test]
