@@ -2,6 +2,7 @@
 
 mod bench;
 mod datagen;
+mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -79,6 +80,11 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+    /// Reproduce a paper's experiment; prints one JSON object.
+    Repro {
+        #[command(subcommand)]
+        command: repro::ReproCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -155,6 +161,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command)?,
+        Command::Repro { command } => repro::run(command)?,
     }
     Ok(())
 }

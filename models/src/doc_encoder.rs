@@ -106,6 +106,12 @@ impl DocEncoder {
         let hidden_opt = match config.optimizer {
             OptimizerConfig::Sgd { .. } => SgdConfig::new().init(),
             OptimizerConfig::Adagrad { eps, .. } => AdaGradConfig::new().with_epsilon(eps).init(),
+            OptimizerConfig::ArSchedule { .. } => {
+                return Err(Error::Config {
+                    key: "model.optimizer.kind",
+                    msg: "`ar_schedule` is an output-layer schedule; the encoder takes `sgd` or `adagrad`".into(),
+                });
+            }
         };
         Ok(Self {
             config: config.clone(),

@@ -246,3 +246,56 @@ fn ldgs_trains_with_block_indexes() {
     assert!(!bad.status.success());
     assert!(crate::stderr(&bad).contains("output.blocks"), "{}", crate::stderr(&bad));
 }
+
+/// A&R keeps per-sample variational state: a resumed run restores it from the checkpoint and
+/// ends exactly where an uninterrupted run does (a lost eta would change every later step).
+#[test]
+fn ar_softmax_resume_restores_per_sample_state() {
+    let run = |dir: &std::path::Path, extra: &[&str]| {
+        let q = quiet_in(dir);
+        let args: Vec<&str> = ["train", "configs/face-synthetic-ar-softmax.toml", "--set", "output.n_samples=20"]
+            .into_iter()
+            .chain(TINY_FACE)
+            .chain(extra.iter().copied())
+            .chain(q.iter().map(String::as_str))
+            .collect();
+        farout(&args)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(dir.path(), &["--set", "train.epochs=1"]));
+    assert!(dir.path().join("ckpt/estimator_state.bin").exists(), "the state is checkpointed");
+    let two = summary(&run(dir.path(), &["--resume"]));
+    let fresh = tempfile::tempdir().unwrap();
+    let direct = summary(&run(fresh.path(), &[]));
+    assert_eq!(two["estimator"], "ar_softmax");
+    let (a, b) = (two["metrics"]["loss"].as_f64().unwrap(), direct["metrics"]["loss"].as_f64().unwrap());
+    assert!((a - b).abs() < 1e-9, "resumed test loss {a} vs uninterrupted {b}");
+}
+
+/// Every sampling estimator learns the small face task from its config (K = 200, 20
+/// negatives): test accuracy far above chance (0.005). Measured: sampled softmax 0.982,
+/// negative sampling 0.975, OVE 0.929, A&R softmax 0.974, probit 0.881, logistic 0.904.
+#[test]
+fn sampling_estimators_learn_the_small_face_task() {
+    for (name, floor) in [
+        ("sampled-softmax", 0.85),
+        ("negative-sampling", 0.85),
+        ("ove", 0.85),
+        ("ar-softmax", 0.85),
+        ("ar-probit", 0.85),
+        ("ar-logistic", 0.85),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let q = quiet_in(dir.path());
+        let config = format!("configs/face-synthetic-{name}.toml");
+        let args: Vec<&str> = ["train", config.as_str(), "--set", "output.n_samples=20"]
+            .into_iter()
+            .chain(TINY_FACE)
+            .chain(q.iter().map(String::as_str))
+            .collect();
+        let s = summary(&farout(&args));
+        let acc = s["metrics"]["accuracy"].as_f64().unwrap();
+        assert!(acc >= floor, "{name}: accuracy {acc} < {floor}");
+        assert!(s["classes_scored_per_sample"].as_f64().unwrap() <= 21.0 + 1e-9, "{name}: {s}");
+    }
+}

@@ -112,3 +112,12 @@ fn divergence_stops_with_a_message() {
         &["training diverged at step", "no checkpoint had been written yet"],
     );
 }
+
+#[test]
+fn single_label_estimator_on_multi_label_data_names_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let mut args = vec!["train", "configs/bibtex-ove.toml", "--set", "data.first_label=false"];
+    args.extend(q.iter().map(String::as_str));
+    fails_with(&args, &["ove", "data.first_label = true"]);
+}

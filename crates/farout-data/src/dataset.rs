@@ -106,6 +106,20 @@ impl LabelSets {
         self.indptr.push(self.labels.len());
     }
 
+    /// Keeps only each sample's first label (samples without labels stay without).
+    pub fn keep_first(&mut self) {
+        let mut out = LabelSets::new(self.n_labels);
+        for i in 0..self.len() {
+            out.push(&self.get(i)[..self.get(i).len().min(1)]);
+        }
+        *self = out;
+    }
+
+    /// Largest number of labels of one sample, with the first such sample.
+    pub fn most_labels(&self) -> (usize, usize) {
+        (0..self.len()).map(|i| (self.get(i).len(), i)).fold((0, 0), |a, b| if b.0 > a.0 { b } else { a })
+    }
+
     /// Whether every sample has exactly one label.
     pub fn is_multiclass(&self) -> bool {
         self.indptr.windows(2).all(|w| w[1] - w[0] == 1)

@@ -22,14 +22,7 @@ use farout_core::{ClassId, Rng, SparseGrad};
 
 /// Draws `n` negatives uniformly from `{0..k} \ {y}` (with replacement) and scores them:
 /// `neg` gets `(class, psi_class - psi_y)`. Returns `psi_y`.
-fn draw_and_score(
-    ctx: &Ctx,
-    phi: &[f32],
-    y: ClassId,
-    n: usize,
-    rng: &mut Rng,
-    neg: &mut Vec<(ClassId, f64)>,
-) -> f64 {
+fn draw_and_score(ctx: &Ctx, phi: &[f32], y: ClassId, n: usize, rng: &mut Rng, neg: &mut Vec<(ClassId, f64)>) -> f64 {
     let k = ctx.n_classes() as ClassId;
     let psi_y = ctx.score(y as usize, phi) as f64;
     neg.clear();
@@ -165,7 +158,11 @@ impl ArSoftmax {
             draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
             // log eta_hat = log(1 + c sum_j exp(d_j)) = softplus(log c + logsumexp(d)).
             let m = neg.iter().map(|&(_, d)| d).fold(f64::NEG_INFINITY, f64::max);
-            let lse = if neg.is_empty() { f64::NEG_INFINITY } else { m + neg.iter().map(|&(_, d)| (d - m).exp()).sum::<f64>().ln() };
+            let lse = if neg.is_empty() {
+                f64::NEG_INFINITY
+            } else {
+                m + neg.iter().map(|&(_, d)| (d - m).exp()).sum::<f64>().ln()
+            };
             let log_eta_hat = softplus(c.ln() + lse);
             let next = prev.map(|(log_eta, visits)| {
                 let t = visits + 1.0;
@@ -218,7 +215,8 @@ impl GradientEstimator for ArSoftmax {
             let id = batch.ids[i];
             let mut s = [0.0f32; 2];
             self.state.read(id, &mut s);
-            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], Some((s[0] as f64, s[1] as f64)), &mut r, g);
+            let (e, next) =
+                self.step(ctx, batch.phi.row(i), batch.positives[i], Some((s[0] as f64, s[1] as f64)), &mut r, g);
             if let Some((log_eta, visits)) = next {
                 self.state.write(id, &[log_eta as f32, visits as f32]);
             }
@@ -341,7 +339,11 @@ impl<N: Noise> ArUtility<N> {
     /// `n_samples` negatives per sample, state for `n_data` training samples.
     pub fn new(n_samples: usize, n_data: usize) -> Result<Self, crate::Error> {
         check_samples(n_samples)?;
-        Ok(Self { n_samples, state: SampleState::new(n_data, &[0.0, GAMMA_UNIT, 0.0]), noise: std::marker::PhantomData })
+        Ok(Self {
+            n_samples,
+            state: SampleState::new(n_data, &[0.0, GAMMA_UNIT, 0.0]),
+            noise: std::marker::PhantomData,
+        })
     }
 
     /// The reparameterised one-sample gradient of the ELBO in `(mu, gamma)` (eq. 9) for the
@@ -512,7 +514,13 @@ mod tests {
     /// Every coordinate within 5 standard errors (plus 1e-9 for coordinates without variance).
     fn assert_unbiased(mean: &[f64], se: &[f64], exact: &[f64], what: &str) {
         for j in 0..exact.len() {
-            assert!((mean[j] - exact[j]).abs() <= 5.0 * se[j] + 1e-9, "{what}, class {j}: mean {} vs exact {} (se {})", mean[j], exact[j], se[j]);
+            assert!(
+                (mean[j] - exact[j]).abs() <= 5.0 * se[j] + 1e-9,
+                "{what}, class {j}: mean {} vs exact {} (se {})",
+                mean[j],
+                exact[j],
+                se[j]
+            );
         }
     }
 
@@ -521,7 +529,13 @@ mod tests {
         for seed in 0..20 {
             let psi = random_psi(200, 2.0, seed);
             let y = (seed as usize * 13) % 200;
-            let eta_star: f64 = 1.0 + psi.iter().enumerate().filter(|&(k, _)| k != y).map(|(_, &p)| (p as f64 - psi[y] as f64).exp()).sum::<f64>();
+            let eta_star: f64 = 1.0
+                + psi
+                    .iter()
+                    .enumerate()
+                    .filter(|&(k, _)| k != y)
+                    .map(|(_, &p)| (p as f64 - psi[y] as f64).exp())
+                    .sum::<f64>();
             let log_p = log_softmax(&psi, y);
             assert!((softmax_elbo(&psi, y, eta_star.ln()) - log_p).abs() < 1e-9 * log_p.abs().max(1.0));
             for f in [0.3f64, 0.9, 1.1, 4.0] {
@@ -561,13 +575,18 @@ mod tests {
         let (y, n) = (3u32, 4);
         let est = Ove::new(n).unwrap();
         let mut loss_sum = 0.0;
-        let (mean, se) = gradient_moments(k, 40_000, |r, g| loss_sum += est.estimate(&ctx, &[0.0], &[y], r, g).loss as f64);
+        let (mean, se) =
+            gradient_moments(k, 40_000, |r, g| loss_sum += est.estimate(&ctx, &[0.0], &[y], r, g).loss as f64);
         let mut exact: Vec<f64> = psi.iter().map(|&p| sigmoid(p as f64 - psi[y as usize] as f64)).collect();
         exact[y as usize] = 0.0;
         exact[y as usize] = -exact.iter().sum::<f64>();
         assert_unbiased(&mean, &se, &exact, "ove");
         let bound = -ove_bound(&psi, y as usize);
-        assert!((loss_sum / 40_000.0 - bound).abs() < 0.02 * bound, "mean loss {} vs -L_OVE {bound}", loss_sum / 40_000.0);
+        assert!(
+            (loss_sum / 40_000.0 - bound).abs() < 0.02 * bound,
+            "mean loss {} vs -L_OVE {bound}",
+            loss_sum / 40_000.0
+        );
     }
 
     /// Gumbel noise: the random-utility model it defines is the softmax.
@@ -603,7 +622,10 @@ mod tests {
         }
         let total_probit: f64 = (0..30).map(|y| utility_log_prob::<Gaussian>(&psi, y).exp()).sum();
         let total_logistic: f64 = (0..30).map(|y| utility_log_prob::<Logistic>(&psi, y).exp()).sum();
-        assert!((total_probit - 1.0).abs() < 1e-6 && (total_logistic - 1.0).abs() < 1e-6, "{total_probit} {total_logistic}");
+        assert!(
+            (total_probit - 1.0).abs() < 1e-6 && (total_logistic - 1.0).abs() < 1e-6,
+            "{total_probit} {total_logistic}"
+        );
     }
 
     #[test]
@@ -614,7 +636,12 @@ mod tests {
                 let fd_pdf = (N::log_pdf(x + h) - N::log_pdf(x - h)) / (2.0 * h);
                 let fd_cdf = (N::log_cdf(x + h) - N::log_cdf(x - h)) / (2.0 * h);
                 assert!((fd_pdf - N::dlog_pdf(x)).abs() < 1e-4 * (1.0 + fd_pdf.abs()), "{} pdf at {x}", N::NAME);
-                assert!((fd_cdf - N::dlog_cdf(x)).abs() < 1e-3 * (1.0 + fd_cdf.abs()), "{} cdf at {x}: {fd_cdf} vs {}", N::NAME, N::dlog_cdf(x));
+                assert!(
+                    (fd_cdf - N::dlog_cdf(x)).abs() < 1e-3 * (1.0 + fd_cdf.abs()),
+                    "{} cdf at {x}: {fd_cdf} vs {}",
+                    N::NAME,
+                    N::dlog_cdf(x)
+                );
                 assert!(N::log_cdf(x) <= 0.0 && N::log_cdf(x).is_finite());
             }
         }
@@ -666,7 +693,11 @@ mod tests {
         let fitted = utility_elbo::<N>(&psi, y, s[0] as f64, softplus(s[1] as f64));
         let log_p = utility_log_prob::<N>(&psi, y);
         assert!(fitted <= log_p + 1e-6, "{}: ELBO {fitted} above log p {log_p}", N::NAME);
-        assert!(fitted > initial && log_p - fitted < 0.5 * (log_p - initial), "{}: initial {initial}, fitted {fitted}, log p {log_p}, state {s:?}", N::NAME);
+        assert!(
+            fitted > initial && log_p - fitted < 0.5 * (log_p - initial),
+            "{}: initial {initial}, fitted {fitted}, log p {log_p}, state {s:?}",
+            N::NAME
+        );
     }
 
     fn local_gradient_is_unbiased<N: Noise>() {
@@ -692,11 +723,19 @@ mod tests {
         }
         let h = 1e-3;
         let elbo = |m: f64, g: f64| utility_elbo::<N>(&psi, y as usize, m, softplus(g));
-        let exact = [(elbo(mu + h, gamma) - elbo(mu - h, gamma)) / (2.0 * h), (elbo(mu, gamma + h) - elbo(mu, gamma - h)) / (2.0 * h)];
+        let exact = [
+            (elbo(mu + h, gamma) - elbo(mu - h, gamma)) / (2.0 * h),
+            (elbo(mu, gamma + h) - elbo(mu, gamma - h)) / (2.0 * h),
+        ];
         for j in 0..2 {
             let mean = s1[j] / draws as f64;
             let se = ((s2[j] / draws as f64 - mean * mean) / draws as f64).sqrt();
-            assert!((mean - exact[j]).abs() <= 5.0 * se + 1e-4, "{} parameter {j}: mean {mean} vs exact {} (se {se})", N::NAME, exact[j]);
+            assert!(
+                (mean - exact[j]).abs() <= 5.0 * se + 1e-4,
+                "{} parameter {j}: mean {mean} vs exact {} (se {se})",
+                N::NAME,
+                exact[j]
+            );
         }
     }
 

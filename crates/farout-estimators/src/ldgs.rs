@@ -321,8 +321,7 @@ mod tests {
         let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
         let est = Ldgs::new(margin, 60, 3, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
         let mut bg = crate::BatchGrad::default();
-        let total =
-            est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
+        let total = est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
         let mut loss = 0.0;
         for i in 0..phi.rows() {
             let (g, e) = estimate(&est, &ctx, phi.row(i), &labels[i..=i]);

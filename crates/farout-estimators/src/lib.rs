@@ -32,7 +32,10 @@ mod proposal;
 mod sampled;
 mod state;
 
-pub use ar::{ArLogistic, ArProbit, ArSoftmax, ArUtility, Gaussian, Logistic, Noise, Ove, ove_bound, softmax_elbo, utility_log_prob};
+pub use ar::{
+    ArLogistic, ArProbit, ArSoftmax, ArUtility, Gaussian, Logistic, Noise, Ove, ove_bound, softmax_elbo,
+    utility_log_prob,
+};
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::Exact;

@@ -212,8 +212,7 @@ mod tests {
             let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
             let est = Mips::new(margin, 40).unwrap();
             let mut bg = crate::BatchGrad::default();
-            let total =
-                est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
+            let total = est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
             let mut loss = 0.0;
             let mut cost = 0;
             for i in 0..20 {

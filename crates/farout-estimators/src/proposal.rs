@@ -142,7 +142,8 @@ mod tests {
     fn draws_follow_the_stated_probabilities() {
         let k = 20;
         let n = 300_000;
-        for p in [Proposal::Uniform, Proposal::LogUniform, Proposal::unigram(&(1..=20).collect::<Vec<_>>(), 0.75).unwrap()]
+        for p in
+            [Proposal::Uniform, Proposal::LogUniform, Proposal::unigram(&(1..=20).collect::<Vec<_>>(), 0.75).unwrap()]
         {
             let f = frequencies(&p, k, n);
             let total: f64 = (0..k).map(|c| p.prob(k, c as ClassId)).sum();

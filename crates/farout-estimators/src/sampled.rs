@@ -50,7 +50,12 @@ impl SampledSoftmax {
 
     /// Full control: the proposal, `unique` (draw until `n_samples` distinct classes) and
     /// `shared` (one draw per batch).
-    pub fn with_proposal(n_samples: usize, proposal: Proposal, unique: bool, shared: bool) -> Result<Self, crate::Error> {
+    pub fn with_proposal(
+        n_samples: usize,
+        proposal: Proposal,
+        unique: bool,
+        shared: bool,
+    ) -> Result<Self, crate::Error> {
         if n_samples == 0 {
             return Err(crate::Error::Param {
                 name: "n_samples",

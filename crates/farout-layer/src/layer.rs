@@ -564,12 +564,10 @@ mod tests {
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &OptimizerConfig::default(), 0).unwrap();
         let est = Exact::new(Softmax);
-        let first =
-            layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
+        let first = layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
         let mut last = first;
         for _ in 0..50 {
-            last =
-                layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
+            last = layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).loss_sum;
         }
         assert!(last < 0.2 * first, "{first} -> {last}");
     }

@@ -194,7 +194,9 @@ impl Optimizer {
         match self.config {
             OptimizerConfig::Sgd { l2, .. } => UpdateRule::Sgd { lr: self.lr(), l2 },
             OptimizerConfig::Adagrad { lr, eps, l2 } => UpdateRule::Adagrad { lr, eps, l2 },
-            OptimizerConfig::ArSchedule { grad_scale, l2, .. } => UpdateRule::ArSchedule { lr: self.lr(), scale: grad_scale, l2 },
+            OptimizerConfig::ArSchedule { grad_scale, l2, .. } => {
+                UpdateRule::ArSchedule { lr: self.lr(), scale: grad_scale, l2 }
+            }
         }
     }
 

@@ -89,6 +89,9 @@ pub struct DataConfig {
     pub normalize: bool,
     /// Weight sparse features by their smoothed inverse document frequency in the training set.
     pub tfidf: bool,
+    /// Keep only each sample's first label (the A&R paper's treatment of multi-label data for
+    /// the single-label estimators `ove` and `ar_*`).
+    pub first_label: bool,
     /// Generator parameters for `synthetic_face`.
     pub face: FaceSpec,
     /// Generator parameters for `synthetic_xmc`.
@@ -107,6 +110,7 @@ impl Default for DataConfig {
             dim: 0,
             normalize: true,
             tfidf: false,
+            first_label: false,
             face: FaceSpec::default(),
             xmc: XmcSpec::default(),
         }
@@ -148,8 +152,19 @@ pub enum EstimatorKind {
     /// Algorithm 1 of the LDGS paper: top-`output.top` retrieval from `[index]`, `output.loss`
     /// on the retrieved scores.
     Mips,
-    /// Sampled softmax with `output.n_samples` uniform negatives.
+    /// Sampled softmax with `output.n_samples` negatives from `output.proposal`.
     SampledSoftmax,
+    /// word2vec's negative sampling with `output.n_samples` negatives from `output.proposal`
+    /// (unigram^0.75 by default).
+    NegativeSampling,
+    /// One-vs-Each bound (Titsias 2016) with `output.n_samples` uniform negatives.
+    Ove,
+    /// Softmax A&R (Algorithm 1 of the A&R paper) with `output.n_samples` uniform negatives.
+    ArSoftmax,
+    /// Multinomial probit A&R (Algorithm 2).
+    ArProbit,
+    /// Multinomial logistic A&R (Algorithm 2).
+    ArLogistic,
     /// Algorithm 2 of the LDGS paper: `output.blocks` block indexes, top-`output.top` per block,
     /// `output.iterations` steps of greedy message passing, `output.loss`.
     Ldgs,
@@ -181,9 +196,28 @@ pub struct OutputConfig {
     /// Classes retrieved per sample by `mips` (0 = K / 100, the paper's batch query).
     #[serde(default)]
     pub top: usize,
-    /// Negatives per sample of `sampled_softmax` and of the warm-up (0 = K / 100).
+    /// Negatives per sample of the sampling estimators and of the warm-up (0 = use
+    /// `sample_fraction`).
     #[serde(default)]
     pub n_samples: usize,
+    /// Negatives as a fraction of K when `n_samples = 0` (the LDGS paper: 0.01).
+    #[serde(default = "default_sample_fraction")]
+    pub sample_fraction: f64,
+    /// Proposal of `sampled_softmax` and `negative_sampling`: `uniform`, `log_uniform` (ids
+    /// sorted by frequency) or `unigram` (training label counts ^ `output.alpha`). Default:
+    /// uniform for sampled softmax, unigram for negative sampling.
+    #[serde(default)]
+    pub proposal: Option<ProposalKind>,
+    /// Exponent of the unigram proposal (word2vec: 0.75).
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Sampled softmax: draw until `n` distinct classes (TensorFlow's `unique = true`) rather
+    /// than `n` draws with replacement.
+    #[serde(default = "default_true")]
+    pub unique: bool,
+    /// Sampled softmax: one set of negatives for the whole batch instead of one per sample.
+    #[serde(default)]
+    pub shared_samples: bool,
     /// LDGS: number of column blocks B (0 = D/16 when 16 divides D, else D/25 when 25 does,
     /// else 1: the paper's B = 8 for D = 128 and B = 4 for D = 100).
     #[serde(default)]
@@ -215,6 +249,30 @@ pub struct OutputConfig {
 
 fn default_mu() -> f32 {
     1.0
+}
+
+fn default_sample_fraction() -> f64 {
+    0.01
+}
+
+fn default_alpha() -> f64 {
+    0.75
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Proposal distribution of the sampling estimators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposalKind {
+    /// Every class equally likely.
+    Uniform,
+    /// Zipf over ids (ids sorted by decreasing frequency).
+    LogUniform,
+    /// Training label counts raised to `output.alpha`.
+    Unigram,
 }
 
 fn default_iterations() -> usize {
@@ -425,6 +483,18 @@ impl Config {
         if self.output.estimator == EstimatorKind::Mips && self.output.layer.bias {
             return Err(
                 "key `output.layer.bias` must be false with output.estimator = \"mips\" (the index searches W alone)"
+                    .into(),
+            );
+        }
+        if !(self.output.sample_fraction > 0.0 && self.output.sample_fraction <= 1.0) {
+            return Err(format!("key `output.sample_fraction` = {} must be in (0, 1]", self.output.sample_fraction));
+        }
+        if !(self.output.alpha >= 0.0 && self.output.alpha.is_finite()) {
+            return Err(format!("key `output.alpha` = {} must be a finite number >= 0", self.output.alpha));
+        }
+        if let OptimizerConfig::ArSchedule { .. } = self.model.doc_encoder.optimizer {
+            return Err(
+                "key `model.doc_encoder.optimizer.kind`: \"ar_schedule\" is for the output layer; use \"sgd\" or \"adagrad\""
                     .into(),
             );
         }

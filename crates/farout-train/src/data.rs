@@ -52,6 +52,12 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     if let Some(t) = &mut test {
         prepare(config, idf.as_deref(), t);
     }
+    if d.first_label {
+        train.labels.keep_first();
+        if let Some(t) = &mut test {
+            t.labels.keep_first();
+        }
+    }
     let mut n_classes = train.labels.n_labels.max(test.as_ref().map_or(0, |t| t.labels.n_labels));
     if d.n_classes > 0 {
         let largest = train.labels.labels.iter().chain(test.iter().flat_map(|t| t.labels.labels.iter())).max();

@@ -4,6 +4,7 @@
 //! - [`data`]: loading the train/test sets a config names (or generating them);
 //! - [`metrics`]: P@k, nDCG@k, accuracy and the exact test loss;
 //! - [`log`]: TensorBoard and JSONL scalar sinks behind one small trait;
+//! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
 //! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
 //!   resume, divergence detection and the final summary.
 #![warn(missing_docs)]
@@ -12,6 +13,7 @@ pub mod config;
 pub mod data;
 pub mod log;
 pub mod metrics;
+pub mod repro;
 mod trainer;
 
 pub use config::Config;

@@ -1,5 +1,5 @@
 use crate::Error;
-use crate::config::{Config, EncoderKind, EstimatorKind, LossKind};
+use crate::config::{Config, EncoderKind, EstimatorKind, LossKind, ProposalKind};
 use crate::data::{self, TaskData};
 use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
 use crate::metrics::RankingSums;
@@ -7,7 +7,8 @@ use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
 use farout_estimators::{
-    Batch, Exact, GradientEstimator, Ldgs, Loss, LossScratch, Mips, SampledSoftmax, SmoothedMargin, Softmax,
+    ArLogistic, ArProbit, ArSoftmax, Batch, Exact, GradientEstimator, Ldgs, Loss, LossScratch, Mips, NegativeSampling,
+    Ove, Proposal, SampledSoftmax, SmoothedMargin, Softmax,
 };
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
@@ -126,14 +127,47 @@ impl Trainer {
         let mut layer =
             OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
         let out = &config.output;
-        let percent = (data.n_classes / 100).max(1); // the paper's K/100 default for Q and samples
-        let n_samples = if out.n_samples > 0 { out.n_samples } else { percent };
+        let percent = (data.n_classes / 100).max(1); // the paper's K/100 default for Q
+        let n_samples = if out.n_samples > 0 {
+            out.n_samples
+        } else {
+            ((out.sample_fraction * data.n_classes as f64) as usize).max(1)
+        };
+        let n_data = data.train.len();
+        let proposal = |default: ProposalKind| -> Result<Proposal, Error> {
+            Ok(match out.proposal.unwrap_or(default) {
+                ProposalKind::Uniform => Proposal::Uniform,
+                ProposalKind::LogUniform => Proposal::LogUniform,
+                ProposalKind::Unigram => {
+                    let mut counts = vec![0u64; data.n_classes];
+                    data.train.labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
+                    Proposal::unigram(&counts, out.alpha).ok_or_else(|| {
+                        Error::Mismatch("key `output.proposal` = \"unigram\": the training set has no labels".into())
+                    })?
+                }
+            })
+        };
         let margin = SmoothedMargin::new(out.mu)?;
         let search_top = if out.top > 0 { out.top } else { percent };
         let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) = match (out.estimator, out.loss) {
             (EstimatorKind::Softmax, _) => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
             (EstimatorKind::Margin, _) => (Box::new(Exact::new(margin)), Box::new(margin)),
-            (EstimatorKind::SampledSoftmax, _) => (Box::new(SampledSoftmax::new(n_samples)?), Box::new(Softmax)),
+            (EstimatorKind::SampledSoftmax, _) => (
+                Box::new(SampledSoftmax::with_proposal(
+                    n_samples,
+                    proposal(ProposalKind::Uniform)?,
+                    out.unique,
+                    out.shared_samples,
+                )?),
+                Box::new(Softmax),
+            ),
+            (EstimatorKind::NegativeSampling, _) => {
+                (Box::new(NegativeSampling::new(n_samples, proposal(ProposalKind::Unigram)?)?), Box::new(Softmax))
+            }
+            (EstimatorKind::Ove, _) => (Box::new(Ove::new(n_samples)?), Box::new(Softmax)),
+            (EstimatorKind::ArSoftmax, _) => (Box::new(ArSoftmax::new(n_samples, n_data)?), Box::new(Softmax)),
+            (EstimatorKind::ArProbit, _) => (Box::new(ArProbit::new(n_samples, n_data)?), Box::new(Softmax)),
+            (EstimatorKind::ArLogistic, _) => (Box::new(ArLogistic::new(n_samples, n_data)?), Box::new(Softmax)),
             (EstimatorKind::Mips, LossKind::Softmax) => (Box::new(Mips::new(Softmax, search_top)?), Box::new(Softmax)),
             (EstimatorKind::Mips, LossKind::Margin) => (Box::new(Mips::new(margin, search_top)?), Box::new(margin)),
             (EstimatorKind::Ldgs, LossKind::Softmax) => (
@@ -145,6 +179,16 @@ impl Trainer {
                 Box::new(margin),
             ),
         };
+        if estimator.single_label() {
+            let (most, i) = data.train.labels.most_labels();
+            if most > 1 {
+                return Err(Error::Mismatch(format!(
+                    "output.estimator = \"{}\" models one label per sample, but training sample {i} has {most} \
+                     labels; set data.first_label = true (the A&R paper keeps each sample's first label)",
+                    estimator.name()
+                )));
+            }
+        }
         if estimator.uses_index() {
             let blocks = if out.estimator != EstimatorKind::Ldgs {
                 1
@@ -326,7 +370,7 @@ impl Trainer {
                         gather_rows_into(m, idx, &mut phi);
                         self.layer.train_step(
                             estimator,
-                            Batch::new(&phi, &positives),
+                            Batch::new(&phi, &positives).with_ids(idx),
                             &mut step_rng,
                             false,
                         )
@@ -337,7 +381,7 @@ impl Trainer {
                         let phi = bridge::to_matrix(fwd.phi.clone());
                         let stats = self.layer.train_step(
                             estimator,
-                            Batch::new(&phi, &positives),
+                            Batch::new(&phi, &positives).with_ids(idx),
                             &mut step_rng,
                             true,
                         );
@@ -511,6 +555,13 @@ impl Trainer {
         if let Encoder::Doc(e) = &self.encoder {
             e.save(&tmp)?;
         }
+        if let Some(st) = self.estimator.sample_state() {
+            let path = tmp.join("estimator_state.bin");
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&path).map_err(io(&path))?);
+            farout_core::binio::write_f32s(&mut f, &st.to_vec())
+                .and_then(|_| std::io::Write::flush(&mut f))
+                .map_err(io(&path))?;
+        }
         let state = serde_json::to_string_pretty(&self.state).expect("state serialises");
         std::fs::write(tmp.join("state.json"), state).map_err(io(&tmp))?;
         if dir.exists() {
@@ -538,6 +589,25 @@ impl Trainer {
         self.layer.load(&dir.join("layer.bin"))?;
         if let Encoder::Doc(e) = &mut self.encoder {
             e.load(dir)?;
+        }
+        if let Some(st) = self.estimator.sample_state() {
+            // Per-sample variational state (A&R): its length is fixed by the training set.
+            let path = dir.join("estimator_state.bin");
+            let bad = |msg: String| Error::Io { path: path.clone(), source: std::io::Error::other(msg) };
+            let bytes = std::fs::read(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+            let n = st.len() * st.width();
+            if bytes.len() != 4 * n {
+                return Err(bad(format!(
+                    "holds {} bytes; this run's estimator keeps {} values ({} samples x {})",
+                    bytes.len(),
+                    n,
+                    st.len(),
+                    st.width()
+                )));
+            }
+            let mut vals = vec![0.0f32; n];
+            farout_core::binio::read_f32s(&mut &bytes[..], &mut vals).map_err(|e| bad(e.to_string()))?;
+            st.restore(&vals);
         }
         self.state = state;
         Ok(())
