@@ -65,6 +65,54 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// One estimator against the exact gradient of its loss on a trained-looking layer (W = the
+    /// generator's class means, scaled and perturbed; phi = its samples): time per sample of
+    /// both (same run), cosine of dL/dphi, relative loss error, classes scored.
+    Estimator {
+        #[arg(long, value_enum)]
+        estimator: EstimatorName,
+        /// Loss of `mips` / `ldgs` (the sampling estimators approximate the softmax).
+        #[arg(long, value_enum, default_value_t = LossName::Margin)]
+        loss: LossName,
+        #[arg(long, default_value_t = 100_000)]
+        k: usize,
+        #[arg(long, default_value_t = 128)]
+        d: usize,
+        /// Classes retrieved per block (mips, ldgs) or negatives drawn (sampling); 0 = K / 100.
+        #[arg(long, default_value_t = 0)]
+        top: usize,
+        /// LDGS blocks B (0 = D / 16).
+        #[arg(long, default_value_t = 0)]
+        blocks: usize,
+        /// LDGS message-passing iterations T.
+        #[arg(long, default_value_t = 1)]
+        iterations: usize,
+        /// Index of mips / ldgs.
+        #[arg(long, value_enum, default_value_t = BenchIndex::Spherical)]
+        index: BenchIndex,
+        /// Samples measured (in batches of 256).
+        #[arg(long, default_value_t = 1024)]
+        samples: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Estimators `bench estimator` measures against the exact gradient of their loss.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EstimatorName {
+    Mips,
+    Ldgs,
+    SampledSoftmax,
+    NegativeSampling,
+    Ove,
+    ArSoftmax,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LossName {
+    Margin,
+    Softmax,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -263,6 +311,171 @@ pub fn bench_search(
     }))
 }
 
+/// Scale of the trained-looking layer: scores `s <W_k, phi>` spread over about `2 s` between a
+/// sample's own class and unrelated ones (a trained face layer's logits span ~10-20).
+const TRAINED_SCALE: f32 = 8.0;
+
+#[allow(clippy::too_many_arguments)]
+pub fn bench_estimator(
+    which: EstimatorName,
+    loss: LossName,
+    k: usize,
+    d: usize,
+    top: usize,
+    blocks: usize,
+    iterations: usize,
+    index: BenchIndex,
+    samples: usize,
+) -> Result<serde_json::Value> {
+    use farout_estimators::{
+        ActiveSet, ArSoftmax, BatchGrad, Ctx, Ldgs, Loss, Mips, NegativeSampling, Ove, Proposal, Rescore,
+        SampledSoftmax,
+    };
+    use farout_search::{BlockIndex, IndexConfig, IndexKind};
+    if k < 2 || d == 0 || samples == 0 {
+        bail!("--k must be >= 2, --d and --samples > 0");
+    }
+    let top = if top > 0 { top } else { (k / 100).max(1) };
+    let blocks = match which {
+        EstimatorName::Ldgs if blocks > 0 => blocks,
+        EstimatorName::Ldgs => (d / 16).max(1),
+        _ => 1,
+    };
+    if !d.is_multiple_of(blocks) {
+        bail!("--blocks {blocks} must divide --d {d}");
+    }
+    let spec = FaceSpec {
+        n_classes: k,
+        n_samples: k.max(samples) + samples,
+        dim: d,
+        mean_clusters: (k / 100).max(1),
+        cluster_spread: 0.7,
+        ..FaceSpec::default()
+    };
+    let g = FaceGenerator::new(spec)?;
+    // Trained-looking W: the class means, perturbed (5% noise) and scaled.
+    let mut w = g.means().clone();
+    let mut r = rng::seeded(17, 0);
+    for x in w.as_mut_slice() {
+        *x = TRAINED_SCALE * (*x + 0.05 * rng::normal(&mut r) / (d as f32).sqrt());
+    }
+    let phi = g.features(Split::Train, 0..samples);
+    let labels: Vec<[u32; 1]> = g.labels(Split::Train)[..samples].iter().map(|&c| [c]).collect();
+    let refs: Vec<&[u32]> = labels.iter().map(|p| &p[..]).collect();
+    let margin = SmoothedMargin::new(1.0)?;
+    let uses_margin = loss == LossName::Margin && matches!(which, EstimatorName::Mips | EstimatorName::Ldgs);
+    let (reference, loss_fn): (Box<dyn GradientEstimator>, Box<dyn Loss>) = if uses_margin {
+        (Box::new(Exact::new(margin)), Box::new(margin))
+    } else {
+        (Box::new(Exact::new(Softmax)), Box::new(Softmax))
+    };
+    let est: Box<dyn GradientEstimator> = match (which, uses_margin) {
+        (EstimatorName::Mips, true) => Box::new(Mips::new(margin, top)?),
+        (EstimatorName::Mips, false) => Box::new(Mips::new(Softmax, top)?),
+        (EstimatorName::Ldgs, true) => {
+            Box::new(Ldgs::new(margin, top, iterations, ActiveSet::Union, 1e-3, Rescore::Exact)?)
+        }
+        (EstimatorName::Ldgs, false) => {
+            Box::new(Ldgs::new(Softmax, top, iterations, ActiveSet::Union, 1e-3, Rescore::Exact)?)
+        }
+        (EstimatorName::SampledSoftmax, _) => Box::new(SampledSoftmax::new(top)?),
+        (EstimatorName::NegativeSampling, _) => Box::new(NegativeSampling::new(top, Proposal::Uniform)?),
+        (EstimatorName::Ove, _) => Box::new(Ove::new(top)?),
+        (EstimatorName::ArSoftmax, _) => Box::new(ArSoftmax::new(top, samples)?),
+    };
+    let t = Instant::now();
+    let block_index = est.uses_index().then(|| {
+        let kind = match index {
+            BenchIndex::Exact => IndexKind::Exact,
+            BenchIndex::Spherical => IndexKind::Spherical,
+        };
+        BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, blocks)
+    });
+    let build_seconds = t.elapsed().as_secs_f64();
+    let ctx = Ctx { w: &w, bias: None, index: block_index.as_ref() };
+    let ids: Vec<usize> = (0..samples).collect();
+    // Runs an estimator over all samples in batches of 256; returns dL/dphi per sample (timed
+    // apart: only the estimate is the estimator's cost), seconds and classes scored.
+    let run = |e: &dyn GradientEstimator| {
+        let mut dphi = Matrix::zeros(samples, d);
+        let mut scored = 0usize;
+        let mut seconds = 0.0;
+        let mut bg = BatchGrad::default();
+        for start in (0..samples).step_by(256) {
+            let end = (start + 256).min(samples);
+            let chunk = Matrix::from_vec(end - start, d, phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
+            let batch = Batch::new(&chunk, &refs[start..end]).with_ids(&ids[start..end]);
+            let t = Instant::now();
+            let tot = e.estimate_batch(&ctx, batch, &mut rng::seeded(5, start as u64), &mut bg);
+            seconds += t.elapsed().as_secs_f64();
+            scored += tot.classes_scored;
+            let out = &mut dphi.as_mut_slice()[start * d..end * d];
+            if bg.is_dense {
+                gemm::gemm(
+                    out,
+                    end - start,
+                    d,
+                    0.0,
+                    1.0,
+                    bg.dense.as_slice(),
+                    (end - start, k),
+                    gemm::Op::N,
+                    w.as_slice(),
+                    (k, d),
+                    gemm::Op::N,
+                );
+            } else {
+                for (i, row) in out.chunks_exact_mut(d).enumerate() {
+                    for (c, v) in bg.sparse[i].iter() {
+                        kernels::axpy(v, w.row(c as usize), row);
+                    }
+                }
+            }
+        }
+        (dphi, seconds, scored)
+    };
+    let (d_exact, exact_seconds, _) = run(reference.as_ref());
+    let (d_est, seconds, scored) = run(est.as_ref());
+    // Exact losses per sample, for the estimator's loss error (stateless estimates).
+    let mut z = vec![0.0f32; k];
+    let mut grad = vec![0.0f32; k];
+    let mut scratch = farout_estimators::LossScratch::default();
+    let (mut cos_sum, mut rel_sum) = (0.0f64, 0.0f64);
+    let mut est_grad = farout_core::SparseGrad::new();
+    for i in 0..samples {
+        let (a, b) = (d_est.row(i), d_exact.row(i));
+        let (na, nb) = (kernels::norm(a), kernels::norm(b));
+        cos_sum +=
+            if na == 0.0 && nb == 0.0 { 1.0 } else { (kernels::dot(a, b) / (na * nb).max(f32::MIN_POSITIVE)) as f64 };
+        kernels::gemv(w.as_slice(), phi.row(i), &mut z);
+        let exact_loss = loss_fn.value_and_grad(&z, refs[i], &mut grad, &mut scratch) as f64;
+        let e = est.estimate(&ctx, phi.row(i), refs[i], &mut rng::seeded(5, i as u64), &mut est_grad).loss as f64;
+        rel_sum += (e - exact_loss).abs() / exact_loss.abs().max(1e-12);
+    }
+    let n = samples as f64;
+    Ok(serde_json::json!({
+        "bench": "estimator",
+        "estimator": est.name(),
+        "loss": if uses_margin { "margin" } else { "softmax" },
+        "k": k,
+        "d": d,
+        "top": top,
+        "blocks": blocks,
+        "iterations": iterations,
+        "index": block_index.as_ref().map(|_| match index { BenchIndex::Exact => "exact", BenchIndex::Spherical => "spherical" }),
+        "samples": samples,
+        "threads": rayon::current_num_threads(),
+        "us_per_sample": seconds * 1e6 / n,
+        "exact_us_per_sample": exact_seconds * 1e6 / n,
+        "speedup": exact_seconds / seconds.max(1e-12),
+        "grad_cosine": cos_sum / n,
+        "loss_rel_error": rel_sum / n,
+        "classes_scored_per_sample": scored as f64 / n,
+        "index_build_seconds": build_seconds,
+        "index_bytes": block_index.as_ref().map_or(0, |b| b.memory_bytes()),
+    }))
+}
+
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
@@ -270,6 +483,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Search { index, k, d, top, queries, mean_clusters, centroids, candidate_factor, json: _ } => {
             println!("{}", bench_search(index, k, d, top, queries, mean_clusters, centroids, candidate_factor)?);
+        }
+        BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, json: _ } => {
+            println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples)?);
         }
     }
     Ok(())

@@ -55,6 +55,11 @@ impl AliasTable {
         self.keep.is_empty()
     }
 
+    /// Number of outcomes with a non-zero probability.
+    pub fn support(&self) -> usize {
+        self.probs.iter().filter(|&&p| p > 0.0).count()
+    }
+
     /// Probability of outcome `i`.
     #[inline]
     pub fn prob(&self, i: usize) -> f64 {

@@ -54,6 +54,14 @@ impl Proposal {
         }
     }
 
+    /// Number of classes the proposal can draw.
+    pub fn support(&self, k: usize) -> usize {
+        match self {
+            Proposal::Uniform | Proposal::LogUniform => k,
+            Proposal::Unigram(t) => t.support(),
+        }
+    }
+
     /// Checks that the proposal covers `k` classes.
     pub fn check(&self, k: usize) -> Result<(), crate::Error> {
         match self {
@@ -83,15 +91,18 @@ pub struct Draws {
 impl Draws {
     /// Draws `n` classes from `proposal` over `0..k`.
     ///
-    /// With `unique`, draws until `n` distinct classes (at most `k`) were seen, `T` tries in
-    /// all; a class's expected presence is then `1 - (1 - Q(c))^T` (TensorFlow's
+    /// With `unique`, draws until `n` distinct classes were seen, `T` tries in all (when `n`
+    /// covers every class the proposal can draw, takes them all with `E_c = 1`); a class's expected presence is then `1 - (1 - Q(c))^T` (TensorFlow's
     /// `unique=True` semantics). Otherwise `n` draws with replacement, repeats kept, and
     /// `E_c = n Q(c)`.
     pub fn sample(&mut self, proposal: &Proposal, k: usize, n: usize, unique: bool, rng: &mut Rng) {
         self.classes.clear();
         self.log_expected.clear();
-        if unique {
-            let n = n.min(k);
+        if unique && n >= proposal.support(k) {
+            // Every drawable class: present with certainty (E_c = 1, no correction).
+            self.tries = usize::MAX;
+            self.classes.extend((0..k as ClassId).filter(|&c| proposal.prob(k, c) > 0.0));
+        } else if unique {
             self.seen.clear();
             self.tries = 0;
             while self.classes.len() < n {
@@ -154,6 +165,16 @@ mod tests {
                 assert!((fc - q).abs() <= 5.0 * se, "{} class {c}: {fc} vs {q}", p.name());
             }
         }
+    }
+
+    #[test]
+    fn unique_draws_of_the_whole_support_take_every_drawable_class() {
+        // Two classes have zero count: drawing 5 distinct classes must stop at the 3 drawable.
+        let p = Proposal::unigram(&[4, 0, 1, 0, 9], 0.75).unwrap();
+        let mut d = Draws::default();
+        d.sample(&p, 5, 5, true, &mut seeded(1, 0));
+        assert_eq!(d.classes, vec![0, 2, 4]);
+        assert!(d.log_expected.iter().all(|&l| l == 0.0), "{:?}", d.log_expected);
     }
 
     #[test]
