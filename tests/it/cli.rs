@@ -188,6 +188,29 @@ fn bench_layer_prints_the_documented_fields() {
     }
 }
 
+fn bench_estimator(args: &[&str]) -> serde_json::Value {
+    let base = ["bench", "estimator", "--k", "2000", "--d", "32", "--samples", "300", "--json"];
+    let o = farout(&[&base[..], args].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `bench estimator` compares against the exact gradient honestly: LDGS retrieving every class
+/// from exact block indexes with enough message passing is the exact gradient (Theorem 1), and
+/// a small sample of sampled softmax is measurably not.
+#[test]
+fn bench_estimator_measures_the_distance_to_the_exact_gradient() {
+    let full = bench_estimator(&["--estimator", "ldgs", "--index", "exact", "--top", "2000", "--iterations", "30"]);
+    assert!(full["grad_cosine"].as_f64().unwrap() > 0.999, "{full}");
+    assert!(full["loss_rel_error"].as_f64().unwrap() < 1e-3, "{full}");
+    let small = bench_estimator(&["--estimator", "sampled-softmax", "--top", "10"]);
+    let cos = small["grad_cosine"].as_f64().unwrap();
+    assert!(cos > 0.0 && cos < 0.99, "{small}");
+    for key in ["us_per_sample", "exact_us_per_sample", "classes_scored_per_sample"] {
+        assert!(small[key].as_f64().unwrap() > 0.0, "{key} in {small}");
+    }
+}
+
 /// A small clustered face task for the search estimators: 500 classes in 25 mean clusters,
 /// 32-d, top 25 retrieved, 20 warm-up steps of sampled softmax, 3 epochs.
 const SMALL_CLUSTERED_SEARCH: [&str; 11] = [
