@@ -59,9 +59,15 @@ pub enum BenchCommand {
         /// Spherical: centroids (0 = sqrt(K)).
         #[arg(long, default_value_t = 0)]
         centroids: usize,
-        /// Spherical: candidates scored per result.
+        /// Spherical, SimpleLSH: candidates scored per result.
         #[arg(long)]
         candidate_factor: Option<f32>,
+        /// SimpleLSH: hash tables.
+        #[arg(long, default_value_t = 16)]
+        tables: usize,
+        /// SimpleLSH: bits per table (0 = log2(K / 32)).
+        #[arg(long, default_value_t = 0)]
+        bits: usize,
         #[arg(long)]
         json: bool,
     },
@@ -119,6 +125,7 @@ pub enum LossName {
 pub enum BenchIndex {
     Exact,
     Spherical,
+    SimpleLsh,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -237,6 +244,8 @@ pub fn bench_search(
     mean_clusters: usize,
     centroids: usize,
     candidate_factor: Option<f32>,
+    tables: usize,
+    bits: usize,
 ) -> Result<serde_json::Value> {
     if k == 0 || d == 0 || top == 0 || queries == 0 {
         bail!("--k, --d, --top and --queries must be > 0");
@@ -262,6 +271,13 @@ pub fn bench_search(
                 c.candidate_factor = f;
             }
             Box::new(SphericalIndex::build(Rows::all(&w), &c))
+        }
+        BenchIndex::SimpleLsh => {
+            let mut c = farout_search::SimpleLshConfig { tables, bits, ..Default::default() };
+            if let Some(f) = candidate_factor {
+                c.candidate_factor = f;
+            }
+            Box::new(farout_search::SimpleLshIndex::build(Rows::all(&w), &c))
         }
     };
     let build_seconds = t.elapsed().as_secs_f64();
@@ -388,6 +404,7 @@ pub fn bench_estimator(
         let kind = match index {
             BenchIndex::Exact => IndexKind::Exact,
             BenchIndex::Spherical => IndexKind::Spherical,
+            BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
         };
         BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, blocks)
     });
@@ -463,7 +480,7 @@ pub fn bench_estimator(
         "top": top,
         "blocks": blocks,
         "iterations": iterations,
-        "index": block_index.as_ref().map(|_| match index { BenchIndex::Exact => "exact", BenchIndex::Spherical => "spherical" }),
+        "index": block_index.as_ref().map(|b| b.block(0).name()),
         "samples": samples,
         "threads": rayon::current_num_threads(),
         "us_per_sample": seconds * 1e6 / n,
@@ -484,8 +501,23 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             println!("{}", bench_layer(estimator, k, d, batch, steps)?);
         }
-        BenchCommand::Search { index, k, d, top, queries, mean_clusters, centroids, candidate_factor, json: _ } => {
-            println!("{}", bench_search(index, k, d, top, queries, mean_clusters, centroids, candidate_factor)?);
+        BenchCommand::Search {
+            index,
+            k,
+            d,
+            top,
+            queries,
+            mean_clusters,
+            centroids,
+            candidate_factor,
+            tables,
+            bits,
+            json: _,
+        } => {
+            println!(
+                "{}",
+                bench_search(index, k, d, top, queries, mean_clusters, centroids, candidate_factor, tables, bits)?
+            );
         }
         BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, json: _ } => {
             println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples)?);

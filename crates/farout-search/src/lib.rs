@@ -8,15 +8,19 @@
 //! - [`SphericalIndex`]: spherical clustering (Auvolat et al. 2015, the LDGS paper's choice):
 //!   MIPS reduced to cosine search by norm augmentation, spherical k-means with about sqrt(K)
 //!   centroids, probing the best centroids until enough candidates, exact rescoring.
+//! - [`SimpleLshIndex`]: SimpleLSH (Neyshabur & Srebro 2015), sign random projections of the
+//!   norm-augmented rows in several tables, multi-probe, exact rescoring.
 //!
 //! [`recall`] measures an index against brute force.
 #![warn(missing_docs)]
 
 mod exact;
+mod lsh;
 mod spherical;
 
 pub use exact::ExactIndex;
 pub use farout_core::topk::Hit;
+pub use lsh::{SimpleLshConfig, SimpleLshIndex};
 pub use spherical::{SphericalConfig, SphericalIndex};
 
 use farout_core::{ClassId, Matrix};
@@ -147,6 +151,8 @@ pub enum IndexKind {
     /// Spherical clustering.
     #[default]
     Spherical,
+    /// SimpleLSH: sign random projections of the norm-augmented rows, multi-probe.
+    SimpleLsh,
 }
 
 /// An index choice with its parameters.
@@ -157,6 +163,8 @@ pub struct IndexConfig {
     pub kind: IndexKind,
     /// Parameters of `spherical`.
     pub spherical: SphericalConfig,
+    /// Parameters of `simple_lsh`.
+    pub simple_lsh: SimpleLshConfig,
 }
 
 impl IndexConfig {
@@ -165,6 +173,7 @@ impl IndexConfig {
         match self.kind {
             IndexKind::Exact => Box::new(ExactIndex::new()),
             IndexKind::Spherical => Box::new(SphericalIndex::build(w, &self.spherical)),
+            IndexKind::SimpleLsh => Box::new(SimpleLshIndex::build(w, &self.simple_lsh)),
         }
     }
 }

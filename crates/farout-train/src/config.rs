@@ -366,10 +366,12 @@ impl Default for CheckpointConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IndexSection {
-    /// `spherical` (the LDGS paper's) or `exact` (brute force, for reference).
+    /// `spherical` (the LDGS paper's), `simple_lsh` or `exact` (brute force, for reference).
     pub kind: farout_search::IndexKind,
     /// Parameters of `spherical`.
     pub spherical: farout_search::SphericalConfig,
+    /// Parameters of `simple_lsh`.
+    pub simple_lsh: farout_search::SimpleLshConfig,
     /// Re-index the rows that changed every this many steps.
     pub refresh_every: u64,
     /// Log the index's recall against brute force every this many steps (0 = never); stale
@@ -384,6 +386,7 @@ impl Default for IndexSection {
         Self {
             kind: farout_search::IndexKind::Spherical,
             spherical: farout_search::SphericalConfig::default(),
+            simple_lsh: farout_search::SimpleLshConfig::default(),
             refresh_every: 1,
             recall_every: 200,
             recall_queries: 32,
@@ -394,7 +397,11 @@ impl Default for IndexSection {
 impl IndexSection {
     /// The index part of the section.
     pub fn index_config(&self) -> farout_search::IndexConfig {
-        farout_search::IndexConfig { kind: self.kind, spherical: self.spherical.clone() }
+        farout_search::IndexConfig {
+            kind: self.kind,
+            spherical: self.spherical.clone(),
+            simple_lsh: self.simple_lsh.clone(),
+        }
     }
 }
 
