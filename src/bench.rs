@@ -68,6 +68,9 @@ pub enum BenchCommand {
         /// SimpleLSH: bits per table (0 = log2(K / 32)).
         #[arg(long, default_value_t = 0)]
         bits: usize,
+        /// HNSW: search list size (raised to the candidates fetched).
+        #[arg(long, default_value_t = 64)]
+        ef_search: usize,
         #[arg(long)]
         json: bool,
     },
@@ -126,6 +129,7 @@ pub enum BenchIndex {
     Exact,
     Spherical,
     SimpleLsh,
+    Hnsw,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -242,10 +246,9 @@ pub fn bench_search(
     top: usize,
     queries: usize,
     mean_clusters: usize,
-    centroids: usize,
-    candidate_factor: Option<f32>,
-    tables: usize,
-    bits: usize,
+    (centroids, candidate_factor): (usize, Option<f32>),
+    (tables, bits): (usize, usize),
+    ef_search: usize,
 ) -> Result<serde_json::Value> {
     if k == 0 || d == 0 || top == 0 || queries == 0 {
         bail!("--k, --d, --top and --queries must be > 0");
@@ -278,6 +281,13 @@ pub fn bench_search(
                 c.candidate_factor = f;
             }
             Box::new(farout_search::SimpleLshIndex::build(Rows::all(&w), &c))
+        }
+        BenchIndex::Hnsw => {
+            let mut c = farout_search::HnswConfig { ef_search, ..Default::default() };
+            if let Some(f) = candidate_factor {
+                c.candidate_factor = f;
+            }
+            Box::new(farout_search::HnswIndex::build(Rows::all(&w), &c))
         }
     };
     let build_seconds = t.elapsed().as_secs_f64();
@@ -405,6 +415,7 @@ pub fn bench_estimator(
             BenchIndex::Exact => IndexKind::Exact,
             BenchIndex::Spherical => IndexKind::Spherical,
             BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
+            BenchIndex::Hnsw => IndexKind::Hnsw,
         };
         BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, blocks)
     });
@@ -512,12 +523,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             candidate_factor,
             tables,
             bits,
+            ef_search,
             json: _,
         } => {
-            println!(
-                "{}",
-                bench_search(index, k, d, top, queries, mean_clusters, centroids, candidate_factor, tables, bits)?
-            );
+            let (index_params, lsh) = ((centroids, candidate_factor), (tables, bits));
+            println!("{}", bench_search(index, k, d, top, queries, mean_clusters, index_params, lsh, ef_search)?);
         }
         BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, json: _ } => {
             println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples)?);

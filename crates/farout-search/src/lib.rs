@@ -10,16 +10,20 @@
 //!   centroids, probing the best centroids until enough candidates, exact rescoring.
 //! - [`SimpleLshIndex`]: SimpleLSH (Neyshabur & Srebro 2015), sign random projections of the
 //!   norm-augmented rows in several tables, multi-probe, exact rescoring.
+//! - [`HnswIndex`]: an HNSW graph (`hnsw_rs`) over the norm-augmented rows with `DistL2`,
+//!   versioned re-insertion on refresh, exact rescoring.
 //!
 //! [`recall`] measures an index against brute force.
 #![warn(missing_docs)]
 
 mod exact;
+mod hnsw;
 mod lsh;
 mod spherical;
 
 pub use exact::ExactIndex;
 pub use farout_core::topk::Hit;
+pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
 pub use spherical::{SphericalConfig, SphericalIndex};
 
@@ -153,6 +157,8 @@ pub enum IndexKind {
     Spherical,
     /// SimpleLSH: sign random projections of the norm-augmented rows, multi-probe.
     SimpleLsh,
+    /// HNSW graph (hnsw_rs) over the norm-augmented rows.
+    Hnsw,
 }
 
 /// An index choice with its parameters.
@@ -165,6 +171,8 @@ pub struct IndexConfig {
     pub spherical: SphericalConfig,
     /// Parameters of `simple_lsh`.
     pub simple_lsh: SimpleLshConfig,
+    /// Parameters of `hnsw`.
+    pub hnsw: HnswConfig,
 }
 
 impl IndexConfig {
@@ -174,6 +182,7 @@ impl IndexConfig {
             IndexKind::Exact => Box::new(ExactIndex::new()),
             IndexKind::Spherical => Box::new(SphericalIndex::build(w, &self.spherical)),
             IndexKind::SimpleLsh => Box::new(SimpleLshIndex::build(w, &self.simple_lsh)),
+            IndexKind::Hnsw => Box::new(HnswIndex::build(w, &self.hnsw)),
         }
     }
 }

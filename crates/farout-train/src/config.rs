@@ -366,12 +366,14 @@ impl Default for CheckpointConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IndexSection {
-    /// `spherical` (the LDGS paper's), `simple_lsh` or `exact` (brute force, for reference).
+    /// `spherical` (the LDGS paper's), `hnsw`, `simple_lsh` or `exact` (brute force, for reference).
     pub kind: farout_search::IndexKind,
     /// Parameters of `spherical`.
     pub spherical: farout_search::SphericalConfig,
     /// Parameters of `simple_lsh`.
     pub simple_lsh: farout_search::SimpleLshConfig,
+    /// Parameters of `hnsw`.
+    pub hnsw: farout_search::HnswConfig,
     /// Re-index the rows that changed every this many steps.
     pub refresh_every: u64,
     /// Log the index's recall against brute force every this many steps (0 = never); stale
@@ -387,6 +389,7 @@ impl Default for IndexSection {
             kind: farout_search::IndexKind::Spherical,
             spherical: farout_search::SphericalConfig::default(),
             simple_lsh: farout_search::SimpleLshConfig::default(),
+            hnsw: farout_search::HnswConfig::default(),
             refresh_every: 1,
             recall_every: 200,
             recall_queries: 32,
@@ -401,6 +404,7 @@ impl IndexSection {
             kind: self.kind,
             spherical: self.spherical.clone(),
             simple_lsh: self.simple_lsh.clone(),
+            hnsw: self.hnsw.clone(),
         }
     }
 }
