@@ -470,14 +470,14 @@ pub fn bench_estimator(
     let mut scratch = farout_estimators::LossScratch::default();
     let (mut cos_sum, mut abs_err, mut abs_loss) = (0.0f64, 0.0f64, 0.0f64);
     let mut est_grad = farout_core::SparseGrad::new();
-    for i in 0..samples {
+    for (i, positives) in refs.iter().enumerate() {
         let (a, b) = (d_est.row(i), d_exact.row(i));
         let (na, nb) = (kernels::norm(a), kernels::norm(b));
         cos_sum +=
             if na == 0.0 && nb == 0.0 { 1.0 } else { (kernels::dot(a, b) / (na * nb).max(f32::MIN_POSITIVE)) as f64 };
         kernels::gemv(w.as_slice(), phi.row(i), &mut z);
-        let exact_loss = loss_fn.value_and_grad(&z, refs[i], &mut grad, &mut scratch) as f64;
-        let e = est.estimate(&ctx, phi.row(i), refs[i], &mut rng::seeded(5, i as u64), &mut est_grad).loss as f64;
+        let exact_loss = loss_fn.value_and_grad(&z, positives, &mut grad, &mut scratch) as f64;
+        let e = est.estimate(&ctx, phi.row(i), positives, &mut rng::seeded(5, i as u64), &mut est_grad).loss as f64;
         abs_err += (e - exact_loss).abs();
         abs_loss += exact_loss.abs();
     }

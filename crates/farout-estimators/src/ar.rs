@@ -361,12 +361,14 @@ impl<N: Noise> ArUtility<N> {
         ctx: &Ctx,
         phi: &[f32],
         positives: &[ClassId],
-        prev: [f64; 3],
-        local: bool,
+        prev: Option<[f64; 3]>,
         rng: &mut Rng,
         out: &mut SparseGrad,
     ) -> (Estimate, [f64; 3]) {
         out.clear();
+        // Without state: the initial q and no local step.
+        let local = prev.is_some();
+        let prev = prev.unwrap_or([0.0, GAMMA_UNIT as f64, 0.0]);
         let Some(&y) = positives.first() else { return (Estimate::default(), prev) };
         let c = class_scale(ctx.n_classes(), self.n_samples);
         NEG.with_borrow_mut(|neg| {
@@ -404,7 +406,7 @@ impl<N: Noise> GradientEstimator for ArUtility<N> {
 
     /// Without a sample id: the initial `q` (`mu = 0, sigma = 1`), no local step.
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
-        self.step(ctx, phi, positives, [0.0, GAMMA_UNIT as f64, 0.0], false, rng, out).0
+        self.step(ctx, phi, positives, None, rng, out).0
     }
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
@@ -416,7 +418,7 @@ impl<N: Noise> GradientEstimator for ArUtility<N> {
             let mut s = [0.0f32; 3];
             self.state.read(id, &mut s);
             let prev = s.map(|v| v as f64);
-            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], prev, true, &mut r, g);
+            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), &mut r, g);
             self.state.write(id, &next.map(|v| v as f32));
             e
         })

@@ -301,7 +301,7 @@ mod tests {
         for i in 0..20 {
             let cost = index.search(Rows::all(&w), q.row(i), 50, &mut out);
             assert_eq!(out.len(), 50);
-            assert!(cost >= 250 && cost < 5_000, "cost {cost}");
+            assert!((250..5_000).contains(&cost), "cost {cost}");
             assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
             for h in &out {
                 assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
