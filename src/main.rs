@@ -1,6 +1,7 @@
 //! The `farout` command line: parses arguments, wires the library crates, prints results.
 
 mod bench;
+mod compare;
 mod datagen;
 mod repro;
 
@@ -80,6 +81,8 @@ enum Command {
         #[command(subcommand)]
         command: bench::BenchCommand,
     },
+    /// Train several configs that differ in their estimator; write a table and curves.
+    Compare(compare::CompareArgs),
     /// Reproduce a paper's experiment; prints one JSON object.
     Repro {
         #[command(subcommand)]
@@ -162,6 +165,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command)?,
         Command::Repro { command } => repro::run(command)?,
+        Command::Compare(args) => compare::run(args)?,
     }
     Ok(())
 }

@@ -322,3 +322,56 @@ fn sampling_estimators_learn_the_small_face_task() {
         assert!(s["classes_scored_per_sample"].as_f64().unwrap() <= 21.0 + 1e-9, "{name}: {s}");
     }
 }
+
+/// Two tiny configs differing in their estimator, written next to the output.
+fn tiny_compare_configs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let base = std::fs::read_to_string("configs/quickstart.toml").unwrap();
+    let (a, b) = (dir.join("exact.toml"), dir.join("sampled.toml"));
+    std::fs::write(&a, &base).unwrap();
+    std::fs::write(&b, base.replace("estimator = \"softmax\"", "estimator = \"sampled_softmax\"\nn_samples = 20"))
+        .unwrap();
+    (a, b)
+}
+
+#[test]
+fn compare_writes_a_table_and_curves() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = tiny_compare_configs(dir.path());
+    let out = dir.path().join("out");
+    let tiny = ["data.face.n_classes=200", "data.face.n_samples=3000", "train.epochs=2", "eval.every_steps=10"];
+    let mut args = vec!["compare", a.to_str().unwrap(), b.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    for s in &tiny {
+        args.extend(["--set", s]);
+    }
+    args.extend(["--set", "log.progress=false"]);
+    let o = farout(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and one row per config: {csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    for col in [
+        "method",
+        "estimator",
+        "p@1",
+        "train_seconds",
+        "seconds_per_epoch",
+        "samples_per_s",
+        "classes_scored_per_sample",
+        "peak_rss_mb",
+        "grad_cosine",
+    ] {
+        assert!(header.contains(&col), "column {col} in {header:?}");
+    }
+    assert!(lines[1].starts_with("exact,softmax,1,") && lines[2].starts_with("sampled,sampled_softmax,1,"), "{csv}");
+    let png = std::fs::read(out.join("curves.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG file");
+    assert!(png.len() > 20_000, "a non-trivial image: {} bytes", png.len());
+    assert!(std::fs::read_to_string(out.join("curves.svg")).unwrap().contains("<svg"));
+    assert!(out.join("runs/exact@0/metrics.jsonl").exists());
+    // Redrawing from the directory gives the same table without training.
+    let again = dir.path().join("again");
+    let o = farout(&["compare", "--from", out.to_str().unwrap(), "--out", again.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(again.join("summary.csv")).unwrap(), csv);
+}

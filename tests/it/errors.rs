@@ -121,3 +121,18 @@ fn single_label_estimator_on_multi_label_data_names_the_fix() {
     args.extend(q.iter().map(String::as_str));
     fails_with(&args, &["ove", "data.first_label = true"]);
 }
+
+#[test]
+fn compare_rejects_mismatched_unreadable_and_missing_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string("configs/quickstart.toml").unwrap();
+    let a = dir.path().join("a.toml");
+    let b = dir.path().join("b.toml");
+    std::fs::write(&a, &base).unwrap();
+    std::fs::write(&b, base.replace("seed = 1", "seed = 7")).unwrap();
+    let out = dir.path().join("out");
+    let (a, b, o) = (a.to_str().unwrap(), b.to_str().unwrap(), out.to_str().unwrap());
+    fails_with(&["compare", a, b, "--out", o], &["differ in `seed`", "--allow-diff"]);
+    fails_with(&["compare", a, "/nonexistent/c.toml", "--out", o], &["/nonexistent/c.toml"]);
+    fails_with(&["compare", "--out", o], &["nothing to compare"]);
+}

@@ -295,13 +295,16 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Stop after this many steps (0 = no limit).
     pub max_steps: u64,
+    /// Stop once this many seconds were spent training (0 = no limit; evaluation excluded):
+    /// equal wall-clock budgets for comparisons.
+    pub max_seconds: f64,
     /// Log training scalars every this many steps.
     pub log_every: u64,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self { epochs: 5, batch_size: 64, threads: 0, max_steps: 0, log_every: 50 }
+        Self { epochs: 5, batch_size: 64, threads: 0, max_steps: 0, max_seconds: 0.0, log_every: 50 }
     }
 }
 
@@ -484,6 +487,9 @@ impl Config {
         }
         if self.eval.batch_size == 0 {
             return Err("key `eval.batch_size` must be > 0".into());
+        }
+        if !(self.train.max_seconds >= 0.0) {
+            return Err(format!("key `train.max_seconds` = {} must be >= 0", self.train.max_seconds));
         }
         if self.train.log_every == 0 {
             return Err("key `train.log_every` must be > 0".into());

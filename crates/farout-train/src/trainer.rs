@@ -39,7 +39,7 @@ struct State {
 }
 
 /// What a run reports at the end (printed as JSON, written by `--summary`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
     /// Run name.
     pub name: String,
@@ -62,6 +62,11 @@ pub struct Summary {
     pub classes_scored_per_sample: f64,
     /// Last measured recall of the MIPS index against brute force (search estimators).
     pub index_recall: Option<f64>,
+    /// Gradient fidelity of an approximate estimator at the end of training: mean cosine
+    /// between its `dL/dphi` and the exact one (softmax, or margin for search estimators with
+    /// `output.loss = "margin"`) over up to 256 training samples. `None` for exact estimators.
+    #[serde(default)]
+    pub grad_cosine: Option<f64>,
     /// Bytes of the output layer (W, bias, optimiser state) and the encoder.
     pub model_bytes: usize,
     /// Peak resident memory of the process (Linux), bytes.
@@ -352,11 +357,12 @@ impl Trainer {
         let mut last_eval = String::new();
         let mut last_logged_step = self.state.step;
         let mut phi = Matrix::default();
-        while self.state.step < total && self.state.epoch < cfg.train.epochs {
+        let out_of_time = |s: &State| cfg.train.max_seconds > 0.0 && s.train_seconds >= cfg.train.max_seconds;
+        while self.state.step < total && self.state.epoch < cfg.train.epochs && !out_of_time(&self.state) {
             let mut order: Vec<usize> = (0..n).collect();
             rng::shuffle(&mut order, &mut rng::seeded(cfg.seed, 1 + self.state.epoch as u64));
             let batches: Vec<&[usize]> = order.chunks(bs).collect();
-            while self.state.batch_in_epoch < batches.len() && self.state.step < total {
+            while self.state.batch_in_epoch < batches.len() && self.state.step < total && !out_of_time(&self.state) {
                 let idx = batches[self.state.batch_in_epoch];
                 let t0 = Instant::now();
                 let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
@@ -482,7 +488,63 @@ impl Trainer {
         if cfg.checkpoint.enabled {
             self.save_checkpoint()?;
         }
-        Ok(self.summary(metrics))
+        let mut summary = self.summary(metrics);
+        summary.grad_cosine = self.gradient_fidelity(256);
+        Ok(summary)
+    }
+
+    /// Mean cosine between the estimator's `dL/dphi` and the exact one on the first `n`
+    /// training samples (see [`Summary::grad_cosine`]); `None` for exact estimators. Runs the
+    /// estimator's batch path (A&R state is read and updated as in a training step).
+    pub fn gradient_fidelity(&self, n: usize) -> Option<f64> {
+        if self.estimator.uses_index() && self.layer.index().is_none() {
+            return None; // search never started (warm-up covered the run)
+        }
+        let out = &self.config.output;
+        let margin_ref =
+            matches!(out.estimator, EstimatorKind::Mips | EstimatorKind::Ldgs) && out.loss == LossKind::Margin;
+        let reference: Box<dyn GradientEstimator> = match out.estimator {
+            EstimatorKind::Softmax | EstimatorKind::Margin => return None,
+            _ if margin_ref => Box::new(Exact::new(SmoothedMargin::new(out.mu).ok()?)),
+            _ => Box::new(Exact::new(Softmax)),
+        };
+        let idx: Vec<usize> = (0..n.min(self.data.train.len())).collect();
+        let phi = self.features(&self.data.train, &idx);
+        let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+        let batch = Batch::new(&phi, &positives).with_ids(&idx);
+        let ctx = self.layer.ctx();
+        let dphi = |e: &dyn GradientEstimator| {
+            let mut g = farout_estimators::BatchGrad::default();
+            e.estimate_batch(&ctx, batch, &mut rng::seeded(self.config.seed, 0xF1D), &mut g);
+            let d = ctx.w.cols();
+            let mut out = vec![0.0f32; idx.len() * d];
+            for (i, row) in out.chunks_exact_mut(d).enumerate() {
+                if g.is_dense {
+                    for (c, &v) in g.dense.row(i).iter().enumerate() {
+                        if v != 0.0 {
+                            farout_core::kernels::axpy(v, ctx.w.row(c), row);
+                        }
+                    }
+                } else {
+                    for (c, v) in g.sparse[i].iter() {
+                        farout_core::kernels::axpy(v, ctx.w.row(c as usize), row);
+                    }
+                }
+            }
+            out
+        };
+        let (a, b) = (dphi(self.estimator.as_ref()), dphi(reference.as_ref()));
+        let d = ctx.w.cols();
+        let cos: f64 = a
+            .chunks_exact(d)
+            .zip(b.chunks_exact(d))
+            .map(|(x, y)| {
+                use farout_core::kernels::{dot, norm};
+                let (nx, ny) = (norm(x), norm(y));
+                if nx == 0.0 && ny == 0.0 { 1.0 } else { (dot(x, y) / (nx * ny).max(f32::MIN_POSITIVE)) as f64 }
+            })
+            .sum();
+        Some(cos / idx.len().max(1) as f64)
     }
 
     /// Periodic evaluation on the test set (if any); returns the progress-bar suffix.
@@ -502,7 +564,10 @@ impl Trainer {
         sinks: &mut Sinks,
     ) -> Result<BTreeMap<String, f64>, Error> {
         let m = self.evaluate(ds, max_samples);
-        let values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
+        let mut values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
+        // Epochs completed, fractional: the x axis of comparisons against epochs.
+        let per_epoch = self.data.train.len().div_ceil(self.config.train.batch_size) as f64;
+        values.push(("eval/epoch".into(), self.state.epoch as f64 + self.state.batch_in_epoch as f64 / per_epoch));
         let refs: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         sinks.record(self.state.step, self.state.train_seconds, &refs)?;
         sinks.flush()?;
@@ -526,6 +591,7 @@ impl Trainer {
             samples_per_s: s.samples as f64 / s.train_seconds.max(1e-9),
             classes_scored_per_sample: s.classes_scored as f64 / s.samples.max(1) as f64,
             index_recall: self.last_recall,
+            grad_cosine: None,
             model_bytes: self.layer.memory_bytes() + encoder_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             n_classes: self.data.n_classes,
