@@ -159,23 +159,8 @@ impl MipsIndex for HnswIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{assert_exact_sorted_scores, clustered, move_rows_onto};
     use crate::{ExactIndex, recall};
-    use farout_core::Matrix;
-    use farout_data::synth::{FaceGenerator, FaceSpec, Split};
-
-    fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
-        let spec = FaceSpec {
-            n_classes: k,
-            n_samples: 2 * k,
-            dim: d,
-            mean_clusters: k / 50,
-            cluster_spread: 0.7,
-            noise: 0.5,
-            ..FaceSpec::default()
-        };
-        let g = FaceGenerator::new(spec).unwrap();
-        (g.means().clone(), g.features(Split::Train, 0..200))
-    }
 
     #[test]
     fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
@@ -190,15 +175,7 @@ mod tests {
     fn returned_scores_are_exact_and_sorted() {
         let (w, q) = clustered(5_000, 16);
         let index = HnswIndex::build(Rows::all(&w), &HnswConfig::default());
-        let mut out = Vec::new();
-        for i in 0..20 {
-            index.search(Rows::all(&w), q.row(i), 50, &mut out);
-            assert_eq!(out.len(), 50);
-            assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
-            for h in &out {
-                assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
-            }
-        }
+        assert_exact_sorted_scores(&index, &w, &q);
     }
 
     #[test]
@@ -206,11 +183,7 @@ mod tests {
         let (mut w, q) = clustered(10_000, 16);
         let mut index = HnswIndex::build(Rows::all(&w), &HnswConfig::default());
         // 50 rows moved onto the query (norms just under the bound 1.1) become its top 50.
-        let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
-        for (j, &r) in moved.iter().enumerate() {
-            let row: Vec<f32> = q.row(0).iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
-            w.row_mut(r as usize).copy_from_slice(&row);
-        }
+        let moved = move_rows_onto(&mut w, q.row(0));
         index.refresh(Rows::all(&w), &moved);
         assert_eq!(index.stale(), 50);
         assert!(!index.needs_rebuild());

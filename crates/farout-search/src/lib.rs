@@ -20,6 +20,8 @@ mod exact;
 mod hnsw;
 mod lsh;
 mod spherical;
+#[cfg(test)]
+mod testutil;
 
 pub use exact::ExactIndex;
 pub use farout_core::topk::Hit;

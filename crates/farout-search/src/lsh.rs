@@ -254,22 +254,8 @@ impl MipsIndex for SimpleLshIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{clustered, move_rows_onto};
     use crate::{ExactIndex, recall};
-    use farout_data::synth::{FaceGenerator, FaceSpec, Split};
-
-    fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
-        let spec = FaceSpec {
-            n_classes: k,
-            n_samples: 2 * k,
-            dim: d,
-            mean_clusters: k / 50,
-            cluster_spread: 0.7,
-            noise: 0.5,
-            ..FaceSpec::default()
-        };
-        let g = FaceGenerator::new(spec).unwrap();
-        (g.means().clone(), g.features(Split::Train, 0..200))
-    }
 
     #[test]
     fn recall_rises_with_the_candidate_budget() {
@@ -314,11 +300,7 @@ mod tests {
         let (mut w, q) = clustered(10_000, 16);
         let mut index = SimpleLshIndex::build(Rows::all(&w), &SimpleLshConfig::default());
         // 50 rows moved onto the query (norms just under the bound 1.1) become its top 50.
-        let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
-        for (j, &r) in moved.iter().enumerate() {
-            let row: Vec<f32> = q.row(0).iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
-            w.row_mut(r as usize).copy_from_slice(&row);
-        }
+        let moved = move_rows_onto(&mut w, q.row(0));
         index.refresh(Rows::all(&w), &moved);
         assert!(!index.needs_rebuild());
         let mut out = Vec::new();

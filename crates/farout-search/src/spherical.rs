@@ -340,22 +340,8 @@ impl MipsIndex for SphericalIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{assert_exact_sorted_scores, clustered, move_rows_onto};
     use crate::{ExactIndex, recall};
-    use farout_data::synth::{FaceGenerator, FaceSpec, Split};
-
-    fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
-        let spec = FaceSpec {
-            n_classes: k,
-            n_samples: 2 * k,
-            dim: d,
-            mean_clusters: k / 50,
-            cluster_spread: 0.7,
-            noise: 0.5,
-            ..FaceSpec::default()
-        };
-        let g = FaceGenerator::new(spec).unwrap();
-        (g.means().clone(), g.features(Split::Train, 0..200))
-    }
 
     /// 20,000 rows in 400 natural clusters; with 400 centroids and 1,000 candidates scored per
     /// query (5% of the rows) the measured recall of the top 100 is 0.93 (0.85 with 500).
@@ -384,15 +370,7 @@ mod tests {
     fn returned_scores_are_exact_and_sorted() {
         let (w, q) = clustered(5_000, 16);
         let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
-        let mut out = Vec::new();
-        for i in 0..20 {
-            index.search(Rows::all(&w), q.row(i), 50, &mut out);
-            assert_eq!(out.len(), 50);
-            assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
-            for h in &out {
-                assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
-            }
-        }
+        assert_exact_sorted_scores(&index, &w, &q);
     }
 
     #[test]
@@ -401,11 +379,7 @@ mod tests {
         let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
         // Move 50 rows onto the (unit) query, scaled to norms in (1.085, 1.09]: they outscore
         // every unit mean, so they become its top 50, and stay within the norm bound 1.1.
-        let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
-        for (j, &r) in moved.iter().enumerate() {
-            let row: Vec<f32> = q.row(0).iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
-            w.row_mut(r as usize).copy_from_slice(&row);
-        }
+        let moved = move_rows_onto(&mut w, q.row(0));
         index.refresh(Rows::all(&w), &moved);
         assert!(!index.needs_rebuild(), "the moved rows stay within the norm bound");
         let mut out = Vec::new();

@@ -1,0 +1,45 @@
+//! Fixtures shared by the indexes' tests.
+
+use crate::{Hit, MipsIndex, Rows};
+use farout_core::{ClassId, Matrix, kernels};
+use farout_data::synth::{FaceGenerator, FaceSpec, Split};
+
+/// `k` class means of the FaceNet-like generator in `k / 50` clusters, and 200 of its samples
+/// (noise 0.5) as queries.
+pub fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
+    let spec = FaceSpec {
+        n_classes: k,
+        n_samples: 2 * k,
+        dim: d,
+        mean_clusters: k / 50,
+        cluster_spread: 0.7,
+        noise: 0.5,
+        ..FaceSpec::default()
+    };
+    let g = FaceGenerator::new(spec).unwrap();
+    (g.means().clone(), g.features(Split::Train, 0..200))
+}
+
+/// Moves 50 rows onto the (unit) query `q`, scaled to norms in (1.085, 1.09] — within the
+/// default norm bound 1.1 — so that they become its top 50; returns them.
+pub fn move_rows_onto(w: &mut Matrix, q: &[f32]) -> Vec<ClassId> {
+    let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
+    for (j, &r) in moved.iter().enumerate() {
+        let row: Vec<f32> = q.iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
+        w.row_mut(r as usize).copy_from_slice(&row);
+    }
+    moved
+}
+
+/// Asserts that `index` returns 50 results per query, sorted, with exact scores.
+pub fn assert_exact_sorted_scores(index: &dyn MipsIndex, w: &Matrix, q: &Matrix) {
+    let mut out: Vec<Hit> = Vec::new();
+    for i in 0..20 {
+        index.search(Rows::all(w), q.row(i), 50, &mut out);
+        assert_eq!(out.len(), 50);
+        assert!(out.windows(2).all(|p| p[0].score >= p[1].score));
+        for h in &out {
+            assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
+        }
+    }
+}
