@@ -140,6 +140,9 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
             }
             let estimator = serde_json::to_value(c.output.estimator)?;
             eprintln!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
+            // Runs share this process: restart the peak-RSS count so each summary has its own
+            // (Linux >= 4.0; elsewhere the peak accumulates over runs).
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
             let mut trainer = Trainer::new(c).with_context(|| format!("{}", args.configs[i].display()))?;
             let summary = trainer.run().with_context(|| format!("training {}", args.configs[i].display()))?;
             std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&summary)? + "\n")
@@ -267,8 +270,9 @@ fn write_tables(out: &Path, runs: &[Run]) -> Result<()> {
     for r in &rows {
         let _ = writeln!(md, "| {} |", r.join(" | "));
     }
-    md += "\nseconds: training only (evaluation excluded); grad_cosine: mean cosine of the estimator's \
-           dL/dphi with the exact one at the end of training (empty for exact estimators).\n";
+    md += "\nseconds: training only (evaluation excluded); peak_rss_mb: the run's peak resident memory; \
+           grad_cosine: mean cosine of the estimator's dL/dphi with the exact one at the end of training \
+           (empty for exact estimators).\n";
     std::fs::write(out.join("summary.md"), md).with_context(|| format!("writing {}/summary.md", out.display()))?;
     Ok(())
 }
@@ -308,7 +312,9 @@ where
     let (left, right) = root.split_horizontally(700);
     let points = runs.iter().flat_map(|r| r.curve.iter());
     let t_max = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1e-3) * 1.3;
-    let t_min = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(t_max / 10.0, f64::min) / 1.3;
+    // Start the log axis at a power of ten so that it carries at least two labelled decades.
+    let t_first = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(t_max / 10.0, f64::min);
+    let t_min = 10f64.powf(t_first.log10().floor());
     let e_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
     let y_max = (points.map(|p| p.2).fold(0.0f64, f64::max) * 1.1).clamp(0.05, 1.0);
     let methods: Vec<&str> = {
@@ -354,7 +360,7 @@ where
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
