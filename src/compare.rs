@@ -17,7 +17,8 @@ pub struct CompareArgs {
     /// Output directory (runs, tables, plots).
     #[arg(long, default_value = "runs/compare")]
     out: PathBuf,
-    /// Training seconds per run (equal wall-clock budgets; evaluation excluded).
+    /// Train every run for this many seconds, however many epochs that takes (equal
+    /// wall-clock budgets; evaluation excluded).
     #[arg(long)]
     budget: Option<f64>,
     /// Runs per config, with seeds seed, seed + 1, ...
