@@ -428,7 +428,7 @@ pub fn bench_estimator(
         let mut dphi = Matrix::zeros(samples, d);
         let mut scored = 0usize;
         let mut seconds = 0.0;
-        let mut bg = BatchGrad::default();
+        let (mut bg, mut part) = (BatchGrad::default(), Matrix::default());
         for start in (0..samples).step_by(256) {
             let end = (start + 256).min(samples);
             let chunk = Matrix::from_vec(end - start, d, phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
@@ -437,28 +437,8 @@ pub fn bench_estimator(
             let tot = e.estimate_batch(&ctx, batch, &mut rng::seeded(5, start as u64), &mut bg);
             seconds += t.elapsed().as_secs_f64();
             scored += tot.classes_scored;
-            let out = &mut dphi.as_mut_slice()[start * d..end * d];
-            if bg.is_dense {
-                gemm::gemm(
-                    out,
-                    end - start,
-                    d,
-                    0.0,
-                    1.0,
-                    bg.dense.as_slice(),
-                    (end - start, k),
-                    gemm::Op::N,
-                    w.as_slice(),
-                    (k, d),
-                    gemm::Op::N,
-                );
-            } else {
-                for (i, row) in out.chunks_exact_mut(d).enumerate() {
-                    for (c, v) in bg.sparse[i].iter() {
-                        kernels::axpy(v, w.row(c as usize), row);
-                    }
-                }
-            }
+            bg.dphi(&w, &mut part);
+            dphi.as_mut_slice()[start * d..end * d].copy_from_slice(part.as_slice());
         }
         (dphi, seconds, scored)
     };

@@ -50,6 +50,13 @@ pub fn norm(x: &[f32]) -> f32 {
     dot(x, x).sqrt()
 }
 
+/// Cosine of the angle between `a` and `b`; 1 when both are zero (identical), 0 when only one
+/// is (used to compare approximate gradients with exact ones).
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (na, nb) = (norm(a), norm(b));
+    if na == 0.0 && nb == 0.0 { 1.0 } else { dot(a, b) / (na * nb).max(f32::MIN_POSITIVE) }
+}
+
 /// Scales `x` to unit Euclidean norm; a zero vector stays zero. Returns the old norm.
 #[inline]
 pub fn normalize(x: &mut [f32]) -> f32 {

@@ -1,4 +1,5 @@
-use farout_core::{ClassId, Matrix, Rng, SparseGrad, rng::RngCore};
+use farout_core::gemm::{self, Op};
+use farout_core::{ClassId, Matrix, Rng, SparseGrad, kernels, rng::RngCore};
 use rayon::prelude::*;
 
 /// What an estimator sees of the output layer: `W` (K x D), the optional bias (K) and the
@@ -87,6 +88,25 @@ pub struct BatchGrad {
 }
 
 impl BatchGrad {
+    /// `dL/dphi_i = sum_k g_ik W_k` for every sample into `out` (`[batch, D]`): one matrix
+    /// product for dense gradients, a sum of the touched rows per sample for sparse ones.
+    pub fn dphi(&self, w: &Matrix, out: &mut Matrix) {
+        let (k, d) = (w.rows(), w.cols());
+        let b = if self.is_dense { self.dense.rows() } else { self.sparse.len() };
+        out.reshape_for_overwrite(b, d);
+        if self.is_dense {
+            let g = self.dense.as_slice();
+            gemm::gemm(out.as_mut_slice(), b, d, 0.0, 1.0, g, (b, k), Op::N, w.as_slice(), (k, d), Op::N);
+        } else {
+            out.as_mut_slice().par_chunks_mut(d).zip(self.sparse.par_iter()).for_each(|(row, g)| {
+                row.fill(0.0);
+                for (c, v) in g.iter() {
+                    kernels::axpy(v, w.row(c as usize), row);
+                }
+            });
+        }
+    }
+
     /// Prepares `n` empty sparse gradients, keeping allocations.
     pub fn reset_sparse(&mut self, n: usize) {
         self.is_dense = false;

@@ -149,8 +149,7 @@ pub fn dphi_cosine(ctx: &Ctx, a: &SparseGrad, b: &SparseGrad) -> f32 {
     for (k, g) in b.iter() {
         kernels::axpy(g, ctx.w.row(k as usize), &mut vb);
     }
-    let (na, nb) = (kernels::norm(&va), kernels::norm(&vb));
-    if na == 0.0 && nb == 0.0 { 1.0 } else { kernels::dot(&va, &vb) / (na * nb).max(f32::MIN_POSITIVE) }
+    kernels::cosine(&va, &vb)
 }
 
 #[cfg(test)]

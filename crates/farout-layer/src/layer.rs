@@ -263,7 +263,8 @@ impl OutputLayer {
         let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
         if want_dphi {
-            self.compute_dphi(batch.phi);
+            // From the current (not yet updated) W.
+            self.grads.dphi(&self.w, &mut self.dphi);
         }
         let rows_updated = if self.grads.is_dense {
             let n = self.update_dense(batch.phi);
@@ -280,35 +281,6 @@ impl OutputLayer {
         self.opt_w.advance();
         self.opt_b.advance();
         StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
-    }
-
-    /// `dphi_i = sum_k g_ik W_k`, from the current (not yet updated) W.
-    fn compute_dphi(&mut self, phi: &Matrix) {
-        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
-        self.dphi.reshape_for_overwrite(b, d);
-        if self.grads.is_dense {
-            gemm::gemm(
-                self.dphi.as_mut_slice(),
-                b,
-                d,
-                0.0,
-                1.0,
-                self.grads.dense.as_slice(),
-                (b, k),
-                Op::N,
-                self.w.as_slice(),
-                (k, d),
-                Op::N,
-            );
-        } else {
-            let w = &self.w;
-            self.dphi.as_mut_slice().par_chunks_mut(d).zip(self.grads.sparse.par_iter()).for_each(|(out, g)| {
-                out.fill(0.0);
-                for (c, v) in g.iter() {
-                    kernels::axpy(v, w.row(c as usize), out);
-                }
-            });
-        }
     }
 
     /// All rows change: `dW = G^T Phi` by one matrix product.

@@ -514,36 +514,13 @@ impl Trainer {
         let batch = Batch::new(&phi, &positives).with_ids(&idx);
         let ctx = self.layer.ctx();
         let dphi = |e: &dyn GradientEstimator| {
-            let mut g = farout_estimators::BatchGrad::default();
+            let (mut g, mut out) = (farout_estimators::BatchGrad::default(), Matrix::default());
             e.estimate_batch(&ctx, batch, &mut rng::seeded(self.config.seed, 0xF1D), &mut g);
-            let d = ctx.w.cols();
-            let mut out = vec![0.0f32; idx.len() * d];
-            for (i, row) in out.chunks_exact_mut(d).enumerate() {
-                if g.is_dense {
-                    for (c, &v) in g.dense.row(i).iter().enumerate() {
-                        if v != 0.0 {
-                            farout_core::kernels::axpy(v, ctx.w.row(c), row);
-                        }
-                    }
-                } else {
-                    for (c, v) in g.sparse[i].iter() {
-                        farout_core::kernels::axpy(v, ctx.w.row(c as usize), row);
-                    }
-                }
-            }
+            g.dphi(ctx.w, &mut out);
             out
         };
         let (a, b) = (dphi(self.estimator.as_ref()), dphi(reference.as_ref()));
-        let d = ctx.w.cols();
-        let cos: f64 = a
-            .chunks_exact(d)
-            .zip(b.chunks_exact(d))
-            .map(|(x, y)| {
-                use farout_core::kernels::{dot, norm};
-                let (nx, ny) = (norm(x), norm(y));
-                if nx == 0.0 && ny == 0.0 { 1.0 } else { (dot(x, y) / (nx * ny).max(f32::MIN_POSITIVE)) as f64 }
-            })
-            .sum();
+        let cos: f64 = (0..idx.len()).map(|i| farout_core::kernels::cosine(a.row(i), b.row(i)) as f64).sum();
         Some(cos / idx.len().max(1) as f64)
     }
 
