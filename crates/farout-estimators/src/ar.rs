@@ -39,6 +39,29 @@ fn draw_and_score(ctx: &Ctx, phi: &[f32], y: ClassId, n: usize, rng: &mut Rng, n
     psi_y
 }
 
+/// The batch path of the estimators with per-sample state: for every sample `i` in parallel,
+/// reads its row of `state` (at `batch.ids[i]`), runs `step(i, row, rng_i, grad_i)` with a
+/// generator seeded from one draw of `rng` and `i`, and writes the returned row back.
+fn with_sample_state<const W: usize>(
+    name: &str,
+    state: &SampleState,
+    batch: Batch,
+    rng: &mut Rng,
+    out: &mut BatchGrad,
+    step: impl Fn(usize, [f64; W], &mut Rng, &mut SparseGrad) -> (Estimate, [f64; W]) + Sync + Send,
+) -> BatchEstimate {
+    assert_eq!(batch.ids.len(), batch.phi.rows(), "{name} keeps per-sample state: the batch needs sample ids");
+    let seed = rng.next_u64();
+    for_each_sample(out, batch.phi.rows(), |i, g| {
+        let mut r = farout_core::rng::seeded(seed, i as u64);
+        let mut row = [0.0f32; W];
+        state.read(batch.ids[i], &mut row);
+        let (e, next) = step(i, row.map(|v| v as f64), &mut r, g);
+        state.write(batch.ids[i], &next.map(|v| v as f32));
+        e
+    })
+}
+
 /// The importance weight `(K-1)/|S|` of one drawn negative.
 fn class_scale(k: usize, n: usize) -> f64 {
     (k.saturating_sub(1)) as f64 / n as f64
@@ -147,12 +170,12 @@ impl ArSoftmax {
         ctx: &Ctx,
         phi: &[f32],
         positives: &[ClassId],
-        prev: Option<(f64, f64)>,
+        prev: Option<[f64; 2]>,
         rng: &mut Rng,
         out: &mut SparseGrad,
-    ) -> (Estimate, Option<(f64, f64)>) {
+    ) -> (Estimate, [f64; 2]) {
         out.clear();
-        let Some(&y) = positives.first() else { return (Estimate::default(), prev) };
+        let Some(&y) = positives.first() else { return (Estimate::default(), prev.unwrap_or_default()) };
         let c = class_scale(ctx.n_classes(), self.n_samples);
         NEG.with_borrow_mut(|neg| {
             draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
@@ -164,15 +187,18 @@ impl ArSoftmax {
                 m + neg.iter().map(|&(_, d)| (d - m).exp()).sum::<f64>().ln()
             };
             let log_eta_hat = softplus(c.ln() + lse);
-            let next = prev.map(|(log_eta, visits)| {
-                let t = visits + 1.0;
-                let a = (1.0 + t).powf(-0.9);
-                (log_add_exp((1.0 - a).ln() + log_eta, a.ln() + log_eta_hat), t)
-            });
-            let log_eta = next.map_or(log_eta_hat, |n| n.0);
+            // Without state (`prev = None`) the local step takes a = 1: eta = eta_hat.
+            let [log_eta, visits] = match prev {
+                Some([log_eta, visits]) => {
+                    let t = visits + 1.0;
+                    let a = (1.0 + t).powf(-0.9);
+                    [log_add_exp((1.0 - a).ln() + log_eta, a.ln() + log_eta_hat), t]
+                }
+                None => [log_eta_hat, 0.0],
+            };
             Self::global_step(out, y, neg, c, log_eta);
             let elbo = 1.0 - log_eta - (log_eta_hat - log_eta).exp();
-            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, next)
+            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, [log_eta, visits])
         })
     }
 }
@@ -208,19 +234,8 @@ impl GradientEstimator for ArSoftmax {
     }
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        assert_eq!(batch.ids.len(), batch.phi.rows(), "ar_softmax keeps per-sample state: the batch needs sample ids");
-        let seed = rng.next_u64();
-        for_each_sample(out, batch.phi.rows(), |i, g| {
-            let mut r = farout_core::rng::seeded(seed, i as u64);
-            let id = batch.ids[i];
-            let mut s = [0.0f32; 2];
-            self.state.read(id, &mut s);
-            let (e, next) =
-                self.step(ctx, batch.phi.row(i), batch.positives[i], Some((s[0] as f64, s[1] as f64)), &mut r, g);
-            if let Some((log_eta, visits)) = next {
-                self.state.write(id, &[log_eta as f32, visits as f32]);
-            }
-            e
+        with_sample_state(self.name(), &self.state, batch, rng, out, |i, prev: [f64; 2], r, g| {
+            self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), r, g)
         })
     }
 }
@@ -410,17 +425,8 @@ impl<N: Noise> GradientEstimator for ArUtility<N> {
     }
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        assert_eq!(batch.ids.len(), batch.phi.rows(), "{} keeps per-sample state: the batch needs sample ids", N::NAME);
-        let seed = rng.next_u64();
-        for_each_sample(out, batch.phi.rows(), |i, g| {
-            let mut r = farout_core::rng::seeded(seed, i as u64);
-            let id = batch.ids[i];
-            let mut s = [0.0f32; 3];
-            self.state.read(id, &mut s);
-            let prev = s.map(|v| v as f64);
-            let (e, next) = self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), &mut r, g);
-            self.state.write(id, &next.map(|v| v as f32));
-            e
+        with_sample_state(N::NAME, &self.state, batch, rng, out, |i, prev: [f64; 3], r, g| {
+            self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), r, g)
         })
     }
 }
