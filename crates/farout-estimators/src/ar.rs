@@ -68,14 +68,7 @@ fn class_scale(k: usize, n: usize) -> f64 {
 }
 
 fn check_samples(n: usize) -> Result<(), crate::Error> {
-    if n == 0 {
-        return Err(crate::Error::Param {
-            name: "n_samples",
-            value: "0".into(),
-            reason: "the bound needs at least one sampled negative class",
-        });
-    }
-    Ok(())
+    crate::at_least_one("n_samples", n, "the bound needs at least one sampled negative class")
 }
 
 /// Writes the sparse class gradient `(c_j, g_j)` for the negatives and `-sum_j g_j` for `y`.

@@ -93,13 +93,7 @@ impl<L: Loss> Ldgs<L> {
         tau2: f32,
         rescore: Rescore,
     ) -> Result<Self, crate::Error> {
-        if top == 0 {
-            return Err(crate::Error::Param {
-                name: "output.top",
-                value: "0".into(),
-                reason: "must retrieve at least one class",
-            });
-        }
+        crate::at_least_one("output.top", top, "must retrieve at least one class")?;
         if !(tau2 >= 0.0) {
             return Err(crate::Error::Param { name: "output.tau2", value: tau2.to_string(), reason: "must be >= 0" });
         }

@@ -61,3 +61,11 @@ pub enum Error {
         reason: &'static str,
     },
 }
+
+/// Rejects a zero for a count that must be at least one (`name` as in the config).
+pub(crate) fn at_least_one(name: &'static str, n: usize, reason: &'static str) -> Result<(), Error> {
+    if n == 0 {
+        return Err(Error::Param { name, value: "0".into(), reason });
+    }
+    Ok(())
+}

@@ -42,13 +42,7 @@ thread_local! {
 impl<L: Loss> Mips<L> {
     /// Retrieves `top` classes per sample (the paper: K/100; K/20 for skip-gram).
     pub fn new(loss: L, top: usize) -> Result<Self, crate::Error> {
-        if top == 0 {
-            return Err(crate::Error::Param {
-                name: "output.top",
-                value: "0".into(),
-                reason: "must retrieve at least one class",
-            });
-        }
+        crate::at_least_one("output.top", top, "must retrieve at least one class")?;
         Ok(Self { loss, top })
     }
 }

@@ -56,13 +56,7 @@ impl SampledSoftmax {
         unique: bool,
         shared: bool,
     ) -> Result<Self, crate::Error> {
-        if n_samples == 0 {
-            return Err(crate::Error::Param {
-                name: "n_samples",
-                value: "0".into(),
-                reason: "must draw at least one class",
-            });
-        }
+        crate::at_least_one("n_samples", n_samples, "must draw at least one class")?;
         Ok(Self { n_samples, proposal, unique, shared })
     }
 
@@ -153,13 +147,7 @@ pub struct NegativeSampling {
 impl NegativeSampling {
     /// `n_samples` negatives per sample from `proposal` (word2vec: unigram^0.75).
     pub fn new(n_samples: usize, proposal: Proposal) -> Result<Self, crate::Error> {
-        if n_samples == 0 {
-            return Err(crate::Error::Param {
-                name: "n_samples",
-                value: "0".into(),
-                reason: "must draw at least one negative",
-            });
-        }
+        crate::at_least_one("n_samples", n_samples, "must draw at least one negative")?;
         Ok(Self { n_samples, proposal })
     }
 }
