@@ -105,46 +105,82 @@ fn train_biases(
     opts: &ArSyntheticOptions,
     name: &str,
 ) -> Result<(Vec<f32>, f64), Error> {
-    let n = labels.len();
-    let optimizer = OptimizerConfig::ArSchedule {
+    let cfg = OutputLayerConfig { bias: true, init_std: 0.0 };
+    let mut layer = OutputLayer::new(k, 1, &cfg, &paper_schedule(labels.len(), opts.batch), opts.seed)?;
+    let mut phi = Matrix::zeros(opts.batch, 1);
+    let run = PaperRun { batch: opts.batch, iterations: opts.iterations, seed: opts.seed, salt: 0xA5 };
+    let bar = progress_bar(opts.progress, opts.iterations, name);
+    let seconds = run.train(&mut layer, est, labels, &bar, &mut phi, |_, _| {})?;
+    Ok((layer.bias().expect("layer has a bias").to_vec(), seconds))
+}
+
+/// The A&R paper's step sizes for `n` observations in minibatches of `batch`: rho0 = 0.02,
+/// x0.9 every 2000 iterations, the batch-sum gradient scaled by N/|B| as in A&R's code.
+fn paper_schedule(n: usize, batch: usize) -> OptimizerConfig {
+    OptimizerConfig::ArSchedule {
         rho0: 0.02,
         decay: 0.9,
         decay_every: 2000,
-        grad_scale: n as f32 / opts.batch as f32,
+        grad_scale: n as f32 / batch as f32,
         l2: 0.0,
-    };
-    let cfg = OutputLayerConfig { bias: true, init_std: 0.0 };
-    let mut layer = OutputLayer::new(k, 1, &cfg, &optimizer, opts.seed)?;
-    let phi = Matrix::zeros(opts.batch, 1);
-    let bar = progress_bar(opts.progress, opts.iterations, name);
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut pos = 0;
-    let mut epoch = 0;
-    let mut seconds = 0.0;
-    for it in 0..opts.iterations {
-        if pos + opts.batch > n || it == 0 {
-            rng::shuffle(&mut order, &mut rng::seeded(opts.seed, 1000 + epoch));
-            epoch += 1;
-            pos = 0;
-        }
-        let ids = &order[pos..pos + opts.batch];
-        pos += opts.batch;
-        let t0 = Instant::now();
-        let positives: Vec<[ClassId; 1]> = ids.iter().map(|&i| [labels[i]]).collect();
-        let refs: Vec<&[ClassId]> = positives.iter().map(|p| &p[..]).collect();
-        let mut r = rng::seeded(opts.seed ^ 0xA5, it);
-        let stats = layer.train_step(est, Batch::new(&phi, &refs).with_ids(ids), &mut r, false);
-        seconds += t0.elapsed().as_secs_f64();
-        if !stats.loss_sum.is_finite() {
-            return Err(Error::Diverged { step: it, loss: stats.loss_sum, kept: "nothing (a reproduction)".into() });
-        }
-        if it % 100 == 0 {
-            bar.set_position(it);
-            bar.set_message(format!("-ELBO/obs {:.3}", stats.loss_sum / opts.batch as f64));
-        }
     }
-    bar.finish_and_clear();
-    Ok((layer.bias().expect("layer has a bias").to_vec(), seconds))
+}
+
+/// The training loop of both reproductions: `iterations` minibatches of `batch` single-label
+/// observations, reshuffled each epoch (stream `1000 + epoch` of `seed`), step `it` sampling
+/// from stream `it` of `seed ^ salt`.
+struct PaperRun {
+    batch: usize,
+    iterations: u64,
+    seed: u64,
+    salt: u64,
+}
+
+impl PaperRun {
+    /// Trains `layer` with `est` on `labels` (`fill(ids, phi)` writes the batch's features into
+    /// `phi`); returns the training seconds.
+    fn train(
+        &self,
+        layer: &mut OutputLayer,
+        est: &dyn GradientEstimator,
+        labels: &[ClassId],
+        bar: &ProgressBar,
+        phi: &mut Matrix,
+        mut fill: impl FnMut(&[usize], &mut Matrix),
+    ) -> Result<f64, Error> {
+        let n = labels.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        let (mut pos, mut epoch, mut seconds) = (n, 0u64, 0.0);
+        for it in 0..self.iterations {
+            if pos + self.batch > n {
+                rng::shuffle(&mut order, &mut rng::seeded(self.seed, 1000 + epoch));
+                epoch += 1;
+                pos = 0;
+            }
+            let ids = &order[pos..pos + self.batch];
+            pos += self.batch;
+            let t0 = Instant::now();
+            fill(ids, phi);
+            let positives: Vec<[ClassId; 1]> = ids.iter().map(|&i| [labels[i]]).collect();
+            let refs: Vec<&[ClassId]> = positives.iter().map(|p| &p[..]).collect();
+            let mut r = rng::seeded(self.seed ^ self.salt, it);
+            let stats = layer.train_step(est, Batch::new(phi, &refs).with_ids(ids), &mut r, false);
+            seconds += t0.elapsed().as_secs_f64();
+            if !stats.loss_sum.is_finite() {
+                return Err(Error::Diverged {
+                    step: it,
+                    loss: stats.loss_sum,
+                    kept: "nothing (a reproduction)".into(),
+                });
+            }
+            if it % 50 == 0 {
+                bar.set_position(it);
+                bar.set_message(format!("loss/obs {:.3}", stats.loss_sum / self.batch as f64));
+            }
+        }
+        bar.finish_and_clear();
+        Ok(seconds)
+    }
 }
 
 fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
@@ -358,48 +394,16 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
     ];
     let mut results = Vec::new();
     for (est, model) in &methods {
-        let optimizer = OptimizerConfig::ArSchedule {
-            rho0: 0.02,
-            decay: 0.9,
-            decay_every: 2000,
-            grad_scale: n as f32 / opts.batch as f32,
-            l2: 0.0,
-        };
         let cfg = OutputLayerConfig { bias: true, init_std: 0.1 };
-        let mut layer = OutputLayer::new(k, d, &cfg, &optimizer, opts.seed)?;
-        let bar = progress_bar(opts.progress, opts.iterations, est.name());
-        let mut order: Vec<usize> = (0..n).collect();
-        let (mut pos, mut epoch, mut seconds) = (n, 0u64, 0.0);
+        let mut layer = OutputLayer::new(k, d, &cfg, &paper_schedule(n, opts.batch), opts.seed)?;
         let mut phi = Matrix::zeros(opts.batch, d);
-        for it in 0..opts.iterations {
-            if pos + opts.batch > n {
-                rng::shuffle(&mut order, &mut rng::seeded(opts.seed, 1000 + epoch));
-                epoch += 1;
-                pos = 0;
-            }
-            let batch_ids = &order[pos..pos + opts.batch];
-            pos += opts.batch;
-            let t0 = Instant::now();
-            for (r, &i) in batch_ids.iter().enumerate() {
+        let run = PaperRun { batch: opts.batch, iterations: opts.iterations, seed: opts.seed, salt: 0xB1B };
+        let bar = progress_bar(opts.progress, opts.iterations, est.name());
+        let seconds = run.train(&mut layer, est.as_ref(), &y_tr, &bar, &mut phi, |ids, phi| {
+            for (r, &i) in ids.iter().enumerate() {
                 phi.row_mut(r).copy_from_slice(phi_tr.row(i));
             }
-            let positives: Vec<[ClassId; 1]> = batch_ids.iter().map(|&i| [y_tr[i]]).collect();
-            let refs: Vec<&[ClassId]> = positives.iter().map(|p| &p[..]).collect();
-            let batch = Batch::new(&phi, &refs).with_ids(batch_ids);
-            let stats = layer.train_step(est.as_ref(), batch, &mut rng::seeded(opts.seed ^ 0xB1B, it), false);
-            seconds += t0.elapsed().as_secs_f64();
-            if !stats.loss_sum.is_finite() {
-                return Err(Error::Diverged {
-                    step: it,
-                    loss: stats.loss_sum,
-                    kept: "nothing (a reproduction)".into(),
-                });
-            }
-            if it % 50 == 0 {
-                bar.set_position(it);
-            }
-        }
-        bar.finish_and_clear();
+        })?;
         let mut z = Matrix::default();
         layer.scores(&phi_te, &mut z);
         let (ll, correct) = (0..y_te.len())
