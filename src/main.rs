@@ -7,6 +7,7 @@ mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use farout_train::config::EncoderKind;
 use farout_train::{Config, Trainer};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,16 +39,23 @@ enum Command {
         /// Continue from the config's checkpoint.
         #[arg(long)]
         resume: bool,
+        /// Skip-gram: write the input vectors here at the end (word2vec binary for `.bin`,
+        /// else word2vec text).
+        #[arg(long, value_name = "PATH")]
+        export_vectors: Option<PathBuf>,
     },
-    /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss) as JSON.
-    Eval {
-        /// The experiment config.
+    /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss), or word
+    /// vectors (`eval analogy`, `eval similarity`); prints JSON.
+    Eval(EvalArgs),
+    /// Write a skip-gram checkpoint's input vectors in word2vec format.
+    Export {
+        /// The skip-gram config.
         config: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Checkpoint directory (default: the config's).
+        /// Output file: word2vec binary for `.bin`, else word2vec text.
         #[arg(long)]
-        checkpoint: Option<PathBuf>,
+        out: PathBuf,
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
     Predict {
@@ -90,6 +98,50 @@ enum Command {
     },
 }
 
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct EvalArgs {
+    #[command(subcommand)]
+    vectors: Option<EvalVectors>,
+    /// The experiment config (classifiers).
+    config: Option<PathBuf>,
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Checkpoint directory (default: the config's).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum EvalVectors {
+    /// Analogy accuracy (3CosAdd) per section and in total, with questions skipped.
+    Analogy {
+        /// Word vectors (word2vec binary for `.bin`, else text).
+        #[arg(long)]
+        vectors: PathBuf,
+        /// Questions (`: section` lines, then `a b c d`).
+        #[arg(long)]
+        questions: PathBuf,
+        /// Candidates: the most frequent words (0 = all).
+        #[arg(long, default_value_t = 30_000)]
+        restrict: usize,
+    },
+    /// Spearman correlation between cosine similarity and human scores.
+    Similarity {
+        /// Word vectors (word2vec binary for `.bin`, else text).
+        #[arg(long)]
+        vectors: PathBuf,
+        /// Pairs (`word word score` lines, `#` comments).
+        #[arg(long)]
+        pairs: PathBuf,
+    },
+}
+
+fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
+    use farout_skipgram::vectors::{Format, Vectors};
+    Ok(Vectors::load(path, Format::from_path(path))?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -120,8 +172,20 @@ fn trainer_from_checkpoint(config: Config, checkpoint: Option<PathBuf>) -> Resul
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config, set, summary, resume } => {
+        Command::Train { config, set, summary, resume, export_vectors } => {
             let config = load_config(&config, &set)?;
+            if config.model.encoder == EncoderKind::SkipGram {
+                let s = farout_train::skipgram::train(&config, resume, export_vectors.as_deref())?;
+                let json = serde_json::to_string_pretty(&s)?;
+                println!("{json}");
+                if let Some(p) = summary {
+                    std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+                }
+                return Ok(());
+            }
+            if export_vectors.is_some() {
+                anyhow::bail!("--export-vectors is for skip-gram configs (model.encoder = \"skip_gram\")");
+            }
             let mut trainer = Trainer::new(config)?;
             if resume {
                 trainer.resume().context("--resume")?;
@@ -134,7 +198,19 @@ fn run(cli: Cli) -> Result<()> {
                 std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
             }
         }
-        Command::Eval { config, set, checkpoint } => {
+        Command::Eval(EvalArgs { vectors: Some(what), .. }) => {
+            let json = match what {
+                EvalVectors::Analogy { vectors, questions, restrict } => serde_json::to_string_pretty(
+                    &farout_skipgram::eval::analogy(&load_vectors(&vectors)?, &questions, restrict)?,
+                )?,
+                EvalVectors::Similarity { vectors, pairs } => {
+                    serde_json::to_string_pretty(&farout_skipgram::eval::similarity(&load_vectors(&vectors)?, &pairs)?)?
+                }
+            };
+            println!("{json}");
+        }
+        Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
+            let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
             let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
             let test = t.data().test.as_ref().context("the config names no test set (data.test)")?;
             println!("{}", serde_json::to_string_pretty(&t.evaluate(test, 0))?);
@@ -161,6 +237,11 @@ fn run(cli: Cli) -> Result<()> {
                 writeln!(w, "{}", line.join(" "))?;
             }
             w.flush()?;
+        }
+        Command::Export { config, set, out } => {
+            let config = load_config(&config, &set)?;
+            let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
+            eprintln!("wrote {n} vectors to {}", out.display());
         }
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command)?,

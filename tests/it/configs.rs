@@ -25,9 +25,13 @@ fn every_config_loads_validates_and_finds_its_data() {
         n += 1;
         let c = Config::load(&path, &[]).unwrap_or_else(|e| panic!("{e}"));
         if !matches!(c.data.format, DataFormat::SyntheticFace | DataFormat::SyntheticXmc) {
-            for p in [&c.data.train, &c.data.test, &c.data.train_labels, &c.data.test_labels].into_iter().flatten() {
+            let files = [&c.data.train, &c.data.test, &c.data.train_labels, &c.data.test_labels, &c.data.corpus];
+            for p in files.into_iter().flatten() {
                 assert!(root.join(p).exists(), "{}: {} does not exist", path.display(), p.display());
             }
+        }
+        for p in [&c.eval.analogy, &c.eval.similarity].into_iter().flatten() {
+            assert!(root.join(p).exists(), "{}: {} does not exist", path.display(), p.display());
         }
     }
     assert!(n >= 30, "expected the shipped configs, found {n}");

@@ -4,6 +4,7 @@ mod cli;
 mod configs;
 mod errors;
 mod quality;
+mod skipgram;
 
 use std::path::Path;
 use std::process::{Command, Output};

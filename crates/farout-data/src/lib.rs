@@ -10,11 +10,13 @@
 //! Every reader reports errors with the file and, for text formats, the 1-based line.
 #![warn(missing_docs)]
 
+pub mod corpus;
 mod dataset;
 pub mod labels;
 pub mod npy;
 pub mod raw;
 pub mod synth;
+pub mod synth_text;
 pub mod xmc;
 
 pub use dataset::{Dataset, Features, LabelSets, SparseRows};

@@ -8,9 +8,12 @@
 //! Paths in a config are relative to the working directory (run farout from the project root).
 
 use crate::Error;
+use farout_data::corpus::TextSpec;
 use farout_data::synth::{FaceSpec, XmcSpec};
+use farout_data::synth_text::TextGenSpec;
 use farout_layer::{OptimizerConfig, OutputLayerConfig};
 use farout_models::{DocEncoderConfig, FaceHeadConfig};
+use farout_skipgram::SkipGramConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -65,6 +68,9 @@ pub enum DataFormat {
     SyntheticFace,
     /// Sparse multi-label documents generated in memory from `[data.xmc]` (no files).
     SyntheticXmc,
+    /// Plain text for word embeddings, one sentence per line (`data.corpus`, tokenised as
+    /// `[data.text]` says); only with `model.encoder = "skip_gram"`.
+    Text,
 }
 
 /// `[data]`.
@@ -96,6 +102,13 @@ pub struct DataConfig {
     pub face: FaceSpec,
     /// Generator parameters for `synthetic_xmc`.
     pub xmc: XmcSpec,
+    /// The corpus of `text` (streamed, never loaded whole). Unset: a synthetic corpus from
+    /// `[data.synthetic]` is written to `<log dir>/corpus.txt` and used.
+    pub corpus: Option<PathBuf>,
+    /// The synthetic corpus of `text` when `data.corpus` is unset.
+    pub synthetic: TextGenSpec,
+    /// Tokenisation, vocabulary and subsampling of `text`.
+    pub text: TextSpec,
 }
 
 impl Default for DataConfig {
@@ -113,6 +126,9 @@ impl Default for DataConfig {
             first_label: false,
             face: FaceSpec::default(),
             xmc: XmcSpec::default(),
+            corpus: None,
+            synthetic: TextGenSpec::default(),
+            text: TextSpec::default(),
         }
     }
 }
@@ -125,6 +141,8 @@ pub enum EncoderKind {
     FaceHead,
     /// One hidden layer over sparse bags of words.
     DocEncoder,
+    /// Skip-gram word embeddings over a text corpus: the encoder is the input-vector table.
+    SkipGram,
 }
 
 /// `[model]`.
@@ -139,6 +157,9 @@ pub struct ModelConfig {
     /// Its parameters when `encoder = "doc_encoder"`.
     #[serde(default)]
     pub doc_encoder: DocEncoderConfig,
+    /// Its parameters when `encoder = "skip_gram"`.
+    #[serde(default)]
+    pub skip_gram: SkipGramConfig,
 }
 
 /// The gradient estimators available from config.
@@ -319,11 +340,26 @@ pub struct EvalConfig {
     pub max_samples: usize,
     /// Rows scored per evaluation batch.
     pub batch_size: usize,
+    /// Skip-gram: analogy questions evaluated after each epoch (e.g.
+    /// `../shared/data/eval/questions-words.txt`).
+    pub analogy: Option<PathBuf>,
+    /// Skip-gram: candidates of the analogy evaluation (the most frequent words; 0 = all).
+    pub analogy_restrict: usize,
+    /// Skip-gram: word pairs with human similarity scores evaluated after each epoch (e.g.
+    /// `../shared/data/eval/wordsim353.tsv`).
+    pub similarity: Option<PathBuf>,
 }
 
 impl Default for EvalConfig {
     fn default() -> Self {
-        Self { every_steps: 0, max_samples: 0, batch_size: 256 }
+        Self {
+            every_steps: 0,
+            max_samples: 0,
+            batch_size: 256,
+            analogy: None,
+            analogy_restrict: 30_000,
+            similarity: None,
+        }
     }
 }
 
@@ -465,6 +501,29 @@ impl Config {
                 }
             }
             DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {}
+            DataFormat::Text => {
+                if let (None, Err(farout_data::Error::Param { name, msg })) = (&d.corpus, d.synthetic.check()) {
+                    return Err(format!("key `{name}` {msg}"));
+                }
+            }
+        }
+        if (d.format == DataFormat::Text) != (self.model.encoder == EncoderKind::SkipGram) {
+            return Err("key `model.encoder`: \"skip_gram\" goes with data.format = \"text\" and only with it".into());
+        }
+        if self.model.encoder == EncoderKind::SkipGram {
+            if let Err(farout_data::Error::Param { name, msg }) = d.text.check() {
+                return Err(format!("key `{name}` {msg}"));
+            }
+            if let Err(farout_skipgram::Error::Config { key, msg }) = self.model.skip_gram.check() {
+                return Err(format!("key `{key}` {msg}"));
+            }
+            if self.output.estimator != EstimatorKind::NegativeSampling {
+                return Err(format!(
+                    "key `output.estimator`: skip-gram trains with \"negative_sampling\" (found {:?}; the other \
+                     estimators on the skip-gram objective are not available yet)",
+                    self.output.estimator
+                ));
+            }
         }
         let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
         match (self.model.encoder, sparse) {
@@ -545,6 +604,10 @@ impl Config {
         match self.data.format {
             DataFormat::SyntheticFace => format!("synthetic_face:K={}", self.data.face.n_classes),
             DataFormat::SyntheticXmc => format!("synthetic_xmc:K={}", self.data.xmc.n_labels),
+            DataFormat::Text => match &self.data.corpus {
+                Some(p) => format!("text:{}", p.file_name().map(|s| s.to_string_lossy()).unwrap_or_default()),
+                None => format!("synthetic_text:V={},N={}", self.data.synthetic.words, self.data.synthetic.tokens),
+            },
             f => format!("{}:{}", format_name(f), stem(&self.data.train)),
         }
     }
@@ -557,6 +620,7 @@ fn format_name(f: DataFormat) -> &'static str {
         DataFormat::Raw => "raw",
         DataFormat::SyntheticFace => "synthetic_face",
         DataFormat::SyntheticXmc => "synthetic_xmc",
+        DataFormat::Text => "text",
     }
 }
 

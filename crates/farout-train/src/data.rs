@@ -33,6 +33,11 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             let g = XmcGenerator::new(d.xmc.clone())?;
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
+        DataFormat::Text => {
+            return Err(Error::Mismatch(
+                "a text corpus trains skip-gram embeddings (farout_train::skipgram), not a classifier".into(),
+            ));
+        }
         _ => {
             let train_path = d.train.as_deref().expect("config check requires data.train");
             let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
@@ -127,9 +132,9 @@ pub fn load_split(
             };
             Dataset { features: Features::Dense(features), labels }
         }
-        DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {
+        DataFormat::SyntheticFace | DataFormat::SyntheticXmc | DataFormat::Text => {
             return Err(Error::Mismatch(format!(
-                "data.format {:?} is generated in memory and reads no file ({})",
+                "data.format {:?} is generated in memory or streamed and is not read as a data set ({})",
                 d.format,
                 path.display()
             )));

@@ -4,16 +4,21 @@
 //! - [`data`]: loading the train/test sets a config names (or generating them);
 //! - [`metrics`]: P@k, nDCG@k, accuracy and the exact test loss;
 //! - [`log`]: TensorBoard and JSONL scalar sinks behind one small trait;
+//! - [`skipgram`]: skip-gram word embeddings from a config (vocabulary, training, evaluation,
+//!   checkpoints, export);
+//! - [`checkpoint`]: atomically replaced checkpoint directories;
 //! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
 //! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
 //!   resume, divergence detection and the final summary.
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod log;
 pub mod metrics;
 pub mod repro;
+pub mod skipgram;
 mod trainer;
 
 pub use config::Config;
@@ -36,6 +41,9 @@ pub enum Error {
     /// Data could not be loaded.
     #[error(transparent)]
     Data(#[from] farout_data::Error),
+    /// Skip-gram training or its files failed.
+    #[error(transparent)]
+    SkipGram(#[from] farout_skipgram::Error),
     /// The data sets do not fit together or with the config.
     #[error("{0}")]
     Mismatch(String),

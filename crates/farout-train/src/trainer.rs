@@ -124,6 +124,7 @@ impl Trainer {
             EncoderKind::DocEncoder => {
                 Encoder::Doc(DocEncoder::new(&config.model.doc_encoder, data.n_features, config.seed)?)
             }
+            EncoderKind::SkipGram => unreachable!("data::load rejects text corpora"),
         };
         let d_model = match &encoder {
             Encoder::Face(h) => h.d_out(data.n_features),
@@ -580,44 +581,20 @@ impl Trainer {
         }
     }
 
-    /// Writes the checkpoint atomically: into `<dir>.tmp`, then swapped in, so a crash or a
-    /// divergence never leaves a half-written or poisoned checkpoint.
+    /// Writes the checkpoint atomically (see [`crate::checkpoint`]).
     pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
-        let dir = self.config.checkpoint_dir();
-        let tmp = dir.with_extension("tmp");
-        let old = dir.with_extension("old");
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io { path, source }
-        };
-        if tmp.exists() {
-            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
-        }
-        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-        self.layer.save(&tmp.join("layer.bin"))?;
-        if let Encoder::Doc(e) = &self.encoder {
-            e.save(&tmp)?;
-        }
-        if let Some(st) = self.estimator.sample_state() {
-            let path = tmp.join("estimator_state.bin");
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&path).map_err(io(&path))?);
-            farout_core::binio::write_f32s(&mut f, &st.to_vec())
-                .and_then(|_| std::io::Write::flush(&mut f))
-                .map_err(io(&path))?;
-        }
-        let state = serde_json::to_string_pretty(&self.state).expect("state serialises");
-        std::fs::write(tmp.join("state.json"), state).map_err(io(&tmp))?;
-        if dir.exists() {
-            if old.exists() {
-                std::fs::remove_dir_all(&old).map_err(io(&old))?;
+        crate::checkpoint::replace_dir(&self.config.checkpoint_dir(), |tmp| {
+            self.layer.save(&tmp.join("layer.bin"))?;
+            if let Encoder::Doc(e) = &self.encoder {
+                e.save(tmp)?;
             }
-            std::fs::rename(&dir, &old).map_err(io(&dir))?;
-        }
-        std::fs::rename(&tmp, &dir).map_err(io(&tmp))?;
-        if old.exists() {
-            std::fs::remove_dir_all(&old).map_err(io(&old))?;
-        }
-        Ok(dir)
+            if let Some(st) = self.estimator.sample_state() {
+                crate::checkpoint::write_f32_file(&tmp.join("estimator_state.bin"), &st.to_vec())?;
+            }
+            let state = serde_json::to_string_pretty(&self.state).expect("state serialises");
+            std::fs::write(tmp.join("state.json"), state)
+                .map_err(|source| Error::Io { path: tmp.to_path_buf(), source })
+        })
     }
 
     /// Restores layer, encoder and progress from the checkpoint in `dir`.
@@ -635,21 +612,8 @@ impl Trainer {
         }
         if let Some(st) = self.estimator.sample_state() {
             // Per-sample variational state (A&R): its length is fixed by the training set.
-            let path = dir.join("estimator_state.bin");
-            let bad = |msg: String| Error::Io { path: path.clone(), source: std::io::Error::other(msg) };
-            let bytes = std::fs::read(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-            let n = st.len() * st.width();
-            if bytes.len() != 4 * n {
-                return Err(bad(format!(
-                    "holds {} bytes; this run's estimator keeps {} values ({} samples x {})",
-                    bytes.len(),
-                    n,
-                    st.len(),
-                    st.width()
-                )));
-            }
-            let mut vals = vec![0.0f32; n];
-            farout_core::binio::read_f32s(&mut &bytes[..], &mut vals).map_err(|e| bad(e.to_string()))?;
+            let mut vals = vec![0.0f32; st.len() * st.width()];
+            crate::checkpoint::read_f32_file(&dir.join("estimator_state.bin"), &mut vals)?;
             st.restore(&vals);
         }
         self.state = state;

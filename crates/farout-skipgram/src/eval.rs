@@ -1,0 +1,313 @@
+//! Word-vector evaluation with the usual protocols (those of word2vec's `compute-accuracy` and
+//! gensim's `evaluate_word_analogies` / `evaluate_word_pairs`).
+//!
+//! - **Analogy** (Mikolov et al. 2013a): for `a b c d`, predict
+//!   `argmax_w cos(w, b^ - a^ + c^)` over the `restrict` most frequent words (the first rows of
+//!   the file), excluding `a`, `b`, `c` (`x^` = x / |x|, "3CosAdd"). Questions with a word outside
+//!   the restricted vocabulary are skipped and counted. Words are matched case-insensitively
+//!   (the question file is lower-cased against lower-cased vectors, as gensim does).
+//! - **Similarity**: Spearman's rank correlation (average ranks for ties) between the cosine of
+//!   each pair and the human score; pairs with an unknown word are skipped and counted.
+
+use crate::Error;
+use crate::vectors::Vectors;
+use farout_core::{Matrix, gemm, kernels};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+use std::io::BufRead;
+use std::path::Path;
+
+/// Accuracy on one section of the analogy file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Section {
+    /// Its name (the `: name` line).
+    pub name: String,
+    /// Questions answered correctly.
+    pub correct: usize,
+    /// Questions asked (all four words known).
+    pub asked: usize,
+    /// Questions skipped (a word outside the restricted vocabulary).
+    pub skipped: usize,
+}
+
+impl Section {
+    /// `correct / asked` (0 when nothing was asked).
+    pub fn accuracy(&self) -> f64 {
+        if self.asked == 0 { 0.0 } else { self.correct as f64 / self.asked as f64 }
+    }
+}
+
+/// Result of [`analogy`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AnalogyReport {
+    /// Accuracy over all asked questions.
+    pub accuracy: f64,
+    /// Totals over all sections (name `total`).
+    pub total: Section,
+    /// Candidates considered (the restricted vocabulary's size).
+    pub candidates: usize,
+    /// Per section, in file order.
+    pub sections: Vec<Section>,
+}
+
+/// Result of [`similarity`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SimilarityReport {
+    /// Spearman's rank correlation.
+    pub spearman: f64,
+    /// Pearson's correlation.
+    pub pearson: f64,
+    /// Pairs scored.
+    pub pairs: usize,
+    /// Pairs skipped (unknown word).
+    pub skipped: usize,
+}
+
+/// Unit-length rows of the first `restrict` words (0 = all) and a lower-cased word index; the
+/// first (most frequent) spelling wins when lower-casing merges words.
+fn unit_rows(v: &Vectors, restrict: usize) -> (Matrix, FxHashMap<String, usize>) {
+    let n = if restrict == 0 { v.words().len() } else { restrict.min(v.words().len()) };
+    let d = v.matrix().cols();
+    let mut m = Matrix::zeros(n, d);
+    let mut index = FxHashMap::default();
+    for i in 0..n {
+        m.row_mut(i).copy_from_slice(v.matrix().row(i));
+        kernels::normalize(m.row_mut(i));
+        index.entry(v.words()[i].to_lowercase()).or_insert(i);
+    }
+    (m, index)
+}
+
+fn read_lines(path: &Path) -> Result<Vec<String>, Error> {
+    let f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+    std::io::BufReader::new(f)
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            l.map_err(|e| Error::Parse { path: path.to_path_buf(), line: i + 1, msg: format!("unreadable line: {e}") })
+        })
+        .collect()
+}
+
+/// Analogy accuracy of `v` on the questions in `path` (module docs).
+pub fn analogy(v: &Vectors, path: &Path, restrict: usize) -> Result<AnalogyReport, Error> {
+    let (units, index) = unit_rows(v, restrict);
+    let d = units.cols();
+    let mut sections: Vec<Section> = Vec::new();
+    // (section, [a, b, c, expected]) of the questions asked.
+    let mut asked: Vec<(usize, [usize; 4])> = Vec::new();
+    for (i, line) in read_lines(path)?.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix(':') {
+            sections.push(Section { name: name.trim().to_owned(), ..Section::default() });
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let bad = |msg: String| Error::Parse { path: path.to_path_buf(), line: i + 1, msg };
+        if words.len() != 4 {
+            return Err(bad(format!("expected four words, found {}", words.len())));
+        }
+        if sections.is_empty() {
+            return Err(bad("a question before the first `: section` line".into()));
+        }
+        let s = sections.len() - 1;
+        let ids: Vec<Option<usize>> = words.iter().map(|w| index.get(&w.to_lowercase()).copied()).collect();
+        match ids[..] {
+            [Some(a), Some(b), Some(c), Some(e)] => {
+                sections[s].asked += 1;
+                asked.push((s, [a, b, c, e]));
+            }
+            _ => sections[s].skipped += 1,
+        }
+    }
+    // Score every candidate for a chunk of questions with one matrix product.
+    const CHUNK: usize = 256;
+    let n = units.rows();
+    let mut queries = Matrix::zeros(CHUNK, d);
+    let mut scores = vec![0.0f32; CHUNK * n];
+    for chunk in asked.chunks(CHUNK) {
+        for (q, (_, [a, b, c, _])) in chunk.iter().enumerate() {
+            let row = queries.row_mut(q);
+            row.copy_from_slice(units.row(*b));
+            kernels::axpy(-1.0, units.row(*a), row);
+            kernels::axpy(1.0, units.row(*c), row);
+        }
+        let m = chunk.len();
+        gemm::scores(&queries.as_slice()[..m * d], m, units.as_slice(), n, d, &mut scores[..m * n]);
+        for (q, &(s, [a, b, c, e])) in chunk.iter().enumerate() {
+            let row = &scores[q * n..(q + 1) * n];
+            let best = (0..n)
+                .filter(|&w| w != a && w != b && w != c)
+                .max_by(|&x, &y| row[x].total_cmp(&row[y]).then(y.cmp(&x)))
+                .expect("at least four candidates exist when a question is asked");
+            if best == e {
+                sections[s].correct += 1;
+            }
+        }
+    }
+    let total = Section {
+        name: "total".into(),
+        correct: sections.iter().map(|s| s.correct).sum(),
+        asked: sections.iter().map(|s| s.asked).sum(),
+        skipped: sections.iter().map(|s| s.skipped).sum(),
+    };
+    Ok(AnalogyReport { accuracy: total.accuracy(), total, candidates: n, sections })
+}
+
+/// Similarity correlation of `v` with the human scores of `path` (`word1 word2 score` per line,
+/// tab or space separated, `#` comments).
+pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
+    let (units, index) = unit_rows(v, 0);
+    let (mut model, mut human) = (Vec::new(), Vec::new());
+    let mut skipped = 0;
+    for (i, line) in read_lines(path)?.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let bad = |msg: String| Error::Parse { path: path.to_path_buf(), line: i + 1, msg };
+        if f.len() != 3 {
+            return Err(bad(format!("expected `word word score`, found {} fields", f.len())));
+        }
+        let score: f64 = f[2].parse().map_err(|_| bad(format!("score {:?} is not a number", f[2])))?;
+        match (index.get(&f[0].to_lowercase()), index.get(&f[1].to_lowercase())) {
+            (Some(&a), Some(&b)) => {
+                model.push(kernels::dot(units.row(a), units.row(b)) as f64);
+                human.push(score);
+            }
+            _ => skipped += 1,
+        }
+    }
+    Ok(SimilarityReport {
+        spearman: pearson(&ranks(&model), &ranks(&human)),
+        pearson: pearson(&model, &human),
+        pairs: model.len(),
+        skipped,
+    })
+}
+
+/// Ranks 1..n with ties given their average rank.
+pub fn ranks(x: &[f64]) -> Vec<f64> {
+    let mut order: Vec<usize> = (0..x.len()).collect();
+    order.sort_by(|&a, &b| x[a].total_cmp(&x[b]));
+    let mut r = vec![0.0; x.len()];
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && x[order[j + 1]] == x[order[i]] {
+            j += 1;
+        }
+        let avg = (i + j) as f64 / 2.0 + 1.0;
+        for &o in &order[i..=j] {
+            r[o] = avg;
+        }
+        i = j + 1;
+    }
+    r
+}
+
+/// Pearson's correlation (NaN for fewer than two points or a constant input).
+pub fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        sxy += (a - mx) * (b - my);
+        sxx += (a - mx) * (a - mx);
+        syy += (b - my) * (b - my);
+    }
+    sxy / (sxx * syy).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vectors(words: &[(&str, [f32; 3])]) -> Vectors {
+        let data = words.iter().flat_map(|(_, v)| *v).collect();
+        Vectors::new(
+            words.iter().map(|(w, _)| w.to_string()).collect(),
+            Matrix::from_vec(words.len(), 3, data).unwrap(),
+        )
+        .unwrap()
+    }
+
+    /// A hand-made space where king - man + woman = queen exactly, paris - france + italy = rome
+    /// and one question has a rarer word than the restriction allows.
+    #[test]
+    fn analogies_are_answered_by_3cosadd_with_skips() {
+        let v = vectors(&[
+            ("man", [1.0, 0.0, 0.0]),
+            ("woman", [0.0, 1.0, 0.0]),
+            ("king", [1.0, 0.0, 1.0]),
+            ("queen", [0.0, 1.0, 1.0]),
+            ("France", [0.0, 0.0, 1.0]),
+            ("paris", [1.0, 1.0, 0.2]),
+            ("italy", [0.2, -1.0, 1.0]),
+            ("rome", [1.0, 0.0, -0.1]),
+            ("berlin", [0.9, 0.9, 0.9]),
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q.txt");
+        std::fs::write(
+            &p,
+            ": family\nman woman king queen\nMan Woman King Queen\nwoman man queen king\n\
+             : capitals\nfrance paris italy rome\nfrance paris italy berlin\nparis france rome zzz\n",
+        )
+        .unwrap();
+        let r = analogy(&v, &p, 0).unwrap();
+        assert_eq!(r.sections.len(), 2);
+        assert_eq!((r.sections[0].correct, r.sections[0].asked, r.sections[0].skipped), (3, 3, 0));
+        // Brute force decides the capitals; the second question's expected answer is wrong.
+        let brute = |a: &str, b: &str, c: &str| {
+            let u = |w: &str| {
+                let mut x = v.get(w).or_else(|| v.get("France")).unwrap().to_vec();
+                kernels::normalize(&mut x);
+                x
+            };
+            let q: Vec<f32> = (0..3).map(|i| u(b)[i] - u(a)[i] + u(c)[i]).collect();
+            v.words()
+                .iter()
+                .filter(|w| ![a, b, c].contains(&w.to_lowercase().as_str()))
+                .max_by(|x, y| kernels::dot(&u(x), &q).total_cmp(&kernels::dot(&u(y), &q)))
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(brute("france", "paris", "italy"), "rome");
+        assert_eq!((r.sections[1].correct, r.sections[1].asked, r.sections[1].skipped), (1, 2, 1));
+        assert_eq!((r.total.correct, r.total.asked, r.total.skipped), (4, 5, 1));
+        assert!((r.accuracy - 0.8).abs() < 1e-12);
+        // Restricting to the 4 most frequent words skips the capitals entirely.
+        let r = analogy(&v, &p, 4).unwrap();
+        assert_eq!((r.total.correct, r.total.asked, r.total.skipped, r.candidates), (3, 3, 3, 4));
+    }
+
+    #[test]
+    fn similarity_is_spearman_of_cosines() {
+        let v =
+            vectors(&[("a", [1.0, 0.0, 0.0]), ("b", [1.0, 1.0, 0.0]), ("c", [0.0, 1.0, 0.0]), ("d", [1.0, 0.1, 0.0])]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pairs.tsv");
+        // cos: a-d 0.995 > a-b 0.707 > a-c 0; human scores in the same order: Spearman 1.
+        std::fs::write(&p, "# comment\na\td\t9.5\nA\tb\t5\na\tc\t1\na\tzzz\t3\n").unwrap();
+        let r = similarity(&v, &p).unwrap();
+        assert_eq!((r.pairs, r.skipped), (3, 1));
+        assert!((r.spearman - 1.0).abs() < 1e-12, "{r:?}");
+        // Reversed human order: Spearman -1.
+        std::fs::write(&p, "a d 1\na b 5\na c 9.5\n").unwrap();
+        assert!((similarity(&v, &p).unwrap().spearman + 1.0).abs() < 1e-12);
+        std::fs::write(&p, "a d\n").unwrap();
+        assert!(similarity(&v, &p).unwrap_err().to_string().contains(":1: expected `word word score`"));
+    }
+
+    #[test]
+    fn ties_share_their_average_rank() {
+        assert_eq!(ranks(&[10.0, 20.0, 10.0, 5.0]), [2.5, 4.0, 2.5, 1.0]);
+        let x = [1.0, 2.0, 3.0, 4.0];
+        assert!((pearson(&x, &[2.0, 4.0, 6.0, 8.0]) - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,147 @@
+//! farout-skipgram: word embeddings by skip-gram (Mikolov et al. 2013), the LDGS paper's
+//! third application (Section 2 item 3, Section 5.3).
+//!
+//! - [`sgns`]: negative sampling trained word2vec-style, lock-free over threads that each
+//!   stream their own part of the corpus ([`hogwild`] holds the shared tables);
+//! - [`vectors`]: word2vec text and binary files (gensim reads them);
+//! - [`eval`]: analogy accuracy and similarity correlation.
+//!
+//! The corpus, its vocabulary and subsampling live in `farout_data::corpus`. No Burn here: the
+//! model is two embedding tables (input vectors `U` and output vectors `V`, the output layer's W).
+#![warn(missing_docs)]
+
+pub mod eval;
+pub mod hogwild;
+pub mod sgns;
+pub mod vectors;
+
+use farout_core::rng::RngExt;
+use farout_core::{Matrix, rng};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How concurrent row updates are done (see [`hogwild`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hogwild {
+    /// Plain racy loads and stores, as word2vec (faster).
+    #[default]
+    Racy,
+    /// Relaxed atomics (no data race under Rust's memory model).
+    Atomic,
+}
+
+/// The skip-gram model and its schedule (`[model.skip_gram]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SkipGramConfig {
+    /// Vector dimension.
+    pub dim: usize,
+    /// Maximum window: each centre word uses a window drawn uniformly from 1..=window.
+    pub window: usize,
+    /// Initial step size (word2vec: 0.025).
+    pub lr: f32,
+    /// Final step size: the step falls linearly to it over all epochs (gensim: 1e-4).
+    pub min_lr: f32,
+    /// Memory model of the lock-free updates.
+    pub hogwild: Hogwild,
+}
+
+impl Default for SkipGramConfig {
+    fn default() -> Self {
+        Self { dim: 100, window: 5, lr: 0.025, min_lr: 1e-4, hogwild: Hogwild::Racy }
+    }
+}
+
+impl SkipGramConfig {
+    /// Checks the values.
+    pub fn check(&self) -> Result<(), Error> {
+        let bad = |key, msg: String| Err(Error::Config { key, msg });
+        if self.dim == 0 {
+            return bad("model.skip_gram.dim", "must be >= 1".into());
+        }
+        if self.window == 0 {
+            return bad("model.skip_gram.window", "must be >= 1".into());
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return bad("model.skip_gram.lr", format!("{} must be a finite number > 0", self.lr));
+        }
+        if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return bad("model.skip_gram.min_lr", format!("{} must be in [0, lr]", self.min_lr));
+        }
+        Ok(())
+    }
+}
+
+/// The two tables: input vectors `U` (what is exported) and output vectors `V`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Embeddings {
+    /// `U`, one row per word.
+    pub input: Matrix,
+    /// `V`, one row per word (the output layer's W).
+    pub output: Matrix,
+}
+
+impl Embeddings {
+    /// word2vec's initialisation: `U` uniform in `[-0.5/dim, 0.5/dim)`, `V = 0`.
+    pub fn init(words: usize, dim: usize, seed: u64) -> Self {
+        let mut input = Matrix::zeros(words, dim);
+        let mut r = rng::seeded(seed, u64::MAX);
+        for x in input.as_mut_slice() {
+            *x = (r.random::<f32>() - 0.5) / dim as f32;
+        }
+        Self { input, output: Matrix::zeros(words, dim) }
+    }
+}
+
+/// Errors of skip-gram training and of the vector files.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of a text file is malformed.
+    #[error("{}:{line}: {msg}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A binary file is malformed.
+    #[error("{}: {msg}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A parameter is invalid.
+    #[error("{key}: {msg}")]
+    Config {
+        /// The config key.
+        key: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The loss became NaN or infinite.
+    #[error("training diverged (non-finite loss) in epoch {epoch} after {words} words; lower model.skip_gram.lr")]
+    Diverged {
+        /// The epoch (0-based).
+        epoch: usize,
+        /// Words read when it was noticed.
+        words: u64,
+    },
+    /// The corpus reader failed.
+    #[error(transparent)]
+    Data(#[from] farout_data::Error),
+}

@@ -1,0 +1,467 @@
+//! Skip-gram with negative sampling (Mikolov et al. 2013b), trained word2vec-style: each thread
+//! streams its own byte range of the corpus, and updates the shared tables lock-free per
+//! (context, centre) pair.
+//!
+//! For a centre word `w_t` and each context word `c` within a window `b ~ U{1..window}` of it,
+//! with input vector `u = U[c]` and output vectors `v_k = V[k]`, the pair's loss is
+//!
+//! `l = -log s(u . v_{w_t}) - sum_{j=1..n} log s(-u . v_{k_j})`, `k_j ~ unigram^alpha`
+//!
+//! (`s` the logistic function). One SGD step with step size `lr`: for each target `k` with label
+//! `y` (1 for the centre, 0 for a negative), `g = lr (y - s(u . v_k))`, `e += g v_k`,
+//! `v_k += g u`; then `u += e`. Negatives equal to the centre are skipped, as word2vec does.
+//! The step size falls linearly from `lr` to `min_lr` over all the words of all epochs.
+
+use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
+use crate::{Embeddings, Error, Hogwild, SkipGramConfig};
+use farout_core::rng::RngExt;
+use farout_core::{AliasTable, Rng, kernels, rng};
+use farout_data::corpus::{TextSpec, Vocab, for_each_line, split_lines};
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Words a thread processes between updates of the shared word count (step size, progress).
+const REPORT_EVERY: u64 = 10_000;
+
+/// One negative-sampling run over a corpus.
+pub struct NsJob<'a> {
+    /// The corpus (one sentence per line).
+    pub corpus: &'a Path,
+    /// How it is tokenised.
+    pub spec: &'a TextSpec,
+    /// Its vocabulary.
+    pub vocab: &'a Vocab,
+    /// Model parameters.
+    pub config: &'a SkipGramConfig,
+    /// Negatives per pair.
+    pub negatives: usize,
+    /// The noise distribution (unigram^alpha).
+    pub noise: &'a AliasTable,
+    /// Threads (each reads its own part of the corpus).
+    pub threads: usize,
+    /// Seed of subsampling, windows and negatives.
+    pub seed: u64,
+    /// Epochs of the whole schedule (the step size reaches `min_lr` at their end).
+    pub epochs: usize,
+    /// Stop when this instant passes (equal-time comparisons).
+    pub deadline: Option<Instant>,
+}
+
+/// What the progress callback sees.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Progress {
+    /// Current epoch (0-based).
+    pub epoch: usize,
+    /// Vocabulary words read so far over all epochs (before subsampling).
+    pub words: u64,
+    /// Words of the whole schedule.
+    pub total_words: u64,
+    /// Mean pair loss since the last report.
+    pub loss: f64,
+    /// Current step size.
+    pub lr: f32,
+}
+
+/// What an epoch did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EpochStats {
+    /// The epoch (0-based).
+    pub epoch: usize,
+    /// Vocabulary words read (before subsampling).
+    pub words: u64,
+    /// (context, centre) pairs trained.
+    pub pairs: u64,
+    /// Mean pair loss (estimated on a sample of the pairs).
+    pub loss: f64,
+    /// Seconds the epoch took.
+    pub seconds: f64,
+    /// Whether the deadline stopped it early.
+    pub stopped: bool,
+}
+
+/// State shared by the threads of one epoch.
+struct Shared {
+    words: AtomicU64,
+    pairs: AtomicU64,
+    loss: Mutex<(f64, u64)>,
+    window_loss: Mutex<(f64, u64)>,
+    stop: AtomicBool,
+}
+
+/// Per-thread buffers: nothing allocates per pair.
+struct Scratch {
+    sentence: Vec<u32>,
+    l1: Vec<f32>,
+    err: Vec<f32>,
+    v: Vec<f32>,
+    tmp: Vec<f32>,
+    loss: f64,
+    loss_n: u64,
+    pairs: u64,
+}
+
+impl NsJob<'_> {
+    /// Trains epochs `start_epoch..self.epochs`, calling `progress` a few times a second and
+    /// `epoch_end` after each epoch with the tables as they are (return `false` to stop).
+    pub fn run(
+        &self,
+        emb: &mut Embeddings,
+        start_epoch: usize,
+        progress: &(dyn Fn(&Progress) + Sync),
+        epoch_end: &mut dyn FnMut(&EpochStats, &Embeddings) -> Result<bool, Error>,
+    ) -> Result<Vec<EpochStats>, Error> {
+        match self.config.hogwild {
+            Hogwild::Racy => self.run_with::<RacyRows>(emb, start_epoch, progress, epoch_end),
+            Hogwild::Atomic => self.run_with::<AtomicRows>(emb, start_epoch, progress, epoch_end),
+        }
+    }
+
+    fn run_with<R: HogwildRows>(
+        &self,
+        emb: &mut Embeddings,
+        start_epoch: usize,
+        progress: &(dyn Fn(&Progress) + Sync),
+        epoch_end: &mut dyn FnMut(&EpochStats, &Embeddings) -> Result<bool, Error>,
+    ) -> Result<Vec<EpochStats>, Error> {
+        if self.negatives == 0 {
+            return Err(Error::Config { key: "output.n_samples", msg: "negative sampling needs >= 1 negative".into() });
+        }
+        let ranges = split_lines(self.corpus, self.threads.max(1))?;
+        let n_parts = ranges.len();
+        let keep = self.vocab.keep_probs(self.spec.subsample, self.spec.t);
+        let epoch_words = self.vocab.train_tokens();
+        let total_words = epoch_words * self.epochs as u64;
+        let mut all = Vec::new();
+        for epoch in start_epoch..self.epochs {
+            let input = R::from_matrix(std::mem::take(&mut emb.input));
+            let output = R::from_matrix(std::mem::take(&mut emb.output));
+            let shared = Shared {
+                words: AtomicU64::new(epoch_words * epoch as u64),
+                pairs: AtomicU64::new(0),
+                loss: Mutex::new((0.0, 0)),
+                window_loss: Mutex::new((0.0, 0)),
+                stop: AtomicBool::new(false),
+            };
+            let t0 = Instant::now();
+            let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
+                let handles: Vec<_> = ranges
+                    .iter()
+                    .enumerate()
+                    .map(|(t, range)| {
+                        let (input, output, shared, keep) = (&input, &output, &shared, &keep);
+                        let range = range.clone();
+                        s.spawn(move || {
+                            let mut rng = rng::seeded(self.seed, (epoch * n_parts + t) as u64);
+                            let mut scratch = Scratch::new(self.config.dim);
+                            let mut unreported = 0u64;
+                            let mut result = Ok(());
+                            for_each_line(
+                                self.corpus,
+                                range,
+                                self.spec.lowercase,
+                                |_, text| {
+                                    scratch.sentence.clear();
+                                    for tok in text.split_whitespace() {
+                                        if let Some(id) = self.vocab.id(tok) {
+                                            unreported += 1;
+                                            let p = keep[id as usize];
+                                            if p >= 1.0 || rng.random::<f32>() < p {
+                                                scratch.sentence.push(id);
+                                            }
+                                        }
+                                    }
+                                    let done = shared.words.load(Ordering::Relaxed);
+                                    let lr = self.lr_at(done, total_words);
+                                    self.train_sentence(input, output, lr, &mut scratch, &mut rng);
+                                    if unreported >= REPORT_EVERY {
+                                        let done = shared.words.fetch_add(unreported, Ordering::Relaxed) + unreported;
+                                        unreported = 0;
+                                        shared.pairs.fetch_add(std::mem::take(&mut scratch.pairs), Ordering::Relaxed);
+                                        let (l, n) =
+                                            (std::mem::take(&mut scratch.loss), std::mem::take(&mut scratch.loss_n));
+                                        for m in [&shared.loss, &shared.window_loss] {
+                                            let mut g = m.lock().expect("loss lock");
+                                            g.0 += l;
+                                            g.1 += n;
+                                        }
+                                        if !l.is_finite() {
+                                            result = Err(Error::Diverged { epoch, words: done });
+                                            shared.stop.store(true, Ordering::Relaxed);
+                                        }
+                                        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                                            shared.stop.store(true, Ordering::Relaxed);
+                                        }
+                                        if t == 0 {
+                                            let mut g = shared.window_loss.lock().expect("loss lock");
+                                            let loss = if g.1 > 0 { g.0 / g.1 as f64 } else { f64::NAN };
+                                            *g = (0.0, 0);
+                                            drop(g);
+                                            progress(&Progress {
+                                                epoch,
+                                                words: done,
+                                                total_words,
+                                                loss,
+                                                lr: self.lr_at(done, total_words),
+                                            });
+                                        }
+                                    }
+                                    !shared.stop.load(Ordering::Relaxed)
+                                },
+                                |_| true,
+                            )?;
+                            shared.words.fetch_add(unreported, Ordering::Relaxed);
+                            shared.pairs.fetch_add(scratch.pairs, Ordering::Relaxed);
+                            let mut g = shared.loss.lock().expect("loss lock");
+                            g.0 += scratch.loss;
+                            g.1 += scratch.loss_n;
+                            if !scratch.loss.is_finite() && result.is_ok() {
+                                result = Err(Error::Diverged { epoch, words: shared.words.load(Ordering::Relaxed) });
+                            }
+                            result
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("training thread panicked")).collect()
+            });
+            emb.input = input.to_matrix();
+            emb.output = output.to_matrix();
+            for r in results {
+                r?;
+            }
+            let (loss_sum, loss_n) = *shared.loss.lock().expect("loss lock");
+            let stats = EpochStats {
+                epoch,
+                words: shared.words.load(Ordering::Relaxed) - epoch_words * epoch as u64,
+                pairs: shared.pairs.load(Ordering::Relaxed),
+                loss: if loss_n > 0 { loss_sum / loss_n as f64 } else { f64::NAN },
+                seconds: t0.elapsed().as_secs_f64(),
+                stopped: shared.stop.load(Ordering::Relaxed),
+            };
+            all.push(stats);
+            if !epoch_end(&stats, emb)? || stats.stopped {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    /// Linear decay from `lr` to `min_lr` over the whole schedule.
+    fn lr_at(&self, words: u64, total: u64) -> f32 {
+        let c = self.config;
+        let frac = 1.0 - words as f64 / (total as f64 + 1.0);
+        (c.lr as f64 * frac).max(c.min_lr as f64) as f32
+    }
+
+    fn train_sentence<R: HogwildRows>(&self, input: &R, output: &R, lr: f32, s: &mut Scratch, rng: &mut Rng) {
+        let n = s.sentence.len();
+        for pos in 0..n {
+            let b = rng.random_range(1..=self.config.window);
+            let (lo, hi) = (pos.saturating_sub(b), (pos + b + 1).min(n));
+            let centre = s.sentence[pos];
+            for c in lo..hi {
+                if c != pos {
+                    let context = s.sentence[c];
+                    self.train_pair(input, output, context, centre, lr, s, rng);
+                }
+            }
+        }
+    }
+
+    /// One SGD step on the pair's loss (module docs).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn train_pair<R: HogwildRows>(
+        &self,
+        input: &R,
+        output: &R,
+        context: u32,
+        centre: u32,
+        lr: f32,
+        s: &mut Scratch,
+        rng: &mut Rng,
+    ) {
+        input.read(context as usize, &mut s.l1);
+        s.err.fill(0.0);
+        // The loss costs two logarithms per target: estimate it on one pair in 8.
+        let track = s.pairs.is_multiple_of(8);
+        for j in 0..=self.negatives {
+            let (target, label) = if j == 0 {
+                (centre, 1.0)
+            } else {
+                let k = self.noise.sample(rng);
+                if k == centre {
+                    continue;
+                }
+                (k, 0.0)
+            };
+            output.read(target as usize, &mut s.v);
+            let p = sigmoid(kernels::dot(&s.v, &s.l1));
+            if track {
+                // -log s(f) for the centre, -log s(-f) = -log(1 - s(f)) for a negative.
+                // (Clamped so a confident mistake counts 69, but NaN, from overflowed vectors,
+                // is kept: it is how divergence is noticed.)
+                let q = if label > 0.0 { p } else { 1.0 - p };
+                s.loss -= if q.is_nan() { f64::NAN } else { q.max(1e-30).ln() as f64 };
+            }
+            let g = lr * (label - p);
+            kernels::axpy(g, &s.v, &mut s.err);
+            output.axpy(target as usize, g, &s.l1, &mut s.tmp);
+        }
+        if track {
+            s.loss_n += 1;
+        }
+        s.pairs += 1;
+        input.axpy(context as usize, 1.0, &s.err, &mut s.tmp);
+    }
+}
+
+impl Scratch {
+    fn new(dim: usize) -> Self {
+        Self {
+            sentence: Vec::new(),
+            l1: vec![0.0; dim],
+            err: vec![0.0; dim],
+            v: vec![0.0; dim],
+            tmp: vec![0.0; dim],
+            loss: 0.0,
+            loss_n: 0,
+            pairs: 0,
+        }
+    }
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farout_data::synth_text::TextGenSpec;
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        corpus: std::path::PathBuf,
+        spec: TextSpec,
+        vocab: Vocab,
+        noise: AliasTable,
+        generator: TextGenSpec,
+    }
+
+    fn setup() -> Setup {
+        let generator = TextGenSpec { words: 1000, tokens: 300_000, topics: 10, ..TextGenSpec::default() };
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.txt");
+        generator.write(&corpus, &|_| {}).unwrap();
+        let spec = TextSpec { min_count: 1, t: 1e-3, ..TextSpec::default() };
+        let vocab = Vocab::build(&corpus, &spec, 2).unwrap();
+        let w: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(0.75)).collect();
+        let noise = AliasTable::new(&w).unwrap();
+        Setup { _dir: dir, corpus, spec, vocab, noise, generator }
+    }
+
+    fn job<'a>(s: &'a Setup, config: &'a SkipGramConfig, threads: usize, epochs: usize) -> NsJob<'a> {
+        NsJob {
+            corpus: &s.corpus,
+            spec: &s.spec,
+            vocab: &s.vocab,
+            config,
+            negatives: 5,
+            noise: &s.noise,
+            threads,
+            seed: 3,
+            epochs,
+            deadline: None,
+        }
+    }
+
+    fn train(s: &Setup, config: &SkipGramConfig, threads: usize, epochs: usize) -> (Embeddings, Vec<EpochStats>) {
+        let mut emb = Embeddings::init(s.vocab.len(), config.dim, 3);
+        let stats = job(s, config, threads, epochs).run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(true)).unwrap();
+        (emb, stats)
+    }
+
+    /// The fraction of words (ranks 20..420, below the most frequent "function words") whose
+    /// nearest neighbour by cosine belongs to the same topic; chance is 1/10.
+    fn topic_purity(s: &Setup, emb: &Embeddings) -> f64 {
+        let rank = |id: usize| s.vocab.word(id as u32)[1..].parse::<usize>().unwrap();
+        let probes: Vec<usize> = (0..s.vocab.len()).filter(|&i| (20..420).contains(&rank(i))).collect();
+        let hits = probes
+            .iter()
+            .filter(|&&i| {
+                let best = (0..s.vocab.len())
+                    .filter(|&j| j != i)
+                    .max_by(|&a, &b| {
+                        let c = |j: usize| kernels::cosine(emb.input.row(i), emb.input.row(j));
+                        c(a).total_cmp(&c(b))
+                    })
+                    .unwrap();
+                s.generator.topic_of(rank(best)) == s.generator.topic_of(rank(i))
+            })
+            .count();
+        hits as f64 / probes.len() as f64
+    }
+
+    #[test]
+    fn embeddings_learn_the_topics_with_both_memory_models() {
+        let s = setup();
+        for hogwild in [Hogwild::Racy, Hogwild::Atomic] {
+            let config = SkipGramConfig { dim: 32, hogwild, ..SkipGramConfig::default() };
+            let untrained = Embeddings::init(s.vocab.len(), 32, 3);
+            let (emb, stats) = train(&s, &config, 2, 3);
+            assert_eq!(stats.len(), 3);
+            assert!(stats.iter().all(|e| e.words == s.vocab.train_tokens() && e.pairs > 0));
+            assert!(stats[2].loss < stats[0].loss, "{hogwild:?}: {stats:?}");
+            let (before, after) = (topic_purity(&s, &untrained), topic_purity(&s, &emb));
+            assert!(before < 0.25 && after > 0.8, "{hogwild:?}: purity {before} -> {after}");
+        }
+    }
+
+    #[test]
+    fn one_thread_is_deterministic_and_resuming_continues_the_schedule() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 16, ..SkipGramConfig::default() };
+        let (full, _) = train(&s, &config, 1, 2);
+        let (again, _) = train(&s, &config, 1, 2);
+        assert_eq!(full, again);
+        // Stop after the first epoch, then continue from it.
+        let mut emb = Embeddings::init(s.vocab.len(), 16, 3);
+        let j = job(&s, &config, 1, 2);
+        let first = j.run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(false)).unwrap();
+        assert_eq!(first.len(), 1);
+        assert_ne!(emb, full);
+        j.run(&mut emb, 1, &|_| {}, &mut |_, _| Ok(true)).unwrap();
+        assert_eq!(emb, full);
+    }
+
+    #[test]
+    fn the_step_size_falls_linearly_and_progress_is_reported() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 8, lr: 0.05, min_lr: 0.001, ..SkipGramConfig::default() };
+        let j = job(&s, &config, 2, 2);
+        let total = 1000;
+        assert_eq!(j.lr_at(0, total), 0.05);
+        assert!((j.lr_at(500, total) - 0.05 * (1.0 - 500.0 / 1001.0)).abs() < 1e-7);
+        assert_eq!(j.lr_at(total, total), 0.001);
+        let seen = Mutex::new(Vec::new());
+        let mut emb = Embeddings::init(s.vocab.len(), 8, 3);
+        j.run(&mut emb, 0, &|p| seen.lock().unwrap().push(*p), &mut |_, _| Ok(true)).unwrap();
+        let seen = seen.into_inner().unwrap();
+        assert!(seen.len() > 5);
+        assert!(seen.windows(2).all(|w| w[1].words >= w[0].words && w[1].lr <= w[0].lr));
+        assert!(seen.iter().all(|p| p.total_words == 2 * s.vocab.train_tokens() && p.loss.is_finite()));
+    }
+
+    #[test]
+    fn divergence_stops_with_an_error() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 8, lr: 1e30, min_lr: 1e30, ..SkipGramConfig::default() };
+        let mut emb = Embeddings::init(s.vocab.len(), 8, 3);
+        emb.input.as_mut_slice().iter_mut().for_each(|x| *x = 1e30);
+        let err = job(&s, &config, 2, 1).run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(true)).unwrap_err();
+        assert!(matches!(err, Error::Diverged { .. }), "{err}");
+    }
+}

@@ -1,0 +1,89 @@
+//! Skip-gram from the command line: train on the synthetic corpus, export, evaluate, resume.
+
+use crate::{farout, quiet_in, stderr, summary};
+use std::path::Path;
+
+const SMALL: [&str; 4] = ["--set", "data.synthetic.tokens=300000", "--set", "train.epochs=2"];
+
+fn args<'a>(extra: &[&'a str], q: &'a [String]) -> Vec<&'a str> {
+    let mut a = vec!["train", "configs/skipgram-quickstart.toml"];
+    a.extend(SMALL);
+    a.extend(q.iter().map(String::as_str));
+    a.extend(extra);
+    a
+}
+
+/// Pairs of the quickstart's synthetic words: same topic (rank mod 50) scored high, different
+/// topics low. Vectors that learned the topics rank them alike.
+fn topic_pairs(path: &Path) {
+    let mut text = String::from("# word1\tword2\tscore\n");
+    for i in 0..30 {
+        let a = 100 + i;
+        text += &format!("w{a}\tw{}\t9\n", a + 50);
+        text += &format!("w{a}\tw{}\t1\n", a + 51);
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn skipgram_trains_exports_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let txt = dir.path().join("v.txt");
+    let bin = dir.path().join("v.bin");
+    let pairs = dir.path().join("pairs.tsv");
+    topic_pairs(&pairs);
+    let eval = format!("eval.similarity=\"{}\"", pairs.display());
+    let s = summary(&farout(&args(&["--export-vectors", txt.to_str().unwrap(), "--set", &eval], &q)));
+    assert_eq!(s["estimator"], "negative_sampling");
+    assert_eq!(s["epochs"], 2);
+    assert_eq!(s["words"].as_u64().unwrap(), 2 * s["train_tokens"].as_u64().unwrap());
+    let rho = s["similarity"]["spearman"].as_f64().unwrap();
+    assert!(rho > 0.6, "similarity on topic pairs: {rho}");
+    assert_eq!(s["similarity"]["pairs"], 60);
+    // The exported file evaluates to the same figure, and `farout export` writes the same
+    // vectors in binary from the checkpoint.
+    let o = farout(&["eval", "similarity", "--vectors", txt.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["spearman"].as_f64().unwrap(), rho);
+    let mut export = vec!["export", "configs/skipgram-quickstart.toml", "--out", bin.to_str().unwrap()];
+    export.extend(q.iter().map(String::as_str));
+    let o = farout(&export);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = farout(&["eval", "similarity", "--vectors", bin.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()]);
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(b["spearman"].as_f64().unwrap(), rho);
+    assert!(dir.path().join("log/metrics.jsonl").exists());
+}
+
+#[test]
+fn skipgram_resumes_after_its_last_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let one = summary(&farout(&args(&["--set", "train.epochs=1"], &q)));
+    assert_eq!(one["epochs"], 1);
+    let o = farout(&args(&["--resume"], &q));
+    let two = summary(&o);
+    assert!(stderr(&o).contains("resuming after epoch 1"), "{}", stderr(&o));
+    assert_eq!(two["epochs"], 2);
+    assert_eq!(two["words"].as_u64().unwrap(), 2 * one["words"].as_u64().unwrap());
+}
+
+#[test]
+fn skipgram_errors_name_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(&bad, b"a b c\nd e \xff f\n").unwrap();
+    let corpus = format!("data.corpus=\"{}\"", bad.display());
+    let o = farout(&args(&["--set", &corpus], &q));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("bad.txt:2: not valid UTF-8"), "{}", stderr(&o));
+    let o = farout(&args(&["--set", "output.estimator=\"softmax\""], &q));
+    assert!(stderr(&o).contains("key `output.estimator`"), "{}", stderr(&o));
+    let o = farout(&args(&["--set", "model.skip_gram.window=0"], &q));
+    assert!(stderr(&o).contains("key `model.skip_gram.window`"), "{}", stderr(&o));
+    let o = farout(&["eval", "analogy", "--vectors", bad.to_str().unwrap(), "--questions", "x"]);
+    assert!(stderr(&o).contains("bad.txt:1: expected `count dim`"), "{}", stderr(&o));
+}
