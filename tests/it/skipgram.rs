@@ -80,8 +80,8 @@ fn skipgram_errors_name_the_problem() {
     let o = farout(&args(&["--set", &corpus], &q));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("bad.txt:2: not valid UTF-8"), "{}", stderr(&o));
-    let o = farout(&args(&["--set", "output.estimator=\"softmax\""], &q));
-    assert!(stderr(&o).contains("key `output.estimator`"), "{}", stderr(&o));
+    let o = farout(&args(&["--set", "output.warmup_steps=10"], &q));
+    assert!(stderr(&o).contains("key `output.warmup_steps`"), "{}", stderr(&o));
     let o = farout(&args(&["--set", "model.skip_gram.window=0"], &q));
     assert!(stderr(&o).contains("key `model.skip_gram.window`"), "{}", stderr(&o));
     let o = farout(&["eval", "analogy", "--vectors", bad.to_str().unwrap(), "--questions", "x"]);

@@ -3,8 +3,9 @@
 //!
 //! Files are never loaded whole: [`split_lines`] cuts a file into byte ranges that start at
 //! line starts, and each thread streams its own range with [`for_each_line`]. The vocabulary
-//! ([`Vocab::build`]) is counted that way in parallel, then sorted by decreasing frequency, so
-//! id 0 is the most frequent word (what log-uniform proposals and `--restrict` assume).
+//! ([`Vocab::build`]) is counted that way in parallel, then sorted by decreasing frequency (ties
+//! in order of first appearance, like word2vec and gensim), so id 0 is the most frequent word
+//! (what log-uniform proposals and `--restrict` assume).
 //!
 //! Invalid UTF-8 is handled as [`TextSpec::invalid_utf8`] says: `error` (the default) stops
 //! with the file and 1-based line; `skip` drops the line and counts it in [`Vocab::skipped_lines`].
@@ -181,10 +182,11 @@ pub struct Vocab {
     pub skipped_lines: u64,
 }
 
-/// One thread's share of a vocabulary count.
+/// One thread's share of a vocabulary count: per word, its count and the index of its first
+/// token in the thread's range.
 #[derive(Default)]
 struct Counts {
-    words: FxHashMap<String, u64>,
+    words: FxHashMap<String, (u64, u64)>,
     tokens: u64,
     lines: usize,
     skipped: u64,
@@ -212,13 +214,13 @@ impl Vocab {
                             spec.lowercase,
                             |_, text| {
                                 for tok in text.split_whitespace() {
-                                    c.tokens += 1;
                                     match c.words.get_mut(tok) {
-                                        Some(n) => *n += 1,
+                                        Some((n, _)) => *n += 1,
                                         None => {
-                                            c.words.insert(tok.to_owned(), 1);
+                                            c.words.insert(tok.to_owned(), (1, c.tokens));
                                         }
                                     }
+                                    c.tokens += 1;
                                 }
                                 true
                             },
@@ -236,7 +238,8 @@ impl Vocab {
                 .collect();
             handles.into_iter().map(|h| h.join().expect("vocabulary thread panicked")).collect()
         });
-        let mut total = FxHashMap::<String, u64>::default();
+        // Per word: count, and the corpus position of its first token (ties are ordered by it).
+        let mut total = FxHashMap::<String, (u64, u64)>::default();
         let (mut tokens, mut lines, mut skipped) = (0u64, 0u64, 0u64);
         for part in parts {
             let part = part?;
@@ -248,13 +251,16 @@ impl Vocab {
                 });
             }
             skipped += part.skipped;
+            for (w, (n, first)) in part.words {
+                let e = total.entry(w).or_insert((0, tokens + first));
+                e.0 += n;
+            }
             tokens += part.tokens;
             lines += part.lines as u64;
-            for (w, n) in part.words {
-                *total.entry(w).or_insert(0) += n;
-            }
         }
-        let mut v = Self::from_counts(total, spec.min_count, spec.max_vocab);
+        let mut by_first: Vec<(String, (u64, u64))> = total.into_iter().collect();
+        by_first.sort_unstable_by_key(|(_, (_, first))| *first);
+        let mut v = Self::from_counts(by_first.into_iter().map(|(w, (n, _))| (w, n)), spec.min_count, spec.max_vocab);
         v.corpus_tokens = tokens;
         v.corpus_lines = lines;
         v.skipped_lines = skipped;
@@ -262,10 +268,11 @@ impl Vocab {
     }
 
     /// The vocabulary of words counted at least `min_count` times, at most `max_vocab` of them
-    /// (0 = all), sorted by decreasing count, ties by word.
+    /// (0 = all), sorted by decreasing count; ties keep the order of `counts` ([`Self::build`]
+    /// gives words in order of first appearance, as word2vec and gensim order them).
     pub fn from_counts(counts: impl IntoIterator<Item = (String, u64)>, min_count: u64, max_vocab: usize) -> Self {
         let mut kept: Vec<(String, u64)> = counts.into_iter().filter(|(_, n)| *n >= min_count).collect();
-        kept.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        kept.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
         if max_vocab > 0 {
             kept.truncate(max_vocab);
         }
@@ -415,8 +422,13 @@ mod tests {
             assert_eq!(v.corpus_tokens, 11);
             assert_eq!(v.corpus_lines, 4);
         }
-        let lower = TextSpec { min_count: 1, max_vocab: 3, lowercase: true, ..TextSpec::default() };
-        let v = Vocab::build(f.path(), &lower, 2).unwrap();
+        // Ties in order of first appearance, whatever the number of threads.
+        let lower = TextSpec { min_count: 1, lowercase: true, ..TextSpec::default() };
+        for threads in [1, 2, 3] {
+            let v = Vocab::build(f.path(), &lower, threads).unwrap();
+            assert_eq!(v.words(), ["the", "sat", "cat", "on", "mat", "dog", "end"], "{threads} threads");
+        }
+        let v = Vocab::build(f.path(), &TextSpec { max_vocab: 3, ..lower }, 2).unwrap();
         assert_eq!(v.words(), ["the", "sat", "cat"]);
         assert_eq!(v.id("sat"), Some(1));
         assert_eq!(v.id("dog"), None);

@@ -122,6 +122,28 @@ impl OutputLayer {
         &self.w
     }
 
+    /// Replaces W by `w` of the same shape (for example output vectors trained elsewhere); an
+    /// attached index is rebuilt before its next search.
+    pub fn set_weights(&mut self, w: Matrix) -> Result<(), Error> {
+        if (w.rows(), w.cols()) != (self.w.rows(), self.w.cols()) {
+            return Err(Error::Config {
+                key: "output",
+                msg: format!(
+                    "weights of {} x {} for a {} x {} layer",
+                    w.rows(),
+                    w.cols(),
+                    self.w.rows(),
+                    self.w.cols()
+                ),
+            });
+        }
+        self.w = w;
+        if let Some(a) = &mut self.attached {
+            a.index = None;
+        }
+        Ok(())
+    }
+
     /// The biases, if any.
     pub fn bias(&self) -> Option<&[f32]> {
         self.bias.as_deref()

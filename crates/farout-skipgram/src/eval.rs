@@ -12,6 +12,7 @@
 use crate::Error;
 use crate::vectors::Vectors;
 use farout_core::{Matrix, gemm, kernels};
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::io::BufRead;
@@ -223,6 +224,47 @@ pub fn pearson(x: &[f64], y: &[f64]) -> f64 {
     sxy / (sxx * syy).sqrt()
 }
 
+/// The full-softmax skip-gram loss averaged over `pairs` of (context x, centre y):
+/// `mean [log sum_k exp(u_x . v_k) - u_x . v_y]` with `U = input`, `V = output` — the
+/// objective (eq. 9 of the LDGS paper, uncollapsed) that sampling and search estimators
+/// approximate. Costs one score row per distinct context word.
+pub fn softmax_objective(input: &Matrix, output: &Matrix, pairs: &[(u32, u32)]) -> f64 {
+    if pairs.is_empty() {
+        return f64::NAN;
+    }
+    let (k, d) = (output.rows(), output.cols());
+    let mut sorted = pairs.to_vec();
+    sorted.sort_unstable();
+    // Distinct contexts, and for each the range of its pairs.
+    let mut groups: Vec<(u32, std::ops::Range<usize>)> = Vec::new();
+    for (j, &(x, _)) in sorted.iter().enumerate() {
+        match groups.last_mut() {
+            Some((gx, r)) if *gx == x => r.end = j + 1,
+            _ => groups.push((x, j..j + 1)),
+        }
+    }
+    const CHUNK: usize = 128;
+    let mut q = Matrix::zeros(CHUNK, d);
+    let mut z = vec![0.0f32; CHUNK * k];
+    let mut total = 0.0f64;
+    for chunk in groups.chunks(CHUNK) {
+        for (i, (x, _)) in chunk.iter().enumerate() {
+            q.row_mut(i).copy_from_slice(input.row(*x as usize));
+        }
+        let m = chunk.len();
+        gemm::scores(&q.as_slice()[..m * d], m, output.as_slice(), k, d, &mut z[..m * k]);
+        total += z[..m * k]
+            .par_chunks(k)
+            .zip(chunk.par_iter())
+            .map(|(row, (_, range))| {
+                let lse = kernels::log_sum_exp(row) as f64;
+                sorted[range.clone()].iter().map(|&(_, y)| lse - row[y as usize] as f64).sum::<f64>()
+            })
+            .sum::<f64>();
+    }
+    total / pairs.len() as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,5 +351,22 @@ mod tests {
         assert_eq!(ranks(&[10.0, 20.0, 10.0, 5.0]), [2.5, 4.0, 2.5, 1.0]);
         let x = [1.0, 2.0, 3.0, 4.0];
         assert!((pearson(&x, &[2.0, 4.0, 6.0, 8.0]) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn softmax_objective_matches_a_direct_sum() {
+        let input = Matrix::from_vec(3, 2, vec![0.5, -1.0, 2.0, 0.25, -0.5, 1.5]).unwrap();
+        let output = Matrix::from_vec(4, 2, vec![1.0, 0.0, 0.0, 1.0, -1.0, 0.5, 0.3, 0.3]).unwrap();
+        let pairs: [(u32, u32); 5] = [(0, 1), (2, 3), (0, 0), (1, 2), (0, 1)];
+        let direct: f64 = pairs
+            .iter()
+            .map(|&(x, y)| {
+                let z: Vec<f64> = (0..4).map(|k| kernels::dot(input.row(x as usize), output.row(k)) as f64).collect();
+                z.iter().map(|v| v.exp()).sum::<f64>().ln() - z[y as usize]
+            })
+            .sum::<f64>()
+            / pairs.len() as f64;
+        let fast = softmax_objective(&input, &output, &pairs);
+        assert!((fast - direct).abs() < 1e-5, "{fast} vs {direct}");
     }
 }

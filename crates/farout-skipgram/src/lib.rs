@@ -3,6 +3,9 @@
 //!
 //! - [`sgns`]: negative sampling trained word2vec-style, lock-free over threads that each
 //!   stream their own part of the corpus ([`hogwild`] holds the shared tables);
+//! - [`batch`]: any other gradient estimator (exact or sampled softmax, MIPS, LDGS, A&R) on
+//!   the same pairs, in minibatches through farout's output layer;
+//! - [`pairs`]: text to (context, centre) pairs, shared by both trainers;
 //! - [`vectors`]: word2vec text and binary files (gensim reads them);
 //! - [`eval`]: analogy accuracy and similarity correlation.
 //!
@@ -10,8 +13,10 @@
 //! model is two embedding tables (input vectors `U` and output vectors `V`, the output layer's W).
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod eval;
 pub mod hogwild;
+pub mod pairs;
 pub mod sgns;
 pub mod vectors;
 
@@ -45,11 +50,25 @@ pub struct SkipGramConfig {
     pub min_lr: f32,
     /// Memory model of the lock-free updates.
     pub hogwild: Hogwild,
+    /// Input vectors start uniform in `[-init_range/dim, init_range/dim)`: 1 as gensim 4, 0.5 as
+    /// word2vec's C code.
+    pub init_range: f32,
+    /// Estimators other than negative sampling: train this many epochs with negative sampling
+    /// first (the LDGS paper starts search-based methods from one epoch of it).
+    pub ns_warmup_epochs: usize,
 }
 
 impl Default for SkipGramConfig {
     fn default() -> Self {
-        Self { dim: 100, window: 5, lr: 0.025, min_lr: 1e-4, hogwild: Hogwild::Racy }
+        Self {
+            dim: 100,
+            window: 5,
+            lr: 0.025,
+            min_lr: 1e-4,
+            hogwild: Hogwild::Racy,
+            init_range: 1.0,
+            ns_warmup_epochs: 0,
+        }
     }
 }
 
@@ -59,6 +78,9 @@ impl SkipGramConfig {
         let bad = |key, msg: String| Err(Error::Config { key, msg });
         if self.dim == 0 {
             return bad("model.skip_gram.dim", "must be >= 1".into());
+        }
+        if !(self.init_range >= 0.0 && self.init_range.is_finite()) {
+            return bad("model.skip_gram.init_range", format!("{} must be a finite number >= 0", self.init_range));
         }
         if self.window == 0 {
             return bad("model.skip_gram.window", "must be >= 1".into());
@@ -83,12 +105,12 @@ pub struct Embeddings {
 }
 
 impl Embeddings {
-    /// word2vec's initialisation: `U` uniform in `[-0.5/dim, 0.5/dim)`, `V = 0`.
-    pub fn init(words: usize, dim: usize, seed: u64) -> Self {
+    /// word2vec's initialisation: `U` uniform in `[-range/dim, range/dim)`, `V = 0`.
+    pub fn init(words: usize, dim: usize, range: f32, seed: u64) -> Self {
         let mut input = Matrix::zeros(words, dim);
         let mut r = rng::seeded(seed, u64::MAX);
         for x in input.as_mut_slice() {
-            *x = (r.random::<f32>() - 0.5) / dim as f32;
+            *x = (2.0 * r.random::<f32>() - 1.0) * range / dim as f32;
         }
         Self { input, output: Matrix::zeros(words, dim) }
     }

@@ -13,8 +13,8 @@
 //! The step size falls linearly from `lr` to `min_lr` over all the words of all epochs.
 
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
+use crate::pairs::{for_each_pair, subsample};
 use crate::{Embeddings, Error, Hogwild, SkipGramConfig};
-use farout_core::rng::RngExt;
 use farout_core::{AliasTable, Rng, kernels, rng};
 use farout_data::corpus::{TextSpec, Vocab, for_each_line, split_lines};
 use std::path::Path;
@@ -163,15 +163,7 @@ impl NsJob<'_> {
                                 self.spec.lowercase,
                                 |_, text| {
                                     scratch.sentence.clear();
-                                    for tok in text.split_whitespace() {
-                                        if let Some(id) = self.vocab.id(tok) {
-                                            unreported += 1;
-                                            let p = keep[id as usize];
-                                            if p >= 1.0 || rng.random::<f32>() < p {
-                                                scratch.sentence.push(id);
-                                            }
-                                        }
-                                    }
+                                    unreported += subsample(text, self.vocab, keep, &mut rng, &mut scratch.sentence);
                                     let done = shared.words.load(Ordering::Relaxed);
                                     let lr = self.lr_at(done, total_words);
                                     self.train_sentence(input, output, lr, &mut scratch, &mut rng);
@@ -255,18 +247,11 @@ impl NsJob<'_> {
     }
 
     fn train_sentence<R: HogwildRows>(&self, input: &R, output: &R, lr: f32, s: &mut Scratch, rng: &mut Rng) {
-        let n = s.sentence.len();
-        for pos in 0..n {
-            let b = rng.random_range(1..=self.config.window);
-            let (lo, hi) = (pos.saturating_sub(b), (pos + b + 1).min(n));
-            let centre = s.sentence[pos];
-            for c in lo..hi {
-                if c != pos {
-                    let context = s.sentence[c];
-                    self.train_pair(input, output, context, centre, lr, s, rng);
-                }
-            }
-        }
+        let sentence = std::mem::take(&mut s.sentence);
+        for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
+            self.train_pair(input, output, context, centre, lr, s, rng)
+        });
+        s.sentence = sentence;
     }
 
     /// One SGD step on the pair's loss (module docs).
@@ -379,7 +364,7 @@ mod tests {
     }
 
     fn train(s: &Setup, config: &SkipGramConfig, threads: usize, epochs: usize) -> (Embeddings, Vec<EpochStats>) {
-        let mut emb = Embeddings::init(s.vocab.len(), config.dim, 3);
+        let mut emb = Embeddings::init(s.vocab.len(), config.dim, 1.0, 3);
         let stats = job(s, config, threads, epochs).run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(true)).unwrap();
         (emb, stats)
     }
@@ -410,7 +395,7 @@ mod tests {
         let s = setup();
         for hogwild in [Hogwild::Racy, Hogwild::Atomic] {
             let config = SkipGramConfig { dim: 32, hogwild, ..SkipGramConfig::default() };
-            let untrained = Embeddings::init(s.vocab.len(), 32, 3);
+            let untrained = Embeddings::init(s.vocab.len(), 32, 1.0, 3);
             let (emb, stats) = train(&s, &config, 2, 3);
             assert_eq!(stats.len(), 3);
             assert!(stats.iter().all(|e| e.words == s.vocab.train_tokens() && e.pairs > 0));
@@ -428,7 +413,7 @@ mod tests {
         let (again, _) = train(&s, &config, 1, 2);
         assert_eq!(full, again);
         // Stop after the first epoch, then continue from it.
-        let mut emb = Embeddings::init(s.vocab.len(), 16, 3);
+        let mut emb = Embeddings::init(s.vocab.len(), 16, 1.0, 3);
         let j = job(&s, &config, 1, 2);
         let first = j.run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(false)).unwrap();
         assert_eq!(first.len(), 1);
@@ -447,7 +432,7 @@ mod tests {
         assert!((j.lr_at(500, total) - 0.05 * (1.0 - 500.0 / 1001.0)).abs() < 1e-7);
         assert_eq!(j.lr_at(total, total), 0.001);
         let seen = Mutex::new(Vec::new());
-        let mut emb = Embeddings::init(s.vocab.len(), 8, 3);
+        let mut emb = Embeddings::init(s.vocab.len(), 8, 1.0, 3);
         j.run(&mut emb, 0, &|p| seen.lock().unwrap().push(*p), &mut |_, _| Ok(true)).unwrap();
         let seen = seen.into_inner().unwrap();
         assert!(seen.len() > 5);
@@ -459,7 +444,7 @@ mod tests {
     fn divergence_stops_with_an_error() {
         let s = setup();
         let config = SkipGramConfig { dim: 8, lr: 1e30, min_lr: 1e30, ..SkipGramConfig::default() };
-        let mut emb = Embeddings::init(s.vocab.len(), 8, 3);
+        let mut emb = Embeddings::init(s.vocab.len(), 8, 1.0, 3);
         emb.input.as_mut_slice().iter_mut().for_each(|x| *x = 1e30);
         let err = job(&s, &config, 2, 1).run(&mut emb, 0, &|_| {}, &mut |_, _| Ok(true)).unwrap_err();
         assert!(matches!(err, Error::Diverged { .. }), "{err}");

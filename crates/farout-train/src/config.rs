@@ -348,6 +348,11 @@ pub struct EvalConfig {
     /// Skip-gram: word pairs with human similarity scores evaluated after each epoch (e.g.
     /// `../shared/data/eval/wordsim353.tsv`).
     pub similarity: Option<PathBuf>,
+    /// Skip-gram: held-out text on which the full-softmax objective is evaluated after each
+    /// epoch (a synthetic corpus gets a held-out part generated with it).
+    pub heldout: Option<PathBuf>,
+    /// Skip-gram: (context, centre) pairs of the held-out text used (0 = no evaluation).
+    pub heldout_pairs: usize,
 }
 
 impl Default for EvalConfig {
@@ -359,6 +364,8 @@ impl Default for EvalConfig {
             analogy: None,
             analogy_restrict: 30_000,
             similarity: None,
+            heldout: None,
+            heldout_pairs: 5_000,
         }
     }
 }
@@ -517,12 +524,10 @@ impl Config {
             if let Err(farout_skipgram::Error::Config { key, msg }) = self.model.skip_gram.check() {
                 return Err(format!("key `{key}` {msg}"));
             }
-            if self.output.estimator != EstimatorKind::NegativeSampling {
-                return Err(format!(
-                    "key `output.estimator`: skip-gram trains with \"negative_sampling\" (found {:?}; the other \
-                     estimators on the skip-gram objective are not available yet)",
-                    self.output.estimator
-                ));
+            if self.output.warmup_steps > 0 {
+                return Err(
+                    "key `output.warmup_steps`: skip-gram warms up with model.skip_gram.ns_warmup_epochs".into()
+                );
             }
         }
         let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);

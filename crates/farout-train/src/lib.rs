@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod estimators;
 pub mod log;
 pub mod metrics;
 pub mod repro;

@@ -8,11 +8,15 @@
 
 use crate::Error;
 use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
-use crate::config::Config;
+use crate::config::{Config, EstimatorKind};
 use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
 use farout_core::AliasTable;
 use farout_data::corpus::Vocab;
-use farout_skipgram::eval::{self, AnalogyReport, SimilarityReport};
+use farout_data::synth_text::TextGenSpec;
+use farout_layer::OutputLayer;
+use farout_skipgram::batch::{BatchJob, InputTable};
+use farout_skipgram::eval::{self, AnalogyReport, SimilarityReport, softmax_objective};
+use farout_skipgram::pairs::sample_pairs;
 use farout_skipgram::sgns::{EpochStats, NsJob, Progress};
 use farout_skipgram::vectors::{Format, Vectors};
 use farout_skipgram::{Embeddings, SkipGramConfig};
@@ -62,8 +66,10 @@ pub struct SkipGramSummary {
     pub vocab_seconds: f64,
     /// `words / train_seconds`.
     pub words_per_second: f64,
-    /// Mean pair loss of the last epoch.
+    /// Mean pair loss of the last epoch (the estimator's own loss).
     pub loss: f64,
+    /// Full-softmax objective on held-out pairs after the last epoch.
+    pub heldout_objective: Option<f64>,
     /// Analogy evaluation of the final vectors (`eval.analogy`).
     pub analogy: Option<AnalogyTotals>,
     /// Similarity evaluation of the final vectors (`eval.similarity`).
@@ -110,56 +116,59 @@ pub fn evaluate(config: &Config, v: &Vectors) -> Result<(Option<AnalogyReport>, 
     Ok((analogy, similarity))
 }
 
-fn save_checkpoint(dir: &Path, vocab: &Vocab, emb: &Embeddings, state: &State) -> Result<PathBuf, Error> {
-    replace_dir(dir, |tmp| {
-        vocab.save(&tmp.join("vocab.txt"))?;
-        write_f32_file(&tmp.join("input.bin"), emb.input.as_slice())?;
-        write_f32_file(&tmp.join("output.bin"), emb.output.as_slice())?;
-        let json = serde_json::to_string_pretty(state).expect("state serialises");
-        std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
-    })
-}
-
 fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State), Error> {
     let state_path = dir.join("state.json");
     let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
     let state: State = serde_json::from_str(&text)
         .map_err(|e| Error::Mismatch(format!("{}: not a skip-gram checkpoint state: {e}", state_path.display())))?;
     let vocab = Vocab::load(&dir.join("vocab.txt"))?;
-    let mut emb = Embeddings::init(vocab.len(), dim, 0);
+    let mut emb = Embeddings::init(vocab.len(), dim, 0.0, 0);
     read_f32_file(&dir.join("input.bin"), emb.input.as_mut_slice())?;
     read_f32_file(&dir.join("output.bin"), emb.output.as_mut_slice())?;
     Ok((vocab, emb, state))
 }
 
-/// `data.corpus`, or the synthetic corpus of `[data.synthetic]` in the log directory (written
-/// unless it is there already with the same parameters).
-pub fn corpus_path(config: &Config) -> Result<PathBuf, Error> {
+/// The training corpus and the held-out text: `data.corpus` and `eval.heldout`, or the
+/// synthetic corpus of `[data.synthetic]` and a held-out part generated with another seed (1 %
+/// of its size, at least 100,000 tokens), both in the log directory and written unless they are
+/// there already with the same parameters.
+pub fn corpus_paths(config: &Config) -> Result<(PathBuf, Option<PathBuf>), Error> {
     if let Some(p) = &config.data.corpus {
-        return Ok(p.clone());
+        return Ok((p.clone(), config.eval.heldout.clone()));
     }
     let dir = config.log_dir();
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
-    let (path, spec_path) = (dir.join("corpus.txt"), dir.join("corpus.json"));
-    let spec = serde_json::to_string_pretty(&config.data.synthetic).expect("spec serialises");
-    if path.exists() && std::fs::read_to_string(&spec_path).is_ok_and(|s| s == spec) {
-        return Ok(path);
+    let train = config.data.synthetic.clone();
+    let heldout = TextGenSpec { tokens: (train.tokens / 100).max(100_000), seed: train.seed + 1, ..train.clone() };
+    let corpus = write_synthetic(config, &train, &dir.join("corpus.txt"))?;
+    let held = match &config.eval.heldout {
+        Some(p) => p.clone(),
+        None => write_synthetic(config, &heldout, &dir.join("heldout.txt"))?,
+    };
+    Ok((corpus, Some(held)))
+}
+
+fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<PathBuf, Error> {
+    let spec_path = path.with_extension("json");
+    let json = serde_json::to_string_pretty(spec).expect("spec serialises");
+    if path.exists() && std::fs::read_to_string(&spec_path).is_ok_and(|s| s == json) {
+        return Ok(path.to_path_buf());
     }
     let _ = std::fs::remove_file(&spec_path);
     let bar = if config.log.progress {
-        ProgressBar::new(config.data.synthetic.tokens)
+        ProgressBar::new(spec.tokens)
     } else {
-        ProgressBar::with_draw_target(Some(config.data.synthetic.tokens), ProgressDrawTarget::hidden())
+        ProgressBar::with_draw_target(Some(spec.tokens), ProgressDrawTarget::hidden())
     };
     bar.set_style(
         ProgressStyle::with_template("synthetic corpus [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tokens")
             .expect("static template"),
     );
-    config.data.synthetic.write(&path, &|n| bar.set_position(n))?;
+    spec.write(path, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
-    std::fs::write(&spec_path, spec).map_err(io(&spec_path))?;
-    eprintln!("wrote a synthetic corpus of {} tokens to {}", config.data.synthetic.tokens, path.display());
-    Ok(path)
+    std::fs::write(&spec_path, json).map_err(io(&spec_path))?;
+    eprintln!("wrote a synthetic corpus of {} tokens to {}", spec.tokens, path.display());
+    Ok(path.to_path_buf())
 }
 
 /// Writes the input vectors of the config's checkpoint to `out` (word2vec binary for `.bin`,
@@ -170,8 +179,138 @@ pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
     Ok(vocab.len())
 }
 
+/// Progress display and timing, shared with the training threads.
+struct Ticker {
+    bar: ProgressBar,
+    /// Progress records from a training thread, waiting for the main thread's sinks.
+    pending: Mutex<Vec<(u64, f64, [f64; 3])>>,
+    start: Instant,
+    base_seconds: f64,
+    base_words: u64,
+    /// Seconds spent evaluating and checkpointing (not training).
+    eval_seconds: Mutex<f64>,
+}
+
+impl Ticker {
+    fn train_seconds(&self) -> f64 {
+        self.base_seconds + self.start.elapsed().as_secs_f64() - *self.eval_seconds.lock().expect("lock")
+    }
+
+    fn progress(&self, p: &Progress) {
+        let rate = (p.words - self.base_words) as f64 / (self.train_seconds() - self.base_seconds).max(1e-9);
+        self.bar.set_position(p.words);
+        self.bar.set_message(format!("{:.0}k words/s, loss {:.4}, lr {:.5}", rate / 1e3, p.loss, p.lr));
+        let wall = self.train_seconds();
+        self.pending.lock().expect("pending lock").push((p.words, wall, [p.loss, p.lr as f64, rate]));
+    }
+}
+
+/// What the two training phases share: the run's state, logs, evaluation and checkpoints.
+struct Session<'a> {
+    config: &'a Config,
+    vocab: &'a Vocab,
+    ticker: &'a Ticker,
+    state: State,
+    sinks: Sinks,
+    last_loss: f64,
+    /// Held-out pairs for the full-softmax objective.
+    heldout: Vec<(u32, u32)>,
+    /// The objective on them after the last epoch.
+    last_heldout: Option<f64>,
+}
+
+impl Session<'_> {
+    /// Logs, evaluates and checkpoints after an epoch; `extra` writes phase-specific files.
+    fn end_epoch(
+        &mut self,
+        s: &EpochStats,
+        emb: &Embeddings,
+        extra: impl FnOnce(&Path) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let t_eval = Instant::now();
+        let records: Vec<_> = self.ticker.pending.lock().expect("pending lock").drain(..).collect();
+        for (words, wall, [loss, lr, rate]) in records {
+            self.sinks.record(words, wall, &[("train/loss", loss), ("train/lr", lr), ("train/words_per_s", rate)])?;
+        }
+        let st = &mut self.state;
+        st.epochs_done = s.epoch + 1;
+        st.words += s.words;
+        st.pairs += s.pairs;
+        st.train_seconds = self.ticker.train_seconds();
+        self.last_loss = s.loss;
+        let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds)];
+        let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
+        if !self.heldout.is_empty() {
+            let obj = softmax_objective(&emb.input, &emb.output, &self.heldout);
+            values.push(("eval/heldout_objective", obj));
+            line += &format!(", held-out objective {obj:.4}");
+            self.last_heldout = Some(obj);
+        }
+        if self.config.eval.analogy.is_some() || self.config.eval.similarity.is_some() {
+            let (a, sim) = evaluate(self.config, &vectors(self.vocab, emb)?)?;
+            if let Some(a) = a {
+                values.push(("eval/analogy", a.accuracy));
+                line += &format!(", analogy {:.2}% of {}", 100.0 * a.accuracy, a.total.asked);
+            }
+            if let Some(sim) = sim {
+                values.push(("eval/similarity_spearman", sim.spearman));
+                line += &format!(", similarity {:.3}", sim.spearman);
+            }
+        }
+        self.sinks.record(self.state.words, self.state.train_seconds, &values)?;
+        self.sinks.flush()?;
+        if self.ticker.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.ticker.bar.println(line);
+        }
+        if self.config.checkpoint.enabled {
+            replace_dir(&self.config.checkpoint_dir(), |tmp| {
+                self.vocab.save(&tmp.join("vocab.txt"))?;
+                write_f32_file(&tmp.join("input.bin"), emb.input.as_slice())?;
+                write_f32_file(&tmp.join("output.bin"), emb.output.as_slice())?;
+                extra(tmp)?;
+                let json = serde_json::to_string_pretty(&self.state).expect("state serialises");
+                std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
+            })?;
+        }
+        *self.ticker.eval_seconds.lock().expect("lock") += t_eval.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The error of a diverged run, saying what was kept.
+    fn diverged(&self, words: u64) -> Error {
+        let kept = if self.state.epochs_done > 0 && self.config.checkpoint.enabled {
+            format!(
+                "the checkpoint of epoch {} is kept at {}",
+                self.state.epochs_done,
+                self.config.checkpoint_dir().display()
+            )
+        } else {
+            "no checkpoint had been written yet; lower the step size".into()
+        };
+        Error::Diverged { step: words, loss: f64::NAN, kept }
+    }
+}
+
+/// `true` for `Ok`; an error is kept in `slot` (and training stops: the epoch callback says so).
+fn keep_error(slot: &mut Option<Error>, r: Result<(), Error>) -> bool {
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            *slot = Some(e);
+            false
+        }
+    }
+}
+
 /// Trains the config's skip-gram model (continuing from its checkpoint with `resume`) and
 /// writes the input vectors to `export` (word2vec binary for `.bin`, else text).
+///
+/// `negative_sampling` trains lock-free over threads ([`farout_skipgram::sgns`]); every other
+/// estimator trains on minibatches of pairs through the output layer
+/// ([`farout_skipgram::batch`]), after `model.skip_gram.ns_warmup_epochs` epochs of negative
+/// sampling (the LDGS paper starts search-based methods from one).
 pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<SkipGramSummary, Error> {
     let sg: &SkipGramConfig = &config.model.skip_gram;
     let threads = if config.train.threads > 0 {
@@ -182,15 +321,16 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     let log_dir = config.log_dir();
     std::fs::create_dir_all(&log_dir).map_err(io(&log_dir))?;
     let ck_dir = config.checkpoint_dir();
-    let corpus = &corpus_path(config)?;
+    let (corpus, heldout_path) = corpus_paths(config)?;
+    let corpus = &corpus;
     let t_vocab = Instant::now();
-    let (vocab, mut emb, mut state) = if resume {
+    let (vocab, mut emb, state) = if resume {
         let (vocab, emb, state) = load_checkpoint(&ck_dir, sg.dim)?;
         eprintln!("resuming after epoch {} ({} words) from {}", state.epochs_done, state.words, ck_dir.display());
         (vocab, emb, state)
     } else {
         let vocab = Vocab::build(corpus, &config.data.text, threads)?;
-        let emb = Embeddings::init(vocab.len(), sg.dim, config.seed);
+        let emb = Embeddings::init(vocab.len(), sg.dim, sg.init_range, config.seed);
         let state = State { corpus_tokens: vocab.corpus_tokens, ..State::default() };
         (vocab, emb, state)
     };
@@ -216,22 +356,11 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
             eprintln!("skipped {} line(s) that are not valid UTF-8", vocab.skipped_lines);
         }
     }
-    let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(config.output.alpha)).collect();
-    let noise = AliasTable::new(&weights).expect("counts are positive");
-    let negatives = if config.output.n_samples > 0 { config.output.n_samples } else { DEFAULT_NEGATIVES };
+    let is_ns = config.output.estimator == EstimatorKind::NegativeSampling;
+    let epochs = config.train.epochs;
+    let ns_epochs = if is_ns { epochs } else { sg.ns_warmup_epochs.min(epochs) };
     let remaining = (config.train.max_seconds > 0.0).then(|| (config.train.max_seconds - state.train_seconds).max(0.0));
-    let job = NsJob {
-        corpus,
-        spec: &config.data.text,
-        vocab: &vocab,
-        config: sg,
-        negatives,
-        noise: &noise,
-        threads,
-        seed: config.seed,
-        epochs: config.train.epochs,
-        deadline: remaining.map(|s| Instant::now() + std::time::Duration::from_secs_f64(s)),
-    };
+    let deadline = remaining.map(|s| Instant::now() + std::time::Duration::from_secs_f64(s));
 
     let mut sinks = Sinks::default();
     if config.log.jsonl {
@@ -240,7 +369,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     if config.log.tensorboard {
         sinks.0.push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
     }
-    let total_words = vocab.train_tokens() * config.train.epochs as u64;
+    let total_words = vocab.train_tokens() * epochs as u64;
     let bar = if config.log.progress {
         ProgressBar::new(total_words)
     } else {
@@ -253,88 +382,135 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         .expect("static template")
         .progress_chars("=> "),
     );
-    bar.set_prefix(format!("{} (skip-gram, negative_sampling)", config.name));
+    bar.set_prefix(format!("{} (skip-gram)", config.name));
     bar.set_position(state.words);
-
-    // Progress comes from a training thread; records wait here for the main thread's sinks.
-    let pending: Mutex<Vec<(u64, f64, [f64; 3])>> = Mutex::new(Vec::new());
-    let start = Instant::now();
-    let base_seconds = state.train_seconds;
-    let base_words = state.words;
-    let on_progress = |p: &Progress| {
-        let secs = start.elapsed().as_secs_f64();
-        let rate = (p.words - base_words) as f64 / secs.max(1e-9);
-        bar.set_position(p.words);
-        bar.set_message(format!("{:.0}k words/s, loss {:.4}, lr {:.5}", rate / 1e3, p.loss, p.lr));
-        pending.lock().expect("pending lock").push((p.words, base_seconds + secs, [p.loss, p.lr as f64, rate]));
+    let ticker = Ticker {
+        bar,
+        pending: Mutex::new(Vec::new()),
+        start: Instant::now(),
+        base_seconds: state.train_seconds,
+        base_words: state.words,
+        eval_seconds: Mutex::new(0.0),
     };
-    let mut eval_seconds = 0.0;
-    let mut last_loss = f64::NAN;
+    let heldout = match (&heldout_path, config.eval.heldout_pairs) {
+        (Some(p), n) if n > 0 => sample_pairs(p, &config.data.text, &vocab, sg.window, config.seed, n)?,
+        _ => Vec::new(),
+    };
+    let mut session = Session {
+        config,
+        vocab: &vocab,
+        ticker: &ticker,
+        state,
+        sinks,
+        last_loss: f64::NAN,
+        heldout,
+        last_heldout: None,
+    };
     let mut failure: Option<Error> = None;
-    let start_epoch = state.epochs_done;
-    let mut on_epoch = |s: &EpochStats, emb: &Embeddings| -> Result<bool, farout_skipgram::Error> {
-        let result = (|| -> Result<(), Error> {
-            for (words, wall, [loss, lr, rate]) in pending.lock().expect("pending lock").drain(..) {
-                sinks.record(words, wall, &[("train/loss", loss), ("train/lr", lr), ("train/words_per_s", rate)])?;
-            }
-            state.epochs_done = s.epoch + 1;
-            state.words += s.words;
-            state.pairs += s.pairs;
-            state.train_seconds = base_seconds + start.elapsed().as_secs_f64() - eval_seconds;
-            last_loss = s.loss;
-            let t_eval = Instant::now();
-            let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds)];
-            let mut line =
-                format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
-            if config.eval.analogy.is_some() || config.eval.similarity.is_some() {
-                let (a, sim) = evaluate(config, &vectors(&vocab, emb)?)?;
-                if let Some(a) = a {
-                    values.push(("eval/analogy", a.accuracy));
-                    line += &format!(", analogy {:.2}% of {}", 100.0 * a.accuracy, a.total.asked);
-                }
-                if let Some(sim) = sim {
-                    values.push(("eval/similarity_spearman", sim.spearman));
-                    line += &format!(", similarity {:.3}", sim.spearman);
-                }
-            }
-            sinks.record(state.words, state.train_seconds, &values)?;
-            sinks.flush()?;
-            bar.println(line);
-            if config.checkpoint.enabled {
-                save_checkpoint(&ck_dir, &vocab, emb, &state)?;
-            }
-            eval_seconds += t_eval.elapsed().as_secs_f64();
-            Ok(())
-        })();
-        // Stop training on a failed evaluation or checkpoint; the error is returned below.
-        Ok(result.map_err(|e| failure = Some(e)).is_ok())
-    };
-    let run = job.run(&mut emb, start_epoch, &on_progress, &mut on_epoch);
-    bar.finish_and_clear();
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    match run {
-        Err(farout_skipgram::Error::Diverged { words, .. }) => {
-            let kept = if state.epochs_done > 0 && config.checkpoint.enabled {
-                format!("the checkpoint of epoch {} is kept at {}", state.epochs_done, ck_dir.display())
-            } else {
-                "no checkpoint had been written yet; lower model.skip_gram.lr".into()
-            };
-            return Err(Error::Diverged { step: words, loss: f64::NAN, kept });
+    let mut stopped = false;
+
+    // Phase 1: negative sampling, lock-free (the whole run, or the warm-up of the others).
+    if session.state.epochs_done < ns_epochs {
+        let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(config.output.alpha)).collect();
+        let noise = AliasTable::new(&weights).expect("counts are positive");
+        let negatives = if is_ns && config.output.n_samples > 0 { config.output.n_samples } else { DEFAULT_NEGATIVES };
+        let job = NsJob {
+            corpus,
+            spec: &config.data.text,
+            vocab: &vocab,
+            config: sg,
+            negatives,
+            noise: &noise,
+            threads,
+            seed: config.seed,
+            epochs: ns_epochs,
+            deadline,
+        };
+        let start_epoch = session.state.epochs_done;
+        let run = job.run(&mut emb, start_epoch, &|p| ticker.progress(p), &mut |s, e| {
+            stopped |= s.stopped;
+            Ok(keep_error(&mut failure, session.end_epoch(s, e, |_| Ok(()))))
+        });
+        if let Some(e) = failure {
+            return Err(e);
         }
-        Err(e) => return Err(e.into()),
-        Ok(_) => {}
+        match run {
+            Err(farout_skipgram::Error::Diverged { words, .. }) => return Err(session.diverged(words)),
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
     }
+
+    // Phase 2: the configured estimator on minibatches through the output layer.
+    let mut estimator_name = "negative_sampling".to_string();
+    if !is_ns && !stopped && session.state.epochs_done < epochs {
+        let k = vocab.len();
+        let out = &config.output;
+        let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
+        let layer_file = ck_dir.join("layer.bin");
+        if resume && layer_file.exists() {
+            layer.load(&layer_file)?;
+        } else {
+            layer.set_weights(emb.output.clone())?;
+        }
+        let built = crate::estimators::build(out, k, k, || vocab.counts().to_vec())?;
+        crate::estimators::attach_index(&mut layer, built.estimator.as_ref(), config, sg.dim)?;
+        estimator_name = built.estimator.name().to_string();
+        let mut input =
+            InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
+        let accum_file = ck_dir.join("input_optimizer.bin");
+        if resume && accum_file.exists() {
+            read_f32_file(&accum_file, input.optimizer.accum_mut())?;
+            input.optimizer.set_step(layer.step());
+        }
+        let job = BatchJob {
+            corpus,
+            spec: &config.data.text,
+            vocab: &vocab,
+            config: sg,
+            batch_size: config.train.batch_size,
+            seed: config.seed,
+            epochs,
+            deadline,
+        };
+        let start_epoch = session.state.epochs_done;
+        let run = job.run(
+            &mut input,
+            &mut layer,
+            built.estimator.as_ref(),
+            start_epoch,
+            &mut |p| ticker.progress(p),
+            &mut |s, input, layer| {
+                let tables = Embeddings { input: input.vectors.clone(), output: layer.weights().clone() };
+                let saved = session.end_epoch(s, &tables, |tmp| {
+                    layer.save(&tmp.join("layer.bin"))?;
+                    write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
+                });
+                Ok(keep_error(&mut failure, saved))
+            },
+        );
+        emb = Embeddings { input: input.vectors, output: layer.weights().clone() };
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        match run {
+            Err(farout_skipgram::Error::Diverged { words, .. }) => return Err(session.diverged(words)),
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+    }
+    ticker.bar.finish_and_clear();
+
     let v = vectors(&vocab, &emb)?;
     let (analogy, similarity) = evaluate(config, &v)?;
     if let Some(p) = export {
         v.save(p, Format::from_path(p))?;
     }
+    let state = &session.state;
     Ok(SkipGramSummary {
         name: config.name.clone(),
         task: config.task(),
-        estimator: "negative_sampling".into(),
+        estimator: estimator_name,
         vocab: vocab.len(),
         corpus_tokens: state.corpus_tokens,
         train_tokens: vocab.train_tokens(),
@@ -344,7 +520,8 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         train_seconds: state.train_seconds,
         vocab_seconds,
         words_per_second: state.words as f64 / state.train_seconds.max(1e-9),
-        loss: last_loss,
+        loss: session.last_loss,
+        heldout_objective: session.last_heldout,
         analogy: analogy.as_ref().map(AnalogyTotals::from),
         similarity,
         vectors: export.map(Path::to_path_buf),

@@ -1,15 +1,12 @@
 use crate::Error;
-use crate::config::{Config, EncoderKind, EstimatorKind, LossKind, ProposalKind};
+use crate::config::{Config, EncoderKind, EstimatorKind, LossKind};
 use crate::data::{self, TaskData};
 use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
 use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
-use farout_estimators::{
-    ArLogistic, ArProbit, ArSoftmax, Batch, Exact, GradientEstimator, Ldgs, Loss, LossScratch, Mips, NegativeSampling,
-    Ove, Proposal, SampledSoftmax, SmoothedMargin, Softmax,
-};
+use farout_estimators::{Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -132,59 +129,13 @@ impl Trainer {
         };
         let mut layer =
             OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
-        let out = &config.output;
-        let percent = (data.n_classes / 100).max(1); // the paper's K/100 default for Q
-        let n_samples = if out.n_samples > 0 {
-            out.n_samples
-        } else {
-            ((out.sample_fraction * data.n_classes as f64) as usize).max(1)
-        };
-        let n_data = data.train.len();
-        let proposal = |default: ProposalKind| -> Result<Proposal, Error> {
-            Ok(match out.proposal.unwrap_or(default) {
-                ProposalKind::Uniform => Proposal::Uniform,
-                ProposalKind::LogUniform => Proposal::LogUniform,
-                ProposalKind::Unigram => {
-                    let mut counts = vec![0u64; data.n_classes];
-                    data.train.labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
-                    Proposal::unigram(&counts, out.alpha).ok_or_else(|| {
-                        Error::Mismatch("key `output.proposal` = \"unigram\": the training set has no labels".into())
-                    })?
-                }
-            })
-        };
-        let margin = SmoothedMargin::new(out.mu)?;
-        let search_top = if out.top > 0 { out.top } else { percent };
-        let (estimator, loss): (Box<dyn GradientEstimator>, Box<dyn Loss>) = match (out.estimator, out.loss) {
-            (EstimatorKind::Softmax, _) => (Box::new(Exact::new(Softmax)), Box::new(Softmax)),
-            (EstimatorKind::Margin, _) => (Box::new(Exact::new(margin)), Box::new(margin)),
-            (EstimatorKind::SampledSoftmax, _) => (
-                Box::new(SampledSoftmax::with_proposal(
-                    n_samples,
-                    proposal(ProposalKind::Uniform)?,
-                    out.unique,
-                    out.shared_samples,
-                )?),
-                Box::new(Softmax),
-            ),
-            (EstimatorKind::NegativeSampling, _) => {
-                (Box::new(NegativeSampling::new(n_samples, proposal(ProposalKind::Unigram)?)?), Box::new(Softmax))
-            }
-            (EstimatorKind::Ove, _) => (Box::new(Ove::new(n_samples)?), Box::new(Softmax)),
-            (EstimatorKind::ArSoftmax, _) => (Box::new(ArSoftmax::new(n_samples, n_data)?), Box::new(Softmax)),
-            (EstimatorKind::ArProbit, _) => (Box::new(ArProbit::new(n_samples, n_data)?), Box::new(Softmax)),
-            (EstimatorKind::ArLogistic, _) => (Box::new(ArLogistic::new(n_samples, n_data)?), Box::new(Softmax)),
-            (EstimatorKind::Mips, LossKind::Softmax) => (Box::new(Mips::new(Softmax, search_top)?), Box::new(Softmax)),
-            (EstimatorKind::Mips, LossKind::Margin) => (Box::new(Mips::new(margin, search_top)?), Box::new(margin)),
-            (EstimatorKind::Ldgs, LossKind::Softmax) => (
-                Box::new(Ldgs::new(Softmax, search_top, out.iterations, out.active_set, out.tau2, out.rescore)?),
-                Box::new(Softmax),
-            ),
-            (EstimatorKind::Ldgs, LossKind::Margin) => (
-                Box::new(Ldgs::new(margin, search_top, out.iterations, out.active_set, out.tau2, out.rescore)?),
-                Box::new(margin),
-            ),
-        };
+        let (labels, k) = (&data.train.labels, data.n_classes);
+        let built = crate::estimators::build(&config.output, k, data.train.len(), || {
+            let mut counts = vec![0u64; k];
+            labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
+            counts
+        })?;
+        let crate::estimators::Built { estimator, loss, search_top, warmup } = built;
         if estimator.single_label() {
             let (most, i) = data.train.labels.most_labels();
             if most > 1 {
@@ -195,18 +146,7 @@ impl Trainer {
                 )));
             }
         }
-        if estimator.uses_index() {
-            let blocks = if out.estimator != EstimatorKind::Ldgs {
-                1
-            } else if out.blocks > 0 {
-                out.blocks
-            } else {
-                default_blocks(d_model)
-            };
-            layer.attach_index(config.index.index_config(), blocks, config.index.refresh_every)?;
-        }
-        let warmup: Option<Box<dyn GradientEstimator>> =
-            if out.warmup_steps > 0 { Some(Box::new(SampledSoftmax::new(n_samples)?)) } else { None };
+        crate::estimators::attach_index(&mut layer, estimator.as_ref(), &config, d_model)?;
         Ok(Self {
             config,
             data,
@@ -634,16 +574,6 @@ impl Trainer {
 
 /// The LDGS paper's block counts: B = 8 for D = 128 and B = 4 for D = 100, i.e. blocks of 16 or
 /// 25 dimensions; one block when neither divides D.
-fn default_blocks(d: usize) -> usize {
-    if d.is_multiple_of(16) {
-        d / 16
-    } else if d.is_multiple_of(25) {
-        d / 25
-    } else {
-        1
-    }
-}
-
 fn read_state(dir: &Path) -> Option<State> {
     serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).ok()?).ok()
 }
