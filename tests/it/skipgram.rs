@@ -87,3 +87,52 @@ fn skipgram_errors_name_the_problem() {
     let o = farout(&["eval", "analogy", "--vectors", bad.to_str().unwrap(), "--questions", "x"]);
     assert!(stderr(&o).contains("bad.txt:1: expected `count dim`"), "{}", stderr(&o));
 }
+
+#[test]
+fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let k = |s: &serde_json::Value| s["vocab"].as_f64().unwrap();
+    // GD on eq. 9 after one epoch of negative sampling.
+    let gd = summary(&farout(&args(
+        &[
+            "--set",
+            "model.skip_gram.objective=\"collapsed\"",
+            "--set",
+            "model.skip_gram.ns_warmup_epochs=1",
+            "--set",
+            "output.estimator=\"softmax\"",
+            "--set",
+            "output.layer.bias=false",
+            "--set",
+            "output.optimizer={kind=\"adagrad\", lr=0.05}",
+        ],
+        &q,
+    )));
+    assert_eq!(gd["estimator"], "gd");
+    assert_eq!(gd["epochs"], 2);
+    let obj = gd["heldout_objective"].as_f64().unwrap();
+    assert!(obj < k(&gd).ln() - 0.5, "held-out objective {obj} against log K = {}", k(&gd).ln());
+    // Sampled softmax per pair.
+    let dir2 = tempfile::tempdir().unwrap();
+    let q2 = quiet_in(dir2.path());
+    let s = summary(&farout(&args(
+        &[
+            "--set",
+            "output.estimator=\"sampled_softmax\"",
+            "--set",
+            "output.n_samples=20",
+            "--set",
+            "output.layer.bias=false",
+        ],
+        &q2,
+    )));
+    assert_eq!(s["estimator"], "sampled_softmax");
+    assert!(s["heldout_objective"].as_f64().unwrap() < k(&s).ln());
+    // A margin loss has no collapsed form.
+    let o = farout(&args(
+        &["--set", "model.skip_gram.objective=\"collapsed\"", "--set", "output.estimator=\"margin\""],
+        &q,
+    ));
+    assert!(stderr(&o).contains("collapsed objective"), "{}", stderr(&o));
+}

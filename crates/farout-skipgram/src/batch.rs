@@ -24,8 +24,8 @@ use farout_layer::{Optimizer, OutputLayer};
 use std::path::Path;
 use std::time::Instant;
 
-/// Words between progress reports.
-const REPORT_EVERY: u64 = 50_000;
+/// Time between progress reports.
+const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One run of minibatch skip-gram.
 pub struct BatchJob<'a> {
@@ -84,7 +84,7 @@ impl BatchJob<'_> {
             let mut centres: Vec<ClassId> = Vec::with_capacity(self.batch_size);
             let mut phi = Matrix::zeros(self.batch_size, dim);
             let mut words = 0u64;
-            let mut last_report = 0u64;
+            let mut last_report = Instant::now();
             let (mut loss, mut loss_n, mut window_loss, mut window_n, mut pairs) = (0.0f64, 0u64, 0.0f64, 0u64, 0u64);
             let mut failed: Option<Error> = None;
             let mut stopped = false;
@@ -97,6 +97,9 @@ impl BatchJob<'_> {
                     words += subsample(text, self.vocab, &keep, &mut rng, &mut sentence);
                     let mut diverged = false;
                     for_each_pair(&sentence, self.config.window, &mut rng, |_, context, centre| {
+                        if stopped {
+                            return;
+                        }
                         contexts.push(context);
                         centres.push(centre);
                         if contexts.len() == self.batch_size && !diverged {
@@ -107,14 +110,15 @@ impl BatchJob<'_> {
                             loss_n += self.batch_size as u64;
                             window_n += self.batch_size as u64;
                             diverged = !l.is_finite();
+                            stopped = self.deadline.is_some_and(|d| Instant::now() >= d);
                         }
                     });
                     if diverged {
                         failed = Some(Error::Diverged { epoch, words: epoch_words * epoch as u64 + words });
                         return false;
                     }
-                    if words - last_report >= REPORT_EVERY {
-                        last_report = words;
+                    if last_report.elapsed() >= REPORT_INTERVAL || stopped {
+                        last_report = Instant::now();
                         let done = epoch_words * epoch as u64 + words;
                         progress(&Progress {
                             epoch,
@@ -124,12 +128,8 @@ impl BatchJob<'_> {
                             lr: input.optimizer.lr(),
                         });
                         (window_loss, window_n) = (0.0, 0);
-                        if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                            stopped = true;
-                            return false;
-                        }
                     }
-                    true
+                    !stopped
                 },
                 |_| true,
             );
@@ -140,9 +140,16 @@ impl BatchJob<'_> {
             if !contexts.is_empty() && !stopped {
                 pairs += contexts.len() as u64;
                 let n = contexts.len() as u64;
-                loss += step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
-                loss_n += n;
+                let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
+                (loss, window_loss, loss_n, window_n) = (loss + l, window_loss + l, loss_n + n, window_n + n);
             }
+            progress(&Progress {
+                epoch,
+                words: epoch_words * epoch as u64 + words,
+                total_words,
+                loss: window_loss / window_n.max(1) as f64,
+                lr: input.optimizer.lr(),
+            });
             let stats = EpochStats {
                 epoch,
                 words,
@@ -170,22 +177,146 @@ fn step(
     phi: &mut Matrix,
     rng: &mut Rng,
 ) -> f64 {
-    let (b, dim) = (contexts.len(), input.vectors.cols());
+    let positives: Vec<&[ClassId]> = centres.chunks(1).collect();
+    let loss = train_rows(layer, estimator, input, contexts, &positives, phi, rng);
+    contexts.clear();
+    centres.clear();
+    loss
+}
+
+/// One step on samples whose features are the input vectors of `rows` (their ids also go to
+/// the estimator, for per-sample state or counts): the layer updates the output vectors, and
+/// `dL/dphi_i` updates `U[rows[i]]` with the same optimiser rule (a row twice in the batch gets
+/// both updates). Returns the summed loss.
+pub(crate) fn train_rows(
+    layer: &mut OutputLayer,
+    estimator: &dyn GradientEstimator,
+    input: &mut InputTable,
+    rows: &[u32],
+    positives: &[&[ClassId]],
+    phi: &mut Matrix,
+    rng: &mut Rng,
+) -> f64 {
+    let (b, dim) = (rows.len(), input.vectors.cols());
     phi.reshape_for_overwrite(b, dim);
-    for (i, &c) in contexts.iter().enumerate() {
+    for (i, &c) in rows.iter().enumerate() {
         phi.row_mut(i).copy_from_slice(input.vectors.row(c as usize));
     }
-    let positives: Vec<&[ClassId]> = centres.chunks(1).collect();
-    let ids: Vec<usize> = contexts.iter().map(|&c| c as usize).collect();
-    let stats = layer.train_step(estimator, Batch::new(phi, &positives).with_ids(&ids), rng, true);
-    // dL/dphi_i is the gradient of U[contexts[i]]; a word twice in the batch gets both.
+    let ids: Vec<usize> = rows.iter().map(|&c| c as usize).collect();
+    let stats = layer.train_step(estimator, Batch::new(phi, positives).with_ids(&ids), rng, true);
     let rule = input.optimizer.rule();
-    for (i, &c) in contexts.iter().enumerate() {
+    for (i, &c) in rows.iter().enumerate() {
         let acc = input.optimizer.accum_row(c as usize, dim);
         rule.apply(input.vectors.row_mut(c as usize), acc, layer.dphi().row(i));
     }
     input.optimizer.advance();
-    contexts.clear();
-    centres.clear();
     stats.loss_sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eval::softmax_objective;
+    use crate::pairs::sample_pairs;
+    use farout_core::kernels;
+    use farout_data::synth_text::TextGenSpec;
+    use farout_estimators::{Exact, SampledSoftmax, Softmax};
+    use farout_layer::{OptimizerConfig, OutputLayerConfig};
+
+    fn sgd(lr: f32) -> OptimizerConfig {
+        OptimizerConfig::Sgd { lr, decay: 0.0, l2: 0.0 }
+    }
+
+    fn layer(k: usize, d: usize, lr: f32) -> OutputLayer {
+        OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0 }, &sgd(lr), 1).unwrap()
+    }
+
+    fn random(rows: usize, cols: usize, seed: u64) -> Matrix {
+        let mut r = rng::seeded(seed, 0);
+        Matrix::from_vec(rows, cols, (0..rows * cols).map(|_| rng::normal(&mut r) * 0.5).collect()).unwrap()
+    }
+
+    /// One step against the gradients written out: `g_i = softmax(U[x_i] V^T) - e_{y_i}`,
+    /// `V_k -= lr sum_i g_ik U[x_i]`, `U[x] -= lr sum_{i: x_i = x} sum_k g_ik V_k` (old V).
+    #[test]
+    fn a_step_applies_the_exact_gradients_to_both_tables() {
+        let (k, d, lr) = (6, 4, 0.1);
+        let (u0, v0) = (random(k, d, 1), random(k, d, 2));
+        let mut l = layer(k, d, lr);
+        l.set_weights(v0.clone()).unwrap();
+        let mut input = InputTable { vectors: u0.clone(), optimizer: sgd(lr).build(k, d) };
+        let (mut contexts, mut centres) = (vec![2u32, 0, 2], vec![1u32, 3, 0]);
+        let pairs: Vec<(u32, u32)> = contexts.iter().copied().zip(centres.iter().copied()).collect();
+        let mut phi = Matrix::default();
+        let loss = step(
+            &mut l,
+            &Exact::new(Softmax),
+            &mut input,
+            &mut contexts,
+            &mut centres,
+            &mut phi,
+            &mut rng::seeded(1, 1),
+        );
+        assert!(contexts.is_empty() && centres.is_empty());
+        let (mut u, mut v) = (u0.clone(), v0.clone());
+        let mut want_loss = 0.0;
+        for &(x, y) in &pairs {
+            let z: Vec<f32> = (0..k).map(|c| kernels::dot(u0.row(x as usize), v0.row(c))).collect();
+            let lse = kernels::log_sum_exp(&z);
+            want_loss += (lse - z[y as usize]) as f64;
+            for c in 0..k {
+                let g = (z[c] - lse).exp() - if c == y as usize { 1.0 } else { 0.0 };
+                kernels::axpy(-lr * g, u0.row(x as usize), v.row_mut(c));
+                kernels::axpy(-lr * g, v0.row(c), u.row_mut(x as usize));
+            }
+        }
+        assert!((loss - want_loss).abs() < 1e-4, "{loss} vs {want_loss}");
+        for (got, want) in [(&input.vectors, &u), (l.weights(), &v)] {
+            for (a, b) in got.as_slice().iter().zip(want.as_slice()) {
+                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn training_lowers_the_full_softmax_objective() {
+        let generator = TextGenSpec { words: 300, tokens: 60_000, topics: 6, ..TextGenSpec::default() };
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("c.txt");
+        generator.write(&corpus, &|_| {}).unwrap();
+        let spec = TextSpec { min_count: 1, t: 1e-3, ..TextSpec::default() };
+        let vocab = Vocab::build(&corpus, &spec, 1).unwrap();
+        let config = SkipGramConfig { dim: 16, ..SkipGramConfig::default() };
+        let pairs = sample_pairs(&corpus, &spec, &vocab, config.window, 9, 5_000).unwrap();
+        let k = vocab.len();
+        let job = BatchJob {
+            corpus: &corpus,
+            spec: &spec,
+            vocab: &vocab,
+            config: &config,
+            batch_size: 32,
+            seed: 4,
+            epochs: 2,
+            deadline: None,
+        };
+        let estimators: [(&str, Box<dyn GradientEstimator>); 2] =
+            [("softmax", Box::new(Exact::new(Softmax))), ("sampled", Box::new(SampledSoftmax::new(20).unwrap()))];
+        for (name, est) in estimators {
+            let mut l = layer(k, 16, 0.05);
+            let init = crate::Embeddings::init(k, 16, 1.0, 3);
+            let mut input = InputTable { vectors: init.input, optimizer: sgd(0.05).build(k, 16) };
+            let before = softmax_objective(&input.vectors, l.weights(), &pairs);
+            let mut seen = Vec::new();
+            let stats = job
+                .run(&mut input, &mut l, est.as_ref(), 0, &mut |p| seen.push(p.words), &mut |_, _, _| Ok(true))
+                .unwrap();
+            let after = softmax_objective(&input.vectors, l.weights(), &pairs);
+            assert_eq!(stats.len(), 2);
+            assert!(stats.iter().all(|s| s.words == vocab.train_tokens() && s.pairs > 0));
+            assert!(!seen.is_empty());
+            // Uniform scores give log K; the topics allow far less.
+            assert!((before - (k as f64).ln()).abs() < 0.05, "{name}: {before}");
+            assert!(after < before - 0.5, "{name}: objective {before} -> {after}");
+        }
+    }
 }

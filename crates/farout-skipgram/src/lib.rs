@@ -5,6 +5,9 @@
 //!   stream their own part of the corpus ([`hogwild`] holds the shared tables);
 //! - [`batch`]: any other gradient estimator (exact or sampled softmax, MIPS, LDGS, A&R) on
 //!   the same pairs, in minibatches through farout's output layer;
+//! - [`collapsed`]: the paper's collapsed objective (eq. 9) from co-occurrence counts, and
+//!   gradient descent on it with exact, MIPS or LDGS softmax gradients (GD, GD-MIPS,
+//!   GD-Decomp-MIPS);
 //! - [`pairs`]: text to (context, centre) pairs, shared by both trainers;
 //! - [`vectors`]: word2vec text and binary files (gensim reads them);
 //! - [`eval`]: analogy accuracy and similarity correlation.
@@ -14,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+pub mod collapsed;
 pub mod eval;
 pub mod hogwild;
 pub mod pairs;
@@ -36,6 +40,18 @@ pub enum Hogwild {
     Atomic,
 }
 
+/// Which form of the skip-gram objective the estimators other than negative sampling train.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Objective {
+    /// One SGD step per minibatch of (context, centre) pairs ([`batch`]).
+    #[default]
+    Pairs,
+    /// Gradient descent on the LDGS paper's collapsed objective, eq. 9: a step per batch of
+    /// context words with their co-occurrence counts ([`collapsed`]).
+    Collapsed,
+}
+
 /// The skip-gram model and its schedule (`[model.skip_gram]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +69,9 @@ pub struct SkipGramConfig {
     /// Input vectors start uniform in `[-init_range/dim, init_range/dim)`: 1 as gensim 4, 0.5 as
     /// word2vec's C code.
     pub init_range: f32,
+    /// Estimators other than negative sampling: train the objective per pair (`pairs`) or in
+    /// the collapsed form (`collapsed`, the paper's GD, GD-MIPS and GD-Decomp-MIPS).
+    pub objective: Objective,
     /// Estimators other than negative sampling: train this many epochs with negative sampling
     /// first (the LDGS paper starts search-based methods from one epoch of it).
     pub ns_warmup_epochs: usize,
@@ -67,6 +86,7 @@ impl Default for SkipGramConfig {
             min_lr: 1e-4,
             hogwild: Hogwild::Racy,
             init_range: 1.0,
+            objective: Objective::Pairs,
             ns_warmup_epochs: 0,
         }
     }

@@ -529,6 +529,21 @@ impl Config {
                     "key `output.warmup_steps`: skip-gram warms up with model.skip_gram.ns_warmup_epochs".into()
                 );
             }
+            if self.model.skip_gram.objective == farout_skipgram::Objective::Collapsed {
+                let softmax = match self.output.estimator {
+                    EstimatorKind::Softmax | EstimatorKind::SampledSoftmax => true,
+                    EstimatorKind::Mips | EstimatorKind::Ldgs => self.output.loss == LossKind::Softmax,
+                    _ => false,
+                };
+                if !softmax {
+                    return Err(format!(
+                        "key `output.estimator`: the collapsed objective (eq. 9) is a softmax loss; use \
+                         \"softmax\" (GD), \"mips\" or \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, \
+                         GD-Decomp-MIPS) or \"sampled_softmax\" (found {:?}, loss {:?})",
+                        self.output.estimator, self.output.loss
+                    ));
+                }
+            }
         }
         let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
         match (self.model.encoder, sparse) {

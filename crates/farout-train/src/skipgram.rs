@@ -15,15 +15,16 @@ use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
 use farout_layer::OutputLayer;
 use farout_skipgram::batch::{BatchJob, InputTable};
+use farout_skipgram::collapsed::{Cooccurrence, GdJob, SoftmaxPart};
 use farout_skipgram::eval::{self, AnalogyReport, SimilarityReport, softmax_objective};
 use farout_skipgram::pairs::sample_pairs;
 use farout_skipgram::sgns::{EpochStats, NsJob, Progress};
 use farout_skipgram::vectors::{Format, Vectors};
-use farout_skipgram::{Embeddings, SkipGramConfig};
+use farout_skipgram::{Embeddings, Objective, SkipGramConfig};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
+use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// Negatives per pair when `output.n_samples = 0` (word2vec's default).
@@ -179,72 +180,83 @@ pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
     Ok(vocab.len())
 }
 
-/// Progress display and timing, shared with the training threads.
-struct Ticker {
+/// What the two training phases share: progress display, the run's state, logs, evaluation
+/// and checkpoints. Both callbacks of a training job hold it, hence the cells.
+struct Session<'a> {
+    config: &'a Config,
+    vocab: &'a Vocab,
     bar: ProgressBar,
-    /// Progress records from a training thread, waiting for the main thread's sinks.
-    pending: Mutex<Vec<(u64, f64, [f64; 3])>>,
     start: Instant,
     base_seconds: f64,
     base_words: u64,
     /// Seconds spent evaluating and checkpointing (not training).
-    eval_seconds: Mutex<f64>,
+    eval_seconds: Cell<f64>,
+    state: RefCell<State>,
+    sinks: RefCell<Sinks>,
+    last_loss: Cell<f64>,
+    /// Held-out pairs for the full-softmax objective.
+    heldout: Vec<(u32, u32)>,
+    /// The objective on them after the last epoch.
+    last_heldout: Cell<Option<f64>>,
+    /// The first error of a callback (training stops; the error is returned).
+    failure: RefCell<Option<Error>>,
 }
 
-impl Ticker {
+impl Session<'_> {
     fn train_seconds(&self) -> f64 {
-        self.base_seconds + self.start.elapsed().as_secs_f64() - *self.eval_seconds.lock().expect("lock")
+        self.base_seconds + self.start.elapsed().as_secs_f64() - self.eval_seconds.get()
     }
 
     fn progress(&self, p: &Progress) {
         let rate = (p.words - self.base_words) as f64 / (self.train_seconds() - self.base_seconds).max(1e-9);
         self.bar.set_position(p.words);
         self.bar.set_message(format!("{:.0}k words/s, loss {:.4}, lr {:.5}", rate / 1e3, p.loss, p.lr));
-        let wall = self.train_seconds();
-        self.pending.lock().expect("pending lock").push((p.words, wall, [p.loss, p.lr as f64, rate]));
+        let values = [("train/loss", p.loss), ("train/lr", p.lr as f64), ("train/words_per_s", rate)];
+        let r = self.sinks.borrow_mut().record(p.words, self.train_seconds(), &values);
+        self.keep(r);
     }
-}
 
-/// What the two training phases share: the run's state, logs, evaluation and checkpoints.
-struct Session<'a> {
-    config: &'a Config,
-    vocab: &'a Vocab,
-    ticker: &'a Ticker,
-    state: State,
-    sinks: Sinks,
-    last_loss: f64,
-    /// Held-out pairs for the full-softmax objective.
-    heldout: Vec<(u32, u32)>,
-    /// The objective on them after the last epoch.
-    last_heldout: Option<f64>,
-}
+    /// `true` for `Ok`; the first error is kept for `train` to return (and training stops).
+    fn keep(&self, r: Result<(), Error>) -> bool {
+        match r {
+            Ok(()) => true,
+            Err(e) => {
+                self.failure.borrow_mut().get_or_insert(e);
+                false
+            }
+        }
+    }
 
-impl Session<'_> {
     /// Logs, evaluates and checkpoints after an epoch; `extra` writes phase-specific files.
-    fn end_epoch(
-        &mut self,
+    /// Returns whether training goes on.
+    fn end_epoch(&self, s: &EpochStats, emb: &Embeddings, extra: impl FnOnce(&Path) -> Result<(), Error>) -> bool {
+        let r = self.try_end_epoch(s, emb, extra);
+        self.keep(r) && self.failure.borrow().is_none()
+    }
+
+    fn try_end_epoch(
+        &self,
         s: &EpochStats,
         emb: &Embeddings,
         extra: impl FnOnce(&Path) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let t_eval = Instant::now();
-        let records: Vec<_> = self.ticker.pending.lock().expect("pending lock").drain(..).collect();
-        for (words, wall, [loss, lr, rate]) in records {
-            self.sinks.record(words, wall, &[("train/loss", loss), ("train/lr", lr), ("train/words_per_s", rate)])?;
+        let train_seconds = self.train_seconds();
+        {
+            let mut st = self.state.borrow_mut();
+            st.epochs_done = s.epoch + 1;
+            st.words += s.words;
+            st.pairs += s.pairs;
+            st.train_seconds = train_seconds;
         }
-        let st = &mut self.state;
-        st.epochs_done = s.epoch + 1;
-        st.words += s.words;
-        st.pairs += s.pairs;
-        st.train_seconds = self.ticker.train_seconds();
-        self.last_loss = s.loss;
+        self.last_loss.set(s.loss);
         let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds)];
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
         if !self.heldout.is_empty() {
             let obj = softmax_objective(&emb.input, &emb.output, &self.heldout);
             values.push(("eval/heldout_objective", obj));
             line += &format!(", held-out objective {obj:.4}");
-            self.last_heldout = Some(obj);
+            self.last_heldout.set(Some(obj));
         }
         if self.config.eval.analogy.is_some() || self.config.eval.similarity.is_some() {
             let (a, sim) = evaluate(self.config, &vectors(self.vocab, emb)?)?;
@@ -257,12 +269,16 @@ impl Session<'_> {
                 line += &format!(", similarity {:.3}", sim.spearman);
             }
         }
-        self.sinks.record(self.state.words, self.state.train_seconds, &values)?;
-        self.sinks.flush()?;
-        if self.ticker.bar.is_hidden() {
+        let words = self.state.borrow().words;
+        {
+            let mut sinks = self.sinks.borrow_mut();
+            sinks.record(words, train_seconds, &values)?;
+            sinks.flush()?;
+        }
+        if self.bar.is_hidden() {
             eprintln!("{line}");
         } else {
-            self.ticker.bar.println(line);
+            self.bar.println(line);
         }
         if self.config.checkpoint.enabled {
             replace_dir(&self.config.checkpoint_dir(), |tmp| {
@@ -270,36 +286,35 @@ impl Session<'_> {
                 write_f32_file(&tmp.join("input.bin"), emb.input.as_slice())?;
                 write_f32_file(&tmp.join("output.bin"), emb.output.as_slice())?;
                 extra(tmp)?;
-                let json = serde_json::to_string_pretty(&self.state).expect("state serialises");
+                let json = serde_json::to_string_pretty(&*self.state.borrow()).expect("state serialises");
                 std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
             })?;
         }
-        *self.ticker.eval_seconds.lock().expect("lock") += t_eval.elapsed().as_secs_f64();
+        self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
         Ok(())
     }
 
-    /// The error of a diverged run, saying what was kept.
-    fn diverged(&self, words: u64) -> Error {
-        let kept = if self.state.epochs_done > 0 && self.config.checkpoint.enabled {
-            format!(
-                "the checkpoint of epoch {} is kept at {}",
-                self.state.epochs_done,
-                self.config.checkpoint_dir().display()
-            )
-        } else {
-            "no checkpoint had been written yet; lower the step size".into()
-        };
-        Error::Diverged { step: words, loss: f64::NAN, kept }
-    }
-}
-
-/// `true` for `Ok`; an error is kept in `slot` (and training stops: the epoch callback says so).
-fn keep_error(slot: &mut Option<Error>, r: Result<(), Error>) -> bool {
-    match r {
-        Ok(()) => true,
-        Err(e) => {
-            *slot = Some(e);
-            false
+    /// What a training job returned, with a callback's error first and divergence explained.
+    fn outcome<T>(&self, run: Result<T, farout_skipgram::Error>) -> Result<(), Error> {
+        if let Some(e) = self.failure.borrow_mut().take() {
+            return Err(e);
+        }
+        match run {
+            Ok(_) => Ok(()),
+            Err(farout_skipgram::Error::Diverged { words, .. }) => {
+                let st = self.state.borrow();
+                let kept = if st.epochs_done > 0 && self.config.checkpoint.enabled {
+                    format!(
+                        "the checkpoint of epoch {} is kept at {}",
+                        st.epochs_done,
+                        self.config.checkpoint_dir().display()
+                    )
+                } else {
+                    "no checkpoint had been written yet; lower the step size".into()
+                };
+                Err(Error::Diverged { step: words, loss: f64::NAN, kept })
+            }
+            Err(e) => Err(e.into()),
         }
     }
 }
@@ -384,33 +399,30 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     );
     bar.set_prefix(format!("{} (skip-gram)", config.name));
     bar.set_position(state.words);
-    let ticker = Ticker {
-        bar,
-        pending: Mutex::new(Vec::new()),
-        start: Instant::now(),
-        base_seconds: state.train_seconds,
-        base_words: state.words,
-        eval_seconds: Mutex::new(0.0),
-    };
     let heldout = match (&heldout_path, config.eval.heldout_pairs) {
         (Some(p), n) if n > 0 => sample_pairs(p, &config.data.text, &vocab, sg.window, config.seed, n)?,
         _ => Vec::new(),
     };
-    let mut session = Session {
+    let session = Session {
         config,
         vocab: &vocab,
-        ticker: &ticker,
-        state,
-        sinks,
-        last_loss: f64::NAN,
+        bar,
+        start: Instant::now(),
+        base_seconds: state.train_seconds,
+        base_words: state.words,
+        eval_seconds: Cell::new(0.0),
+        state: RefCell::new(state),
+        sinks: RefCell::new(sinks),
+        last_loss: Cell::new(f64::NAN),
         heldout,
-        last_heldout: None,
+        last_heldout: Cell::new(None),
+        failure: RefCell::new(None),
     };
-    let mut failure: Option<Error> = None;
+    let epochs_done = || session.state.borrow().epochs_done;
     let mut stopped = false;
 
     // Phase 1: negative sampling, lock-free (the whole run, or the warm-up of the others).
-    if session.state.epochs_done < ns_epochs {
+    if epochs_done() < ns_epochs {
         let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(config.output.alpha)).collect();
         let noise = AliasTable::new(&weights).expect("counts are positive");
         let negatives = if is_ns && config.output.n_samples > 0 { config.output.n_samples } else { DEFAULT_NEGATIVES };
@@ -426,24 +438,16 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
             epochs: ns_epochs,
             deadline,
         };
-        let start_epoch = session.state.epochs_done;
-        let run = job.run(&mut emb, start_epoch, &|p| ticker.progress(p), &mut |s, e| {
+        let run = job.run(&mut emb, epochs_done(), &mut |p| session.progress(p), &mut |s, e| {
             stopped |= s.stopped;
-            Ok(keep_error(&mut failure, session.end_epoch(s, e, |_| Ok(()))))
+            Ok(session.end_epoch(s, e, |_| Ok(())))
         });
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        match run {
-            Err(farout_skipgram::Error::Diverged { words, .. }) => return Err(session.diverged(words)),
-            Err(e) => return Err(e.into()),
-            Ok(_) => {}
-        }
+        session.outcome(run)?;
     }
 
     // Phase 2: the configured estimator on minibatches through the output layer.
     let mut estimator_name = "negative_sampling".to_string();
-    if !is_ns && !stopped && session.state.epochs_done < epochs {
+    if !is_ns && !stopped && epochs_done() < epochs {
         let k = vocab.len();
         let out = &config.output;
         let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
@@ -463,50 +467,73 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
             read_f32_file(&accum_file, input.optimizer.accum_mut())?;
             input.optimizer.set_step(layer.step());
         }
-        let job = BatchJob {
-            corpus,
-            spec: &config.data.text,
-            vocab: &vocab,
-            config: sg,
-            batch_size: config.train.batch_size,
-            seed: config.seed,
-            epochs,
-            deadline,
+        let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
+            let tables = Embeddings { input: input.vectors.clone(), output: layer.weights().clone() };
+            Ok(session.end_epoch(s, &tables, |tmp| {
+                layer.save(&tmp.join("layer.bin"))?;
+                write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
+            }))
         };
-        let start_epoch = session.state.epochs_done;
-        let run = job.run(
-            &mut input,
-            &mut layer,
-            built.estimator.as_ref(),
-            start_epoch,
-            &mut |p| ticker.progress(p),
-            &mut |s, input, layer| {
-                let tables = Embeddings { input: input.vectors.clone(), output: layer.weights().clone() };
-                let saved = session.end_epoch(s, &tables, |tmp| {
-                    layer.save(&tmp.join("layer.bin"))?;
-                    write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
-                });
-                Ok(keep_error(&mut failure, saved))
-            },
-        );
+        let run = match sg.objective {
+            Objective::Pairs => {
+                let job = BatchJob {
+                    corpus,
+                    spec: &config.data.text,
+                    vocab: &vocab,
+                    config: sg,
+                    batch_size: config.train.batch_size,
+                    seed: config.seed,
+                    epochs,
+                    deadline,
+                };
+                job.run(
+                    &mut input,
+                    &mut layer,
+                    built.estimator.as_ref(),
+                    epochs_done(),
+                    &mut |p| session.progress(p),
+                    &mut on_epoch,
+                )
+            }
+            Objective::Collapsed => {
+                let t0 = Instant::now();
+                let cooc = Cooccurrence::count(corpus, &config.data.text, &vocab, sg.window, config.seed, threads)?;
+                eprintln!(
+                    "co-occurrences: {} pairs, {} distinct, {:.0} MB, {:.1} s",
+                    cooc.pairs,
+                    cooc.distinct(),
+                    cooc.bytes() as f64 / 1e6,
+                    t0.elapsed().as_secs_f64()
+                );
+                let softmax = if out.estimator == EstimatorKind::Softmax {
+                    estimator_name = "gd".into();
+                    SoftmaxPart::Exact
+                } else {
+                    estimator_name = format!("gd_{}", built.estimator.name());
+                    SoftmaxPart::Estimated(built.estimator.as_ref())
+                };
+                let job = GdJob {
+                    cooc: &cooc,
+                    batch_size: config.train.batch_size,
+                    seed: config.seed,
+                    epochs,
+                    deadline,
+                    epoch_words: vocab.train_tokens(),
+                };
+                job.run(&mut input, &mut layer, softmax, epochs_done(), &mut |p| session.progress(p), &mut on_epoch)
+            }
+        };
         emb = Embeddings { input: input.vectors, output: layer.weights().clone() };
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        match run {
-            Err(farout_skipgram::Error::Diverged { words, .. }) => return Err(session.diverged(words)),
-            Err(e) => return Err(e.into()),
-            Ok(_) => {}
-        }
+        session.outcome(run)?;
     }
-    ticker.bar.finish_and_clear();
+    session.bar.finish_and_clear();
 
     let v = vectors(&vocab, &emb)?;
     let (analogy, similarity) = evaluate(config, &v)?;
     if let Some(p) = export {
         v.save(p, Format::from_path(p))?;
     }
-    let state = &session.state;
+    let state = session.state.borrow();
     Ok(SkipGramSummary {
         name: config.name.clone(),
         task: config.task(),
@@ -520,8 +547,8 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         train_seconds: state.train_seconds,
         vocab_seconds,
         words_per_second: state.words as f64 / state.train_seconds.max(1e-9),
-        loss: session.last_loss,
-        heldout_objective: session.last_heldout,
+        loss: session.last_loss.get(),
+        heldout_objective: session.last_heldout.get(),
         analogy: analogy.as_ref().map(AnalogyTotals::from),
         similarity,
         vectors: export.map(Path::to_path_buf),
