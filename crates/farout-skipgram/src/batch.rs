@@ -143,28 +143,39 @@ impl BatchJob<'_> {
                 let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
                 (loss, window_loss, loss_n, window_n) = (loss + l, window_loss + l, loss_n + n, window_n + n);
             }
-            progress(&Progress {
+            let last = Progress {
                 epoch,
                 words: epoch_words * epoch as u64 + words,
                 total_words,
                 loss: window_loss / window_n.max(1) as f64,
                 lr: input.optimizer.lr(),
-            });
-            let stats = EpochStats {
-                epoch,
-                words,
-                pairs,
-                loss: loss / loss_n.max(1) as f64,
-                seconds: t0.elapsed().as_secs_f64(),
-                stopped,
             };
-            all.push(stats);
-            if !epoch_end(&stats, input, layer)? || stopped {
+            let stats = EpochStats { epoch, words, pairs, loss: loss / loss_n.max(1) as f64, seconds: 0.0, stopped };
+            if !close_epoch(t0, last, stats, &mut all, input, layer, progress, epoch_end)? {
                 break;
             }
         }
         Ok(all)
     }
+}
+
+/// Ends an epoch of a trainer that uses the output layer: the last progress report, the
+/// epoch's statistics (timed from `t0`) into `all`, then `epoch_end`. Returns whether to go on.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn close_epoch(
+    t0: Instant,
+    last: Progress,
+    mut stats: EpochStats,
+    all: &mut Vec<EpochStats>,
+    input: &InputTable,
+    layer: &OutputLayer,
+    progress: &mut dyn FnMut(&Progress),
+    epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
+) -> Result<bool, Error> {
+    progress(&last);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    all.push(stats);
+    Ok(epoch_end(&stats, input, layer)? && !stats.stopped)
 }
 
 /// One step on the pairs `(contexts[i], centres[i])`; empties both lists; returns the summed loss.

@@ -20,9 +20,10 @@
 //! the same gradient in each step (simultaneous block updates), which is what the output
 //! layer's step does.
 
+use crate::Error;
+use crate::batch::{InputTable, close_epoch};
 use crate::pairs::{for_each_pair, subsample};
 use crate::sgns::{EpochStats, Progress};
-use crate::{Error, batch::InputTable};
 use farout_core::rng;
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Matrix, Rng, SparseGrad, gemm, kernels};
@@ -357,23 +358,15 @@ impl GdJob<'_> {
                 }
             }
             let words = per_pair(pairs);
-            progress(&Progress {
+            let last = Progress {
                 epoch,
                 words: self.epoch_words * epoch as u64 + words,
                 total_words,
                 loss: window_loss / window_pairs.max(1) as f64,
                 lr: input.optimizer.lr(),
-            });
-            let stats = EpochStats {
-                epoch,
-                words,
-                pairs,
-                loss: loss / pairs.max(1) as f64,
-                seconds: t0.elapsed().as_secs_f64(),
-                stopped,
             };
-            all.push(stats);
-            if !epoch_end(&stats, input, layer)? || stopped {
+            let stats = EpochStats { epoch, words, pairs, loss: loss / pairs.max(1) as f64, seconds: 0.0, stopped };
+            if !close_epoch(t0, last, stats, &mut all, input, layer, progress, epoch_end)? {
                 break;
             }
         }

@@ -9,8 +9,8 @@
 //! - **Similarity**: Spearman's rank correlation (average ranks for ties) between the cosine of
 //!   each pair and the human score; pairs with an unknown word are skipped and counted.
 
-use crate::Error;
 use crate::vectors::Vectors;
+use crate::{Error, io_err, parse_err};
 use farout_core::{Matrix, gemm, kernels};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -80,13 +80,11 @@ fn unit_rows(v: &Vectors, restrict: usize) -> (Matrix, FxHashMap<String, usize>)
 }
 
 fn read_lines(path: &Path) -> Result<Vec<String>, Error> {
-    let f = std::fs::File::open(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+    let f = std::fs::File::open(path).map_err(io_err(path))?;
     std::io::BufReader::new(f)
         .lines()
         .enumerate()
-        .map(|(i, l)| {
-            l.map_err(|e| Error::Parse { path: path.to_path_buf(), line: i + 1, msg: format!("unreadable line: {e}") })
-        })
+        .map(|(i, l)| l.map_err(|e| parse_err(path, i + 1, format!("unreadable line: {e}"))))
         .collect()
 }
 
@@ -107,7 +105,7 @@ pub fn analogy(v: &Vectors, path: &Path, restrict: usize) -> Result<AnalogyRepor
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        let bad = |msg: String| Error::Parse { path: path.to_path_buf(), line: i + 1, msg };
+        let bad = |msg: String| parse_err(path, i + 1, msg);
         if words.len() != 4 {
             return Err(bad(format!("expected four words, found {}", words.len())));
         }
@@ -170,7 +168,7 @@ pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
             continue;
         }
         let f: Vec<&str> = line.split_whitespace().collect();
-        let bad = |msg: String| Error::Parse { path: path.to_path_buf(), line: i + 1, msg };
+        let bad = |msg: String| parse_err(path, i + 1, msg);
         if f.len() != 3 {
             return Err(bad(format!("expected `word word score`, found {} fields", f.len())));
         }

@@ -22,10 +22,18 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub trait HogwildRows: Sync + Send {
     /// A `rows x cols` table holding `m`.
     fn from_matrix(m: Matrix) -> Self;
-    /// The table as a matrix (call when no thread is updating it).
-    fn to_matrix(&self) -> Matrix;
+    /// Rows.
+    fn rows(&self) -> usize;
     /// Columns.
     fn cols(&self) -> usize;
+    /// The table as a matrix (call when no thread is updating it).
+    fn to_matrix(&self) -> Matrix {
+        let mut m = Matrix::zeros(self.rows(), self.cols());
+        for r in 0..self.rows() {
+            self.read(r, m.row_mut(r));
+        }
+        m
+    }
     /// Copies row `r` into `out`.
     fn read(&self, r: usize, out: &mut [f32]);
     /// `row_r += alpha x`.
@@ -56,13 +64,8 @@ impl HogwildRows for RacyRows {
         Self { data: m.into_vec().into_iter().map(UnsafeCell::new).collect(), cols }
     }
 
-    fn to_matrix(&self) -> Matrix {
-        let rows = self.data.len() / self.cols.max(1);
-        let mut m = Matrix::zeros(rows, self.cols);
-        for r in 0..rows {
-            self.read(r, m.row_mut(r));
-        }
-        m
+    fn rows(&self) -> usize {
+        self.data.len() / self.cols.max(1)
     }
 
     fn cols(&self) -> usize {
@@ -95,13 +98,8 @@ impl HogwildRows for AtomicRows {
         Self { data: m.into_vec().into_iter().map(|x| AtomicU32::new(x.to_bits())).collect(), cols }
     }
 
-    fn to_matrix(&self) -> Matrix {
-        let rows = self.data.len() / self.cols.max(1);
-        let mut m = Matrix::zeros(rows, self.cols);
-        for r in 0..rows {
-            self.read(r, m.row_mut(r));
-        }
-        m
+    fn rows(&self) -> usize {
+        self.data.len() / self.cols.max(1)
     }
 
     fn cols(&self) -> usize {

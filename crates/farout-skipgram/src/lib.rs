@@ -27,7 +27,6 @@ pub mod vectors;
 use farout_core::rng::RngExt;
 use farout_core::{Matrix, rng};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 
 /// How concurrent row updates are done (see [`hogwild`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,33 +139,6 @@ impl Embeddings {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A file could not be read or written.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line of a text file is malformed.
-    #[error("{}:{line}: {msg}", path.display())]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line.
-        line: usize,
-        /// What is wrong.
-        msg: String,
-    },
-    /// A binary file is malformed.
-    #[error("{}: {msg}", path.display())]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        msg: String,
-    },
     /// A parameter is invalid.
     #[error("{key}: {msg}")]
     Config {
@@ -183,7 +155,23 @@ pub enum Error {
         /// Words read when it was noticed.
         words: u64,
     },
-    /// The corpus reader failed.
+    /// A file could not be read or written, or is malformed (names the file, and the line of
+    /// text files).
     #[error(transparent)]
     Data(#[from] farout_data::Error),
+}
+
+/// The error of an I/O failure on `path`.
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Data(farout_data::Error::Io { path: path.to_path_buf(), source })
+}
+
+/// The error of a malformed line (1-based) of a text file.
+pub(crate) fn parse_err(path: &std::path::Path, line: usize, msg: impl Into<String>) -> Error {
+    Error::Data(farout_data::Error::Parse { path: path.to_path_buf(), line, msg: msg.into() })
+}
+
+/// The error of a malformed binary file.
+pub(crate) fn format_err(path: &std::path::Path, msg: impl Into<String>) -> Error {
+    Error::Data(farout_data::Error::Format { path: path.to_path_buf(), msg: msg.into() })
 }

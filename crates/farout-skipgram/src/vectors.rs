@@ -4,7 +4,7 @@
 //! Both start with a `count dim` line. Text: one `word v1 ... v_dim` line per word. Binary:
 //! `word ` followed by `dim` little-endian f32 and a newline, per word.
 
-use crate::Error;
+use crate::{Error, format_err, io_err as io, parse_err};
 use farout_core::Matrix;
 use rustc_hash::FxHashMap;
 use std::fs::File;
@@ -33,14 +33,6 @@ pub struct Vectors {
     words: Vec<String>,
     matrix: Matrix,
     ids: FxHashMap<String, u32>,
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |e| Error::Io { path: path.to_path_buf(), source: e }
-}
-
-fn parse_err(path: &Path, line: usize, msg: impl Into<String>) -> Error {
-    Error::Parse { path: path.to_path_buf(), line, msg: msg.into() }
 }
 
 impl Vectors {
@@ -158,28 +150,21 @@ impl Vectors {
                     let mut word = Vec::new();
                     r.read_until(b' ', &mut word).map_err(io(path))?;
                     if word.pop() != Some(b' ') {
-                        return Err(Error::Format {
-                            path: path.to_path_buf(),
-                            msg: format!("the file ends after {i} of {n} vectors"),
-                        });
+                        return Err(format_err(path, format!("the file ends after {i} of {n} vectors")));
                     }
                     // word2vec puts a newline after each vector; some writers do not.
                     let start = word.iter().position(|&b| b != b'\n').unwrap_or(word.len());
-                    let word = String::from_utf8(word[start..].to_vec()).map_err(|_| Error::Format {
-                        path: path.to_path_buf(),
-                        msg: format!("word {} is not valid UTF-8", i + 1),
-                    })?;
-                    r.read_exact(&mut bytes).map_err(|_| Error::Format {
-                        path: path.to_path_buf(),
-                        msg: format!("the file ends inside vector {} ({word:?})", i + 1),
-                    })?;
+                    let word = String::from_utf8(word[start..].to_vec())
+                        .map_err(|_| format_err(path, format!("word {} is not valid UTF-8", i + 1)))?;
+                    r.read_exact(&mut bytes)
+                        .map_err(|_| format_err(path, format!("the file ends inside vector {} ({word:?})", i + 1)))?;
                     data.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])));
                     words.push(word);
                 }
             }
         }
         let matrix = Matrix::from_vec(n, dim, data).expect("n * dim values were read");
-        Self::new(words, matrix).map_err(|e| Error::Format { path: path.to_path_buf(), msg: e.to_string() })
+        Self::new(words, matrix).map_err(|e| format_err(path, e.to_string()))
     }
 }
 
