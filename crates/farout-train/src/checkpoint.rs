@@ -1,12 +1,8 @@
 //! Checkpoint directories written atomically: files go into `<dir>.tmp`, which is then swapped
 //! in for `<dir>`, so a crash or a divergence never leaves a half-written or poisoned checkpoint.
 
-use crate::Error;
+use crate::{Error, io_err as io};
 use std::path::{Path, PathBuf};
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
-}
 
 /// Calls `fill` on an empty temporary directory, then replaces `dir` with it.
 pub fn replace_dir(dir: &Path, fill: impl FnOnce(&Path) -> Result<(), Error>) -> Result<PathBuf, Error> {

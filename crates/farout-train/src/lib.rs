@@ -77,3 +77,8 @@ pub enum Error {
         source: std::io::Error,
     },
 }
+
+/// The error of an I/O failure on `path`.
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { path: path.to_path_buf(), source }
+}

@@ -1,9 +1,11 @@
-//! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink.
+//! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink; and the progress bar.
 //!
 //! tensorboard-rs is unmaintained (and pulls protobuf 2); keeping it behind [`MetricsSink`] lets
 //! it be replaced without touching the training loop.
 
 use crate::Error;
+use crate::config::LogConfig;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -81,6 +83,32 @@ impl MetricsSink for TensorBoardSink {
 /// Fans records out to several sinks.
 #[derive(Default)]
 pub struct Sinks(pub Vec<Box<dyn MetricsSink>>);
+
+impl Sinks {
+    /// The sinks `[log]` asks for, in `dir`: `metrics.jsonl` and TensorBoard events in `tb/`.
+    pub fn open(dir: &Path, config: &LogConfig) -> Result<Self, Error> {
+        let mut sinks = Sinks::default();
+        if config.jsonl {
+            sinks.0.push(Box::new(JsonlSink::open(&dir.join("metrics.jsonl"))?));
+        }
+        if config.tensorboard {
+            sinks.0.push(Box::new(TensorBoardSink::open(&dir.join("tb"))?));
+        }
+        Ok(sinks)
+    }
+}
+
+/// A progress bar of `len` units drawn with `template` (indicatif syntax), or a hidden one
+/// when `show` is false (`log.progress = false`).
+pub fn progress_bar(show: bool, len: u64, template: &'static str) -> ProgressBar {
+    let bar = if show {
+        ProgressBar::new(len)
+    } else {
+        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::hidden())
+    };
+    bar.set_style(ProgressStyle::with_template(template).expect("static template").progress_chars("=> "));
+    bar
+}
 
 impl MetricsSink for Sinks {
     fn record(&mut self, step: u64, wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {

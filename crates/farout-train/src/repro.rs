@@ -13,7 +13,7 @@ use farout_estimators::{
     utility_log_prob,
 };
 use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use serde::Serialize;
 use std::path::Path;
@@ -184,16 +184,7 @@ impl PaperRun {
 }
 
 fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
-    let bar = if show {
-        ProgressBar::new(len)
-    } else {
-        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::hidden())
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
+    let bar = crate::log::progress_bar(show, len, "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}");
     bar.set_prefix(name.to_string());
     bar
 }

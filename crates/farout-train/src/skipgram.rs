@@ -6,10 +6,10 @@
 //! resumed run keeps the output vectors) and `state.json`; the step size continues from where
 //! the schedule stopped because it is a function of the words read.
 
-use crate::Error;
 use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
 use crate::config::{Config, EstimatorKind};
-use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
+use crate::log::{MetricsSink, Sinks, progress_bar};
+use crate::{Error, io_err as io};
 use farout_core::AliasTable;
 use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
@@ -21,7 +21,7 @@ use farout_skipgram::pairs::sample_pairs;
 use farout_skipgram::sgns::{EpochStats, NsJob, Progress};
 use farout_skipgram::vectors::{Format, Vectors};
 use farout_skipgram::{Embeddings, Objective, SkipGramConfig};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
@@ -100,10 +100,6 @@ impl From<&AnalogyReport> for AnalogyTotals {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io { path: path.to_path_buf(), source }
-}
-
 /// The input vectors with their words.
 pub fn vectors(vocab: &Vocab, emb: &Embeddings) -> Result<Vectors, Error> {
     Ok(Vectors::new(vocab.words().to_vec(), emb.input.clone())?)
@@ -156,14 +152,10 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
         return Ok(path.to_path_buf());
     }
     let _ = std::fs::remove_file(&spec_path);
-    let bar = if config.log.progress {
-        ProgressBar::new(spec.tokens)
-    } else {
-        ProgressBar::with_draw_target(Some(spec.tokens), ProgressDrawTarget::hidden())
-    };
-    bar.set_style(
-        ProgressStyle::with_template("synthetic corpus [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tokens")
-            .expect("static template"),
+    let bar = progress_bar(
+        config.log.progress,
+        spec.tokens,
+        "synthetic corpus [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} tokens",
     );
     spec.write(path, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
@@ -377,25 +369,12 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     let remaining = (config.train.max_seconds > 0.0).then(|| (config.train.max_seconds - state.train_seconds).max(0.0));
     let deadline = remaining.map(|s| Instant::now() + std::time::Duration::from_secs_f64(s));
 
-    let mut sinks = Sinks::default();
-    if config.log.jsonl {
-        sinks.0.push(Box::new(JsonlSink::open(&log_dir.join("metrics.jsonl"))?));
-    }
-    if config.log.tensorboard {
-        sinks.0.push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
-    }
+    let sinks = Sinks::open(&log_dir, &config.log)?;
     let total_words = vocab.train_tokens() * epochs as u64;
-    let bar = if config.log.progress {
-        ProgressBar::new(total_words)
-    } else {
-        ProgressBar::with_draw_target(Some(total_words), ProgressDrawTarget::hidden())
-    };
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {percent}% words, ETA {eta} | {msg}",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
+    let bar = progress_bar(
+        config.log.progress,
+        total_words,
+        "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {percent}% words, ETA {eta} | {msg}",
     );
     bar.set_prefix(format!("{} (skip-gram)", config.name));
     bar.set_position(state.words);

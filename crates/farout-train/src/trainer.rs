@@ -1,7 +1,7 @@
 use crate::Error;
 use crate::config::{Config, EncoderKind, EstimatorKind, LossKind};
 use crate::data::{self, TaskData};
-use crate::log::{JsonlSink, MetricsSink, Sinks, TensorBoardSink};
+use crate::log::{MetricsSink, Sinks, progress_bar};
 use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
@@ -9,7 +9,6 @@ use farout_data::{Dataset, Features};
 use farout_estimators::{Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -266,13 +265,7 @@ impl Trainer {
         let cfg = self.config.clone();
         let log_dir = cfg.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io { path: log_dir.clone(), source })?;
-        let mut sinks = Sinks::default();
-        if cfg.log.jsonl {
-            sinks.0.push(Box::new(JsonlSink::open(&log_dir.join("metrics.jsonl"))?));
-        }
-        if cfg.log.tensorboard {
-            sinks.0.push(Box::new(TensorBoardSink::open(&log_dir.join("tb"))?));
-        }
+        let mut sinks = Sinks::open(&log_dir, &cfg.log)?;
         let n = self.data.train.len();
         let bs = cfg.train.batch_size;
         let steps_per_epoch = n.div_ceil(bs) as u64;
@@ -280,17 +273,10 @@ impl Trainer {
         if cfg.train.max_steps > 0 {
             total = total.min(cfg.train.max_steps);
         }
-        let bar = if cfg.log.progress {
-            ProgressBar::new(total)
-        } else {
-            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::hidden())
-        };
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}",
-            )
-            .expect("static template")
-            .progress_chars("=> "),
+        let bar = progress_bar(
+            cfg.log.progress,
+            total,
+            "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}",
         );
         bar.set_prefix(format!("{} ({})", cfg.name, self.estimator.name()));
         bar.set_position(self.state.step);
