@@ -138,9 +138,13 @@ impl NsJob<'_> {
         let epoch_words = self.vocab.train_tokens();
         let total_words = epoch_words * self.epochs as u64;
         let mut all = Vec::new();
+        if start_epoch >= self.epochs {
+            return Ok(all);
+        }
+        // The shared rows are the truth while training; `emb` gets a copy after each epoch.
+        let input = R::from_matrix(std::mem::take(&mut emb.input));
+        let output = R::from_matrix(std::mem::take(&mut emb.output));
         for epoch in start_epoch..self.epochs {
-            let input = R::from_matrix(std::mem::take(&mut emb.input));
-            let output = R::from_matrix(std::mem::take(&mut emb.output));
             let shared = Shared {
                 words: AtomicU64::new(epoch_words * epoch as u64),
                 pairs: AtomicU64::new(0),
@@ -228,8 +232,7 @@ impl NsJob<'_> {
                 }
                 handles.into_iter().map(|h| h.join().expect("training thread panicked")).collect()
             });
-            emb.input = input.to_matrix();
-            emb.output = output.to_matrix();
+            *emb = Embeddings { input: input.to_matrix(), output: output.to_matrix() };
             let done = shared.words.load(Ordering::Relaxed);
             let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
             let loss = if n > 0 { l / n as f64 } else { f64::NAN };

@@ -10,7 +10,7 @@ use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
 use crate::config::{Config, EstimatorKind};
 use crate::log::{MetricsSink, Sinks, progress_bar};
 use crate::{Error, io_err as io};
-use farout_core::AliasTable;
+use farout_core::{AliasTable, Matrix};
 use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
 use farout_layer::OutputLayer;
@@ -101,8 +101,8 @@ impl From<&AnalogyReport> for AnalogyTotals {
 }
 
 /// The input vectors with their words.
-pub fn vectors(vocab: &Vocab, emb: &Embeddings) -> Result<Vectors, Error> {
-    Ok(Vectors::new(vocab.words().to_vec(), emb.input.clone())?)
+pub fn vectors(vocab: &Vocab, input: &Matrix) -> Result<Vectors, Error> {
+    Ok(Vectors::new(vocab.words().to_vec(), input.clone())?)
 }
 
 /// Evaluates `v` on the config's analogy and similarity files (those it names).
@@ -168,7 +168,7 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
 /// else text); returns the number of words.
 pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
     let (vocab, emb, _) = load_checkpoint(&config.checkpoint_dir(), config.model.skip_gram.dim)?;
-    vectors(&vocab, &emb)?.save(out, Format::from_path(out))?;
+    vectors(&vocab, &emb.input)?.save(out, Format::from_path(out))?;
     Ok(vocab.len())
 }
 
@@ -190,11 +190,18 @@ struct Session<'a> {
     heldout: Vec<(u32, u32)>,
     /// The objective on them after the last epoch.
     last_heldout: Cell<Option<f64>>,
+    /// Analogy and similarity after the last epoch (the summary reports them).
+    last_eval: RefCell<Option<(Option<AnalogyReport>, Option<SimilarityReport>)>>,
     /// The first error of a callback (training stops; the error is returned).
     failure: RefCell<Option<Error>>,
 }
 
 impl Session<'_> {
+    /// Whether the config names analogy or similarity files.
+    fn wants_eval(&self) -> bool {
+        self.config.eval.analogy.is_some() || self.config.eval.similarity.is_some()
+    }
+
     fn train_seconds(&self) -> f64 {
         self.base_seconds + self.start.elapsed().as_secs_f64() - self.eval_seconds.get()
     }
@@ -221,15 +228,22 @@ impl Session<'_> {
 
     /// Logs, evaluates and checkpoints after an epoch; `extra` writes phase-specific files.
     /// Returns whether training goes on.
-    fn end_epoch(&self, s: &EpochStats, emb: &Embeddings, extra: impl FnOnce(&Path) -> Result<(), Error>) -> bool {
-        let r = self.try_end_epoch(s, emb, extra);
+    fn end_epoch(
+        &self,
+        s: &EpochStats,
+        input: &Matrix,
+        output: &Matrix,
+        extra: impl FnOnce(&Path) -> Result<(), Error>,
+    ) -> bool {
+        let r = self.try_end_epoch(s, input, output, extra);
         self.keep(r) && self.failure.borrow().is_none()
     }
 
     fn try_end_epoch(
         &self,
         s: &EpochStats,
-        emb: &Embeddings,
+        input: &Matrix,
+        output: &Matrix,
         extra: impl FnOnce(&Path) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let t_eval = Instant::now();
@@ -245,21 +259,22 @@ impl Session<'_> {
         let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds)];
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
         if !self.heldout.is_empty() {
-            let obj = softmax_objective(&emb.input, &emb.output, &self.heldout);
+            let obj = softmax_objective(input, output, &self.heldout);
             values.push(("eval/heldout_objective", obj));
             line += &format!(", held-out objective {obj:.4}");
             self.last_heldout.set(Some(obj));
         }
-        if self.config.eval.analogy.is_some() || self.config.eval.similarity.is_some() {
-            let (a, sim) = evaluate(self.config, &vectors(self.vocab, emb)?)?;
-            if let Some(a) = a {
+        if self.wants_eval() {
+            let (a, sim) = evaluate(self.config, &vectors(self.vocab, input)?)?;
+            if let Some(a) = &a {
                 values.push(("eval/analogy", a.accuracy));
                 line += &format!(", analogy {:.2}% of {}", 100.0 * a.accuracy, a.total.asked);
             }
-            if let Some(sim) = sim {
+            if let Some(sim) = &sim {
                 values.push(("eval/similarity_spearman", sim.spearman));
                 line += &format!(", similarity {:.3}", sim.spearman);
             }
+            *self.last_eval.borrow_mut() = Some((a, sim));
         }
         let words = self.state.borrow().words;
         {
@@ -275,8 +290,8 @@ impl Session<'_> {
         if self.config.checkpoint.enabled {
             replace_dir(&self.config.checkpoint_dir(), |tmp| {
                 self.vocab.save(&tmp.join("vocab.txt"))?;
-                write_f32_file(&tmp.join("input.bin"), emb.input.as_slice())?;
-                write_f32_file(&tmp.join("output.bin"), emb.output.as_slice())?;
+                write_f32_file(&tmp.join("input.bin"), input.as_slice())?;
+                write_f32_file(&tmp.join("output.bin"), output.as_slice())?;
                 extra(tmp)?;
                 let json = serde_json::to_string_pretty(&*self.state.borrow()).expect("state serialises");
                 std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
@@ -395,6 +410,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         last_loss: Cell::new(f64::NAN),
         heldout,
         last_heldout: Cell::new(None),
+        last_eval: RefCell::new(None),
         failure: RefCell::new(None),
     };
     let epochs_done = || session.state.borrow().epochs_done;
@@ -419,7 +435,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         };
         let run = job.run(&mut emb, epochs_done(), &mut |p| session.progress(p), &mut |s, e| {
             stopped |= s.stopped;
-            Ok(session.end_epoch(s, e, |_| Ok(())))
+            Ok(session.end_epoch(s, &e.input, &e.output, |_| Ok(())))
         });
         session.outcome(run)?;
     }
@@ -447,8 +463,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
             input.optimizer.set_step(layer.step());
         }
         let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
-            let tables = Embeddings { input: input.vectors.clone(), output: layer.weights().clone() };
-            Ok(session.end_epoch(s, &tables, |tmp| {
+            Ok(session.end_epoch(s, &input.vectors, layer.weights(), |tmp| {
                 layer.save(&tmp.join("layer.bin"))?;
                 write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
             }))
@@ -507,10 +522,15 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     }
     session.bar.finish_and_clear();
 
-    let v = vectors(&vocab, &emb)?;
-    let (analogy, similarity) = evaluate(config, &v)?;
+    // The last epoch evaluated these vectors already (unless no epoch ran).
+    let wants_eval = session.wants_eval();
+    let (analogy, similarity) = match session.last_eval.take() {
+        Some(reports) => reports,
+        None if wants_eval => evaluate(config, &vectors(&vocab, &emb.input)?)?,
+        None => (None, None),
+    };
     if let Some(p) = export {
-        v.save(p, Format::from_path(p))?;
+        vectors(&vocab, &emb.input)?.save(p, Format::from_path(p))?;
     }
     let state = session.state.borrow();
     Ok(SkipGramSummary {
