@@ -75,6 +75,20 @@ impl Default for FaceSpec {
 }
 
 impl FaceSpec {
+    /// A tightly clustered task: `k` class means of dimension `d` in `k / 50` clusters (spread
+    /// 0.7) and `2k` samples with noise 0.5 — what the index and LDGS tests search.
+    pub fn clustered(k: usize, d: usize) -> Self {
+        Self {
+            n_classes: k,
+            n_samples: 2 * k,
+            dim: d,
+            mean_clusters: k / 50,
+            cluster_spread: 0.7,
+            noise: 0.5,
+            ..Self::default()
+        }
+    }
+
     /// The MegaFace-sized set of the LDGS paper (672 K identities, 4.7 M samples, D = 128).
     pub fn megaface() -> Self {
         Self { n_classes: 672_000, n_samples: 4_700_000, ..Self::default() }

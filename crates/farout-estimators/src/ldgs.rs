@@ -285,16 +285,7 @@ mod tests {
     /// W = class means of the FaceNet-like generator (clustered) scaled to spread the scores the
     /// way a trained layer does; phi = samples of the generator; positive = the sample's class.
     fn trained_like(k: usize, d: usize, n: usize, scale: f32) -> (Matrix, Matrix, Vec<u32>) {
-        let spec = FaceSpec {
-            n_classes: k,
-            n_samples: 2 * k,
-            dim: d,
-            mean_clusters: k / 50,
-            cluster_spread: 0.7,
-            noise: 0.5,
-            ..FaceSpec::default()
-        };
-        let g = FaceGenerator::new(spec).unwrap();
+        let g = FaceGenerator::new(FaceSpec::clustered(k, d)).unwrap();
         let mut w = g.means().clone();
         kernels::scale(scale, w.as_mut_slice());
         (w, g.features(Split::Train, 0..n), g.labels(Split::Train)[..n].to_vec())

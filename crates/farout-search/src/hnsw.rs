@@ -159,8 +159,8 @@ impl MipsIndex for HnswIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{assert_exact_sorted_scores, clustered, move_rows_onto};
-    use crate::{ExactIndex, recall};
+    use crate::recall;
+    use crate::testutil::{assert_exact_sorted_scores, assert_exact_top, clustered, move_rows_onto};
 
     #[test]
     fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
@@ -187,12 +187,9 @@ mod tests {
         index.refresh(Rows::all(&w), &moved);
         assert_eq!(index.stale(), 50);
         assert!(!index.needs_rebuild());
-        let mut out = Vec::new();
-        index.search(Rows::all(&w), q.row(0), 50, &mut out);
-        let mut exact = Vec::new();
-        ExactIndex.search(Rows::all(&w), q.row(0), 50, &mut exact);
-        assert_eq!(out, exact);
+        assert_exact_top(&index, &w, q.row(0), 50);
         // No row appears twice (its stale version is filtered out) in a larger result.
+        let mut out = Vec::new();
         index.search(Rows::all(&w), q.row(0), 500, &mut out);
         let mut classes: Vec<ClassId> = out.iter().map(|h| h.class).collect();
         classes.sort_unstable();

@@ -254,8 +254,8 @@ impl MipsIndex for SimpleLshIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{clustered, move_rows_onto};
-    use crate::{ExactIndex, recall};
+    use crate::recall;
+    use crate::testutil::{assert_exact_top, clustered, move_rows_onto};
 
     #[test]
     fn recall_rises_with_the_candidate_budget() {
@@ -303,11 +303,7 @@ mod tests {
         let moved = move_rows_onto(&mut w, q.row(0));
         index.refresh(Rows::all(&w), &moved);
         assert!(!index.needs_rebuild());
-        let mut out = Vec::new();
-        index.search(Rows::all(&w), q.row(0), 50, &mut out);
-        let mut exact = Vec::new();
-        ExactIndex.search(Rows::all(&w), q.row(0), 50, &mut exact);
-        assert_eq!(out, exact);
+        assert_exact_top(&index, &w, q.row(0), 50);
         // Bucket bookkeeping stays consistent.
         let tables = index.tables();
         for t in 0..tables {

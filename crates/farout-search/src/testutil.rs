@@ -7,16 +7,7 @@ use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 /// `k` class means of the FaceNet-like generator in `k / 50` clusters, and 200 of its samples
 /// (noise 0.5) as queries.
 pub fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
-    let spec = FaceSpec {
-        n_classes: k,
-        n_samples: 2 * k,
-        dim: d,
-        mean_clusters: k / 50,
-        cluster_spread: 0.7,
-        noise: 0.5,
-        ..FaceSpec::default()
-    };
-    let g = FaceGenerator::new(spec).unwrap();
+    let g = FaceGenerator::new(FaceSpec::clustered(k, d)).unwrap();
     (g.means().clone(), g.features(Split::Train, 0..200))
 }
 
@@ -42,4 +33,14 @@ pub fn assert_exact_sorted_scores(index: &dyn MipsIndex, w: &Matrix, q: &Matrix)
             assert_eq!(h.score, kernels::dot(w.row(h.class as usize), q.row(i)));
         }
     }
+}
+
+/// Asserts that `index` returns the exact top `k` of query `q` (classes and scores, in order),
+/// and returns them.
+pub fn assert_exact_top(index: &dyn MipsIndex, w: &Matrix, q: &[f32], k: usize) -> Vec<Hit> {
+    let (mut out, mut exact) = (Vec::new(), Vec::new());
+    index.search(Rows::all(w), q, k, &mut out);
+    crate::ExactIndex.search(Rows::all(w), q, k, &mut exact);
+    assert_eq!(out, exact);
+    out
 }
