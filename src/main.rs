@@ -174,25 +174,23 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train { config, set, summary, resume, export_vectors } => {
             let config = load_config(&config, &set)?;
-            if config.model.encoder == EncoderKind::SkipGram {
-                let s = farout_train::skipgram::train(&config, resume, export_vectors.as_deref())?;
-                let json = serde_json::to_string_pretty(&s)?;
-                println!("{json}");
-                if let Some(p) = summary {
-                    std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+            let json = if config.model.encoder == EncoderKind::SkipGram {
+                serde_json::to_string_pretty(&farout_train::skipgram::train(
+                    &config,
+                    resume,
+                    export_vectors.as_deref(),
+                )?)?
+            } else {
+                if export_vectors.is_some() {
+                    anyhow::bail!("--export-vectors is for skip-gram configs (model.encoder = \"skip_gram\")");
                 }
-                return Ok(());
-            }
-            if export_vectors.is_some() {
-                anyhow::bail!("--export-vectors is for skip-gram configs (model.encoder = \"skip_gram\")");
-            }
-            let mut trainer = Trainer::new(config)?;
-            if resume {
-                trainer.resume().context("--resume")?;
-                eprintln!("resuming at step {}", trainer.step());
-            }
-            let s = trainer.run()?;
-            let json = serde_json::to_string_pretty(&s)?;
+                let mut trainer = Trainer::new(config)?;
+                if resume {
+                    trainer.resume().context("--resume")?;
+                    eprintln!("resuming at step {}", trainer.step());
+                }
+                serde_json::to_string_pretty(&trainer.run()?)?
+            };
             println!("{json}");
             if let Some(p) = summary {
                 std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
