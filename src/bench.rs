@@ -53,9 +53,8 @@ pub enum BenchCommand {
         /// Number of queries (generator samples).
         #[arg(long, default_value_t = 1_000)]
         queries: usize,
-        /// Class-mean clusters of the generator (0 = K / 100).
-        #[arg(long, default_value_t = 0)]
-        mean_clusters: usize,
+        #[command(flatten)]
+        means: MeanStructure,
         /// Spherical: centroids (0 = sqrt(K)).
         #[arg(long, default_value_t = 0)]
         centroids: usize,
@@ -102,9 +101,41 @@ pub enum BenchCommand {
         /// Samples measured (in batches of 256).
         #[arg(long, default_value_t = 1024)]
         samples: usize,
+        #[command(flatten)]
+        means: MeanStructure,
         #[arg(long)]
         json: bool,
     },
+}
+
+/// How the generator's class means are arranged (see `FaceSpec`): FaceNet-like (near a
+/// low-dimensional subspace, the default), grouped in clusters, or independent.
+#[derive(clap::Args, Clone, Copy)]
+pub struct MeanStructure {
+    /// Dimension of the subspace the class means lie near (0 = independent means).
+    #[arg(long, default_value_t = 12)]
+    intrinsic_dim: usize,
+    /// Group the class means in this many clusters (spread 0.7) instead of a subspace.
+    #[arg(long)]
+    mean_clusters: Option<usize>,
+}
+
+impl MeanStructure {
+    /// The generator's parameters for `k` classes of dimension `d` and `n` samples.
+    fn spec(self, k: usize, d: usize, n: usize) -> FaceSpec {
+        let base = FaceSpec { n_classes: k, n_samples: n, dim: d, ..FaceSpec::default() };
+        match self.mean_clusters {
+            Some(c) => FaceSpec { mean_clusters: c, cluster_spread: 0.7, ..base },
+            None => FaceSpec { intrinsic_dim: self.intrinsic_dim.min(d), ..base },
+        }
+    }
+
+    fn describe(self, d: usize) -> serde_json::Value {
+        match self.mean_clusters {
+            Some(c) => serde_json::json!({ "mean_clusters": c, "cluster_spread": 0.7 }),
+            None => serde_json::json!({ "intrinsic_dim": self.intrinsic_dim.min(d), "residual": 0.5 }),
+        }
+    }
 }
 
 /// Estimators `bench estimator` measures against the exact gradient of their loss.
@@ -245,7 +276,7 @@ pub fn bench_search(
     d: usize,
     top: usize,
     queries: usize,
-    mean_clusters: usize,
+    means: MeanStructure,
     (centroids, candidate_factor): (usize, Option<f32>),
     (tables, bits): (usize, usize),
     ef_search: usize,
@@ -253,16 +284,7 @@ pub fn bench_search(
     if k == 0 || d == 0 || top == 0 || queries == 0 {
         bail!("--k, --d, --top and --queries must be > 0");
     }
-    let clusters = if mean_clusters > 0 { mean_clusters } else { (k / 100).max(1) };
-    let spec = FaceSpec {
-        n_classes: k,
-        n_samples: 2 * k.max(queries),
-        dim: d,
-        mean_clusters: clusters,
-        cluster_spread: 0.7,
-        ..FaceSpec::default()
-    };
-    let g = FaceGenerator::new(spec)?;
+    let g = FaceGenerator::new(means.spec(k, d, 2 * k.max(queries)))?;
     let mut w = g.means().clone();
     let q = g.features(Split::Train, 0..queries);
     let t = Instant::now();
@@ -321,7 +343,7 @@ pub fn bench_search(
         "d": d,
         "top": top,
         "queries": queries,
-        "mean_clusters": clusters,
+        "means": means.describe(d),
         "threads": rayon::current_num_threads(),
         "recall": recall,
         "qps": qps,
@@ -352,6 +374,7 @@ pub fn bench_estimator(
     iterations: usize,
     index: BenchIndex,
     samples: usize,
+    means: MeanStructure,
 ) -> Result<serde_json::Value> {
     use farout_estimators::{
         ActiveSet, ArSoftmax, BatchGrad, Ctx, Ldgs, Loss, Mips, NegativeSampling, Ove, Proposal, Rescore,
@@ -370,15 +393,7 @@ pub fn bench_estimator(
     if !d.is_multiple_of(blocks) {
         bail!("--blocks {blocks} must divide --d {d}");
     }
-    let spec = FaceSpec {
-        n_classes: k,
-        n_samples: (2 * k).max(samples) + samples,
-        dim: d,
-        mean_clusters: (k / 100).max(1),
-        cluster_spread: 0.7,
-        ..FaceSpec::default()
-    };
-    let g = FaceGenerator::new(spec)?;
+    let g = FaceGenerator::new(means.spec(k, d, (2 * k).max(samples) + samples))?;
     // Trained-looking W: the class means, perturbed (5% noise) and scaled.
     let mut w = g.means().clone();
     let mut r = rng::seeded(17, 0);
@@ -473,6 +488,7 @@ pub fn bench_estimator(
         "iterations": iterations,
         "index": block_index.as_ref().map(|b| b.block(0).name()),
         "samples": samples,
+        "means": means.describe(d),
         "threads": rayon::current_num_threads(),
         "us_per_sample": seconds * 1e6 / n,
         "exact_us_per_sample": exact_seconds * 1e6 / n,
@@ -498,7 +514,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             d,
             top,
             queries,
-            mean_clusters,
+            means,
             centroids,
             candidate_factor,
             tables,
@@ -507,10 +523,10 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             json: _,
         } => {
             let (index_params, lsh) = ((centroids, candidate_factor), (tables, bits));
-            println!("{}", bench_search(index, k, d, top, queries, mean_clusters, index_params, lsh, ef_search)?);
+            println!("{}", bench_search(index, k, d, top, queries, means, index_params, lsh, ef_search)?);
         }
-        BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, json: _ } => {
-            println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples)?);
+        BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, means, json: _ } => {
+            println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples, means)?);
         }
     }
     Ok(())

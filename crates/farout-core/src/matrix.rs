@@ -82,4 +82,44 @@ impl Matrix {
     pub fn bytes(&self) -> usize {
         self.data.len() * std::mem::size_of::<f32>()
     }
+
+    /// Makes the rows orthonormal in place (Gram-Schmidt, each projection removed twice so the
+    /// result stays orthogonal in f32); a row that becomes zero stays zero.
+    pub fn orthonormalize_rows(&mut self) {
+        let c = self.cols;
+        for j in 0..self.rows {
+            let (done, rest) = self.data.split_at_mut(j * c);
+            let v = &mut rest[..c];
+            for _ in 0..2 {
+                for b in done.chunks_exact(c.max(1)) {
+                    let p = crate::kernels::dot(v, b);
+                    crate::kernels::axpy(-p, b, v);
+                }
+            }
+            crate::kernels::normalize(v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orthonormalized_rows_are_orthonormal_and_span_the_same_space() {
+        let mut r = crate::rng::seeded(3, 0);
+        let orig = Matrix::from_vec(5, 40, (0..200).map(|_| crate::rng::normal(&mut r)).collect()).unwrap();
+        let mut m = orig.clone();
+        m.orthonormalize_rows();
+        for i in 0..5 {
+            for j in 0..5 {
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((crate::kernels::dot(m.row(i), m.row(j)) - want).abs() < 1e-5, "({i}, {j})");
+            }
+            // Every original row is reproduced by its projection on the new rows.
+            let v = orig.row(i);
+            let proj2: f32 = m.iter_rows().map(|b| crate::kernels::dot(v, b).powi(2)).sum();
+            assert!((proj2 - crate::kernels::dot(v, v)).abs() < 1e-3 * crate::kernels::dot(v, v));
+        }
+    }
 }

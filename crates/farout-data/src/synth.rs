@@ -3,7 +3,12 @@
 //! - [`FaceGenerator`]: FaceNet-like embeddings (MegaFace: K = 672,000 identities, N = 4.7 M
 //!   samples, D = 128). Each class has a random unit mean; a sample is
 //!   `normalise(mean + noise * g / sqrt(D))` with `g` standard normal, so `noise` is the ratio of
-//!   the noise norm to the mean norm. Class sizes follow a power law (class `k` gets weight
+//!   the noise norm to the mean norm. The means are independent directions by default; they can
+//!   be grouped around random centres (`mean_clusters`) or, as real face embeddings are, lie near
+//!   a low-dimensional subspace (`intrinsic_dim`: Gong, Boddeti & Jain, CVPR 2019, estimate the
+//!   intrinsic dimension of 128-d FaceNet embeddings at about 12): `mean =
+//!   normalise(B z / |z| + residual * g / sqrt(D))` with `B` a fixed random `D x r` orthonormal
+//!   basis and `z` standard normal in `r` dimensions. Class sizes follow a power law (class `k` gets weight
 //!   `(k + 1)^-size_exponent` on top of `min_per_class`), and each class keeps at least one
 //!   training sample. Only the means (K x D) and the label lists are held in memory; sample `i`
 //!   of a split is a pure function of `(seed, split, i)`, so splits are generated in parallel and
@@ -55,6 +60,11 @@ pub struct FaceSpec {
     pub mean_clusters: usize,
     /// Distance of a class mean from its centre, relative to the centre's (unit) norm.
     pub cluster_spread: f32,
+    /// Dimension r of the subspace the class means lie near (0 = none: isotropic means).
+    /// Exclusive with `mean_clusters`.
+    pub intrinsic_dim: usize,
+    /// Norm of a mean's full-dimensional part relative to its (unit) subspace part.
+    pub residual: f32,
 }
 
 impl Default for FaceSpec {
@@ -70,6 +80,8 @@ impl Default for FaceSpec {
             seed: 1,
             mean_clusters: 0,
             cluster_spread: 1.0,
+            intrinsic_dim: 0,
+            residual: 0.5,
         }
     }
 }
@@ -87,6 +99,12 @@ impl FaceSpec {
             noise: 0.5,
             ..Self::default()
         }
+    }
+
+    /// FaceNet-like class means: `k` means of dimension `d` near a 12-dimensional subspace
+    /// (residual 0.5), the structure the search benchmarks and the large face configs use.
+    pub fn facenet(k: usize, d: usize) -> Self {
+        Self { n_classes: k, n_samples: 2 * k, dim: d, intrinsic_dim: 12.min(d), ..Self::default() }
     }
 
     /// The MegaFace-sized set of the LDGS paper (672 K identities, 4.7 M samples, D = 128).
@@ -114,11 +132,29 @@ impl FaceSpec {
         if !(self.cluster_spread >= 0.0 && self.cluster_spread.is_finite()) {
             return p("cluster_spread", format!("{} is not a finite number >= 0", self.cluster_spread));
         }
+        if self.intrinsic_dim > self.dim {
+            return p("intrinsic_dim", format!("{} is larger than dim {}", self.intrinsic_dim, self.dim));
+        }
+        if self.intrinsic_dim > 0 && self.mean_clusters > 0 {
+            return p("intrinsic_dim", "set either mean_clusters or intrinsic_dim, not both".into());
+        }
+        if !(self.residual >= 0.0 && self.residual.is_finite()) {
+            return p("residual", format!("{} is not a finite number >= 0", self.residual));
+        }
         if !(self.noise >= 0.0 && self.noise.is_finite()) {
             return p("noise", format!("{} is not a finite number >= 0", self.noise));
         }
         Ok(())
     }
+}
+
+/// `r` orthonormal vectors of dimension `d` (the rows of an `r x d` matrix): seeded Gaussian
+/// vectors, orthonormalised.
+fn subspace_basis(d: usize, r: usize, seed: u64) -> Matrix {
+    let mut g = rng::seeded(seed ^ 0xBA515, 0);
+    let mut b = Matrix::from_vec(r, d, (0..r * d).map(|_| rng::normal(&mut g)).collect()).expect("r x d values");
+    b.orthonormalize_rows();
+    b
 }
 
 /// Integer sizes summing to `total`: `min` each plus a share proportional to `(k+1)^-exponent`.
@@ -156,10 +192,21 @@ impl FaceGenerator {
             row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
             kernels::normalize(row);
         };
+        let basis = subspace_basis(d, spec.intrinsic_dim, spec.seed);
         let mut means = Matrix::zeros(k, d);
         means.as_mut_slice().par_chunks_mut(d).enumerate().for_each(|(c, row)| {
             let mut r = rng::seeded(spec.seed, c as u64);
-            if spec.mean_clusters == 0 {
+            if spec.intrinsic_dim > 0 {
+                // mean = normalise(B z / |z| + residual * g / sqrt(D))
+                let mut z: Vec<f32> = (0..spec.intrinsic_dim).map(|_| rng::normal(&mut r)).collect();
+                kernels::normalize(&mut z);
+                row.fill(0.0);
+                for (zj, bj) in z.iter().zip(basis.iter_rows()) {
+                    kernels::axpy(*zj, bj, row);
+                }
+                let scale = spec.residual / (d as f32).sqrt();
+                row.iter_mut().for_each(|x| *x += scale * rng::normal(&mut r));
+            } else if spec.mean_clusters == 0 {
                 row.iter_mut().for_each(|x| *x = rng::normal(&mut r));
             } else {
                 // mean = normalise(centre + spread * g / sqrt(D)), centre = c mod n_clusters
@@ -525,6 +572,34 @@ mod tests {
             across += kernels::dot(m.row(c), m.row(c + 1)); // neighbouring centres
         }
         assert!(within / 20.0 > 0.7 && (across / 20.0f32).abs() < 0.2, "within {within} across {across}");
+    }
+
+    #[test]
+    fn facenet_means_lie_near_their_subspace() {
+        let spec = FaceSpec { n_classes: 2000, n_samples: 4000, dim: 64, intrinsic_dim: 6, ..FaceSpec::default() };
+        let g = FaceGenerator::new(spec).unwrap();
+        let b = subspace_basis(64, 6, 1);
+        for i in 0..6 {
+            for j in 0..6 {
+                let want = if i == j { 1.0 } else { 0.0 };
+                assert!((kernels::dot(b.row(i), b.row(j)) - want).abs() < 1e-5, "basis {i} {j}");
+            }
+        }
+        // |projection|^2 of a unit mean = 1 / (1 + residual^2) in expectation (0.8): the rest of
+        // the norm is the full-dimensional residual, about 6/64 of which also falls in the span.
+        let mut in_span = 0.0;
+        for c in 0..2000 {
+            let m = g.means().row(c);
+            assert!((kernels::norm(m) - 1.0).abs() < 1e-5);
+            in_span += (0..6).map(|j| kernels::dot(m, b.row(j)).powi(2)).sum::<f32>();
+        }
+        let mean = in_span / 2000.0;
+        let expect = (1.0 + 0.25 * 6.0 / 64.0) / 1.25;
+        assert!((mean - expect).abs() < 0.02, "mean squared projection {mean}, expected {expect}");
+        let bad = FaceSpec { mean_clusters: 10, ..FaceSpec::facenet(100, 16) };
+        assert!(FaceGenerator::new(bad).unwrap_err().to_string().contains("intrinsic_dim"));
+        let bad = FaceSpec { intrinsic_dim: 17, ..FaceSpec::facenet(100, 16) };
+        assert!(FaceGenerator::new(bad).unwrap_err().to_string().contains("intrinsic_dim"));
     }
 
     #[test]
