@@ -114,10 +114,140 @@ impl TopK {
     }
 }
 
+/// Orders hits best first; ties: lower class first.
+pub fn by_score(a: &Hit, b: &Hit) -> std::cmp::Ordering {
+    b.score.total_cmp(&a.score).then(a.class.cmp(&b.class))
+}
+
+/// Samples drawn to place the threshold of [`select_best`].
+const THRESHOLD_SAMPLES: usize = 1024;
+
+/// The `n` best of many scored candidates, given as parts `(scores, classes)` of equal lengths
+/// (e.g. one per probed cluster), into `out` in no particular order; ties at the cut go to the
+/// lower class, as [`by_score`] orders them. Scores that are NaN are never selected.
+///
+/// For large inputs (tens of thousands of candidates, n in the thousands) a heap or a
+/// selection over all of them spends most of its time moving candidates. Instead, a threshold
+/// is read off a strided sample of about a thousand scores, placed so that about `1.25 n + 8`
+/// candidates pass in expectation; one pass over the scores keeps those at or above it (one
+/// comparison each) and a selection finishes on the few kept. If fewer than `n` pass, every
+/// candidate is kept, so the result never depends on the sample.
+pub fn select_best(parts: &[(&[f32], &[ClassId])], n: usize, sample: &mut Vec<f32>, out: &mut Vec<Hit>) {
+    out.clear();
+    let total: usize = parts.iter().map(|(s, _)| s.len()).sum();
+    let keep_all = |out: &mut Vec<Hit>| {
+        out.clear();
+        for (scores, classes) in parts {
+            out.extend(
+                classes
+                    .iter()
+                    .zip(scores.iter())
+                    .filter(|(_, s)| !s.is_nan())
+                    .map(|(&class, &score)| Hit { class, score }),
+            );
+        }
+    };
+    if n == 0 {
+        return;
+    }
+    if total <= 2 * n || total < 4 * THRESHOLD_SAMPLES {
+        keep_all(out);
+    } else {
+        let stride = total / THRESHOLD_SAMPLES;
+        sample.clear();
+        let mut skip = 0;
+        for (scores, _) in parts {
+            let mut i = skip;
+            while i < scores.len() {
+                sample.push(scores[i]);
+                i += stride;
+            }
+            skip = i - scores.len();
+        }
+        sample.sort_unstable_by(|a, b| b.total_cmp(a));
+        let expect = (1.25 * n as f64 * sample.len() as f64 / total as f64 + 8.0) as usize;
+        let threshold = sample[expect.min(sample.len() - 1)];
+        for (scores, classes) in parts {
+            for (&class, &score) in classes.iter().zip(scores.iter()) {
+                if score >= threshold {
+                    out.push(Hit { class, score });
+                }
+            }
+        }
+        if out.len() < n {
+            keep_all(out);
+        }
+    }
+    if out.len() > n {
+        out.select_nth_unstable_by(n, by_score);
+        out.truncate(n);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The n best by sorting everything: the reference for `select_best`.
+    fn best_by_sorting(parts: &[(Vec<f32>, Vec<ClassId>)], n: usize) -> Vec<Hit> {
+        let mut all: Vec<Hit> = parts
+            .iter()
+            .flat_map(|(s, c)| c.iter().zip(s).map(|(&class, &score)| Hit { class, score }))
+            .filter(|h| !h.score.is_nan())
+            .collect();
+        all.sort_unstable_by(by_score);
+        all.truncate(n);
+        all
+    }
+
+    #[test]
+    fn select_best_equals_sorting_on_large_inputs() {
+        let mut r = crate::rng::seeded(11, 0);
+        let mut sample = Vec::new();
+        let mut out = Vec::new();
+        for (case, &(parts, len, n)) in
+            [(40, 1000, 2000), (7, 5000, 100), (300, 50, 3000), (1, 20_000, 19_000), (30, 400, 5)].iter().enumerate()
+        {
+            let mut next = 0;
+            let data: Vec<(Vec<f32>, Vec<ClassId>)> = (0..parts)
+                .map(|p| {
+                    // Part-dependent offsets, coarse values (many ties) and a few NaNs.
+                    let s = (0..len)
+                        .map(|i| {
+                            if (i + p) % 997 == 0 {
+                                f32::NAN
+                            } else {
+                                (crate::rng::normal(&mut r) * 8.0).round() + p as f32 * 0.01
+                            }
+                        })
+                        .collect();
+                    let c = (next..next + len as ClassId).collect();
+                    next += len as ClassId;
+                    (s, c)
+                })
+                .collect();
+            let refs: Vec<(&[f32], &[ClassId])> = data.iter().map(|(s, c)| (&s[..], &c[..])).collect();
+            select_best(&refs, n, &mut sample, &mut out);
+            out.sort_unstable_by(by_score);
+            assert_eq!(out, best_by_sorting(&data, n), "case {case}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn select_best_equals_sorting(scores in prop::collection::vec(-30i32..30, 0..400), n in 0usize..50, cut in 0usize..400) {
+            let scores: Vec<f32> = scores.into_iter().map(|s| s as f32).collect();
+            let cut = cut.min(scores.len());
+            let classes: Vec<ClassId> = (0..scores.len() as ClassId).rev().collect();
+            let data = vec![(scores[..cut].to_vec(), classes[..cut].to_vec()), (scores[cut..].to_vec(), classes[cut..].to_vec())];
+            let refs: Vec<(&[f32], &[ClassId])> = data.iter().map(|(s, c)| (&s[..], &c[..])).collect();
+            let mut out = Vec::new();
+            select_best(&refs, n, &mut Vec::new(), &mut out);
+            out.sort_unstable_by(by_score);
+            prop_assert_eq!(out, best_by_sorting(&data, n));
+        }
+    }
 
     proptest! {
         #[test]

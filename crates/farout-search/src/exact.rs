@@ -1,7 +1,6 @@
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
-use farout_core::topk::TopK;
-use farout_core::topk::top_k;
+use farout_core::topk::{self, TopK};
 use farout_core::{ClassId, Matrix, kernels};
 
 /// Queries scored per matrix product by [`ExactIndex`]'s batched search (bounds the
@@ -59,6 +58,7 @@ impl MipsIndex for ExactIndex {
         };
         out.resize_with(n, Vec::new);
         out.truncate(n);
+        let ids: Vec<ClassId> = (0..kk as ClassId).collect();
         let mut z = Vec::new();
         for start in (0..n).step_by(EXACT_BATCH) {
             let m = (n - start).min(EXACT_BATCH);
@@ -76,7 +76,10 @@ impl MipsIndex for ExactIndex {
                 (kk, d),
                 Op::T,
             );
-            out[start..start + m].par_iter_mut().zip(z.par_chunks(kk)).for_each(|(o, row)| top_k(row, k, o));
+            out[start..start + m].par_iter_mut().zip(z.par_chunks(kk)).for_each_init(Vec::new, |sample, (o, row)| {
+                topk::select_best(&[(row, &ids[..])], k, sample, o);
+                o.sort_unstable_by(topk::by_score);
+            });
         }
         n * kk
     }
@@ -111,7 +114,7 @@ mod tests {
         for k in [1, 10, 499, 500, 600] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             ExactIndex.search(Rows::all(&w), &q, k, &mut a);
-            top_k(&z, k, &mut b);
+            topk::top_k(&z, k, &mut b);
             assert_eq!(a, b, "k = {k}");
         }
         // The batched path (matrix product) agrees on classes, and on scores to rounding.

@@ -17,7 +17,7 @@
 
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
-use farout_core::{ClassId, Matrix, kernels, rng};
+use farout_core::{ClassId, Matrix, kernels, rng, topk};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -67,8 +67,19 @@ pub struct SphericalIndex {
 /// Rows per block of the k-means assignment product (bounds its temporary to block x C).
 const ASSIGN_BLOCK: usize = 4096;
 
+/// Per-thread buffers of one search: centroid scores, their order, the probed rows' scores and
+/// ids, and the threshold sample of `topk::select_best`.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    order: Vec<u32>,
+    probed: Vec<f32>,
+    ids: Vec<ClassId>,
+    sample: Vec<f32>,
+}
+
 thread_local! {
-    static SCRATCH: RefCell<(Vec<f32>, Vec<u32>, Vec<Hit>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// `x = [w / m, sqrt(max(0, 1 - |w|^2 / m^2))]`.
@@ -135,6 +146,11 @@ impl SphericalIndex {
         Self { config: config.clone(), max_norm: m, centroids, centroids_d, assign, pos, members, rebuild: false }
     }
 
+    /// Rows probed per query for `k` results.
+    fn budget(&self, k: usize) -> usize {
+        ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k)
+    }
+
     /// Number of centroids C.
     pub fn n_centroids(&self) -> usize {
         self.centroids.rows()
@@ -177,46 +193,40 @@ impl MipsIndex for SphericalIndex {
         "spherical"
     }
 
-    fn search(&self, _w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
-        let w = _w;
-        let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
-        SCRATCH.with_borrow_mut(|(scores, order, cand)| {
+    fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+        let budget = self.budget(k);
+        SCRATCH.with_borrow_mut(|Scratch { scores, order, probed, ids, sample }| {
             scores.clear();
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query)));
             order.clear();
             order.extend(0..scores.len() as u32);
             order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
-            // Every probed row is rescored, so collect them all and select the top k once
-            // (linear time) rather than maintaining a heap per push.
-            cand.clear();
+            // Every probed row is scored, so collect them all and select once.
+            probed.clear();
+            ids.clear();
             for &j in order.iter() {
                 let members = &self.members[j as usize];
-                cand.extend(members.iter().map(|&i| Hit { class: i, score: kernels::dot(w.row(i as usize), query) }));
-                if cand.len() >= budget {
+                ids.extend_from_slice(members);
+                probed.extend(members.iter().map(|&i| kernels::dot(w.row(i as usize), query)));
+                if probed.len() >= budget {
                     break;
                 }
             }
-            let scored = cand.len();
-            let by_score = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.class.cmp(&b.class));
-            if cand.len() > k {
-                cand.select_nth_unstable_by(k, by_score);
-                cand.truncate(k);
-            }
-            cand.sort_unstable_by(by_score);
-            out.clear();
-            out.extend_from_slice(cand);
-            scored + self.centroids.rows()
+            topk::select_best(&[(&probed[..], &ids[..])], k, sample, out);
+            out.sort_unstable_by(topk::by_score);
+            probed.len() + self.centroids.rows()
         })
     }
 
     /// Batched search: centroid scores of all queries by one matrix product; then, cluster by
-    /// cluster, the members are gathered once and scored against every query probing that
-    /// cluster by one small matrix product (instead of per-query scattered dot products).
-    /// Returns exactly what [`MipsIndex::search`] returns for each query.
+    /// cluster, the members are gathered from `W` once and scored against every query probing
+    /// that cluster by one small matrix product, instead of per-query scattered dot products.
+    /// Returns what [`MipsIndex::search`] returns for each query (up to rounding: products and
+    /// dot kernels may differ in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         let (n, d, c) = (queries.rows(), w.dim(), self.centroids.rows());
-        let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
+        let budget = self.budget(k);
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(
             &mut s,
@@ -231,7 +241,7 @@ impl MipsIndex for SphericalIndex {
             (c, d),
             Op::T,
         );
-        // Probed (cluster, query) pairs, in each query's probing order.
+        // The probed clusters of every query, in its probing order.
         let probes: Vec<Vec<u32>> = s
             .par_chunks(c)
             .map(|row| {
@@ -249,58 +259,66 @@ impl MipsIndex for SphericalIndex {
                 probed
             })
             .collect();
+        // Who probes each cluster, and where each query sits in its clusters' lists.
         let mut by_cluster: Vec<Vec<u32>> = vec![Vec::new(); c];
-        for (q, probed) in probes.iter().enumerate() {
-            for &j in probed {
-                by_cluster[j as usize].push(q as u32);
-            }
-        }
-        // Score each probed cluster against its queries: scores[(member, query)].
-        let scored: Vec<(u32, Vec<(u32, Hit)>)> = by_cluster
+        let slots: Vec<Vec<(u32, u32)>> = probes
+            .iter()
+            .enumerate()
+            .map(|(q, probed)| {
+                probed
+                    .iter()
+                    .map(|&j| {
+                        let list = &mut by_cluster[j as usize];
+                        list.push(q as u32);
+                        (j, list.len() as u32 - 1)
+                    })
+                    .collect()
+            })
+            .collect();
+        // Scores of every probed cluster's members against its queries: `nq x m`, row-major, so
+        // that each query's scores are contiguous.
+        let blocks: Vec<Vec<f32>> = by_cluster
             .par_iter()
             .enumerate()
-            .filter(|(_, qs)| !qs.is_empty())
             .map(|(j, qs)| {
+                if qs.is_empty() {
+                    return Vec::new();
+                }
                 let members = &self.members[j];
                 let (m, nq) = (members.len(), qs.len());
-                let mut rows = Matrix::zeros(m, d);
-                for (r, &i) in members.iter().enumerate() {
-                    rows.row_mut(r).copy_from_slice(w.row(i as usize));
-                }
                 let mut qm = Matrix::zeros(nq, d);
                 for (r, &q) in qs.iter().enumerate() {
                     qm.row_mut(r).copy_from_slice(queries.row(q as usize));
                 }
-                let mut z = vec![0.0f32; m * nq];
-                gemm::gemm(&mut z, m, nq, 0.0, 1.0, rows.as_slice(), (m, d), Op::N, qm.as_slice(), (nq, d), Op::T);
-                let mut hits = Vec::with_capacity(m * nq);
+                let mut rows = Matrix::zeros(m, d);
                 for (r, &i) in members.iter().enumerate() {
-                    for (col, &q) in qs.iter().enumerate() {
-                        hits.push((q, Hit { class: i, score: z[r * nq + col] }));
-                    }
+                    rows.row_mut(r).copy_from_slice(w.row(i as usize));
                 }
-                (j as u32, hits)
+                let mut z = vec![0.0f32; nq * m];
+                gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, rows.as_slice(), (m, d), Op::T);
+                z
             })
             .collect();
         out.resize_with(n, Vec::new);
         out.truncate(n);
-        out.iter_mut().for_each(Vec::clear);
-        for (_, hits) in &scored {
-            for &(q, h) in hits {
-                out[q as usize].push(h);
-            }
-        }
-        let by_score = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.class.cmp(&b.class));
         out.par_iter_mut()
-            .map(|cand| {
-                let cost = cand.len() + c;
-                if cand.len() > k {
-                    cand.select_nth_unstable_by(k, by_score);
-                    cand.truncate(k);
-                }
-                cand.sort_unstable_by(by_score);
-                cost
-            })
+            .enumerate()
+            .map_init(
+                || (Vec::new(), Vec::new()),
+                |(parts, sample), (q, cand)| {
+                    let parts: &mut Vec<(&[f32], &[ClassId])> = parts;
+                    parts.clear();
+                    for &(j, slot) in &slots[q] {
+                        let members = &self.members[j as usize][..];
+                        let m = members.len();
+                        parts.push((&blocks[j as usize][slot as usize * m..(slot as usize + 1) * m], members));
+                    }
+                    let probed: usize = parts.iter().map(|(s, _)| s.len()).sum();
+                    topk::select_best(parts, k, sample, cand);
+                    cand.sort_unstable_by(topk::by_score);
+                    probed + c
+                },
+            )
             .sum()
     }
 
@@ -314,11 +332,11 @@ impl MipsIndex for SphericalIndex {
                 continue;
             }
             // O(1) removal: move the last member into the freed slot.
-            let p = self.pos[i as usize] as usize;
+            let at = self.pos[i as usize] as usize;
             let list = &mut self.members[old as usize];
-            list.swap_remove(p);
-            if let Some(&moved) = list.get(p) {
-                self.pos[moved as usize] = p as u32;
+            list.swap_remove(at);
+            if let Some(&moved) = list.get(at) {
+                self.pos[moved as usize] = at as u32;
             }
             self.pos[i as usize] = self.members[new as usize].len() as u32;
             self.members[new as usize].push(i);
@@ -332,6 +350,7 @@ impl MipsIndex for SphericalIndex {
 
     fn memory_bytes(&self) -> usize {
         self.centroids.bytes()
+            + self.centroids_d.bytes()
             + 4 * (self.assign.len() + self.pos.len())
             + self.members.iter().map(|m| 4 * m.capacity()).sum::<usize>()
     }
