@@ -92,9 +92,9 @@ pub enum BenchCommand {
         /// LDGS blocks B (0 = D / 16).
         #[arg(long, default_value_t = 0)]
         blocks: usize,
-        /// LDGS message-passing iterations T.
-        #[arg(long, default_value_t = 1)]
-        iterations: usize,
+        /// LDGS message-passing steps T, or fixed-point (lambda = lambda*, the T -> inf limit).
+        #[arg(long, default_value = "fixed-point")]
+        iterations: farout_estimators::Iterations,
         /// Index of mips / ldgs.
         #[arg(long, value_enum, default_value_t = BenchIndex::Spherical)]
         index: BenchIndex,
@@ -371,7 +371,7 @@ pub fn bench_estimator(
     d: usize,
     top: usize,
     blocks: usize,
-    iterations: usize,
+    iterations: farout_estimators::Iterations,
     index: BenchIndex,
     samples: usize,
     means: MeanStructure,
@@ -485,7 +485,7 @@ pub fn bench_estimator(
         "d": d,
         "top": top,
         "blocks": blocks,
-        "iterations": iterations,
+        "iterations": iterations.to_string(),
         "index": block_index.as_ref().map(|b| b.block(0).name()),
         "samples": samples,
         "means": means.describe(d),

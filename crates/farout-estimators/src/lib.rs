@@ -39,7 +39,7 @@ pub use ar::{
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::Exact;
-pub use ldgs::{ActiveSet, Ldgs, Rescore};
+pub use ldgs::{ActiveSet, Iterations, Ldgs, Rescore};
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, dphi_cosine};
 pub use proposal::{Draws, Proposal};

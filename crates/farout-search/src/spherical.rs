@@ -37,11 +37,21 @@ pub struct SphericalConfig {
     pub norm_headroom: f32,
     /// Seed of the centroid initialisation.
     pub seed: u64,
+    /// k-means fits the centroids on at most this many rows per centroid (a random subset;
+    /// FAISS's default is 256), then assigns every row once: build time stops growing with K.
+    pub points_per_centroid: usize,
 }
 
 impl Default for SphericalConfig {
     fn default() -> Self {
-        Self { n_centroids: 0, iterations: 8, candidate_factor: 5.0, norm_headroom: 0.1, seed: 1 }
+        Self {
+            n_centroids: 0,
+            iterations: 8,
+            candidate_factor: 5.0,
+            norm_headroom: 0.1,
+            seed: 1,
+            points_per_centroid: 256,
+        }
     }
 }
 
@@ -108,19 +118,21 @@ impl SphericalIndex {
         for (j, &i) in order.iter().take(c).enumerate() {
             augment(w.row(i), m, centroids.row_mut(j));
         }
-        let mut assign = vec![0u32; k];
-        for it in 0..=config.iterations {
-            assign_rows(w, m, &centroids, None, &mut assign);
-            if it == config.iterations {
-                break;
-            }
+        // Fit the centroids on at most `points_per_centroid * C` rows (a random subset), then
+        // assign every row once.
+        let cap = config.points_per_centroid.saturating_mul(c).max(c);
+        let fit: Option<Vec<ClassId>> = (k > cap).then(|| order[..cap].iter().map(|&i| i as ClassId).collect());
+        let fit_row = |i: usize| fit.as_ref().map_or(i, |f| f[i] as usize);
+        let mut fit_assign = vec![0u32; fit.as_ref().map_or(k, Vec::len)];
+        for it in 0..config.iterations {
+            assign_rows(w, m, &centroids, fit.as_deref(), &mut fit_assign);
             // Centroid = normalised sum of its members' augmented rows; an empty cluster is
             // re-seeded with a random row.
             let mut sums = Matrix::zeros(c, d + 1);
             let mut counts = vec![0usize; c];
             let mut x = vec![0.0; d + 1];
-            for (i, &a) in assign.iter().enumerate() {
-                augment(w.row(i), m, &mut x);
+            for (i, &a) in fit_assign.iter().enumerate() {
+                augment(w.row(fit_row(i)), m, &mut x);
                 kernels::axpy(1.0, &x, sums.row_mut(a as usize));
                 counts[a as usize] += 1;
             }
@@ -133,6 +145,8 @@ impl SphericalIndex {
             }
             centroids = sums;
         }
+        let mut assign = vec![0u32; k];
+        assign_rows(w, m, &centroids, None, &mut assign);
         let mut members = vec![Vec::new(); c];
         let mut pos = vec![0u32; k];
         for (i, &a) in assign.iter().enumerate() {
@@ -292,6 +306,9 @@ impl MipsIndex for SphericalIndex {
                 }
                 let mut rows = Matrix::zeros(m, d);
                 for (r, &i) in members.iter().enumerate() {
+                    if let Some(&ahead) = members.get(r + kernels::PREFETCH_AHEAD) {
+                        kernels::prefetch(w.row(ahead as usize));
+                    }
                     rows.row_mut(r).copy_from_slice(w.row(i as usize));
                 }
                 let mut z = vec![0.0f32; nq * m];

@@ -243,9 +243,10 @@ pub struct OutputConfig {
     /// else 1: the paper's B = 8 for D = 128 and B = 4 for D = 100).
     #[serde(default)]
     pub blocks: usize,
-    /// LDGS: message-passing iterations T.
+    /// LDGS: message-passing steps T, or `"fixed_point"` (the default: lambda = lambda*
+    /// directly, the T -> inf limit, at the cost of one loss evaluation).
     #[serde(default = "default_iterations")]
-    pub iterations: usize,
+    pub iterations: farout_estimators::Iterations,
     /// LDGS: which coordinates message passing updates (`union` or the paper's `gradient`).
     #[serde(default)]
     pub active_set: farout_estimators::ActiveSet,
@@ -296,8 +297,8 @@ pub enum ProposalKind {
     Unigram,
 }
 
-fn default_iterations() -> usize {
-    1
+fn default_iterations() -> farout_estimators::Iterations {
+    farout_estimators::Iterations::FixedPoint
 }
 
 fn default_tau2() -> f32 {
@@ -704,6 +705,18 @@ mod tests {
         assert!(e.contains("output.estimator") && e.contains("softmax") && e.contains("margin"), "{e}");
         let e = Config::parse(MINIMAL, &["train.batch_size=abc".into()]).unwrap_err();
         assert!(e.contains("train.batch_size"), "{e}");
+        let e = Config::parse(MINIMAL, &["output.iterations=forever".into()]).unwrap_err();
+        assert!(e.contains("output.iterations") && e.contains("fixed_point"), "{e}");
+    }
+
+    #[test]
+    fn ldgs_iterations_are_steps_or_the_fixed_point() {
+        use farout_estimators::Iterations;
+        assert_eq!(Config::parse(MINIMAL, &[]).unwrap().output.iterations, Iterations::FixedPoint);
+        let c = Config::parse(MINIMAL, &["output.iterations=3".into()]).unwrap();
+        assert_eq!(c.output.iterations, Iterations::Steps(3));
+        let c = Config::parse(&format!("{MINIMAL}iterations = \"fixed_point\"\n"), &[]).unwrap();
+        assert_eq!(c.output.iterations, Iterations::FixedPoint);
     }
 
     #[test]
