@@ -6,27 +6,6 @@
 
 const LANES: usize = 8;
 
-/// Rows read in a random order wait on memory; [`prefetch`] this many rows ahead.
-pub const PREFETCH_AHEAD: usize = 8;
-
-/// Asks the CPU to start loading `x` into cache (a hint: no effect on results, a no-op off
-/// x86-64). Gathers of random rows of a large `W` issue it a few rows ahead, so the loads
-/// overlap instead of each waiting on memory in turn.
-#[inline]
-pub fn prefetch(x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in x.chunks(16) {
-        // 16 floats = one 64-byte cache line. SAFETY: a prefetch never faults, and the pointer
-        // comes from a live slice.
-        #[allow(unused_unsafe)]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr().cast());
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
-}
-
 /// Inner product `a . b`. Panics in debug builds when the lengths differ.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {

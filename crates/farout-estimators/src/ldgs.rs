@@ -60,9 +60,10 @@ impl std::str::FromStr for Iterations {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "fixed_point" | "fixed-point" => Ok(Self::FixedPoint),
-            _ => s.parse().map(Self::Steps).map_err(|_| {
-                format!("{s:?} is not a number of message-passing steps or \"fixed_point\"")
-            }),
+            _ => s
+                .parse()
+                .map(Self::Steps)
+                .map_err(|_| format!("{s:?} is not a number of message-passing steps or \"fixed_point\"")),
         }
     }
 }
@@ -88,7 +89,9 @@ impl<'de> Deserialize<'de> for Iterations {
                 Ok(Iterations::Steps(v as usize))
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Iterations, E> {
-                usize::try_from(v).map(Iterations::Steps).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+                usize::try_from(v)
+                    .map(Iterations::Steps)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Iterations, E> {
                 match v {
@@ -296,12 +299,11 @@ impl<L: Loss> Ldgs<L> {
             if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
                 // The fixed point needs only z over U: one full-row dot product per class.
                 s.total.clear();
-                s.total.extend(s.classes.iter().enumerate().map(|(u, &c)| {
-                    if let Some(&ahead) = s.classes.get(u + kernels::PREFETCH_AHEAD) {
-                        kernels::prefetch(ctx.w.row(ahead as usize));
-                    }
-                    kernels::dot(ctx.w.row(c as usize), phi) + ctx.bias.map_or(0.0, |b| b[c as usize])
-                }));
+                s.total.extend(
+                    s.classes
+                        .iter()
+                        .map(|&c| kernels::dot(ctx.w.row(c as usize), phi) + ctx.bias.map_or(0.0, |b| b[c as usize])),
+                );
                 s.out.resize(n, 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
                 out.clear();
@@ -475,7 +477,8 @@ mod tests {
         let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
         let margin = SmoothedMargin::new(1.0).unwrap();
         for t in [0, 1, 5] {
-            let ldgs = Ldgs::new(margin, 50, Iterations::Steps(t), ActiveSet::Gradient, 1e-3, Rescore::Partial).unwrap();
+            let ldgs =
+                Ldgs::new(margin, 50, Iterations::Steps(t), ActiveSet::Gradient, 1e-3, Rescore::Partial).unwrap();
             let mips = Mips::new(margin, 50).unwrap();
             for i in 0..30 {
                 let (a, ea) = estimate(&ldgs, &ctx, phi.row(i), &labels[i..=i]);
@@ -543,13 +546,16 @@ mod tests {
         for (name, ldgs, exact) in [
             (
                 "softmax",
-                Box::new(Ldgs::new(Softmax, 1000, Iterations::Steps(200), ActiveSet::Gradient, 0.0, Rescore::Exact).unwrap())
-                    as Box<dyn GradientEstimator>,
+                Box::new(
+                    Ldgs::new(Softmax, 1000, Iterations::Steps(200), ActiveSet::Gradient, 0.0, Rescore::Exact).unwrap(),
+                ) as Box<dyn GradientEstimator>,
                 Box::new(Exact::new(Softmax)) as Box<dyn GradientEstimator>,
             ),
             (
                 "margin",
-                Box::new(Ldgs::new(margin, 1000, Iterations::Steps(200), ActiveSet::Gradient, 0.0, Rescore::Exact).unwrap()),
+                Box::new(
+                    Ldgs::new(margin, 1000, Iterations::Steps(200), ActiveSet::Gradient, 0.0, Rescore::Exact).unwrap(),
+                ),
                 Box::new(Exact::new(margin)),
             ),
         ] {

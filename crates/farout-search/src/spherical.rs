@@ -306,9 +306,6 @@ impl MipsIndex for SphericalIndex {
                 }
                 let mut rows = Matrix::zeros(m, d);
                 for (r, &i) in members.iter().enumerate() {
-                    if let Some(&ahead) = members.get(r + kernels::PREFETCH_AHEAD) {
-                        kernels::prefetch(w.row(ahead as usize));
-                    }
                     rows.row_mut(r).copy_from_slice(w.row(i as usize));
                 }
                 let mut z = vec![0.0f32; nq * m];
