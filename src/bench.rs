@@ -133,7 +133,10 @@ impl MeanStructure {
     fn describe(self, d: usize) -> serde_json::Value {
         match self.mean_clusters {
             Some(c) => serde_json::json!({ "mean_clusters": c, "cluster_spread": 0.7 }),
-            None => serde_json::json!({ "intrinsic_dim": self.intrinsic_dim.min(d), "residual": 0.5 }),
+            None => serde_json::json!({
+                "intrinsic_dim": self.intrinsic_dim.min(d),
+                "residual": FaceSpec::default().residual,
+            }),
         }
     }
 }

@@ -101,12 +101,6 @@ impl FaceSpec {
         }
     }
 
-    /// FaceNet-like class means: `k` means of dimension `d` near a 12-dimensional subspace
-    /// (residual 0.5), the structure the search benchmarks and the large face configs use.
-    pub fn facenet(k: usize, d: usize) -> Self {
-        Self { n_classes: k, n_samples: 2 * k, dim: d, intrinsic_dim: 12.min(d), ..Self::default() }
-    }
-
     /// The MegaFace-sized set of the LDGS paper (672 K identities, 4.7 M samples, D = 128).
     pub fn megaface() -> Self {
         Self { n_classes: 672_000, n_samples: 4_700_000, ..Self::default() }
@@ -596,9 +590,10 @@ mod tests {
         let mean = in_span / 2000.0;
         let expect = (1.0 + 0.25 * 6.0 / 64.0) / 1.25;
         assert!((mean - expect).abs() < 0.02, "mean squared projection {mean}, expected {expect}");
-        let bad = FaceSpec { mean_clusters: 10, ..FaceSpec::facenet(100, 16) };
+        let small = FaceSpec { n_classes: 100, n_samples: 200, dim: 16, intrinsic_dim: 4, ..FaceSpec::default() };
+        let bad = FaceSpec { mean_clusters: 10, ..small.clone() };
         assert!(FaceGenerator::new(bad).unwrap_err().to_string().contains("intrinsic_dim"));
-        let bad = FaceSpec { intrinsic_dim: 17, ..FaceSpec::facenet(100, 16) };
+        let bad = FaceSpec { intrinsic_dim: 17, ..small };
         assert!(FaceGenerator::new(bad).unwrap_err().to_string().contains("intrinsic_dim"));
     }
 

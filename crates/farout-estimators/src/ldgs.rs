@@ -112,8 +112,9 @@ impl<'de> Deserialize<'de> for Iterations {
 /// `lambda*_j = z / B - z_j`. Per sample:
 /// 1. search each block's index for its top `top` classes; `U` = their union and the positives;
 /// 2. block score vectors `z~_j` over `U` (see [`Rescore`]), `z~ = sum_j z~_j`, `lambda_j = 0`;
-/// 3. for `t = 1..=T` (or directly at the fixed point, [`Iterations::FixedPoint`]): `A` = the active set ([`ActiveSet`]: all of `U`, or the classes where
-///    some `|dL(B(z~_j + lambda_j))| > tau2`);
+/// 3. for `t = 1..=T` (or straight to the fixed point, [`Iterations::FixedPoint`]): `A` = the
+///    active set ([`ActiveSet`]: all of `U`, or the classes where some
+///    `|dL(B(z~_j + lambda_j))| > tau2`);
 ///    `lambda_j[k] <- eta lambda*_j[k] + (1 - eta) lambda_j[k]` on `A`, `eta = 2 / (t + 2)`;
 /// 4. output `g = (1/B) sum_j dL(B(z~_j + lambda_j))` (and the loss estimate
 ///    `(1/B) sum_j L(B(z~_j + lambda_j))`, an upper bound of `L(z~)` by Jensen).
