@@ -35,6 +35,19 @@ fn quickstart_config_trains_and_writes_its_summary() {
 }
 
 #[test]
+fn final_evaluation_can_be_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let base: Vec<&str> =
+        ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q.iter().map(String::as_str)).collect();
+    let all = summary(&farout(&[&base[..], &["--set", "train.epochs=1"]].concat()));
+    let capped =
+        summary(&farout(&[&base[..], &["--set", "train.epochs=1", "--set", "eval.final_max_samples=100"]].concat()));
+    assert!(all["metrics"]["samples"].as_f64().unwrap() > 500.0, "{all}");
+    assert_eq!(capped["metrics"]["samples"].as_f64().unwrap(), 100.0);
+}
+
+#[test]
 fn resume_continues_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());

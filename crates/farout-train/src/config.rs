@@ -336,9 +336,12 @@ impl Default for TrainConfig {
 pub struct EvalConfig {
     /// Evaluate on the test set every this many steps (0 = at the end of each epoch only).
     pub every_steps: u64,
-    /// Evaluate on at most this many test samples during training (0 = all); the final
-    /// evaluation always uses the whole test set.
+    /// Evaluate on at most this many test samples during training (0 = all).
     pub max_samples: usize,
+    /// The final evaluation (the summary's metrics) uses at most this many test samples (0 =
+    /// all). Cap it at MegaFace scale, where scoring 940,000 test samples against 672,000
+    /// classes exactly takes longer than an epoch of training.
+    pub final_max_samples: usize,
     /// Rows scored per evaluation batch.
     pub batch_size: usize,
     /// Skip-gram: analogy questions evaluated after each epoch (e.g.
@@ -361,6 +364,7 @@ impl Default for EvalConfig {
         Self {
             every_steps: 0,
             max_samples: 0,
+            final_max_samples: 0,
             batch_size: 256,
             analogy: None,
             analogy_restrict: 30_000,

@@ -411,7 +411,7 @@ impl Trainer {
         }
         bar.finish();
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-        let metrics = self.evaluate_and_log(test, 0, &mut sinks)?;
+        let metrics = self.evaluate_and_log(test, cfg.eval.final_max_samples, &mut sinks)?;
         if cfg.checkpoint.enabled {
             self.save_checkpoint()?;
         }
