@@ -16,16 +16,13 @@
 
 use crate::pairs::{for_each_pair, subsample};
 use crate::sgns::{EpochStats, Progress};
-use crate::{Error, SkipGramConfig};
+use crate::{Error, REPORT_INTERVAL, SkipGramConfig};
 use farout_core::{ClassId, Matrix, Rng, rng};
 use farout_data::corpus::{TextSpec, Vocab, for_each_line};
 use farout_estimators::{Batch, GradientEstimator};
 use farout_layer::{Optimizer, OutputLayer};
 use std::path::Path;
 use std::time::Instant;
-
-/// Time between progress reports.
-const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One run of minibatch skip-gram.
 pub struct BatchJob<'a> {
@@ -85,7 +82,7 @@ impl BatchJob<'_> {
             let mut phi = Matrix::zeros(self.batch_size, dim);
             let mut words = 0u64;
             let mut last_report = Instant::now();
-            let (mut loss, mut loss_n, mut window_loss, mut window_n, mut pairs) = (0.0f64, 0u64, 0.0f64, 0u64, 0u64);
+            let mut meter = EpochMeter::default();
             let mut failed: Option<Error> = None;
             let mut stopped = false;
             let lines = for_each_line(
@@ -103,12 +100,8 @@ impl BatchJob<'_> {
                         contexts.push(context);
                         centres.push(centre);
                         if contexts.len() == self.batch_size && !diverged {
-                            pairs += self.batch_size as u64;
                             let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
-                            loss += l;
-                            window_loss += l;
-                            loss_n += self.batch_size as u64;
-                            window_n += self.batch_size as u64;
+                            meter.add(l, self.batch_size as u64);
                             diverged = !l.is_finite();
                             stopped = self.deadline.is_some_and(|d| Instant::now() >= d);
                         }
@@ -119,15 +112,7 @@ impl BatchJob<'_> {
                     }
                     if last_report.elapsed() >= REPORT_INTERVAL || stopped {
                         last_report = Instant::now();
-                        let done = epoch_words * epoch as u64 + words;
-                        progress(&Progress {
-                            epoch,
-                            words: done,
-                            total_words,
-                            loss: window_loss / window_n.max(1) as f64,
-                            lr: input.optimizer.lr(),
-                        });
-                        (window_loss, window_n) = (0.0, 0);
+                        progress(&meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input));
                     }
                     !stopped
                 },
@@ -138,24 +123,55 @@ impl BatchJob<'_> {
             }
             lines?;
             if !contexts.is_empty() && !stopped {
-                pairs += contexts.len() as u64;
                 let n = contexts.len() as u64;
                 let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
-                (loss, window_loss, loss_n, window_n) = (loss + l, window_loss + l, loss_n + n, window_n + n);
+                meter.add(l, n);
             }
-            let last = Progress {
-                epoch,
-                words: epoch_words * epoch as u64 + words,
-                total_words,
-                loss: window_loss / window_n.max(1) as f64,
-                lr: input.optimizer.lr(),
-            };
-            let stats = EpochStats { epoch, words, pairs, loss: loss / loss_n.max(1) as f64, seconds: 0.0, stopped };
+            let last = meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input);
+            let stats = meter.stats(epoch, words, stopped);
             if !close_epoch(t0, last, stats, &mut all, input, layer, progress, epoch_end)? {
                 break;
             }
         }
         Ok(all)
+    }
+}
+
+/// Summed loss and pairs of an epoch, and of the window since the last progress report.
+#[derive(Default)]
+pub(crate) struct EpochMeter {
+    loss: f64,
+    pairs: u64,
+    window_loss: f64,
+    window_pairs: u64,
+}
+
+impl EpochMeter {
+    /// A step that trained `pairs` pairs with summed loss `loss`.
+    pub(crate) fn add(&mut self, loss: f64, pairs: u64) {
+        self.loss += loss;
+        self.pairs += pairs;
+        self.window_loss += loss;
+        self.window_pairs += pairs;
+    }
+
+    /// The progress report at `words` of `total_words` (mean pair loss over the window); starts
+    /// a new window.
+    pub(crate) fn report(&mut self, epoch: usize, words: u64, total_words: u64, input: &InputTable) -> Progress {
+        let loss = self.window_loss / self.window_pairs.max(1) as f64;
+        (self.window_loss, self.window_pairs) = (0.0, 0);
+        Progress { epoch, words, total_words, loss, lr: input.optimizer.lr() }
+    }
+
+    /// Pairs trained so far this epoch.
+    pub(crate) fn pairs(&self) -> u64 {
+        self.pairs
+    }
+
+    /// The epoch's statistics after `words` words (timed by [`close_epoch`]).
+    pub(crate) fn stats(&self, epoch: usize, words: u64, stopped: bool) -> EpochStats {
+        let loss = self.loss / self.pairs.max(1) as f64;
+        EpochStats { epoch, words, pairs: self.pairs, loss, seconds: 0.0, stopped }
     }
 }
 

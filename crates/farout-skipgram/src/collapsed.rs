@@ -20,10 +20,10 @@
 //! the same gradient in each step (simultaneous block updates), which is what the output
 //! layer's step does.
 
-use crate::Error;
-use crate::batch::{InputTable, close_epoch};
+use crate::batch::{EpochMeter, InputTable, close_epoch};
 use crate::pairs::{for_each_pair, subsample};
 use crate::sgns::{EpochStats, Progress};
+use crate::{Error, REPORT_INTERVAL};
 use farout_core::rng;
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Matrix, Rng, SparseGrad, gemm, kernels};
@@ -328,7 +328,7 @@ impl GdJob<'_> {
             let t0 = Instant::now();
             let mut r = rng::seeded(self.seed, (1 << 48) + epoch as u64);
             rng::shuffle(&mut contexts, &mut r);
-            let (mut loss, mut pairs, mut window_loss, mut window_pairs) = (0.0f64, 0u64, 0.0f64, 0u64);
+            let mut meter = EpochMeter::default();
             let mut last_report = Instant::now();
             let mut stopped = false;
             for chunk in contexts.chunks(self.batch_size) {
@@ -337,35 +337,23 @@ impl GdJob<'_> {
                     chunk.iter().map(|&x| self.cooc.row(x as usize).1.iter().sum::<f32>() as u64).sum();
                 let l = crate::batch::train_rows(layer, &estimator, input, chunk, &positives, &mut phi, &mut r);
                 if !l.is_finite() {
-                    return Err(Error::Diverged { epoch, words: self.epoch_words * epoch as u64 + per_pair(pairs) });
+                    let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
+                    return Err(Error::Diverged { epoch, words });
                 }
-                (loss, pairs, window_loss, window_pairs) =
-                    (loss + l, pairs + step_pairs, window_loss + l, window_pairs + step_pairs);
+                meter.add(l, step_pairs);
                 if last_report.elapsed() >= REPORT_INTERVAL {
                     last_report = Instant::now();
-                    progress(&Progress {
-                        epoch,
-                        words: self.epoch_words * epoch as u64 + per_pair(pairs),
-                        total_words,
-                        loss: window_loss / window_pairs.max(1) as f64,
-                        lr: input.optimizer.lr(),
-                    });
-                    (window_loss, window_pairs) = (0.0, 0);
+                    let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
+                    progress(&meter.report(epoch, words, total_words, input));
                 }
                 if self.deadline.is_some_and(|d| Instant::now() >= d) {
                     stopped = true;
                     break;
                 }
             }
-            let words = per_pair(pairs);
-            let last = Progress {
-                epoch,
-                words: self.epoch_words * epoch as u64 + words,
-                total_words,
-                loss: window_loss / window_pairs.max(1) as f64,
-                lr: input.optimizer.lr(),
-            };
-            let stats = EpochStats { epoch, words, pairs, loss: loss / pairs.max(1) as f64, seconds: 0.0, stopped };
+            let words = per_pair(meter.pairs());
+            let last = meter.report(epoch, self.epoch_words * epoch as u64 + words, total_words, input);
+            let stats = meter.stats(epoch, words, stopped);
             if !close_epoch(t0, last, stats, &mut all, input, layer, progress, epoch_end)? {
                 break;
             }
@@ -373,9 +361,6 @@ impl GdJob<'_> {
         Ok(all)
     }
 }
-
-/// Time between progress reports.
-const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {

@@ -24,6 +24,9 @@ pub mod pairs;
 pub mod sgns;
 pub mod vectors;
 
+/// Time between progress reports of every trainer.
+pub(crate) const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
 use farout_core::rng::RngExt;
 use farout_core::{Matrix, rng};
 use serde::{Deserialize, Serialize};

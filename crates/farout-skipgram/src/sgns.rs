@@ -14,7 +14,7 @@
 
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
 use crate::pairs::{for_each_pair, subsample};
-use crate::{Embeddings, Error, Hogwild, SkipGramConfig};
+use crate::{Embeddings, Error, Hogwild, REPORT_INTERVAL, SkipGramConfig};
 use farout_core::{AliasTable, Rng, kernels, rng};
 use farout_data::corpus::{TextSpec, Vocab, for_each_line, split_lines};
 use std::path::Path;
@@ -26,7 +26,6 @@ use std::time::Instant;
 const REPORT_EVERY: u64 = 10_000;
 /// How often the calling thread looks at the workers, and reports progress.
 const POLL: std::time::Duration = std::time::Duration::from_millis(50);
-const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// One negative-sampling run over a corpus.
 pub struct NsJob<'a> {
