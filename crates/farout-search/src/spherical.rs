@@ -160,6 +160,23 @@ impl SphericalIndex {
         Self { config: config.clone(), max_norm: m, centroids, centroids_d, assign, pos, members, rebuild: false }
     }
 
+    /// The clusters a query probes, best centroid score first, into `order`: as many as it
+    /// takes for their members to reach `budget` rows (or all).
+    fn probe_order(&self, centroid_scores: &[f32], budget: usize, order: &mut Vec<u32>) {
+        order.clear();
+        order.extend(0..centroid_scores.len() as u32);
+        order.sort_unstable_by(|&a, &b| centroid_scores[b as usize].total_cmp(&centroid_scores[a as usize]));
+        let mut rows = 0;
+        let probed = order
+            .iter()
+            .position(|&j| {
+                rows += self.members[j as usize].len();
+                rows >= budget
+            })
+            .map_or(order.len(), |p| p + 1);
+        order.truncate(probed);
+    }
+
     /// Rows probed per query for `k` results.
     fn budget(&self, k: usize) -> usize {
         ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k)
@@ -213,9 +230,7 @@ impl MipsIndex for SphericalIndex {
             scores.clear();
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query)));
-            order.clear();
-            order.extend(0..scores.len() as u32);
-            order.sort_unstable_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]));
+            self.probe_order(scores, budget, order);
             // Every probed row is scored, so collect them all and select once.
             probed.clear();
             ids.clear();
@@ -223,9 +238,6 @@ impl MipsIndex for SphericalIndex {
                 let members = &self.members[j as usize];
                 ids.extend_from_slice(members);
                 probed.extend(members.iter().map(|&i| kernels::dot(w.row(i as usize), query)));
-                if probed.len() >= budget {
-                    break;
-                }
             }
             topk::select_best(&[(&probed[..], &ids[..])], k, sample, out);
             out.sort_unstable_by(topk::by_score);
@@ -259,17 +271,8 @@ impl MipsIndex for SphericalIndex {
         let probes: Vec<Vec<u32>> = s
             .par_chunks(c)
             .map(|row| {
-                let mut order: Vec<u32> = (0..c as u32).collect();
-                order.sort_unstable_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]));
-                let mut scored = 0;
                 let mut probed = Vec::new();
-                for &j in &order {
-                    probed.push(j);
-                    scored += self.members[j as usize].len();
-                    if scored >= budget {
-                        break;
-                    }
-                }
+                self.probe_order(row, budget, &mut probed);
                 probed
             })
             .collect();
