@@ -440,28 +440,25 @@ pub fn bench_estimator(
     let build_seconds = t.elapsed().as_secs_f64();
     let ctx = Ctx { w: &w, bias: None, index: block_index.as_ref() };
     let ids: Vec<usize> = (0..samples).collect();
-    // Runs an estimator over all samples in batches of 256; returns dL/dphi per sample (timed
-    // apart: only the estimate is the estimator's cost), seconds and classes scored.
-    let run = |e: &dyn GradientEstimator| {
-        let mut dphi = Matrix::zeros(samples, d);
-        let mut scored = 0usize;
-        let mut seconds = 0.0;
-        let (mut bg, mut part) = (BatchGrad::default(), Matrix::default());
-        for start in (0..samples).step_by(256) {
-            let end = (start + 256).min(samples);
-            let chunk = Matrix::from_vec(end - start, d, phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
+    // Both estimators over all samples in batches of 256, alternating batch by batch so that
+    // both see the same machine (shared machines drift by 2x within a minute): dL/dphi per
+    // sample (timed apart: only the estimate is the estimator's cost), seconds, classes scored.
+    let mut runs: [(Matrix, f64, usize); 2] = std::array::from_fn(|_| (Matrix::zeros(samples, d), 0.0, 0));
+    let (mut bg, mut part) = (BatchGrad::default(), Matrix::default());
+    for start in (0..samples).step_by(256) {
+        let end = (start + 256).min(samples);
+        let chunk = Matrix::from_vec(end - start, d, phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
+        for (e, (dphi, seconds, scored)) in [reference.as_ref(), est.as_ref()].into_iter().zip(&mut runs) {
             let batch = Batch::new(&chunk, &refs[start..end]).with_ids(&ids[start..end]);
             let t = Instant::now();
             let tot = e.estimate_batch(&ctx, batch, &mut rng::seeded(5, start as u64), &mut bg);
-            seconds += t.elapsed().as_secs_f64();
-            scored += tot.classes_scored;
+            *seconds += t.elapsed().as_secs_f64();
+            *scored += tot.classes_scored;
             bg.dphi(&w, &mut part);
             dphi.as_mut_slice()[start * d..end * d].copy_from_slice(part.as_slice());
         }
-        (dphi, seconds, scored)
-    };
-    let (d_exact, exact_seconds, _) = run(reference.as_ref());
-    let (d_est, seconds, scored) = run(est.as_ref());
+    }
+    let [(d_exact, exact_seconds, _), (d_est, seconds, scored)] = runs;
     // Exact losses per sample, for the estimator's loss error (stateless estimates).
     let mut z = vec![0.0f32; k];
     let mut grad = vec![0.0f32; k];
