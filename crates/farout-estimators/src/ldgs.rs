@@ -12,7 +12,9 @@ pub enum Rescore {
     /// Algorithm 2 as written: block `j` knows the scores of the classes its own search
     /// returned (and of the positives); other candidates count 0 in that block.
     Partial,
-    /// Every candidate of the union is scored exactly in every block (cost |U| D per sample).
+    /// Every candidate of the union is scored exactly in every block: the blocks whose search
+    /// did not return it (cost at most |U| D per sample; a class found by `f` blocks costs
+    /// `(B - f) D / B`).
     #[default]
     Exact,
 }
@@ -123,7 +125,7 @@ impl<'de> Deserialize<'de> for Iterations {
 /// [`crate::Mips`]. Classes outside `U` get no gradient. With exact rescoring, `T -> inf` gives
 /// the exact loss on `U`; the partial scores of the paper's text make message passing converge to
 /// a different loss (DESIGN.md's prototype), which is why `Exact` is the default. Cost: the
-/// block searches plus |U| D for rescoring plus `T B` loss evaluations on |U| scores.
+/// block searches plus at most |U| D for rescoring plus `T B` loss evaluations on |U| scores.
 ///
 /// Measured (`farout bench estimator --estimator ldgs`, K = 100,000, D = 128, B = 8, spherical
 /// block indexes, top 1,000, margin loss): the cosine of dL/dphi with the exact one is 0.80 at
@@ -297,25 +299,7 @@ impl<L: Loss> Ldgs<L> {
             for &p in positives {
                 s.pos.push(s.slots.insert(p, n).0 as ClassId);
             }
-            if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
-                // The fixed point needs only z over U: one full-row dot product per class.
-                s.total.clear();
-                s.total.extend(
-                    s.classes
-                        .iter()
-                        .map(|&c| kernels::dot(ctx.w.row(c as usize), phi) + ctx.bias.map_or(0.0, |b| b[c as usize])),
-                );
-                s.out.resize(n, 0.0);
-                let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
-                out.clear();
-                for (&c, &g) in s.classes.iter().zip(&s.out) {
-                    if g != 0.0 {
-                        out.push(c, g);
-                    }
-                }
-                return Estimate { loss, classes_scored: block_dots.div_ceil(b) + n };
-            }
-            // 2. Block scores over U.
+            // 2. Block scores over U: the searches' scores where known, rescored where needed.
             s.zb.clear();
             s.zb.resize(b * n, 0.0);
             s.known.clear();
@@ -350,6 +334,14 @@ impl<L: Loss> Ldgs<L> {
                         s.zb[j * n + u] += bias[c as usize] / bf;
                     }
                 }
+            }
+            let cost = block_dots.div_ceil(b);
+            if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
+                // Every block's argument at the fixed point is z~, here the exact z on U.
+                s.out.resize(n, 0.0);
+                let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
+                emit(&s.classes, &s.out, out);
+                return Estimate { loss, classes_scored: cost };
             }
             // 3. Greedy message passing.
             s.lambda.clear();
@@ -406,15 +398,20 @@ impl<L: Loss> Ldgs<L> {
                 loss += self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
                 kernels::axpy(1.0 / bf, &s.grad, &mut s.out);
             }
-            out.clear();
-            for (&c, &g) in s.classes.iter().zip(&s.out) {
-                if g != 0.0 {
-                    out.push(c, g);
-                }
-            }
+            emit(&s.classes, &s.out, out);
             // Cost in full-row equivalents: a block dot product is 1/B of a class score.
-            Estimate { loss: loss / bf, classes_scored: block_dots.div_ceil(b) }
+            Estimate { loss: loss / bf, classes_scored: cost }
         })
+    }
+}
+
+/// The nonzero entries of the gradient `grads` over `classes`, into `out`.
+fn emit(classes: &[ClassId], grads: &[f32], out: &mut SparseGrad) {
+    out.clear();
+    for (&c, &g) in classes.iter().zip(grads) {
+        if g != 0.0 {
+            out.push(c, g);
+        }
     }
 }
 

@@ -205,12 +205,14 @@ impl OutputLayer {
         }
     }
 
-    /// Records that `rows` changed (all rows when `None`) and refreshes the index when due.
+    /// Records that `rows` changed (all rows when `None`): syncs them into the index now (its
+    /// scores stay exact) and re-indexes every changed row when a refresh is due.
     fn after_update(&mut self, rows: Option<&[ClassId]>) {
         let Some(a) = &mut self.attached else { return };
         let Some(index) = &mut a.index else { return };
         match rows {
             Some(rows) => {
+                index.sync(&self.w, rows);
                 for &r in rows {
                     if !a.dirty[r as usize] {
                         a.dirty[r as usize] = true;
@@ -222,6 +224,7 @@ impl OutputLayer {
                 a.dirty_rows.clear();
                 a.dirty_rows.extend(0..a.dirty.len() as ClassId);
                 a.dirty.fill(true);
+                index.sync(&self.w, &a.dirty_rows);
             }
         }
         a.steps_since_refresh += 1;
@@ -549,6 +552,42 @@ mod tests {
             // Refreshed every step: the index agrees with brute force on the current W.
             assert_eq!(layer.index_recall(&phi, 3), Some(1.0));
         }
+        assert_eq!(layer.index_builds(), 1);
+    }
+
+    /// Between refreshes the index finds rows where it last indexed them, but scores them with
+    /// their current values (synced after every step).
+    #[test]
+    fn index_scores_stay_exact_between_refreshes() {
+        use farout_estimators::{Mips, SmoothedMargin};
+        use farout_search::{Hit, IndexKind};
+        let (phi, pos) = setup(6);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
+        let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
+        let mut layer = OutputLayer::new(300, 6, &cfg, &opt, 5).unwrap();
+        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        layer.attach_index(index, 2, 1_000).unwrap();
+        let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 50).unwrap();
+        let mut hits: Vec<Hit> = Vec::new();
+        let mut changed = 0;
+        for _ in 0..5 {
+            changed += layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false).rows_updated;
+            for i in 0..phi.rows() {
+                for j in 0..2 {
+                    layer.index().unwrap().search_block(layer.weights(), j, phi.row(i), 20, &mut hits);
+                    assert_eq!(hits.len(), 20);
+                    for h in &hits {
+                        let exact = kernels::dot(
+                            &layer.weights().row(h.class as usize)[3 * j..3 * j + 3],
+                            &phi.row(i)[3 * j..3 * j + 3],
+                        );
+                        assert_eq!(h.score, exact, "class {} block {j}", h.class);
+                    }
+                }
+            }
+        }
+        assert!(changed > 0, "the steps changed rows");
         assert_eq!(layer.index_builds(), 1);
     }
 

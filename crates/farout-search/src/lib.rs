@@ -35,17 +35,22 @@ use farout_core::{ClassId, Matrix};
 /// training.
 ///
 /// Why this shape: the index never owns `W` (the output layer does, and updates it in place
-/// every step), so both methods take it; an index stores only what it needs to find candidates
-/// (centroids, graphs, hash tables) and always rescores candidates against the current `W`, so
-/// returned scores are exact even when the index is stale. Training tells the index which rows
-/// changed ([`MipsIndex::refresh`]) instead of rebuilding it; an index whose structure has decayed
-/// too far says so ([`MipsIndex::needs_rebuild`]).
+/// every step), so both methods take it. An index stores what it needs to find candidates
+/// (centroids, graphs, hash tables) and scores candidates either against `W` itself or against
+/// its own copy of the rows, which streams faster than rows gathered from all over `W`
+/// ([`SphericalIndex`]). Training tells the index which rows changed instead of rebuilding it, at
+/// two costs: [`MipsIndex::sync`] after every step (cheap: copy the changed rows' values, so
+/// scores stay exact) and [`MipsIndex::refresh`] every so many steps (re-index them: reassign
+/// clusters, re-hash, re-insert); an index whose structure has decayed too far says so
+/// ([`MipsIndex::needs_rebuild`]).
 pub trait MipsIndex: Send + Sync {
     /// Name used in configs and logs.
     fn name(&self) -> &'static str;
 
     /// The (approximate) top `k` rows of `w` by inner product with `query` (length
-    /// `w.dim()`), best first, with exact scores, into `out` (cleared first). Returns the number
+    /// `w.dim()`), best first, with exact scores, into `out` (cleared first). Scores are exact
+    /// for `w` as of each row's last build, sync or refresh (for indexes that keep no copy of the
+    /// rows: for `w` as it is). Returns the number
     /// of inner products computed (rows rescored plus index overhead such as centroids): the
     /// query's cost, to compare with K for brute force.
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize;
@@ -60,7 +65,14 @@ pub trait MipsIndex: Send + Sync {
         out.par_iter_mut().enumerate().map(|(i, o)| self.search(w, queries.row(i), k, o)).sum()
     }
 
-    /// Re-indexes `rows` of `w`, which changed since they were last indexed.
+    /// Takes note of the new values of `rows` of `w`, which changed since the index last saw
+    /// them, without re-indexing them: an index that keeps a copy of the rows updates it, so the
+    /// scores it returns stay exact; where a row is found does not change until
+    /// [`MipsIndex::refresh`]. Meant to run after every training step. The default does nothing
+    /// (the index scores against `w` itself).
+    fn sync(&mut self, _w: Rows, _rows: &[ClassId]) {}
+
+    /// Re-indexes `rows` of `w`, which changed since they were last indexed (and syncs them).
     fn refresh(&mut self, w: Rows, rows: &[ClassId]);
 
     /// Whether the index should be rebuilt from scratch (e.g. a row outgrew its norm bound).
@@ -241,6 +253,14 @@ impl BlockIndex {
             q.row_mut(i).copy_from_slice(&phi.row(i)[j * self.width..(j + 1) * self.width]);
         }
         self.blocks[j].search_batch(self.rows(w, j), &q, k, out)
+    }
+
+    /// Syncs `rows` in every block ([`MipsIndex::sync`]).
+    pub fn sync(&mut self, w: &Matrix, rows: &[ClassId]) {
+        let width = self.width;
+        for (j, b) in self.blocks.iter_mut().enumerate() {
+            b.sync(Rows::block(w, j * width, (j + 1) * width), rows);
+        }
     }
 
     /// Re-indexes `rows` in every block.
