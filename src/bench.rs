@@ -6,7 +6,7 @@ use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_estimators::{Batch, Exact, GradientEstimator, SmoothedMargin, Softmax};
 use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
-use farout_search::{ExactIndex, Hit, MipsIndex, Rows, SphericalConfig, SphericalIndex};
+use farout_search::{ExactIndex, Hit, MipsIndex, Rows, SphericalConfig};
 use rand::Rng as _;
 use std::time::Instant;
 
@@ -55,21 +55,8 @@ pub enum BenchCommand {
         queries: usize,
         #[command(flatten)]
         means: MeanStructure,
-        /// Spherical: centroids (0 = sqrt(K)).
-        #[arg(long, default_value_t = 0)]
-        centroids: usize,
-        /// Spherical, SimpleLSH: candidates scored per result.
-        #[arg(long)]
-        candidate_factor: Option<f32>,
-        /// SimpleLSH: hash tables.
-        #[arg(long, default_value_t = 16)]
-        tables: usize,
-        /// SimpleLSH: bits per table (0 = log2(K / 32)).
-        #[arg(long, default_value_t = 0)]
-        bits: usize,
-        /// HNSW: search list size (raised to the candidates fetched).
-        #[arg(long, default_value_t = 64)]
-        ef_search: usize,
+        #[command(flatten)]
+        params: IndexParams,
         #[arg(long)]
         json: bool,
     },
@@ -103,6 +90,8 @@ pub enum BenchCommand {
         samples: usize,
         #[command(flatten)]
         means: MeanStructure,
+        #[command(flatten)]
+        params: IndexParams,
         #[arg(long)]
         json: bool,
     },
@@ -164,6 +153,48 @@ pub enum BenchIndex {
     Spherical,
     SimpleLsh,
     Hnsw,
+}
+
+/// Index parameters the benches expose (the rest are the config defaults).
+#[derive(clap::Args, Clone, Copy)]
+pub struct IndexParams {
+    /// Spherical: centroids (0 = sqrt(K)).
+    #[arg(long, default_value_t = 0)]
+    centroids: usize,
+    /// Spherical, SimpleLSH, HNSW: candidates scored per result.
+    #[arg(long)]
+    candidate_factor: Option<f32>,
+    /// SimpleLSH: hash tables.
+    #[arg(long, default_value_t = 16)]
+    tables: usize,
+    /// SimpleLSH: bits per table (0 = log2(K / 32)).
+    #[arg(long, default_value_t = 0)]
+    bits: usize,
+    /// HNSW: search list size (raised to the candidates fetched).
+    #[arg(long, default_value_t = 64)]
+    ef_search: usize,
+}
+
+impl IndexParams {
+    /// The index `which` with these parameters.
+    fn config(self, which: BenchIndex) -> farout_search::IndexConfig {
+        use farout_search::{HnswConfig, IndexConfig, IndexKind, SimpleLshConfig};
+        let mut c = IndexConfig {
+            kind: match which {
+                BenchIndex::Exact => IndexKind::Exact,
+                BenchIndex::Spherical => IndexKind::Spherical,
+                BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
+                BenchIndex::Hnsw => IndexKind::Hnsw,
+            },
+            spherical: SphericalConfig { n_centroids: self.centroids, ..SphericalConfig::default() },
+            simple_lsh: SimpleLshConfig { tables: self.tables, bits: self.bits, ..SimpleLshConfig::default() },
+            hnsw: HnswConfig { ef_search: self.ef_search, ..HnswConfig::default() },
+        };
+        if let Some(f) = self.candidate_factor {
+            (c.spherical.candidate_factor, c.simple_lsh.candidate_factor, c.hnsw.candidate_factor) = (f, f, f);
+        }
+        c
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -280,9 +311,7 @@ pub fn bench_search(
     top: usize,
     queries: usize,
     means: MeanStructure,
-    (centroids, candidate_factor): (usize, Option<f32>),
-    (tables, bits): (usize, usize),
-    ef_search: usize,
+    params: IndexParams,
 ) -> Result<serde_json::Value> {
     if k == 0 || d == 0 || top == 0 || queries == 0 {
         bail!("--k, --d, --top and --queries must be > 0");
@@ -291,30 +320,7 @@ pub fn bench_search(
     let mut w = g.means().clone();
     let q = g.features(Split::Train, 0..queries);
     let t = Instant::now();
-    let mut index: Box<dyn MipsIndex> = match which {
-        BenchIndex::Exact => Box::new(ExactIndex::new()),
-        BenchIndex::Spherical => {
-            let mut c = SphericalConfig { n_centroids: centroids, ..SphericalConfig::default() };
-            if let Some(f) = candidate_factor {
-                c.candidate_factor = f;
-            }
-            Box::new(SphericalIndex::build(Rows::all(&w), &c))
-        }
-        BenchIndex::SimpleLsh => {
-            let mut c = farout_search::SimpleLshConfig { tables, bits, ..Default::default() };
-            if let Some(f) = candidate_factor {
-                c.candidate_factor = f;
-            }
-            Box::new(farout_search::SimpleLshIndex::build(Rows::all(&w), &c))
-        }
-        BenchIndex::Hnsw => {
-            let mut c = farout_search::HnswConfig { ef_search, ..Default::default() };
-            if let Some(f) = candidate_factor {
-                c.candidate_factor = f;
-            }
-            Box::new(farout_search::HnswIndex::build(Rows::all(&w), &c))
-        }
-    };
+    let mut index = params.config(which).build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
     let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, top);
     let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, top);
@@ -378,12 +384,13 @@ pub fn bench_estimator(
     index: BenchIndex,
     samples: usize,
     means: MeanStructure,
+    params: IndexParams,
 ) -> Result<serde_json::Value> {
     use farout_estimators::{
         ActiveSet, ArSoftmax, BatchGrad, Ctx, Ldgs, Loss, Mips, NegativeSampling, Ove, Proposal, Rescore,
         SampledSoftmax,
     };
-    use farout_search::{BlockIndex, IndexConfig, IndexKind};
+    use farout_search::BlockIndex;
     if k < 2 || d == 0 || samples == 0 {
         bail!("--k must be >= 2, --d and --samples > 0");
     }
@@ -428,15 +435,7 @@ pub fn bench_estimator(
         (EstimatorName::ArSoftmax, _) => Box::new(ArSoftmax::new(top, samples)?),
     };
     let t = Instant::now();
-    let block_index = est.uses_index().then(|| {
-        let kind = match index {
-            BenchIndex::Exact => IndexKind::Exact,
-            BenchIndex::Spherical => IndexKind::Spherical,
-            BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
-            BenchIndex::Hnsw => IndexKind::Hnsw,
-        };
-        BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, blocks)
-    });
+    let block_index = est.uses_index().then(|| BlockIndex::build(&w, &params.config(index), blocks));
     let build_seconds = t.elapsed().as_secs_f64();
     let ctx = Ctx { w: &w, bias: None, index: block_index.as_ref() };
     let ids: Vec<usize> = (0..samples).collect();
@@ -508,25 +507,27 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             println!("{}", bench_layer(estimator, k, d, batch, steps)?);
         }
-        BenchCommand::Search {
-            index,
+        BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
+            println!("{}", bench_search(index, k, d, top, queries, means, params)?);
+        }
+        BenchCommand::Estimator {
+            estimator,
+            loss,
             k,
             d,
             top,
-            queries,
+            blocks,
+            iterations,
+            index,
+            samples,
             means,
-            centroids,
-            candidate_factor,
-            tables,
-            bits,
-            ef_search,
+            params,
             json: _,
         } => {
-            let (index_params, lsh) = ((centroids, candidate_factor), (tables, bits));
-            println!("{}", bench_search(index, k, d, top, queries, means, index_params, lsh, ef_search)?);
-        }
-        BenchCommand::Estimator { estimator, loss, k, d, top, blocks, iterations, index, samples, means, json: _ } => {
-            println!("{}", bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples, means)?);
+            println!(
+                "{}",
+                bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples, means, params)?
+            );
         }
     }
     Ok(())

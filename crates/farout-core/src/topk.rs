@@ -164,9 +164,10 @@ pub fn select_best(parts: &[(&[f32], &[ClassId])], n: usize, sample: &mut Vec<f3
             }
             skip = i - scores.len();
         }
-        sample.sort_unstable_by(|a, b| b.total_cmp(a));
-        let expect = (1.25 * n as f64 * sample.len() as f64 / total as f64 + 8.0) as usize;
-        let threshold = sample[expect.min(sample.len() - 1)];
+        // The sample's `expect`-th largest score (NaN sorts as the largest under total_cmp and
+        // then never passes: the fallback below keeps the result exact).
+        let expect = ((1.25 * n as f64 * sample.len() as f64 / total as f64 + 8.0) as usize).min(sample.len() - 1);
+        let (_, &mut threshold, _) = sample.select_nth_unstable_by(expect, |a, b| b.total_cmp(a));
         for (scores, classes) in parts {
             for (&class, &score) in classes.iter().zip(scores.iter()) {
                 if score >= threshold {

@@ -197,6 +197,9 @@ impl Slots {
     }
 }
 
+/// How many classes ahead the rescoring loop prefetches rows of `W`.
+const PREFETCH_AHEAD: usize = 8;
+
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
@@ -309,15 +312,24 @@ impl<L: Loss> Ldgs<L> {
                 s.zb[j as usize * n + u] = score;
                 s.known[j as usize * n + u] = true;
             }
-            let block_score = |c: ClassId, j: usize| {
-                kernels::dot(&ctx.w.row(c as usize)[j * width..(j + 1) * width], &phi[j * width..(j + 1) * width])
-            };
+            let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
+            let must = |u: usize| self.rescore == Rescore::Exact || s.pos.contains(&(u as ClassId));
             for u in 0..n {
-                let must = self.rescore == Rescore::Exact || s.pos.contains(&(u as ClassId));
-                for j in 0..b {
-                    if must && !s.known[j * n + u] {
-                        s.zb[j * n + u] = block_score(s.classes[u], j);
-                        block_dots += 1;
+                // The rows are scattered over W: ask for the ones needed a few classes ahead, so
+                // that their loads overlap instead of waiting one by one.
+                let ahead = u + PREFETCH_AHEAD;
+                if ahead < n && must(ahead) {
+                    for j in (0..b).filter(|&j| !s.known[j * n + ahead]) {
+                        kernels::prefetch(block_row(s.classes[ahead], j));
+                    }
+                }
+                if must(u) {
+                    for j in 0..b {
+                        if !s.known[j * n + u] {
+                            s.zb[j * n + u] =
+                                kernels::dot(block_row(s.classes[u], j), &phi[j * width..(j + 1) * width]);
+                            block_dots += 1;
+                        }
                     }
                 }
             }

@@ -48,7 +48,7 @@ pub trait MipsIndex: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// The (approximate) top `k` rows of `w` by inner product with `query` (length
-    /// `w.dim()`), best first, with exact scores, into `out` (cleared first). Scores are exact
+    /// `w.dim()`), in no particular order, with exact scores, into `out` (cleared first). Scores are exact
     /// for `w` as of each row's last build, sync or refresh (for indexes that keep no copy of the
     /// rows: for `w` as it is). Returns the number
     /// of inner products computed (rows rescored plus index overhead such as centroids): the

@@ -280,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn returned_scores_are_exact_and_sorted() {
+    fn returned_scores_are_exact() {
         let (w, q) = clustered(5_000, 16);
         let index = SimpleLshIndex::build(Rows::all(&w), &SimpleLshConfig::default());
         let mut out = Vec::new();
