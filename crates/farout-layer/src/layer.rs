@@ -39,15 +39,33 @@ pub struct StepStats {
     pub rows_updated: usize,
 }
 
+/// When an attached index is maintained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexUpkeep {
+    /// Re-index the rows that changed every this many steps (at least 1).
+    pub refresh_every: u64,
+    /// Rebuild from scratch every this many steps (0 = only when the index asks). Refreshes
+    /// move changed rows between fixed clusters (or buckets, or graph neighbourhoods) chosen for
+    /// the rows the index was built on; as training moves the rows, a rebuild re-fits them.
+    pub rebuild_every: u64,
+}
+
+impl Default for IndexUpkeep {
+    fn default() -> Self {
+        Self { refresh_every: 1, rebuild_every: 0 }
+    }
+}
+
 /// A MIPS index over the rows of W and the rows changed since it last saw them.
 struct Attached {
     config: IndexConfig,
     n_blocks: usize,
-    refresh_every: u64,
+    upkeep: IndexUpkeep,
     index: Option<BlockIndex>,
     dirty: Vec<bool>,
     dirty_rows: Vec<ClassId>,
     steps_since_refresh: u64,
+    steps_since_build: u64,
     rebuilds: u64,
 }
 
@@ -155,9 +173,10 @@ impl OutputLayer {
     }
 
     /// Attaches MIPS indexes of `config` over `n_blocks` column blocks of W (1 = one index over
-    /// all columns), built lazily at the first step of an estimator that uses them and refreshed
-    /// every `refresh_every` steps with the rows that changed (rebuilt when an index asks).
-    pub fn attach_index(&mut self, config: IndexConfig, n_blocks: usize, refresh_every: u64) -> Result<(), Error> {
+    /// all columns), built lazily at the first step of an estimator that uses them, synced after
+    /// every step, refreshed with the rows that changed and rebuilt as `upkeep` says (and when an
+    /// index asks).
+    pub fn attach_index(&mut self, config: IndexConfig, n_blocks: usize, upkeep: IndexUpkeep) -> Result<(), Error> {
         if n_blocks == 0 || !self.d_model().is_multiple_of(n_blocks) {
             return Err(Error::Config {
                 key: "output.blocks",
@@ -167,11 +186,12 @@ impl OutputLayer {
         self.attached = Some(Attached {
             config,
             n_blocks,
-            refresh_every: refresh_every.max(1),
+            upkeep: IndexUpkeep { refresh_every: upkeep.refresh_every.max(1), ..upkeep },
             index: None,
             dirty: vec![false; self.n_classes()],
             dirty_rows: Vec::new(),
             steps_since_refresh: 0,
+            steps_since_build: 0,
             rebuilds: 0,
         });
         Ok(())
@@ -195,13 +215,17 @@ impl OutputLayer {
 
     fn ensure_index(&mut self) {
         if let Some(a) = &mut self.attached
-            && (a.index.is_none() || a.index.as_ref().is_some_and(|i| i.needs_rebuild()))
+            && (a.index.is_none()
+                || a.index.as_ref().is_some_and(|i| i.needs_rebuild())
+                || (a.upkeep.rebuild_every > 0 && a.steps_since_build >= a.upkeep.rebuild_every))
         {
+            a.index = None; // free the old index before building the new one
             a.index = Some(BlockIndex::build(&self.w, &a.config, a.n_blocks));
             a.rebuilds += 1;
             a.dirty.fill(false);
             a.dirty_rows.clear();
             a.steps_since_refresh = 0;
+            a.steps_since_build = 0;
         }
     }
 
@@ -228,7 +252,8 @@ impl OutputLayer {
             }
         }
         a.steps_since_refresh += 1;
-        if a.steps_since_refresh >= a.refresh_every {
+        a.steps_since_build += 1;
+        if a.steps_since_refresh >= a.upkeep.refresh_every {
             index.refresh(&self.w, &a.dirty_rows);
             for &r in &a.dirty_rows {
                 a.dirty[r as usize] = false;
@@ -544,7 +569,7 @@ mod tests {
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
         let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
-        layer.attach_index(index, 1, 1).unwrap();
+        layer.attach_index(index, 1, IndexUpkeep::default()).unwrap();
         assert!(layer.index().is_none(), "built lazily");
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
         for _ in 0..5 {
@@ -553,6 +578,26 @@ mod tests {
             assert_eq!(layer.index_recall(&phi, 3), Some(1.0));
         }
         assert_eq!(layer.index_builds(), 1);
+    }
+
+    #[test]
+    fn index_is_rebuilt_on_schedule() {
+        use farout_estimators::{Mips, SmoothedMargin};
+        use farout_search::IndexKind;
+        let (phi, pos) = setup(4);
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
+        let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig { bias: false, init_std: 0.3 }, &opt, 5).unwrap();
+        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        layer.attach_index(index, 1, IndexUpkeep { refresh_every: 1, rebuild_every: 2 }).unwrap();
+        let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
+        let mut builds = Vec::new();
+        for _ in 0..5 {
+            layer.train_step(&est, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), false);
+            builds.push(layer.index_builds());
+        }
+        // Built at the first step, rebuilt before steps 3 and 5 (small steps: never on request).
+        assert_eq!(builds, [1, 1, 2, 2, 3]);
     }
 
     /// Between refreshes the index finds rows where it last indexed them, but scores them with
@@ -567,7 +612,7 @@ mod tests {
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(300, 6, &cfg, &opt, 5).unwrap();
         let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
-        layer.attach_index(index, 2, 1_000).unwrap();
+        layer.attach_index(index, 2, IndexUpkeep { refresh_every: 1_000, rebuild_every: 0 }).unwrap();
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 50).unwrap();
         let mut hits: Vec<Hit> = Vec::new();
         let mut changed = 0;

@@ -16,13 +16,14 @@
 //! optional L2 penalty lazily, to the rows a step touches.
 //!
 //! A MIPS index can be attached ([`OutputLayer::attach_index`]) for search-based estimators:
-//! built when first needed, refreshed with the rows that changed, rebuilt on request.
+//! built when first needed, synced and refreshed with the rows that changed, rebuilt every so
+//! many steps ([`IndexUpkeep`]) or on request.
 #![warn(missing_docs)]
 
 mod layer;
 mod optim;
 
-pub use layer::{OutputLayer, OutputLayerConfig, StepStats};
+pub use layer::{IndexUpkeep, OutputLayer, OutputLayerConfig, StepStats};
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
 
 use std::path::PathBuf;

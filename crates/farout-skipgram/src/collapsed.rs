@@ -494,7 +494,7 @@ mod tests {
         layer.set_weights(v.clone()).unwrap();
         if index {
             let config = IndexConfig { kind: IndexKind::Exact, ..IndexConfig::default() };
-            layer.attach_index(config, 1, 1).unwrap();
+            layer.attach_index(config, 1, farout_layer::IndexUpkeep::default()).unwrap();
         }
         let mut input = InputTable { vectors: u.clone(), optimizer: opt.build(k, d) };
         let job = GdJob { cooc, batch_size: 4, seed: 3, epochs, deadline: None, epoch_words: 100 };

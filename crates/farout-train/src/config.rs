@@ -427,6 +427,10 @@ pub struct IndexSection {
     pub hnsw: farout_search::HnswConfig,
     /// Re-index the rows that changed every this many steps.
     pub refresh_every: u64,
+    /// Rebuild the index from scratch every this many steps (0 = only when it asks, e.g. a row
+    /// outgrew its norm bound): refreshes reassign changed rows to clusters fitted on the rows
+    /// of the last build, which training leaves behind.
+    pub rebuild_every: u64,
     /// Log the index's recall against brute force every this many steps (0 = never); stale
     /// indexes fail silently, this is how to see it.
     pub recall_every: u64,
@@ -442,6 +446,7 @@ impl Default for IndexSection {
             simple_lsh: farout_search::SimpleLshConfig::default(),
             hnsw: farout_search::HnswConfig::default(),
             refresh_every: 1,
+            rebuild_every: 0,
             recall_every: 200,
             recall_queries: 32,
         }

@@ -101,7 +101,11 @@ pub fn attach_index(
     } else {
         default_blocks(d_model)
     };
-    layer.attach_index(config.index.index_config(), blocks, config.index.refresh_every)?;
+    let upkeep = farout_layer::IndexUpkeep {
+        refresh_every: config.index.refresh_every,
+        rebuild_every: config.index.rebuild_every,
+    };
+    layer.attach_index(config.index.index_config(), blocks, upkeep)?;
     Ok(())
 }
 
