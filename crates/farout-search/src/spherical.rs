@@ -81,7 +81,7 @@ pub struct SphericalIndex {
 }
 
 /// The members of one cluster and a copy of their rows (`ids.len() x D`, row-major, in the same
-/// order) as of their last refresh.
+/// order) as of their last build, sync or refresh.
 #[derive(Clone, Debug, Default)]
 struct Cluster {
     ids: Vec<ClassId>,
