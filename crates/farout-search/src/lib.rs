@@ -48,11 +48,11 @@ pub trait MipsIndex: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// The (approximate) top `k` rows of `w` by inner product with `query` (length
-    /// `w.dim()`), in no particular order, with exact scores, into `out` (cleared first). Scores are exact
-    /// for `w` as of each row's last build, sync or refresh (for indexes that keep no copy of the
-    /// rows: for `w` as it is). Returns the number
-    /// of inner products computed (rows rescored plus index overhead such as centroids): the
-    /// query's cost, to compare with K for brute force.
+    /// `w.dim()`), in no particular order, with exact scores, into `out` (cleared first). Scores
+    /// are exact for `w` as of each row's last build, sync or refresh (for indexes that keep no
+    /// copy of the rows: for `w` as it is). Returns the number of inner products computed (rows
+    /// scored plus index overhead such as centroids): the query's cost, to compare with K for
+    /// brute force.
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize;
 
     /// Searches every row of `queries` (`[n, w.dim()]`): `out[i]` gets query `i`'s top `k`, as
