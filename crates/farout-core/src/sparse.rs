@@ -43,6 +43,17 @@ impl SparseVec {
         self.indices.iter().copied().zip(self.values.iter().copied())
     }
 
+    /// Replaces the entries by the nonzero `values[i]` at `indices[i]` (a gradient over a
+    /// candidate set, of which most entries are often exactly 0).
+    pub fn set_nonzero(&mut self, indices: &[u32], values: &[f32]) {
+        self.clear();
+        for (&i, &v) in indices.iter().zip(values) {
+            if v != 0.0 {
+                self.push(i, v);
+            }
+        }
+    }
+
     /// Dot product with a dense vector.
     pub fn dot_dense(&self, dense: &[f32]) -> f32 {
         self.iter().map(|(i, v)| v * dense[i as usize]).sum()
@@ -57,5 +68,18 @@ impl SparseVec {
     /// The stored indices as class ids.
     pub fn classes(&self) -> &[ClassId] {
         &self.indices
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_nonzero_keeps_the_nonzero_entries_only() {
+        let mut v = SparseVec::new();
+        v.push(99, 1.0);
+        v.set_nonzero(&[7, 3, 5, 1], &[0.5, 0.0, -2.0, -0.0]);
+        assert_eq!((v.indices, v.values), (vec![7, 5], vec![0.5, -2.0]));
     }
 }

@@ -352,7 +352,7 @@ impl<L: Loss> Ldgs<L> {
                 // Every block's argument at the fixed point is z~, here the exact z on U.
                 s.out.resize(n, 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
-                emit(&s.classes, &s.out, out);
+                out.set_nonzero(&s.classes, &s.out);
                 return Estimate { loss, classes_scored: cost };
             }
             // 3. Greedy message passing.
@@ -410,20 +410,10 @@ impl<L: Loss> Ldgs<L> {
                 loss += self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
                 kernels::axpy(1.0 / bf, &s.grad, &mut s.out);
             }
-            emit(&s.classes, &s.out, out);
+            out.set_nonzero(&s.classes, &s.out);
             // Cost in full-row equivalents: a block dot product is 1/B of a class score.
             Estimate { loss: loss / bf, classes_scored: cost }
         })
-    }
-}
-
-/// The nonzero entries of the gradient `grads` over `classes`, into `out`.
-fn emit(classes: &[ClassId], grads: &[f32], out: &mut SparseGrad) {
-    out.clear();
-    for (&c, &g) in classes.iter().zip(grads) {
-        if g != 0.0 {
-            out.push(c, g);
-        }
     }
 }
 

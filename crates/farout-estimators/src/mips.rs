@@ -121,12 +121,7 @@ impl<L: Loss> Mips<L> {
             }
             s.grad.resize(s.z.len(), 0.0);
             let loss = self.loss.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
-            out.clear();
-            for (&c, &g) in s.classes.iter().zip(&s.grad) {
-                if g != 0.0 {
-                    out.push(c, g);
-                }
-            }
+            out.set_nonzero(&s.classes, &s.grad);
             Estimate { loss, classes_scored: cost }
         })
     }

@@ -88,12 +88,7 @@ impl SampledSoftmax {
         s.pos.extend(0..positives.len() as ClassId);
         s.grad.resize(s.z.len(), 0.0);
         let loss = Softmax.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
-        out.clear();
-        for (&c, &g) in s.classes.iter().zip(&s.grad) {
-            if g != 0.0 {
-                out.push(c, g);
-            }
-        }
+        out.set_nonzero(&s.classes, &s.grad);
         Estimate { loss, classes_scored: s.classes.len() }
     }
 }
