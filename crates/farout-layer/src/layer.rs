@@ -3,7 +3,7 @@ use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
-use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator};
+use farout_estimators::{Batch, BatchEstimate, BatchGrad, Ctx, GradientEstimator};
 use farout_search::{BlockIndex, IndexConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -304,18 +304,7 @@ impl OutputLayer {
         rng: &mut Rng,
         want_dphi: bool,
     ) -> StepStats {
-        if estimator.uses_index() {
-            assert!(self.attached.is_some(), "estimator `{}` needs an index: call attach_index", estimator.name());
-            self.ensure_index();
-        }
-        // Field-wise borrows: the context reads W while the gradient buffers are written.
-        let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
-        let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
-        let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
-        if want_dphi {
-            // From the current (not yet updated) W.
-            self.grads.dphi(&self.w, &mut self.dphi);
-        }
+        let est = self.estimate(estimator, batch, rng, want_dphi);
         let rows_updated = if self.grads.is_dense {
             let n = self.update_dense(batch.phi);
             self.after_update(None);
@@ -331,6 +320,37 @@ impl OutputLayer {
         self.opt_w.advance();
         self.opt_b.advance();
         StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
+    }
+
+    /// Like [`Self::train_step`] with `dL/dphi`, but W, the bias and their optimisers stay as
+    /// they are: the layer as a fixed function of `phi` (alternating updates, where the
+    /// features move while the classes wait).
+    pub fn backward_only(&mut self, estimator: &dyn GradientEstimator, batch: Batch, rng: &mut Rng) -> StepStats {
+        let est = self.estimate(estimator, batch, rng, true);
+        StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated: 0 }
+    }
+
+    /// The class gradients of `batch` into `self.grads`, and `dL/dphi` (from the current W)
+    /// when `want_dphi`.
+    fn estimate(
+        &mut self,
+        estimator: &dyn GradientEstimator,
+        batch: Batch,
+        rng: &mut Rng,
+        want_dphi: bool,
+    ) -> BatchEstimate {
+        if estimator.uses_index() {
+            assert!(self.attached.is_some(), "estimator `{}` needs an index: call attach_index", estimator.name());
+            self.ensure_index();
+        }
+        // Field-wise borrows: the context reads W while the gradient buffers are written.
+        let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
+        let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
+        let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
+        if want_dphi {
+            self.grads.dphi(&self.w, &mut self.dphi);
+        }
+        est
     }
 
     /// All rows change: `dW = G^T Phi` by one matrix product.

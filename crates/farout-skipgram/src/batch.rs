@@ -205,7 +205,7 @@ fn step(
     rng: &mut Rng,
 ) -> f64 {
     let positives: Vec<&[ClassId]> = centres.chunks(1).collect();
-    let loss = train_rows(layer, estimator, input, contexts, &positives, phi, rng);
+    let loss = train_rows(layer, estimator, input, contexts, &positives, phi, rng, Moving::Both);
     contexts.clear();
     centres.clear();
     loss
@@ -213,8 +213,9 @@ fn step(
 
 /// One step on samples whose features are the input vectors of `rows` (their ids also go to
 /// the estimator, for per-sample state or counts): the layer updates the output vectors, and
-/// `dL/dphi_i` updates `U[rows[i]]` with the same optimiser rule (a row twice in the batch gets
+/// `dL/dphi_i` updates `U[rows[i]]` (`moving` says which of the two happen) with the same optimiser rule (a row twice in the batch gets
 /// both updates). Returns the summed loss.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn train_rows(
     layer: &mut OutputLayer,
     estimator: &dyn GradientEstimator,
@@ -223,6 +224,7 @@ pub(crate) fn train_rows(
     positives: &[&[ClassId]],
     phi: &mut Matrix,
     rng: &mut Rng,
+    moving: Moving,
 ) -> f64 {
     let (b, dim) = (rows.len(), input.vectors.cols());
     phi.reshape_for_overwrite(b, dim);
@@ -230,7 +232,12 @@ pub(crate) fn train_rows(
         phi.row_mut(i).copy_from_slice(input.vectors.row(c as usize));
     }
     let ids: Vec<usize> = rows.iter().map(|&c| c as usize).collect();
-    let stats = layer.train_step(estimator, Batch::new(phi, positives).with_ids(&ids), rng, true);
+    let batch = Batch::new(phi, positives).with_ids(&ids);
+    let stats = match moving {
+        Moving::Both => layer.train_step(estimator, batch, rng, true),
+        Moving::Input => layer.backward_only(estimator, batch, rng),
+        Moving::Output => return layer.train_step(estimator, batch, rng, false).loss_sum,
+    };
     let rule = input.optimizer.rule();
     for (i, &c) in rows.iter().enumerate() {
         let acc = input.optimizer.accum_row(c as usize, dim);
@@ -238,6 +245,17 @@ pub(crate) fn train_rows(
     }
     input.optimizer.advance();
     stats.loss_sum
+}
+
+/// Which tables a step of [`train_rows`] updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moving {
+    /// Input and output vectors, from the same gradient.
+    Both,
+    /// Input vectors only.
+    Input,
+    /// Output vectors only.
+    Output,
 }
 
 #[cfg(test)]

@@ -16,14 +16,14 @@
 //! word once (a batch of context words per step), so a search-based estimator queries its
 //! index K times per epoch rather than once per pair.
 //!
-//! The paper alternates updates of the input and output vectors; here both are updated from
-//! the same gradient in each step (simultaneous block updates), which is what the output
-//! layer's step does.
+//! The paper alternates updates of the input and output vectors ([`Updates::Alternating`]: each
+//! epoch is a pass over the context words that moves `U` with `V` fixed, then one that moves
+//! `V` with `U` fixed); [`Updates::Simultaneous`] moves both from the same gradient in one pass.
 
-use crate::batch::{EpochMeter, InputTable, close_epoch};
+use crate::batch::{EpochMeter, InputTable, Moving, close_epoch, train_rows};
 use crate::pairs::{for_each_pair, subsample};
 use crate::sgns::{EpochStats, Progress};
-use crate::{Error, REPORT_INTERVAL};
+use crate::{Error, REPORT_INTERVAL, Updates};
 use farout_core::rng;
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Matrix, Rng, SparseGrad, gemm, kernels};
@@ -87,9 +87,10 @@ impl Cooccurrence {
                 .collect();
             handles.into_iter().map(|h| h.join().expect("counting thread panicked")).collect()
         });
-        let mut keys = Vec::new();
+        let parts: Vec<Vec<u64>> = parts.into_iter().collect::<Result<_, _>>()?;
+        let mut keys = Vec::with_capacity(parts.iter().map(Vec::len).sum());
         for p in parts {
-            keys.extend(p?);
+            keys.extend(p);
         }
         keys.par_sort_unstable();
         Ok(Self::from_sorted_keys(&keys, vocab.len()))
@@ -296,6 +297,8 @@ pub struct GdJob<'a> {
     pub seed: u64,
     /// Epochs of the schedule.
     pub epochs: usize,
+    /// Alternating (the paper's) or simultaneous updates of the two tables.
+    pub updates: Updates,
     /// Stop when this instant passes.
     pub deadline: Option<Instant>,
     /// Corpus words one epoch stands for (progress is reported in words, like the other
@@ -320,35 +323,46 @@ impl GdJob<'_> {
         }
         let estimator = Collapsed { cooc: self.cooc, softmax };
         let total_words = self.epoch_words * self.epochs as u64;
-        let per_pair = |pairs: u64| (pairs as f64 / self.cooc.pairs.max(1) as f64 * self.epoch_words as f64) as u64;
         let mut contexts = self.cooc.contexts();
         let mut phi = Matrix::default();
         let mut all = Vec::new();
+        let passes: &[Moving] = match self.updates {
+            Updates::Alternating => &[Moving::Input, Moving::Output],
+            Updates::Simultaneous => &[Moving::Both],
+        };
+        // Progress in corpus words: the share of the epoch's pairs covered, over its passes.
+        let per_pair = |pairs: u64| {
+            (pairs as f64 / (self.cooc.pairs.max(1) * passes.len() as u64) as f64 * self.epoch_words as f64) as u64
+        };
         for epoch in start_epoch..self.epochs {
             let t0 = Instant::now();
-            let mut r = rng::seeded(self.seed, (1 << 48) + epoch as u64);
-            rng::shuffle(&mut contexts, &mut r);
+            // The visiting order does not depend on what the estimator draws.
+            let mut order = rng::seeded(self.seed, (1 << 48) + epoch as u64);
+            let mut r = rng::seeded(self.seed, (1 << 49) + epoch as u64);
             let mut meter = EpochMeter::default();
             let mut last_report = Instant::now();
             let mut stopped = false;
-            for chunk in contexts.chunks(self.batch_size) {
-                let positives: Vec<&[ClassId]> = chunk.iter().map(|&x| self.cooc.row(x as usize).0).collect();
-                let step_pairs: u64 =
-                    chunk.iter().map(|&x| self.cooc.row(x as usize).1.iter().sum::<f32>() as u64).sum();
-                let l = crate::batch::train_rows(layer, &estimator, input, chunk, &positives, &mut phi, &mut r);
-                if !l.is_finite() {
-                    let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
-                    return Err(Error::Diverged { epoch, words });
-                }
-                meter.add(l, step_pairs);
-                if last_report.elapsed() >= REPORT_INTERVAL {
-                    last_report = Instant::now();
-                    let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
-                    progress(&meter.report(epoch, words, total_words, input));
-                }
-                if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                    stopped = true;
-                    break;
+            'passes: for &moving in passes {
+                rng::shuffle(&mut contexts, &mut order);
+                for chunk in contexts.chunks(self.batch_size) {
+                    let positives: Vec<&[ClassId]> = chunk.iter().map(|&x| self.cooc.row(x as usize).0).collect();
+                    let step_pairs: u64 =
+                        chunk.iter().map(|&x| self.cooc.row(x as usize).1.iter().sum::<f32>() as u64).sum();
+                    let l = train_rows(layer, &estimator, input, chunk, &positives, &mut phi, &mut r, moving);
+                    if !l.is_finite() {
+                        let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
+                        return Err(Error::Diverged { epoch, words });
+                    }
+                    meter.add(l, step_pairs);
+                    if last_report.elapsed() >= REPORT_INTERVAL {
+                        last_report = Instant::now();
+                        let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
+                        progress(&meter.report(epoch, words, total_words, input));
+                    }
+                    if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                        stopped = true;
+                        break 'passes;
+                    }
                 }
             }
             let words = per_pair(meter.pairs());
@@ -487,9 +501,22 @@ mod tests {
         }
     }
 
-    fn run(softmax: SoftmaxPart, index: bool, cooc: &Cooccurrence, u: &Matrix, v: &Matrix, epochs: usize) -> Vec<f64> {
+    /// Runs `epochs` of GD from (u, v) with SGD step `lr` and batch `batch_size`; returns the
+    /// epochs' losses and the final tables.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        softmax: SoftmaxPart,
+        index: bool,
+        updates: Updates,
+        cooc: &Cooccurrence,
+        u: &Matrix,
+        v: &Matrix,
+        epochs: usize,
+        batch_size: usize,
+        lr: f32,
+    ) -> (Vec<f64>, Matrix, Matrix) {
         let (k, d) = (v.rows(), v.cols());
-        let opt = OptimizerConfig::Sgd { lr: 0.002, decay: 0.0, l2: 0.0 };
+        let opt = OptimizerConfig::Sgd { lr, decay: 0.0, l2: 0.0 };
         let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0 }, &opt, 1).unwrap();
         layer.set_weights(v.clone()).unwrap();
         if index {
@@ -497,9 +524,9 @@ mod tests {
             layer.attach_index(config, 1, farout_layer::IndexUpkeep::default()).unwrap();
         }
         let mut input = InputTable { vectors: u.clone(), optimizer: opt.build(k, d) };
-        let job = GdJob { cooc, batch_size: 4, seed: 3, epochs, deadline: None, epoch_words: 100 };
+        let job = GdJob { cooc, batch_size, seed: 3, epochs, updates, deadline: None, epoch_words: 100 };
         let stats = job.run(&mut input, &mut layer, softmax, 0, &mut |_| {}, &mut |_, _, _| Ok(true)).unwrap();
-        stats.iter().map(|s| s.loss).collect()
+        (stats.iter().map(|s| s.loss).collect(), input.vectors, layer.weights().clone())
     }
 
     #[test]
@@ -510,12 +537,74 @@ mod tests {
         let cooc = Cooccurrence::count(f.path(), &spec, &vocab, 2, 1, 2).unwrap();
         let (k, d) = (vocab.len(), 4);
         let (u, v) = (random(k, d, 5), random(k, d, 6));
-        let exact = run(SoftmaxPart::Exact, false, &cooc, &u, &v, 6);
-        assert!(exact.windows(2).all(|w| w[1] < w[0]), "{exact:?}");
-        let mips = Mips::new(Softmax, k).unwrap();
-        let search = run(SoftmaxPart::Estimated(&mips), true, &cooc, &u, &v, 6);
-        for (a, b) in exact.iter().zip(&search) {
-            assert!((a - b).abs() < 1e-4 * a.abs(), "{exact:?} vs {search:?}");
+        for updates in [Updates::Alternating, Updates::Simultaneous] {
+            let (exact, ..) = run(SoftmaxPart::Exact, false, updates, &cooc, &u, &v, 6, 4, 0.002);
+            assert!(exact.windows(2).all(|w| w[1] < w[0]), "{updates:?}: {exact:?}");
+            let mips = Mips::new(Softmax, k).unwrap();
+            let (search, ..) = run(SoftmaxPart::Estimated(&mips), true, updates, &cooc, &u, &v, 6, 4, 0.002);
+            for (a, b) in exact.iter().zip(&search) {
+                assert!((a - b).abs() < 1e-4 * a.abs(), "{updates:?}: {exact:?} vs {search:?}");
+            }
         }
+    }
+
+    /// The eq. 9 gradients written out: `G_xk = c_x softmax(u_x V^T)_k - c_xk`,
+    /// `dL/dU = G V`, `dL/dV = G^T U` (rows of contexts without pairs are zero).
+    fn eq9_gradients(cooc: &Cooccurrence, u: &Matrix, v: &Matrix) -> (Matrix, Matrix) {
+        let (k, d) = (v.rows(), v.cols());
+        let (mut gu, mut gv) = (Matrix::zeros(u.rows(), d), Matrix::zeros(k, d));
+        for x in cooc.contexts() {
+            let x = x as usize;
+            let z: Vec<f32> = (0..k).map(|c| kernels::dot(v.row(c), u.row(x))).collect();
+            let lse = kernels::log_sum_exp(&z);
+            let (ys, cs) = cooc.row(x);
+            let c_x: f32 = cs.iter().sum();
+            let mut g: Vec<f32> = z.iter().map(|z| c_x * (z - lse).exp()).collect();
+            for (&y, &c) in ys.iter().zip(cs) {
+                g[y as usize] -= c;
+            }
+            for (c, &gc) in g.iter().enumerate() {
+                kernels::axpy(gc, v.row(c), gu.row_mut(x));
+                kernels::axpy(gc, u.row(x), gv.row_mut(c));
+            }
+        }
+        (gu, gv)
+    }
+
+    fn step(m: &Matrix, g: &Matrix, lr: f32) -> Matrix {
+        let mut out = m.clone();
+        kernels::axpy(-lr, g.as_slice(), out.as_mut_slice());
+        out
+    }
+
+    fn assert_close(got: &Matrix, want: &Matrix, what: &str) {
+        for (a, b) in got.as_slice().iter().zip(want.as_slice()) {
+            assert!((a - b).abs() < 1e-5 * (1.0 + b.abs()), "{what}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn an_alternating_epoch_moves_u_with_v_fixed_then_v_with_the_new_u() {
+        // One batch holds every context word, so each pass is one full gradient step.
+        let cooc = table();
+        let (k, d, lr) = (5, 3, 0.1);
+        let (u0, v0) = (random(k, d, 7), random(k, d, 8));
+        let (_, u, v) = run(SoftmaxPart::Exact, false, Updates::Alternating, &cooc, &u0, &v0, 1, 64, lr);
+        let u1 = step(&u0, &eq9_gradients(&cooc, &u0, &v0).0, lr);
+        let v1 = step(&v0, &eq9_gradients(&cooc, &u1, &v0).1, lr);
+        // (The step is large enough that the order of the passes shows.)
+        assert!(
+            v1.as_slice()
+                .iter()
+                .zip(step(&v0, &eq9_gradients(&cooc, &u0, &v0).1, lr).as_slice())
+                .any(|(a, b)| (a - b).abs() > 1e-3)
+        );
+        assert_close(&u, &u1, "U");
+        assert_close(&v, &v1, "V");
+        // Simultaneous: both from the gradient at (u0, v0).
+        let (_, u, v) = run(SoftmaxPart::Exact, false, Updates::Simultaneous, &cooc, &u0, &v0, 1, 64, lr);
+        let (gu, gv) = eq9_gradients(&cooc, &u0, &v0);
+        assert_close(&u, &step(&u0, &gu, lr), "U (simultaneous)");
+        assert_close(&v, &step(&v0, &gv, lr), "V (simultaneous)");
     }
 }

@@ -1,8 +1,8 @@
 //! farout-skipgram: word embeddings by skip-gram (Mikolov et al. 2013), the LDGS paper's
 //! third application (Section 2 item 3, Section 5.3).
 //!
-//! - [`sgns`]: negative sampling trained word2vec-style, lock-free over threads that each
-//!   stream their own part of the corpus ([`hogwild`] holds the shared tables);
+//! - [`sgns`]: negative sampling trained word2vec-style, lock-free over threads that stream
+//!   ranges of the corpus in turn ([`hogwild`] holds the shared tables);
 //! - [`batch`]: any other gradient estimator (exact or sampled softmax, MIPS, LDGS, A&R) on
 //!   the same pairs, in minibatches through farout's output layer;
 //! - [`collapsed`]: the paper's collapsed objective (eq. 9) from co-occurrence counts, and
@@ -54,6 +54,20 @@ pub enum Objective {
     Collapsed,
 }
 
+/// How gradient descent on the collapsed objective moves the two tables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Updates {
+    /// As the LDGS paper (Section 5.3): each epoch is a pass that updates the input vectors
+    /// with the output vectors fixed, then a pass that updates the output vectors with the
+    /// input vectors fixed (twice the gradient estimates of `simultaneous` per epoch; the
+    /// search index stays exact during the first pass).
+    #[default]
+    Alternating,
+    /// Each step updates both tables from the same gradient (one pass per epoch).
+    Simultaneous,
+}
+
 /// The skip-gram model and its schedule (`[model.skip_gram]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -74,6 +88,8 @@ pub struct SkipGramConfig {
     /// Estimators other than negative sampling: train the objective per pair (`pairs`) or in
     /// the collapsed form (`collapsed`, the paper's GD, GD-MIPS and GD-Decomp-MIPS).
     pub objective: Objective,
+    /// The collapsed objective only: alternating or simultaneous updates of the two tables.
+    pub updates: Updates,
     /// Estimators other than negative sampling: train this many epochs with negative sampling
     /// first (the LDGS paper starts search-based methods from one epoch of it).
     pub ns_warmup_epochs: usize,
@@ -89,6 +105,7 @@ impl Default for SkipGramConfig {
             hogwild: Hogwild::Racy,
             init_range: 1.0,
             objective: Objective::Pairs,
+            updates: Updates::Alternating,
             ns_warmup_epochs: 0,
         }
     }

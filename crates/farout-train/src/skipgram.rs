@@ -511,6 +511,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
                     batch_size: config.train.batch_size,
                     seed: config.seed,
                     epochs,
+                    updates: sg.updates,
                     deadline,
                     epoch_words: vocab.train_tokens(),
                 };
