@@ -80,6 +80,7 @@ pub struct OutputLayer {
     dphi: Matrix,
     dw: Matrix,
     entries: Vec<(ClassId, u32, f32)>,
+    grouping: Grouping,
     attached: Option<Attached>,
 }
 
@@ -121,6 +122,7 @@ impl OutputLayer {
             dphi: Matrix::default(),
             dw: Matrix::default(),
             entries: Vec::new(),
+            grouping: Grouping::default(),
             attached: None,
         })
     }
@@ -404,7 +406,7 @@ impl OutputLayer {
         for (i, g) in self.grads.sparse.iter().enumerate() {
             self.entries.extend(g.iter().map(|(k, v)| (k, i as u32, v)));
         }
-        self.entries.sort_unstable_by_key(|e| e.0);
+        self.grouping.group(&mut self.entries, self.w.rows());
         let entries = &self.entries;
         let mut starts: Vec<usize> =
             (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
@@ -502,10 +504,65 @@ impl OutputLayer {
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
 
+/// Groups (class, sample, value) entries by class for the sparse update.
+#[derive(Default)]
+struct Grouping {
+    /// Entries per class, then the next free slot of each class.
+    slots: Vec<u32>,
+    out: Vec<(ClassId, u32, f32)>,
+}
+
+impl Grouping {
+    /// Orders `entries` by class (the order within a class may change). Many entries for the
+    /// classes (search gradients at large budgets: batch x K/5 entries over K classes) are
+    /// placed by a counting sort in O(entries + K); few by a comparison sort.
+    fn group(&mut self, entries: &mut Vec<(ClassId, u32, f32)>, n_classes: usize) {
+        if entries.len() < n_classes / 4 {
+            entries.sort_unstable_by_key(|e| e.0);
+            return;
+        }
+        self.slots.clear();
+        self.slots.resize(n_classes + 1, 0);
+        for e in entries.iter() {
+            self.slots[e.0 as usize + 1] += 1;
+        }
+        for k in 0..n_classes {
+            self.slots[k + 1] += self.slots[k];
+        }
+        self.out.clear();
+        self.out.resize(entries.len(), (0, 0, 0.0));
+        for &e in entries.iter() {
+            let slot = &mut self.slots[e.0 as usize];
+            self.out[*slot as usize] = e;
+            *slot += 1;
+        }
+        std::mem::swap(entries, &mut self.out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use farout_estimators::{Exact, SmoothedMargin, Softmax};
+
+    #[test]
+    fn grouping_orders_entries_by_class_by_either_sort() {
+        use farout_core::rng::RngExt;
+        let mut r = rng::seeded(4, 0);
+        for (n, k) in [(10, 1000), (5000, 300), (0, 10), (7, 1)] {
+            let entries: Vec<(ClassId, u32, f32)> = (0..n)
+                .map(|i| (r.random_range(0..k) as ClassId, i as u32, rng::normal(&mut r)))
+                .collect();
+            let mut got = entries.clone();
+            Grouping::default().group(&mut got, k);
+            assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "n {n}, k {k}: not grouped");
+            // The same entries (sample ids are distinct, so sorting by them compares the sets).
+            let (mut a, mut b) = (got, entries);
+            a.sort_by_key(|e| e.1);
+            b.sort_by_key(|e| e.1);
+            assert_eq!(a, b);
+        }
+    }
 
     fn setup(seed: u64) -> (Matrix, Vec<Vec<u32>>) {
         let mut r = rng::seeded(seed, 0);
