@@ -1,8 +1,11 @@
 //! `farout compare`: train several configs that differ only in their estimator, then write a
-//! table (`summary.md`, `summary.csv`) and curves (`curves.png`, `curves.svg`) of test P@1
-//! against training time (log axis) and epochs — the LDGS paper's Figures 1-3.
+//! table (`summary.md`, `summary.csv`) and curves (`curves.png`, `curves.svg`) against training
+//! time (log axis) and epochs — the LDGS paper's Figures 1-3: test P@1 for classifiers, the
+//! held-out full-softmax objective for skip-gram (Figure 3: GD, GD-MIPS, GD-Decomp-MIPS).
 
 use anyhow::{Context, Result, bail};
+use farout_train::config::EncoderKind;
+use farout_train::skipgram::SkipGramSummary;
 use farout_train::{Config, Summary, Trainer};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -35,12 +38,79 @@ pub struct CompareArgs {
     from: Vec<PathBuf>,
 }
 
-/// One finished run: its method (config name), summary and test-P@1 curve.
+/// One finished run: its method (config name), summary and curve.
 struct Run {
     method: String,
-    summary: Summary,
-    /// (training seconds, epochs, test P@1) at every evaluation.
+    summary: Outcome,
+    /// (training seconds, epochs, the kind's metric) at every evaluation.
     curve: Vec<(f64, f64, f64)>,
+}
+
+/// What a run reports.
+enum Outcome {
+    Classifier(Summary),
+    SkipGram(SkipGramSummary),
+}
+
+/// The two kinds of run a comparison can hold (one kind per comparison).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Classifier,
+    SkipGram,
+}
+
+impl Kind {
+    /// The metrics.jsonl key of the curve.
+    fn metric(self) -> &'static str {
+        match self {
+            Kind::Classifier => "eval/p@1",
+            Kind::SkipGram => "eval/heldout_objective",
+        }
+    }
+
+    fn metric_label(self) -> &'static str {
+        match self {
+            Kind::Classifier => "test P@1",
+            Kind::SkipGram => "held-out full-softmax objective",
+        }
+    }
+
+    fn columns(self) -> &'static [&'static str] {
+        match self {
+            Kind::Classifier => &CLASSIFIER_COLUMNS,
+            Kind::SkipGram => &SKIPGRAM_COLUMNS,
+        }
+    }
+}
+
+impl Outcome {
+    fn kind(&self) -> Kind {
+        match self {
+            Outcome::Classifier(_) => Kind::Classifier,
+            Outcome::SkipGram(_) => Kind::SkipGram,
+        }
+    }
+
+    fn task(&self) -> &str {
+        match self {
+            Outcome::Classifier(s) => &s.task,
+            Outcome::SkipGram(s) => &s.task,
+        }
+    }
+
+    fn estimator(&self) -> &str {
+        match self {
+            Outcome::Classifier(s) => &s.estimator,
+            Outcome::SkipGram(s) => &s.estimator,
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Result<String> {
+        match self {
+            Outcome::Classifier(s) => serde_json::to_string_pretty(s),
+            Outcome::SkipGram(s) => serde_json::to_string_pretty(s),
+        }
+    }
 }
 
 pub fn run(args: CompareArgs) -> Result<()> {
@@ -58,6 +128,9 @@ pub fn run(args: CompareArgs) -> Result<()> {
     };
     if runs.is_empty() {
         bail!("no runs found to compare");
+    }
+    if runs.iter().any(|r| r.summary.kind() != runs[0].summary.kind()) {
+        bail!("skip-gram runs and classifier runs cannot be compared with each other (--from directories)");
     }
     std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     write_tables(&args.out, &runs)?;
@@ -107,6 +180,10 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
         .iter()
         .map(|p| Config::load(p, &args.set).with_context(|| format!("loading {}", p.display())))
         .collect::<Result<_>>()?;
+    let skip_gram = |c: &Config| c.model.encoder == EncoderKind::SkipGram;
+    if configs.iter().any(|c| skip_gram(c) != skip_gram(&configs[0])) {
+        bail!("skip-gram configs and classifier configs cannot be compared with each other");
+    }
     let mut names = std::collections::HashSet::new();
     for (c, p) in configs.iter().zip(&args.configs) {
         if !names.insert(c.name.clone()) {
@@ -135,18 +212,28 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
             c.seed += r as u64;
             c.log.dir = Some(dir.clone());
             c.checkpoint.enabled = false;
+            let is_skip_gram = skip_gram(&c);
             if let Some(b) = args.budget {
                 c.train.max_seconds = b;
-                c.train.epochs = c.train.epochs.max(1_000_000); // the budget ends the run
+                // The budget ends the run; skip-gram keeps its epochs, on which its step-size
+                // schedule depends.
+                if !is_skip_gram {
+                    c.train.epochs = c.train.epochs.max(1_000_000);
+                }
             }
             let estimator = serde_json::to_value(c.output.estimator)?;
             eprintln!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
             // Runs share this process: restart the peak-RSS count so each summary has its own
             // (Linux >= 4.0; elsewhere the peak accumulates over runs).
             let _ = std::fs::write("/proc/self/clear_refs", "5");
-            let mut trainer = Trainer::new(c).with_context(|| format!("{}", args.configs[i].display()))?;
-            let summary = trainer.run().with_context(|| format!("training {}", args.configs[i].display()))?;
-            std::fs::write(dir.join("summary.json"), serde_json::to_string_pretty(&summary)? + "\n")
+            let training = || format!("training {}", args.configs[i].display());
+            let summary = if is_skip_gram {
+                Outcome::SkipGram(farout_train::skipgram::train(&c, false, None).with_context(training)?)
+            } else {
+                let mut trainer = Trainer::new(c).with_context(|| format!("{}", args.configs[i].display()))?;
+                Outcome::Classifier(trainer.run().with_context(training)?)
+            };
+            std::fs::write(dir.join("summary.json"), summary.to_json()? + "\n")
                 .with_context(|| format!("writing {}", dir.join("summary.json").display()))?;
             runs.push(read_run(&dir)?);
         }
@@ -167,10 +254,17 @@ fn read_runs(dir: &Path) -> Result<Vec<Run>> {
 }
 
 fn read_run(dir: &Path) -> Result<Run> {
-    let summary: Summary = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("summary.json")).with_context(|| format!("reading {}", dir.display()))?,
-    )
-    .with_context(|| format!("{}/summary.json", dir.display()))?;
+    let text =
+        std::fs::read_to_string(dir.join("summary.json")).with_context(|| format!("reading {}", dir.display()))?;
+    let what = || format!("{}/summary.json", dir.display());
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(what)?;
+    // Only skip-gram summaries have a vocabulary.
+    let summary = if value.get("vocab").is_some() {
+        Outcome::SkipGram(serde_json::from_value(value).with_context(what)?)
+    } else {
+        Outcome::Classifier(serde_json::from_value(value).with_context(what)?)
+    };
+    let metric = summary.kind().metric();
     let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let method = name.split('@').next().unwrap_or(&name).to_string();
     let log = dir.join("metrics.jsonl");
@@ -179,10 +273,9 @@ fn read_run(dir: &Path) -> Result<Run> {
     for (n, line) in text.lines().enumerate() {
         let v: serde_json::Value =
             serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", log.display(), n + 1))?;
-        if let (Some(p1), Some(t), Some(e)) =
-            (v["eval/p@1"].as_f64(), v["wall_seconds"].as_f64(), v["eval/epoch"].as_f64())
+        if let (Some(m), Some(t), Some(e)) = (v[metric].as_f64(), v["wall_seconds"].as_f64(), v["eval/epoch"].as_f64())
         {
-            curve.push((t, e, p1));
+            curve.push((t, e, m));
         }
     }
     Ok(Run { method, summary, curve })
@@ -195,7 +288,7 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (m, (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n).sqrt())
 }
 
-const COLUMNS: [&str; 16] = [
+const CLASSIFIER_COLUMNS: [&str; 16] = [
     "method",
     "estimator",
     "runs",
@@ -214,6 +307,20 @@ const COLUMNS: [&str; 16] = [
     "grad_cosine",
 ];
 
+const SKIPGRAM_COLUMNS: [&str; 11] = [
+    "method",
+    "estimator",
+    "runs",
+    "heldout_objective",
+    "heldout_objective_std",
+    "analogy",
+    "similarity_spearman",
+    "epochs",
+    "train_seconds",
+    "seconds_per_epoch",
+    "words_per_s",
+];
+
 /// One row per method (repeats averaged), in first-seen order.
 fn rows(runs: &[Run]) -> Vec<Vec<String>> {
     let mut order: Vec<&str> = Vec::new();
@@ -228,52 +335,99 @@ fn rows(runs: &[Run]) -> Vec<Vec<String>> {
         .iter()
         .map(|m| {
             let g = &groups[m];
-            let metric = |k: &str| -> Vec<f64> { g.iter().filter_map(|r| r.summary.metrics.get(k).copied()).collect() };
-            let fmt_mean = |xs: Vec<f64>, digits: usize| {
-                if xs.is_empty() { String::new() } else { format!("{:.*}", digits, mean_std(&xs).0) }
-            };
-            let each =
-                |f: &dyn Fn(&Summary) -> Option<f64>| -> Vec<f64> { g.iter().filter_map(|r| f(&r.summary)).collect() };
-            let (_, p1_std) = mean_std(&metric("p@1"));
-            vec![
-                m.to_string(),
-                g[0].summary.estimator.clone(),
-                g.len().to_string(),
-                fmt_mean(metric("p@1"), 4),
-                format!("{p1_std:.4}"),
-                fmt_mean(metric("p@3"), 4),
-                fmt_mean(metric("p@5"), 4),
-                fmt_mean(metric("accuracy"), 4),
-                fmt_mean(metric("loss"), 4),
-                fmt_mean(each(&|s| Some(s.train_seconds)), 1),
-                fmt_mean(each(&|s| (s.samples_per_s > 0.0).then(|| s.n_train as f64 / s.samples_per_s)), 1),
-                fmt_mean(each(&|s| Some(s.samples_per_s)), 0),
-                fmt_mean(each(&|s| Some(s.classes_scored_per_sample)), 1),
-                fmt_mean(each(&|s| s.peak_rss_bytes.map(|b| b as f64 / 1048576.0)), 0),
-                fmt_mean(each(&|s| s.index_recall), 3),
-                fmt_mean(each(&|s| s.grad_cosine), 4),
-            ]
+            let mut row = vec![m.to_string(), g[0].summary.estimator().to_string(), g.len().to_string()];
+            let classifiers: Vec<&Summary> = g
+                .iter()
+                .filter_map(|r| if let Outcome::Classifier(s) = &r.summary { Some(s) } else { None })
+                .collect();
+            let skip_grams: Vec<&SkipGramSummary> = g
+                .iter()
+                .filter_map(|r| if let Outcome::SkipGram(s) = &r.summary { Some(s) } else { None })
+                .collect();
+            if skip_grams.is_empty() {
+                row.extend(classifier_row(&classifiers));
+            } else {
+                row.extend(skipgram_row(&skip_grams));
+            }
+            row
         })
         .collect()
 }
 
+/// The mean of `xs` with `digits` decimals (empty when there is nothing to average).
+fn fmt_mean(xs: Vec<f64>, digits: usize) -> String {
+    if xs.is_empty() { String::new() } else { format!("{:.*}", digits, mean_std(&xs).0) }
+}
+
+/// The classifier columns after method, estimator and runs.
+fn classifier_row(g: &[&Summary]) -> Vec<String> {
+    let metric = |k: &str| -> Vec<f64> { g.iter().filter_map(|s| s.metrics.get(k).copied()).collect() };
+    let each = |f: &dyn Fn(&Summary) -> Option<f64>| -> Vec<f64> { g.iter().filter_map(|s| f(s)).collect() };
+    let (_, p1_std) = mean_std(&metric("p@1"));
+    vec![
+        fmt_mean(metric("p@1"), 4),
+        format!("{p1_std:.4}"),
+        fmt_mean(metric("p@3"), 4),
+        fmt_mean(metric("p@5"), 4),
+        fmt_mean(metric("accuracy"), 4),
+        fmt_mean(metric("loss"), 4),
+        fmt_mean(each(&|s| Some(s.train_seconds)), 1),
+        fmt_mean(each(&|s| (s.samples_per_s > 0.0).then(|| s.n_train as f64 / s.samples_per_s)), 1),
+        fmt_mean(each(&|s| Some(s.samples_per_s)), 0),
+        fmt_mean(each(&|s| Some(s.classes_scored_per_sample)), 1),
+        fmt_mean(each(&|s| s.peak_rss_bytes.map(|b| b as f64 / 1048576.0)), 0),
+        fmt_mean(each(&|s| s.index_recall), 3),
+        fmt_mean(each(&|s| s.grad_cosine), 4),
+    ]
+}
+
+/// The skip-gram columns after method, estimator and runs.
+fn skipgram_row(g: &[&SkipGramSummary]) -> Vec<String> {
+    let each = |f: &dyn Fn(&SkipGramSummary) -> Option<f64>| -> Vec<f64> { g.iter().filter_map(|s| f(s)).collect() };
+    // Epochs trained, counting a partial last one (a budget may stop it) by its words.
+    let epochs = |s: &SkipGramSummary| s.words as f64 / s.train_tokens.max(1) as f64;
+    let objective = each(&|s| s.heldout_objective);
+    let std = if objective.is_empty() { String::new() } else { format!("{:.4}", mean_std(&objective).1) };
+    vec![
+        fmt_mean(objective, 4),
+        std,
+        fmt_mean(each(&|s| s.analogy.as_ref().map(|a| a.accuracy)), 4),
+        fmt_mean(each(&|s| s.similarity.as_ref().map(|r| r.spearman)), 4),
+        fmt_mean(each(&|s| Some(epochs(s))), 2),
+        fmt_mean(each(&|s| Some(s.train_seconds)), 1),
+        fmt_mean(each(&|s| (epochs(s) > 0.0).then(|| s.train_seconds / epochs(s))), 1),
+        fmt_mean(each(&|s| Some(s.words_per_second)), 0),
+    ]
+}
+
 fn write_tables(out: &Path, runs: &[Run]) -> Result<()> {
     let rows = rows(runs);
-    let mut csv = COLUMNS.join(",") + "\n";
+    let kind = runs[0].summary.kind();
+    let columns = kind.columns();
+    let mut csv = columns.join(",") + "\n";
     for r in &rows {
         csv += &(r.join(",") + "\n");
     }
     std::fs::write(out.join("summary.csv"), csv).with_context(|| format!("writing {}/summary.csv", out.display()))?;
-    let task = &runs[0].summary.task;
-    let mut md = format!("# {task}: {} runs\n\n| {} |\n|", runs.len(), COLUMNS.join(" | "));
-    md += &"---|".repeat(COLUMNS.len());
+    let task = runs[0].summary.task();
+    let mut md = format!("# {task}: {} runs\n\n| {} |\n|", runs.len(), columns.join(" | "));
+    md += &"---|".repeat(columns.len());
     md.push('\n');
     for r in &rows {
         let _ = writeln!(md, "| {} |", r.join(" | "));
     }
-    md += "\nseconds: training only (evaluation excluded); peak_rss_mb: the run's peak resident memory; \
-           grad_cosine: mean cosine of the estimator's dL/dphi with the exact one at the end of training \
-           (empty for exact estimators).\n";
+    md += match kind {
+        Kind::Classifier => {
+            "\nseconds: training only (evaluation excluded); peak_rss_mb: the run's peak resident memory; \
+             grad_cosine: mean cosine of the estimator's dL/dphi with the exact one at the end of training \
+             (empty for exact estimators).\n"
+        }
+        Kind::SkipGram => {
+            "\nheldout_objective: mean over held-out (context, centre) pairs of log sum_k exp(u_x.v_k) - u_x.v_y \
+             after the last epoch (lower is better); seconds: training only, the negative-sampling warm-up \
+             included (evaluation excluded); epochs count a partial last epoch by its words.\n"
+        }
+    };
     std::fs::write(out.join("summary.md"), md).with_context(|| format!("writing {}/summary.md", out.display()))?;
     Ok(())
 }
@@ -308,8 +462,10 @@ where
 {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
     root.fill(&WHITE).map_err(err)?;
-    let task = &runs[0].summary.task;
-    let root = root.titled(&format!("{task}: test P@1 by method"), ("sans-serif", 24)).map_err(err)?;
+    let task = runs[0].summary.task();
+    let kind = runs[0].summary.kind();
+    let label = kind.metric_label();
+    let root = root.titled(&format!("{task}: {label} by method"), ("sans-serif", 24)).map_err(err)?;
     let (left, right) = root.split_horizontally(700);
     let points = runs.iter().flat_map(|r| r.curve.iter());
     let t_max = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1e-3) * 1.3;
@@ -317,7 +473,16 @@ where
     let t_first = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(t_max / 10.0, f64::min);
     let t_min = 10f64.powf(t_first.log10().floor());
     let e_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
-    let y_max = (points.map(|p| p.2).fold(0.0f64, f64::max) * 1.1).clamp(0.05, 1.0);
+    let y_range = match kind {
+        Kind::Classifier => 0.0..(points.map(|p| p.2).fold(0.0f64, f64::max) * 1.1).clamp(0.05, 1.0),
+        Kind::SkipGram => {
+            // An objective: the span of the values with a margin.
+            let lo = points.clone().map(|p| p.2).fold(f64::INFINITY, f64::min);
+            let hi = points.map(|p| p.2).fold(f64::NEG_INFINITY, f64::max);
+            let pad = ((hi - lo) * 0.08).max(1e-3);
+            if lo.is_finite() { lo - pad..hi + pad } else { 0.0..1.0 }
+        }
+    };
     let methods: Vec<&str> = {
         let mut m: Vec<&str> = Vec::new();
         runs.iter().for_each(|r| {
@@ -333,7 +498,7 @@ where
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((t_min.max(1e-4)..t_max).log_scale(), 0.0..y_max)
+        .build_cartesian_2d((t_min.max(1e-4)..t_max).log_scale(), y_range.clone())
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -341,7 +506,7 @@ where
         .x_labels(12)
         .x_label_formatter(&|x| seconds_label(*x))
         .x_desc("training seconds (log scale)")
-        .y_desc("test P@1")
+        .y_desc(label)
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()
@@ -361,7 +526,10 @@ where
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(match kind {
+            Kind::Classifier => SeriesLabelPosition::UpperLeft,
+            Kind::SkipGram => SeriesLabelPosition::UpperRight,
+        })
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 15))
@@ -372,13 +540,13 @@ where
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..e_max, 0.0..y_max)
+        .build_cartesian_2d(0.0..e_max, y_range)
         .map_err(err)?;
     chart
         .configure_mesh()
         .light_line_style(RGBColor(238, 238, 238))
         .x_desc("epochs")
-        .y_desc("test P@1")
+        .y_desc(label)
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()

@@ -136,3 +136,63 @@ fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
     ));
     assert!(stderr(&o).contains("collapsed objective"), "{}", stderr(&o));
 }
+
+#[test]
+fn compare_takes_skip_gram_runs_and_plots_the_heldout_objective() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let tiny = [
+        "data.synthetic.words=2000",
+        "data.synthetic.tokens=200000",
+        "data.synthetic.topics=20",
+        "train.epochs=3",
+        "output.top=100",
+        "log.progress=false",
+    ];
+    let mut args = vec![
+        "compare",
+        "configs/compare/skipgram/gd.toml",
+        "configs/compare/skipgram/gd-mips.toml",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    for s in &tiny {
+        args.extend(["--set", s]);
+    }
+    let o = farout(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and one row per config: {csv}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    assert!(header.starts_with(&["method", "estimator", "runs", "heldout_objective"]), "{header:?}");
+    let row = |i: usize| -> Vec<&str> { lines[i].split(',').collect() };
+    assert_eq!(&row(1)[..3], ["gd", "gd", "1"], "{csv}");
+    assert_eq!(&row(2)[..3], ["gd-mips", "gd_mips", "1"], "{csv}");
+    // Each curve has one point per epoch, GD lowered the objective after the NS epoch, and the
+    // table holds the last point.
+    let epochs = header.iter().position(|&c| c == "epochs").unwrap();
+    for (i, method) in [(1, "gd"), (2, "gd-mips")] {
+        let log = std::fs::read_to_string(out.join(format!("runs/{method}@0/metrics.jsonl"))).unwrap();
+        let curve: Vec<f64> = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["eval/heldout_objective"].as_f64())
+            .collect();
+        assert_eq!(curve.len(), 3, "{log}");
+        assert!(curve[2] < curve[0], "{method}: {curve:?}");
+        assert_eq!(row(i)[3], format!("{:.4}", curve[2]), "{csv}");
+        assert_eq!(row(i)[epochs], "3.00", "{csv}");
+    }
+    let svg = std::fs::read_to_string(out.join("curves.svg")).unwrap();
+    assert!(svg.contains("held-out full-softmax objective"), "the axis names the metric");
+    // A classifier run cannot join them.
+    let o = farout(&[
+        "compare",
+        "configs/compare/skipgram/gd.toml",
+        "configs/quickstart.toml",
+        "--allow-diff",
+        "--set",
+        "log.progress=false",
+    ]);
+    assert!(stderr(&o).contains("cannot be compared"), "{}", stderr(&o));
+}

@@ -256,7 +256,9 @@ impl Session<'_> {
             st.train_seconds = train_seconds;
         }
         self.last_loss.set(s.loss);
-        let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds)];
+        // Epochs so far, a partial one (stopped by a deadline) counted by its words.
+        let epochs = self.state.borrow().words as f64 / self.vocab.train_tokens().max(1) as f64;
+        let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds), ("eval/epoch", epochs)];
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
         if !self.heldout.is_empty() {
             let obj = softmax_objective(input, output, &self.heldout);
