@@ -336,14 +336,10 @@ fn rows(runs: &[Run]) -> Vec<Vec<String>> {
         .map(|m| {
             let g = &groups[m];
             let mut row = vec![m.to_string(), g[0].summary.estimator().to_string(), g.len().to_string()];
-            let classifiers: Vec<&Summary> = g
-                .iter()
-                .filter_map(|r| if let Outcome::Classifier(s) = &r.summary { Some(s) } else { None })
-                .collect();
-            let skip_grams: Vec<&SkipGramSummary> = g
-                .iter()
-                .filter_map(|r| if let Outcome::SkipGram(s) = &r.summary { Some(s) } else { None })
-                .collect();
+            let classifiers: Vec<&Summary> =
+                g.iter().filter_map(|r| if let Outcome::Classifier(s) = &r.summary { Some(s) } else { None }).collect();
+            let skip_grams: Vec<&SkipGramSummary> =
+                g.iter().filter_map(|r| if let Outcome::SkipGram(s) = &r.summary { Some(s) } else { None }).collect();
             if skip_grams.is_empty() {
                 row.extend(classifier_row(&classifiers));
             } else {

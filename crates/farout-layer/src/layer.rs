@@ -550,9 +550,8 @@ mod tests {
         use farout_core::rng::RngExt;
         let mut r = rng::seeded(4, 0);
         for (n, k) in [(10, 1000), (5000, 300), (0, 10), (7, 1)] {
-            let entries: Vec<(ClassId, u32, f32)> = (0..n)
-                .map(|i| (r.random_range(0..k) as ClassId, i as u32, rng::normal(&mut r)))
-                .collect();
+            let entries: Vec<(ClassId, u32, f32)> =
+                (0..n).map(|i| (r.random_range(0..k) as ClassId, i as u32, rng::normal(&mut r))).collect();
             let mut got = entries.clone();
             Grouping::default().group(&mut got, k);
             assert!(got.windows(2).all(|w| w[0].0 <= w[1].0), "n {n}, k {k}: not grouped");
