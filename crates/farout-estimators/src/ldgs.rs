@@ -95,11 +95,9 @@ impl<'de> Deserialize<'de> for Iterations {
                     .map(Iterations::Steps)
                     .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
             }
+            /// The strings the command line takes (`FromStr`).
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Iterations, E> {
-                match v {
-                    "fixed_point" => Ok(Iterations::FixedPoint),
-                    _ => Err(E::invalid_value(serde::de::Unexpected::Str(v), &self)),
-                }
+                v.parse().map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self))
             }
         }
         de.deserialize_any(Visitor)

@@ -726,6 +726,11 @@ mod tests {
         assert_eq!(c.output.iterations, Iterations::Steps(3));
         let c = Config::parse(&format!("{MINIMAL}iterations = \"fixed_point\"\n"), &[]).unwrap();
         assert_eq!(c.output.iterations, Iterations::FixedPoint);
+        // A config file takes the strings the command line does (`bench estimator --iterations`).
+        let c = Config::parse(&format!("{MINIMAL}iterations = \"fixed-point\"\n"), &[]).unwrap();
+        assert_eq!(c.output.iterations, Iterations::FixedPoint);
+        let c = Config::parse(&format!("{MINIMAL}iterations = \"4\"\n"), &[]).unwrap();
+        assert_eq!(c.output.iterations, Iterations::Steps(4));
     }
 
     #[test]
