@@ -97,6 +97,23 @@ struct Shared {
     stop: AtomicBool,
 }
 
+impl Shared {
+    /// Adds what a thread did since its last flush (`words` read, and the pairs and loss in
+    /// `s`, which are reset) to the epoch's counts; returns the words read so far by all
+    /// threads and the loss added.
+    fn flush(&self, words: u64, s: &mut Scratch) -> (u64, f64) {
+        let done = self.words.fetch_add(words, Ordering::Relaxed) + words;
+        self.pairs.fetch_add(std::mem::take(&mut s.pairs), Ordering::Relaxed);
+        let (l, n) = (std::mem::take(&mut s.loss), std::mem::take(&mut s.loss_n));
+        for m in [&self.loss, &self.window_loss] {
+            let mut g = m.lock().expect("loss lock");
+            g.0 += l;
+            g.1 += n;
+        }
+        (done, l)
+    }
+}
+
 /// Per-thread buffers: nothing allocates per pair.
 struct Scratch {
     sentence: Vec<u32>,
@@ -185,21 +202,7 @@ impl NsJob<'_> {
                                         let lr = self.lr_at(done, total_words);
                                         self.train_sentence(input, output, lr, &mut scratch, &mut rng);
                                         if unreported >= REPORT_EVERY {
-                                            let done =
-                                                shared.words.fetch_add(unreported, Ordering::Relaxed) + unreported;
-                                            unreported = 0;
-                                            shared
-                                                .pairs
-                                                .fetch_add(std::mem::take(&mut scratch.pairs), Ordering::Relaxed);
-                                            let (l, n) = (
-                                                std::mem::take(&mut scratch.loss),
-                                                std::mem::take(&mut scratch.loss_n),
-                                            );
-                                            for m in [&shared.loss, &shared.window_loss] {
-                                                let mut g = m.lock().expect("loss lock");
-                                                g.0 += l;
-                                                g.1 += n;
-                                            }
+                                            let (done, l) = shared.flush(std::mem::take(&mut unreported), &mut scratch);
                                             if !l.is_finite() {
                                                 result = Err(Error::Diverged { epoch, words: done });
                                                 shared.stop.store(true, Ordering::Relaxed);
@@ -213,13 +216,9 @@ impl NsJob<'_> {
                                     |_| true,
                                 )?;
                             }
-                            shared.words.fetch_add(unreported, Ordering::Relaxed);
-                            shared.pairs.fetch_add(scratch.pairs, Ordering::Relaxed);
-                            let mut g = shared.loss.lock().expect("loss lock");
-                            g.0 += scratch.loss;
-                            g.1 += scratch.loss_n;
-                            if !scratch.loss.is_finite() && result.is_ok() {
-                                result = Err(Error::Diverged { epoch, words: shared.words.load(Ordering::Relaxed) });
+                            let (done, l) = shared.flush(unreported, &mut scratch);
+                            if !l.is_finite() && result.is_ok() {
+                                result = Err(Error::Diverged { epoch, words: done });
                             }
                             result
                         })
