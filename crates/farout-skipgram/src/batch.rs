@@ -213,8 +213,8 @@ fn step(
 
 /// One step on samples whose features are the input vectors of `rows` (their ids also go to
 /// the estimator, for per-sample state or counts): the layer updates the output vectors, and
-/// `dL/dphi_i` updates `U[rows[i]]` (`moving` says which of the two happen) with the same optimiser rule (a row twice in the batch gets
-/// both updates). Returns the summed loss.
+/// `dL/dphi_i` updates `U[rows[i]]` with the same optimiser rule (a row twice in the batch gets
+/// both updates); `moving` says which of the two happen. Returns the summed loss.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn train_rows(
     layer: &mut OutputLayer,

@@ -448,6 +448,21 @@ mod tests {
             .collect()
     }
 
+    /// Context `x`'s term of eq. 9 at scores `z`: `c_x lse(z) - sum_y c_xy z_y` and its
+    /// gradient `c_x softmax(z) - c_x.`, written out.
+    fn eq9_term(cooc: &Cooccurrence, x: usize, z: &[f32]) -> (f64, Vec<f32>) {
+        let lse = kernels::log_sum_exp(z);
+        let (ys, cs) = cooc.row(x);
+        let c_x: f32 = cs.iter().sum();
+        let mut g: Vec<f32> = z.iter().map(|v| c_x * (v - lse).exp()).collect();
+        let mut loss = (c_x * lse) as f64;
+        for (&y, &c) in ys.iter().zip(cs) {
+            g[y as usize] -= c;
+            loss -= (c * z[y as usize]) as f64;
+        }
+        (loss, g)
+    }
+
     #[test]
     fn the_gradient_is_eq_9s_whichever_way_the_softmax_part_is_computed() {
         let (k, d) = (5, 3);
@@ -461,15 +476,8 @@ mod tests {
         let (mut want_loss, mut want) = (0.0f64, Vec::new());
         for (i, &x) in ids.iter().enumerate() {
             let z: Vec<f32> = (0..k).map(|c| kernels::dot(w.row(c), phi.row(i))).collect();
-            let lse = kernels::log_sum_exp(&z);
-            let (ys, cs) = cooc.row(x);
-            let c_x: f32 = cs.iter().sum();
-            let mut g: Vec<f32> = z.iter().map(|v| c_x * (v - lse).exp()).collect();
-            want_loss += (c_x * lse) as f64;
-            for (&y, &c) in ys.iter().zip(cs) {
-                g[y as usize] -= c;
-                want_loss -= (c * z[y as usize]) as f64;
-            }
+            let (loss, g) = eq9_term(&cooc, x, &z);
+            want_loss += loss;
             want.push(g);
         }
         let exact_inner = Exact::new(Softmax);
@@ -548,7 +556,7 @@ mod tests {
         }
     }
 
-    /// The eq. 9 gradients written out: `G_xk = c_x softmax(u_x V^T)_k - c_xk`,
+    /// The eq. 9 gradients written out: `G_x = ` [`eq9_term`]'s gradient at `z = u_x V^T`,
     /// `dL/dU = G V`, `dL/dV = G^T U` (rows of contexts without pairs are zero).
     fn eq9_gradients(cooc: &Cooccurrence, u: &Matrix, v: &Matrix) -> (Matrix, Matrix) {
         let (k, d) = (v.rows(), v.cols());
@@ -556,13 +564,7 @@ mod tests {
         for x in cooc.contexts() {
             let x = x as usize;
             let z: Vec<f32> = (0..k).map(|c| kernels::dot(v.row(c), u.row(x))).collect();
-            let lse = kernels::log_sum_exp(&z);
-            let (ys, cs) = cooc.row(x);
-            let c_x: f32 = cs.iter().sum();
-            let mut g: Vec<f32> = z.iter().map(|z| c_x * (z - lse).exp()).collect();
-            for (&y, &c) in ys.iter().zip(cs) {
-                g[y as usize] -= c;
-            }
+            let (_, g) = eq9_term(cooc, x, &z);
             for (c, &gc) in g.iter().enumerate() {
                 kernels::axpy(gc, v.row(c), gu.row_mut(x));
                 kernels::axpy(gc, u.row(x), gv.row_mut(c));
