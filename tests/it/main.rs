@@ -41,3 +41,19 @@ pub fn summary(o: &Output) -> serde_json::Value {
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("summary is not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)))
 }
+
+/// Runs `farout compare CONFIGS --out OUT --set SET ...`, which must succeed, and returns its
+/// `summary.csv` after checking it has a header and one row per config.
+pub fn compare_table(configs: &[&str], out: &Path, sets: &[&str]) -> String {
+    let mut args = vec!["compare"];
+    args.extend(configs);
+    args.extend(["--out", out.to_str().unwrap()]);
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let o = farout(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert_eq!(csv.lines().count(), configs.len() + 1, "a header and one row per config: {csv}");
+    csv
+}

@@ -1,6 +1,6 @@
 //! Skip-gram from the command line: train on the synthetic corpus, export, evaluate, resume.
 
-use crate::{farout, quiet_in, stderr, summary};
+use crate::{compare_table, farout, quiet_in, stderr, summary};
 use std::path::Path;
 
 const SMALL: [&str; 4] = ["--set", "data.synthetic.tokens=300000", "--set", "train.epochs=2"];
@@ -149,21 +149,9 @@ fn compare_takes_skip_gram_runs_and_plots_the_heldout_objective() {
         "output.top=100",
         "log.progress=false",
     ];
-    let mut args = vec![
-        "compare",
-        "configs/compare/skipgram/gd.toml",
-        "configs/compare/skipgram/gd-mips.toml",
-        "--out",
-        out.to_str().unwrap(),
-    ];
-    for s in &tiny {
-        args.extend(["--set", s]);
-    }
-    let o = farout(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
+    let configs = ["configs/compare/skipgram/gd.toml", "configs/compare/skipgram/gd-mips.toml"];
+    let csv = compare_table(&configs, &out, &tiny);
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 3, "a header and one row per config: {csv}");
     let header: Vec<&str> = lines[0].split(',').collect();
     assert!(header.starts_with(&["method", "estimator", "runs", "heldout_objective"]), "{header:?}");
     let row = |i: usize| -> Vec<&str> { lines[i].split(',').collect() };
