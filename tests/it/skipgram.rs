@@ -138,6 +138,53 @@ fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
 }
 
 #[test]
+fn skipgram_evaluates_the_heldout_objective_within_long_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let o = farout(&args(
+        &[
+            "--set",
+            "data.synthetic.tokens=1000000",
+            "--set",
+            "data.synthetic.words=8000",
+            "--set",
+            "model.skip_gram.objective=\"collapsed\"",
+            "--set",
+            "model.skip_gram.ns_warmup_epochs=1",
+            "--set",
+            "output.estimator=\"softmax\"",
+            "--set",
+            "output.layer.bias=false",
+            "--set",
+            "output.optimizer={kind=\"adagrad\", lr=0.05}",
+            "--set",
+            "eval.every_seconds=0.001",
+        ],
+        &q,
+    ));
+    summary(&o);
+    let log = std::fs::read_to_string(dir.path().join("log/metrics.jsonl")).unwrap();
+    let points: Vec<(f64, f64, f64)> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| {
+            Some((v["wall_seconds"].as_f64()?, v["eval/epoch"].as_f64()?, v["eval/heldout_objective"].as_f64()?))
+        })
+        .collect();
+    // One point per epoch and at least one within the GD epoch (progress is reported every
+    // 0.5 s; the GD epoch here takes longer), in order of training time and epochs.
+    let within = points.iter().filter(|p| p.1.fract() > 0.0).count();
+    assert_eq!(points.len() - within, 2, "{log}");
+    assert!(within >= 1, "{log}");
+    assert!(points.iter().all(|p| p.1 >= 1.0), "the NS warm-up epoch evaluates at its end only: {log}");
+    assert!(points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1), "{log}");
+    assert!(points.last().unwrap().2 < points[0].2, "{log}");
+    // Negative sampling evaluates after each epoch only, and says so.
+    let o = farout(&args(&["--set", "eval.every_seconds=10"], &q));
+    assert!(stderr(&o).contains("key `eval.every_seconds`"), "{}", stderr(&o));
+}
+
+#[test]
 fn compare_takes_skip_gram_runs_and_plots_the_heldout_objective() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");

@@ -54,14 +54,15 @@ pub struct InputTable {
 
 impl BatchJob<'_> {
     /// Trains epochs `start_epoch..self.epochs` with `estimator`, reporting like
-    /// [`crate::sgns::NsJob::run`]; `epoch_end` sees the input table and the layer.
+    /// [`crate::sgns::NsJob::run`]; `progress` and `epoch_end` also see the input table and the
+    /// layer (the caller may evaluate them mid-epoch).
     pub fn run(
         &self,
         input: &mut InputTable,
         layer: &mut OutputLayer,
         estimator: &dyn GradientEstimator,
         start_epoch: usize,
-        progress: &mut dyn FnMut(&Progress),
+        progress: &mut dyn FnMut(&Progress, &InputTable, &OutputLayer),
         epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
     ) -> Result<Vec<EpochStats>, Error> {
         if self.batch_size == 0 {
@@ -112,7 +113,8 @@ impl BatchJob<'_> {
                     }
                     if last_report.elapsed() >= REPORT_INTERVAL || stopped {
                         last_report = Instant::now();
-                        progress(&meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input));
+                        let report = meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input);
+                        progress(&report, input, layer);
                     }
                     !stopped
                 },
@@ -160,7 +162,7 @@ impl EpochMeter {
     pub(crate) fn report(&mut self, epoch: usize, words: u64, total_words: u64, input: &InputTable) -> Progress {
         let loss = self.window_loss / self.window_pairs.max(1) as f64;
         (self.window_loss, self.window_pairs) = (0.0, 0);
-        Progress { epoch, words, total_words, loss, lr: input.optimizer.lr() }
+        Progress { epoch, words, total_words, loss, lr: input.optimizer.lr(), closes_epoch: false }
     }
 
     /// Pairs trained so far this epoch.
@@ -185,10 +187,10 @@ pub(crate) fn close_epoch(
     all: &mut Vec<EpochStats>,
     input: &InputTable,
     layer: &OutputLayer,
-    progress: &mut dyn FnMut(&Progress),
+    progress: &mut dyn FnMut(&Progress, &InputTable, &OutputLayer),
     epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
 ) -> Result<bool, Error> {
-    progress(&last);
+    progress(&Progress { closes_epoch: true, ..last }, input, layer);
     stats.seconds = t0.elapsed().as_secs_f64();
     all.push(stats);
     Ok(epoch_end(&stats, input, layer)? && !stats.stopped)
@@ -353,7 +355,7 @@ mod tests {
             let before = softmax_objective(&input.vectors, l.weights(), &pairs);
             let mut seen = Vec::new();
             let stats = job
-                .run(&mut input, &mut l, est.as_ref(), 0, &mut |p| seen.push(p.words), &mut |_, _, _| Ok(true))
+                .run(&mut input, &mut l, est.as_ref(), 0, &mut |p, _, _| seen.push(p.words), &mut |_, _, _| Ok(true))
                 .unwrap();
             let after = softmax_objective(&input.vectors, l.weights(), &pairs);
             assert_eq!(stats.len(), 2);

@@ -315,7 +315,7 @@ impl GdJob<'_> {
         layer: &mut OutputLayer,
         softmax: SoftmaxPart,
         start_epoch: usize,
-        progress: &mut dyn FnMut(&Progress),
+        progress: &mut dyn FnMut(&Progress, &InputTable, &OutputLayer),
         epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
     ) -> Result<Vec<EpochStats>, Error> {
         if self.batch_size == 0 {
@@ -357,7 +357,7 @@ impl GdJob<'_> {
                     if last_report.elapsed() >= REPORT_INTERVAL {
                         last_report = Instant::now();
                         let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
-                        progress(&meter.report(epoch, words, total_words, input));
+                        progress(&meter.report(epoch, words, total_words, input), input, layer);
                     }
                     if self.deadline.is_some_and(|d| Instant::now() >= d) {
                         stopped = true;
@@ -533,7 +533,7 @@ mod tests {
         }
         let mut input = InputTable { vectors: u.clone(), optimizer: opt.build(k, d) };
         let job = GdJob { cooc, batch_size, seed: 3, epochs, updates, deadline: None, epoch_words: 100 };
-        let stats = job.run(&mut input, &mut layer, softmax, 0, &mut |_| {}, &mut |_, _, _| Ok(true)).unwrap();
+        let stats = job.run(&mut input, &mut layer, softmax, 0, &mut |_, _, _| {}, &mut |_, _, _| Ok(true)).unwrap();
         (stats.iter().map(|s| s.loss).collect(), input.vectors, layer.weights().clone())
     }
 

@@ -69,6 +69,8 @@ pub struct Progress {
     pub loss: f64,
     /// Current step size.
     pub lr: f32,
+    /// The last report of an epoch (the epoch's evaluation follows).
+    pub closes_epoch: bool,
 }
 
 /// What an epoch did.
@@ -235,13 +237,8 @@ impl NsJob<'_> {
                         let loss = if g.1 > 0 { g.0 / g.1 as f64 } else { f64::NAN };
                         *g = (0.0, 0);
                         drop(g);
-                        progress(&Progress {
-                            epoch,
-                            words: done,
-                            total_words,
-                            loss,
-                            lr: self.lr_at(done, total_words),
-                        });
+                        let lr = self.lr_at(done, total_words);
+                        progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: false });
                     }
                 }
                 handles.into_iter().map(|h| h.join().expect("training thread panicked")).collect()
@@ -250,7 +247,8 @@ impl NsJob<'_> {
             let done = shared.words.load(Ordering::Relaxed);
             let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
             let loss = if n > 0 { l / n as f64 } else { f64::NAN };
-            progress(&Progress { epoch, words: done, total_words, loss, lr: self.lr_at(done, total_words) });
+            let lr = self.lr_at(done, total_words);
+            progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: true });
             for r in results {
                 r?;
             }

@@ -357,6 +357,11 @@ pub struct EvalConfig {
     pub heldout: Option<PathBuf>,
     /// Skip-gram: (context, centre) pairs of the held-out text used (0 = no evaluation).
     pub heldout_pairs: usize,
+    /// Skip-gram: also evaluate the held-out objective every this many training seconds within
+    /// an epoch (0 = after each epoch only), for objective-against-time curves when an epoch is
+    /// long (the LDGS paper's Figure 3). Minibatch estimators only: negative sampling and its
+    /// warm-up epochs evaluate after each epoch.
+    pub every_seconds: f64,
 }
 
 impl Default for EvalConfig {
@@ -371,6 +376,7 @@ impl Default for EvalConfig {
             similarity: None,
             heldout: None,
             heldout_pairs: 5_000,
+            every_seconds: 0.0,
         }
     }
 }
@@ -579,6 +585,16 @@ impl Config {
         }
         if !(self.train.max_seconds >= 0.0) {
             return Err(format!("key `train.max_seconds` = {} must be >= 0", self.train.max_seconds));
+        }
+        if !(self.eval.every_seconds >= 0.0 && self.eval.every_seconds.is_finite()) {
+            return Err(format!("key `eval.every_seconds` = {} must be a finite number >= 0", self.eval.every_seconds));
+        }
+        if self.eval.every_seconds > 0.0
+            && (self.model.encoder != EncoderKind::SkipGram || self.output.estimator == EstimatorKind::NegativeSampling)
+        {
+            return Err("key `eval.every_seconds` applies to skip-gram with a minibatch estimator (not \
+                        negative_sampling, which evaluates after each epoch); classifiers use eval.every_steps"
+                .into());
         }
         if self.train.log_every == 0 {
             return Err("key `train.log_every` must be > 0".into());

@@ -188,8 +188,10 @@ struct Session<'a> {
     last_loss: Cell<f64>,
     /// Held-out pairs for the full-softmax objective.
     heldout: Vec<(u32, u32)>,
-    /// The objective on them after the last epoch.
+    /// The objective on them at the last evaluation.
     last_heldout: Cell<Option<f64>>,
+    /// Training seconds at which the next mid-epoch evaluation is due (`eval.every_seconds`).
+    next_eval: Cell<f64>,
     /// Analogy and similarity after the last epoch (the summary reports them).
     last_eval: RefCell<Option<(Option<AnalogyReport>, Option<SimilarityReport>)>>,
     /// The first error of a callback (training stops; the error is returned).
@@ -213,6 +215,35 @@ impl Session<'_> {
         let values = [("train/loss", p.loss), ("train/lr", p.lr as f64), ("train/words_per_s", rate)];
         let r = self.sinks.borrow_mut().record(p.words, self.train_seconds(), &values);
         self.keep(r);
+    }
+
+    /// A minibatch trainer's progress report, with the held-out objective evaluated when
+    /// `eval.every_seconds` of training have passed since the last evaluation.
+    fn progress_and_eval(&self, p: &Progress, input: &Matrix, output: &Matrix) {
+        self.progress(p);
+        let every = self.config.eval.every_seconds;
+        if every <= 0.0 || p.closes_epoch || self.heldout.is_empty() || self.train_seconds() < self.next_eval.get() {
+            return;
+        }
+        let (t_eval, train_seconds) = (Instant::now(), self.train_seconds());
+        let obj = softmax_objective(input, output, &self.heldout);
+        self.last_heldout.set(Some(obj));
+        let epochs = p.words as f64 / self.vocab.train_tokens().max(1) as f64;
+        let values = [("eval/heldout_objective", obj), ("eval/epoch", epochs)];
+        let r = self.sinks.borrow_mut().record(p.words, train_seconds, &values);
+        self.keep(r);
+        self.say(format!("epoch {epochs:.3}: held-out objective {obj:.4}"));
+        self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
+        self.next_eval.set(self.train_seconds() + every);
+    }
+
+    /// A line above the progress bar (on stderr when the bar is hidden).
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.bar.println(line);
+        }
     }
 
     /// `true` for `Ok`; the first error is kept for `train` to return (and training stops).
@@ -284,11 +315,7 @@ impl Session<'_> {
             sinks.record(words, train_seconds, &values)?;
             sinks.flush()?;
         }
-        if self.bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            self.bar.println(line);
-        }
+        self.say(line);
         if self.config.checkpoint.enabled {
             replace_dir(&self.config.checkpoint_dir(), |tmp| {
                 self.vocab.save(&tmp.join("vocab.txt"))?;
@@ -300,6 +327,7 @@ impl Session<'_> {
             })?;
         }
         self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
+        self.next_eval.set(self.train_seconds() + self.config.eval.every_seconds);
         Ok(())
     }
 
@@ -399,6 +427,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         (Some(p), n) if n > 0 => sample_pairs(p, &config.data.text, &vocab, sg.window, config.seed, n)?,
         _ => Vec::new(),
     };
+    let first_eval = state.train_seconds + config.eval.every_seconds;
     let session = Session {
         config,
         vocab: &vocab,
@@ -412,6 +441,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         last_loss: Cell::new(f64::NAN),
         heldout,
         last_heldout: Cell::new(None),
+        next_eval: Cell::new(first_eval),
         last_eval: RefCell::new(None),
         failure: RefCell::new(None),
     };
@@ -470,6 +500,9 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
                 write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
             }))
         };
+        let mut progress = |p: &Progress, input: &InputTable, layer: &OutputLayer| {
+            session.progress_and_eval(p, &input.vectors, layer.weights())
+        };
         let run = match sg.objective {
             Objective::Pairs => {
                 let job = BatchJob {
@@ -482,14 +515,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
                     epochs,
                     deadline,
                 };
-                job.run(
-                    &mut input,
-                    &mut layer,
-                    built.estimator.as_ref(),
-                    epochs_done(),
-                    &mut |p| session.progress(p),
-                    &mut on_epoch,
-                )
+                job.run(&mut input, &mut layer, built.estimator.as_ref(), epochs_done(), &mut progress, &mut on_epoch)
             }
             Objective::Collapsed => {
                 let t0 = Instant::now();
@@ -517,7 +543,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
                     deadline,
                     epoch_words: vocab.train_tokens(),
                 };
-                job.run(&mut input, &mut layer, softmax, epochs_done(), &mut |p| session.progress(p), &mut on_epoch)
+                job.run(&mut input, &mut layer, softmax, epochs_done(), &mut progress, &mut on_epoch)
             }
         };
         emb = Embeddings { input: input.vectors, output: layer.weights().clone() };
