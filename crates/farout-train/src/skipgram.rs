@@ -221,11 +221,11 @@ impl Session<'_> {
     /// `eval.every_seconds` of training have passed since the last evaluation.
     fn progress_and_eval(&self, p: &Progress, input: &Matrix, output: &Matrix) {
         self.progress(p);
-        let every = self.config.eval.every_seconds;
-        if every <= 0.0 || p.closes_epoch || self.heldout.is_empty() || self.train_seconds() < self.next_eval.get() {
+        let (every, train_seconds) = (self.config.eval.every_seconds, self.train_seconds());
+        if every <= 0.0 || p.closes_epoch || self.heldout.is_empty() || train_seconds < self.next_eval.get() {
             return;
         }
-        let (t_eval, train_seconds) = (Instant::now(), self.train_seconds());
+        let t_eval = Instant::now();
         let obj = softmax_objective(input, output, &self.heldout);
         self.last_heldout.set(Some(obj));
         let epochs = p.words as f64 / self.vocab.train_tokens().max(1) as f64;
