@@ -8,6 +8,7 @@ use farout_train::config::EncoderKind;
 use farout_train::skipgram::SkipGramSummary;
 use farout_train::{Config, Summary, Trainer};
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -468,7 +469,11 @@ where
     // Start the log axis at a power of ten so that it carries at least two labelled decades.
     let t_first = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(t_max / 10.0, f64::min);
     let t_min = 10f64.powf(t_first.log10().floor());
+    let t_lo = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(f64::INFINITY, f64::min);
     let e_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
+    // From 0, or from just before the first point when every run resumed late in training.
+    let e_first = points.clone().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let e_min = if e_first > 0.5 * e_max { e_first - 0.05 * (e_max - e_first) } else { 0.0 };
     let y_range = match kind {
         Kind::Classifier => 0.0..(points.map(|p| p.2).fold(0.0f64, f64::max) * 1.1).clamp(0.05, 1.0),
         Kind::SkipGram => {
@@ -489,20 +494,78 @@ where
         m
     };
     let color = |r: &Run| Palette99::pick(methods.iter().position(|m| *m == r.method).unwrap_or(0)).to_rgba();
-    // Left: against training seconds, log axis.
-    let mut chart = ChartBuilder::on(&left)
+    // Left: against training seconds, on a log axis when the times span a decade or more (runs
+    // from the first steps), else linear (runs resumed from a warm-up checkpoint).
+    let t_data_max = t_max / 1.3;
+    if !(t_data_max / t_lo < 10.0) {
+        time_chart(
+            &left,
+            (t_min.max(1e-4)..t_max).log_scale(),
+            "training seconds (log scale)",
+            y_range.clone(),
+            runs,
+            kind,
+            &color,
+        )?;
+    } else {
+        let pad = (t_data_max - t_lo) * 0.05;
+        time_chart(&left, (t_lo - pad)..(t_data_max + pad), "training seconds", y_range.clone(), runs, kind, &color)?;
+    }
+    // Right: against epochs.
+    let mut chart = ChartBuilder::on(&right)
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((t_min.max(1e-4)..t_max).log_scale(), y_range.clone())
+        .build_cartesian_2d(e_min..e_max, y_range)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .light_line_style(RGBColor(238, 238, 238))
+        .x_desc("epochs")
+        .y_desc(label)
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()
+        .map_err(err)?;
+    for r in runs {
+        let c = color(r);
+        let pts: Vec<(f64, f64)> = r.curve.iter().map(|p| (p.1, p.2)).collect();
+        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(err)?;
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The left panel: the kind's metric against training seconds on axis `x`, one line per run.
+fn time_chart<DB: DrawingBackend, X>(
+    area: &DrawingArea<DB, Shift>,
+    x: X,
+    x_desc: &str,
+    y_range: std::ops::Range<f64>,
+    runs: &[Run],
+    kind: Kind,
+    color: &dyn Fn(&Run) -> RGBAColor,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
+    let mut chart = ChartBuilder::on(area)
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x, y_range)
         .map_err(err)?;
     chart
         .configure_mesh()
         .light_line_style(RGBColor(238, 238, 238))
         .x_labels(12)
         .x_label_formatter(&|x| seconds_label(*x))
-        .x_desc("training seconds (log scale)")
-        .y_desc(label)
+        .x_desc(x_desc)
+        .y_desc(kind.metric_label())
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()
@@ -531,28 +594,5 @@ where
         .label_font(("sans-serif", 15))
         .draw()
         .map_err(err)?;
-    // Right: against epochs.
-    let mut chart = ChartBuilder::on(&right)
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..e_max, y_range)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .x_desc("epochs")
-        .y_desc(label)
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(err)?;
-    for r in runs {
-        let c = color(r);
-        let pts: Vec<(f64, f64)> = r.curve.iter().map(|p| (p.1, p.2)).collect();
-        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(err)?;
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
-    }
-    root.present().map_err(err)?;
     Ok(())
 }
