@@ -114,7 +114,8 @@ impl BatchJob<'_> {
                     if last_report.elapsed() >= REPORT_INTERVAL || stopped {
                         last_report = Instant::now();
                         let report = meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input);
-                        progress(&report, input, layer);
+                        // A stop by the deadline ends the epoch (its evaluation follows).
+                        progress(&Progress { closes_epoch: stopped, ..report }, input, layer);
                     }
                     !stopped
                 },

@@ -27,10 +27,12 @@ pub struct JsonlSink {
 }
 
 impl JsonlSink {
-    /// Opens `path` for appending (resumed runs continue the same file).
-    pub fn open(path: &Path) -> Result<Self, Error> {
+    /// Opens `path` for appending (a resumed run continues its file), or empties it first
+    /// (`fresh`: a new run under the same name replaces the old run's records).
+    pub fn open(path: &Path, fresh: bool) -> Result<Self, Error> {
         let io = |source| Error::Io { path: path.to_path_buf(), source };
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(io)?;
+        let f = std::fs::OpenOptions::new().create(true).append(!fresh).write(true).truncate(fresh).open(path);
+        let f = f.map_err(io)?;
         Ok(Self { path: path.to_path_buf(), w: std::io::BufWriter::new(f) })
     }
 }
@@ -59,9 +61,19 @@ pub struct TensorBoardSink {
 }
 
 impl TensorBoardSink {
-    /// Creates `dir` and an event file in it.
-    pub fn open(dir: &Path) -> Result<Self, Error> {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    /// Creates `dir` and an event file in it; `fresh` first removes the event files of an
+    /// earlier run there (TensorBoard would draw both).
+    pub fn open(dir: &Path, fresh: bool) -> Result<Self, Error> {
+        let io = |source| Error::Io { path: dir.to_path_buf(), source };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        if fresh {
+            for entry in std::fs::read_dir(dir).map_err(io)? {
+                let path = entry.map_err(io)?.path();
+                if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("events.out.tfevents")) {
+                    std::fs::remove_file(&path).map_err(|source| Error::Io { path, source })?;
+                }
+            }
+        }
         Ok(Self { w: tensorboard_rs::summary_writer::SummaryWriter::new(dir) })
     }
 }
@@ -85,14 +97,15 @@ impl MetricsSink for TensorBoardSink {
 pub struct Sinks(pub Vec<Box<dyn MetricsSink>>);
 
 impl Sinks {
-    /// The sinks `[log]` asks for, in `dir`: `metrics.jsonl` and TensorBoard events in `tb/`.
-    pub fn open(dir: &Path, config: &LogConfig) -> Result<Self, Error> {
+    /// The sinks `[log]` asks for, in `dir`: `metrics.jsonl` and TensorBoard events in `tb/`,
+    /// continued by a resumed run and started afresh otherwise (`fresh`).
+    pub fn open(dir: &Path, config: &LogConfig, fresh: bool) -> Result<Self, Error> {
         let mut sinks = Sinks::default();
         if config.jsonl {
-            sinks.0.push(Box::new(JsonlSink::open(&dir.join("metrics.jsonl"))?));
+            sinks.0.push(Box::new(JsonlSink::open(&dir.join("metrics.jsonl"), fresh)?));
         }
         if config.tensorboard {
-            sinks.0.push(Box::new(TensorBoardSink::open(&dir.join("tb"))?));
+            sinks.0.push(Box::new(TensorBoardSink::open(&dir.join("tb"), fresh)?));
         }
         Ok(sinks)
     }
@@ -128,7 +141,7 @@ mod tests {
     fn jsonl_writes_one_object_per_record() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("m.jsonl");
-        let mut s = JsonlSink::open(&p).unwrap();
+        let mut s = JsonlSink::open(&p, true).unwrap();
         s.record(3, 1.5, &[("train/loss", 0.25), ("eval/p@1", f64::NAN)]).unwrap();
         s.flush().unwrap();
         let line = std::fs::read_to_string(&p).unwrap();
@@ -140,13 +153,39 @@ mod tests {
     }
 
     #[test]
-    fn tensorboard_writes_an_event_file() {
+    fn a_resumed_run_continues_the_log_and_a_fresh_run_replaces_it() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = TensorBoardSink::open(&dir.path().join("tb")).unwrap();
+        let p = dir.path().join("m.jsonl");
+        let steps = || -> Vec<u64> {
+            let text = std::fs::read_to_string(&p).unwrap();
+            text.lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+                .collect()
+        };
+        for (fresh, step, expected) in [(true, 1, vec![1]), (false, 2, vec![1, 2]), (true, 3, vec![3])] {
+            let mut s = JsonlSink::open(&p, fresh).unwrap();
+            s.record(step, 0.0, &[("train/loss", 1.0)]).unwrap();
+            s.flush().unwrap();
+            assert_eq!(steps(), expected, "fresh = {fresh}");
+        }
+    }
+
+    #[test]
+    fn tensorboard_writes_an_event_file_and_a_fresh_run_removes_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let tb = dir.path().join("tb");
+        let files = || std::fs::read_dir(&tb).unwrap().count();
+        let mut s = TensorBoardSink::open(&tb, true).unwrap();
         s.record(1, 0.0, &[("train/loss", 1.0)]).unwrap();
         s.flush().unwrap();
         drop(s);
-        let files: Vec<_> = std::fs::read_dir(dir.path().join("tb")).unwrap().collect();
-        assert_eq!(files.len(), 1);
+        assert_eq!(files(), 1);
+        std::fs::write(tb.join("notes.txt"), "kept").unwrap();
+        // Event files are named by the second they were created in: wait for a new name.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        drop(TensorBoardSink::open(&tb, false).unwrap());
+        assert_eq!(files(), 3, "a resumed run adds an event file");
+        drop(TensorBoardSink::open(&tb, true).unwrap());
+        assert_eq!(files(), 2, "a fresh run keeps only its own event file (and other files)");
     }
 }

@@ -414,7 +414,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     let remaining = (config.train.max_seconds > 0.0).then(|| (config.train.max_seconds - state.train_seconds).max(0.0));
     let deadline = remaining.map(|s| Instant::now() + std::time::Duration::from_secs_f64(s));
 
-    let sinks = Sinks::open(&log_dir, &config.log)?;
+    let sinks = Sinks::open(&log_dir, &config.log, !resume)?;
     let total_words = vocab.train_tokens() * epochs as u64;
     let bar = progress_bar(
         config.log.progress,

@@ -265,7 +265,7 @@ impl Trainer {
         let cfg = self.config.clone();
         let log_dir = cfg.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io { path: log_dir.clone(), source })?;
-        let mut sinks = Sinks::open(&log_dir, &cfg.log)?;
+        let mut sinks = Sinks::open(&log_dir, &cfg.log, self.state.step == 0)?;
         let n = self.data.train.len();
         let bs = cfg.train.batch_size;
         let steps_per_epoch = n.div_ceil(bs) as u64;
