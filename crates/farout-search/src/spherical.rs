@@ -19,7 +19,10 @@
 //! scores are exact without rescoring from `W`.
 //!
 //! **Refresh.** A changed row's copy is updated and the row re-augmented and reassigned to its
-//! nearest centroid (cost C D per row, the paper's `k_r C D`). Centroids are not moved; when a row
+//! nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it has drifted: its
+//! cosine with its own centroid fell by more than `refresh_drift` since it was assigned (a check
+//! of D per row). Rows that moved little, the most in training, keep their cluster, so a refresh
+//! after every step costs little more than the sync. Centroids are not moved; when a row
 //! outgrows `M` (its augmented coordinate would be imaginary) the index asks for a rebuild.
 
 use crate::{Hit, MipsIndex, Rows};
@@ -47,6 +50,9 @@ pub struct SphericalConfig {
     /// k-means fits the centroids on at most this many rows per centroid (a random subset;
     /// FAISS's default is 256), then assigns every row once: build time stops growing with K.
     pub points_per_centroid: usize,
+    /// A refresh reassigns a changed row only when its cosine with its centroid (augmented
+    /// space) has fallen by more than this since its assignment; negative = every changed row.
+    pub refresh_drift: f32,
 }
 
 impl Default for SphericalConfig {
@@ -58,6 +64,7 @@ impl Default for SphericalConfig {
             norm_headroom: 0.1,
             seed: 1,
             points_per_centroid: 256,
+            refresh_drift: 0.02,
         }
     }
 }
@@ -74,6 +81,8 @@ pub struct SphericalIndex {
     centroids_d: Matrix,
     /// Cluster of every row.
     assign: Vec<u32>,
+    /// Every row's cosine with its centroid when it was assigned (the drift reference).
+    assigned_cos: Vec<f32>,
     /// Position of every row in its cluster's member list.
     pos: Vec<u32>,
     clusters: Vec<Cluster>,
@@ -168,8 +177,9 @@ impl SphericalIndex {
         let fit: Option<Vec<ClassId>> = (k > cap).then(|| order[..cap].iter().map(|&i| i as ClassId).collect());
         let fit_row = |i: usize| fit.as_ref().map_or(i, |f| f[i] as usize);
         let mut fit_assign = vec![0u32; fit.as_ref().map_or(k, Vec::len)];
+        let mut fit_cos = vec![0.0f32; fit_assign.len()];
         for it in 0..config.iterations {
-            assign_rows(w, m, &centroids, fit.as_deref(), &mut fit_assign);
+            assign_rows(w, m, &centroids, fit.as_deref(), &mut fit_assign, &mut fit_cos);
             // Centroid = normalised sum of its members' augmented rows; an empty cluster is
             // re-seeded with a random row.
             let mut sums = Matrix::zeros(c, d + 1);
@@ -189,8 +199,8 @@ impl SphericalIndex {
             }
             centroids = sums;
         }
-        let mut assign = vec![0u32; k];
-        assign_rows(w, m, &centroids, None, &mut assign);
+        let (mut assign, mut assigned_cos) = (vec![0u32; k], vec![0.0f32; k]);
+        assign_rows(w, m, &centroids, None, &mut assign, &mut assigned_cos);
         let mut sizes = vec![0usize; c];
         for &a in &assign {
             sizes[a as usize] += 1;
@@ -206,7 +216,18 @@ impl SphericalIndex {
         for j in 0..c {
             centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
         }
-        Self { config: config.clone(), max_norm: m, centroids, centroids_d, assign, pos, clusters, rebuild: false }
+        let max_norm = m;
+        Self {
+            config: config.clone(),
+            max_norm,
+            centroids,
+            centroids_d,
+            assign,
+            assigned_cos,
+            pos,
+            clusters,
+            rebuild: false,
+        }
     }
 
     /// The clusters a query probes, best centroid score first, into `order`: as many as it
@@ -254,11 +275,13 @@ impl SphericalIndex {
     }
 }
 
-/// Assigns rows to the centroid with the largest dot product, by blocked matrix products:
-/// every row when `rows` is `None` (`assign` has K entries), else `rows[j]` into `assign[j]`.
-fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, assign: &mut [u32]) {
+/// Assigns rows to the centroid with the largest dot product (into `cos`), by blocked matrix
+/// products: every row when `rows` is `None` (`assign` has K entries), else `rows[j]` into
+/// `assign[j]`.
+fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, assign: &mut [u32], cos: &mut [f32]) {
     let (d, c) = (w.dim(), centroids.rows());
-    assign.par_chunks_mut(ASSIGN_BLOCK).enumerate().for_each(|(b, out)| {
+    let blocks = assign.par_chunks_mut(ASSIGN_BLOCK).zip(cos.par_chunks_mut(ASSIGN_BLOCK));
+    blocks.enumerate().for_each(|(b, (out, out_cos))| {
         let start = b * ASSIGN_BLOCK;
         let n = out.len();
         let mut x = Matrix::zeros(n, d + 1);
@@ -268,14 +291,14 @@ fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, as
         }
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
-        for (o, row) in out.iter_mut().zip(s.chunks_exact(c)) {
+        for ((o, o_cos), row) in out.iter_mut().zip(out_cos.iter_mut()).zip(s.chunks_exact(c)) {
             let mut best = (f32::NEG_INFINITY, 0u32);
             for (j, &v) in row.iter().enumerate() {
                 if v > best.0 {
                     best = (v, j as u32);
                 }
             }
-            *o = best.1;
+            (*o_cos, *o) = best;
         }
     });
 }
@@ -403,13 +426,25 @@ impl MipsIndex for SphericalIndex {
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
         self.rebuild |= rows.iter().any(|&i| kernels::norm(w.row(i as usize)) > self.max_norm);
-        let mut nearest = vec![0u32; rows.len()];
-        assign_rows(w, self.max_norm, &self.centroids, Some(rows), &mut nearest);
         let d = w.dim();
-        for (&i, &new) in rows.iter().zip(&nearest) {
+        // Rows still as close to their centroid as when assigned (within the drift) stay.
+        let drift = self.config.refresh_drift;
+        let mut x = vec![0.0f32; d + 1];
+        let mut drifted = Vec::with_capacity(rows.len());
+        for &i in rows {
+            let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
+            self.clusters[a].set(at, w.row(i as usize));
+            augment(w.row(i as usize), self.max_norm, &mut x);
+            if drift < 0.0 || kernels::dot(&x, self.centroids.row(a)) < self.assigned_cos[i as usize] - drift {
+                drifted.push(i);
+            }
+        }
+        let (mut nearest, mut cos) = (vec![0u32; drifted.len()], vec![0.0f32; drifted.len()]);
+        assign_rows(w, self.max_norm, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
+        for ((&i, &new), &c) in drifted.iter().zip(&nearest).zip(&cos) {
+            self.assigned_cos[i as usize] = c;
             let (old, at) = (self.assign[i as usize], self.pos[i as usize] as usize);
             if new == old {
-                self.clusters[old as usize].set(at, w.row(i as usize));
                 continue;
             }
             // O(1) removal: move the last member into the freed slot.
@@ -429,7 +464,7 @@ impl MipsIndex for SphericalIndex {
     fn memory_bytes(&self) -> usize {
         self.centroids.bytes()
             + self.centroids_d.bytes()
-            + 4 * (self.assign.len() + self.pos.len())
+            + 4 * (self.assign.len() + self.assigned_cos.len() + self.pos.len())
             + self.clusters.iter().map(|m| 4 * (m.ids.capacity() + m.rows.capacity())).sum::<usize>()
     }
 }
@@ -524,6 +559,46 @@ mod tests {
                 assert_eq!((index.assign[i as usize] as usize, index.pos[i as usize] as usize), (c, p));
                 assert_eq!(&cluster.rows[p * 16..(p + 1) * 16], w.row(i as usize), "the copy of row {i}");
             }
+        }
+    }
+
+    /// A refresh reassigns the rows whose cosine with their centroid fell by more than
+    /// `refresh_drift` (to their nearest centroid, as a brute-force argmax finds it) and leaves
+    /// the others where they are; with a negative drift it reassigns every changed row.
+    #[test]
+    fn refresh_reassigns_the_rows_that_drifted() {
+        let (w0, q) = clustered(10_000, 16);
+        for drift in [0.02f32, -1.0] {
+            let mut w = w0.clone();
+            let config = SphericalConfig { refresh_drift: drift, ..SphericalConfig::default() };
+            let mut index = SphericalIndex::build(Rows::all(&w), &config);
+            let (before, cos_before) = (index.assign.clone(), index.assigned_cos.clone());
+            let moved = move_rows_onto(&mut w, q.row(0));
+            // Shrinking a row by 1% changes its augmented cosine by far less than 0.02.
+            let nudged: Vec<ClassId> = (0..50).map(|j| j * 191 + 11).filter(|c| !moved.contains(c)).collect();
+            for &c in &nudged {
+                kernels::scale(0.99, w.row_mut(c as usize));
+            }
+            index.refresh(Rows::all(&w), &[&moved[..], &nudged[..]].concat());
+            let nearest = |i: ClassId| {
+                let mut x = vec![0.0f32; 17];
+                augment(w.row(i as usize), index.max_norm, &mut x);
+                let scores: Vec<f32> =
+                    (0..index.n_centroids()).map(|c| kernels::dot(&x, index.centroids.row(c))).collect();
+                (0..scores.len()).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as u32
+            };
+            for &i in &moved {
+                assert_eq!(index.assign[i as usize], nearest(i), "moved row {i}, drift {drift}");
+            }
+            for &i in &nudged {
+                let expected = if drift < 0.0 { nearest(i) } else { before[i as usize] };
+                assert_eq!(index.assign[i as usize], expected, "nudged row {i}, drift {drift}");
+            }
+            // Skipped rows keep their drift reference; reassigned ones get a new one.
+            let skipped = nudged.iter().filter(|&&i| index.assigned_cos[i as usize] == cos_before[i as usize]).count();
+            assert_eq!(skipped, if drift < 0.0 { 0 } else { nudged.len() }, "drift {drift}");
+            // Scores stay exact either way.
+            let _ = assert_exact_top(&index, &w, q.row(0), 50);
         }
     }
 
