@@ -5,6 +5,20 @@ use std::path::Path;
 
 const SMALL: [&str; 4] = ["--set", "data.synthetic.tokens=300000", "--set", "train.epochs=2"];
 
+/// GD on eq. 9 (exact softmax part) after one epoch of negative sampling.
+const GD: [&str; 10] = [
+    "--set",
+    "model.skip_gram.objective=\"collapsed\"",
+    "--set",
+    "model.skip_gram.ns_warmup_epochs=1",
+    "--set",
+    "output.estimator=\"softmax\"",
+    "--set",
+    "output.layer.bias=false",
+    "--set",
+    "output.optimizer={kind=\"adagrad\", lr=0.05}",
+];
+
 fn args<'a>(extra: &[&'a str], q: &'a [String]) -> Vec<&'a str> {
     let mut a = vec!["train", "configs/skipgram-quickstart.toml"];
     a.extend(SMALL);
@@ -94,21 +108,7 @@ fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
     let q = quiet_in(dir.path());
     let k = |s: &serde_json::Value| s["vocab"].as_f64().unwrap();
     // GD on eq. 9 after one epoch of negative sampling.
-    let gd = summary(&farout(&args(
-        &[
-            "--set",
-            "model.skip_gram.objective=\"collapsed\"",
-            "--set",
-            "model.skip_gram.ns_warmup_epochs=1",
-            "--set",
-            "output.estimator=\"softmax\"",
-            "--set",
-            "output.layer.bias=false",
-            "--set",
-            "output.optimizer={kind=\"adagrad\", lr=0.05}",
-        ],
-        &q,
-    )));
+    let gd = summary(&farout(&args(&GD, &q)));
     assert_eq!(gd["estimator"], "gd");
     assert_eq!(gd["epochs"], 2);
     let obj = gd["heldout_objective"].as_f64().unwrap();
@@ -141,27 +141,10 @@ fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
 fn skipgram_evaluates_the_heldout_objective_within_long_epochs() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
-    let o = farout(&args(
-        &[
-            "--set",
-            "data.synthetic.tokens=1000000",
-            "--set",
-            "data.synthetic.words=8000",
-            "--set",
-            "model.skip_gram.objective=\"collapsed\"",
-            "--set",
-            "model.skip_gram.ns_warmup_epochs=1",
-            "--set",
-            "output.estimator=\"softmax\"",
-            "--set",
-            "output.layer.bias=false",
-            "--set",
-            "output.optimizer={kind=\"adagrad\", lr=0.05}",
-            "--set",
-            "eval.every_seconds=0.001",
-        ],
-        &q,
-    ));
+    let mut extra = GD.to_vec();
+    extra.extend(["--set", "data.synthetic.tokens=1000000", "--set", "data.synthetic.words=8000"]);
+    extra.extend(["--set", "eval.every_seconds=0.001"]);
+    let o = farout(&args(&extra, &q));
     summary(&o);
     let log = std::fs::read_to_string(dir.path().join("log/metrics.jsonl")).unwrap();
     let points: Vec<(f64, f64, f64)> = log
