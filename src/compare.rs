@@ -465,11 +465,12 @@ where
     let root = root.titled(&format!("{task}: {label} by method"), ("sans-serif", 24)).map_err(err)?;
     let (left, right) = root.split_horizontally(700);
     let points = runs.iter().flat_map(|r| r.curve.iter());
-    let t_max = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1e-3) * 1.3;
-    // Start the log axis at a power of ten so that it carries at least two labelled decades.
-    let t_first = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(t_max / 10.0, f64::min);
-    let t_min = 10f64.powf(t_first.log10().floor());
+    let t_last = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1e-3);
+    let t_max = t_last * 1.3;
+    // The first positive training time (infinite when there is none).
     let t_lo = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(f64::INFINITY, f64::min);
+    // Start the log axis at a power of ten so that it carries at least two labelled decades.
+    let t_min = 10f64.powf(t_lo.min(t_max / 10.0).log10().floor());
     let e_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
     // From 0, or from just before the first point when every run resumed late in training.
     let e_first = points.clone().map(|p| p.1).fold(f64::INFINITY, f64::min);
@@ -494,10 +495,12 @@ where
         m
     };
     let color = |r: &Run| Palette99::pick(methods.iter().position(|m| *m == r.method).unwrap_or(0)).to_rgba();
-    // Left: against training seconds, on a log axis when the times span a decade or more (runs
-    // from the first steps), else linear (runs resumed from a warm-up checkpoint).
-    let t_data_max = t_max / 1.3;
-    if !(t_data_max / t_lo < 10.0) {
+    // Left: against training seconds, linear when the times span less than a decade (runs
+    // resumed from a warm-up checkpoint), else on a log axis (runs from the first steps).
+    if t_lo.is_finite() && t_last / t_lo < 10.0 {
+        let pad = (t_last - t_lo) * 0.05;
+        time_chart(&left, (t_lo - pad)..(t_last + pad), "training seconds", y_range.clone(), runs, kind, &color)?;
+    } else {
         time_chart(
             &left,
             (t_min.max(1e-4)..t_max).log_scale(),
@@ -507,9 +510,6 @@ where
             kind,
             &color,
         )?;
-    } else {
-        let pad = (t_data_max - t_lo) * 0.05;
-        time_chart(&left, (t_lo - pad)..(t_data_max + pad), "training seconds", y_range.clone(), runs, kind, &color)?;
     }
     // Right: against epochs.
     let mut chart = ChartBuilder::on(&right)

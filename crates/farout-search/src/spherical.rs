@@ -216,10 +216,9 @@ impl SphericalIndex {
         for j in 0..c {
             centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
         }
-        let max_norm = m;
         Self {
             config: config.clone(),
-            max_norm,
+            max_norm: m,
             centroids,
             centroids_d,
             assign,

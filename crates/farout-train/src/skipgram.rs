@@ -228,13 +228,18 @@ impl Session<'_> {
         let t_eval = Instant::now();
         let obj = softmax_objective(input, output, &self.heldout);
         self.last_heldout.set(Some(obj));
-        let epochs = p.words as f64 / self.vocab.train_tokens().max(1) as f64;
+        let epochs = self.epochs_at(p.words);
         let values = [("eval/heldout_objective", obj), ("eval/epoch", epochs)];
         let r = self.sinks.borrow_mut().record(p.words, train_seconds, &values);
         self.keep(r);
         self.say(format!("epoch {epochs:.3}: held-out objective {obj:.4}"));
         self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
         self.next_eval.set(self.train_seconds() + every);
+    }
+
+    /// Epochs that `words` corpus words stand for (a partial epoch counted by its words).
+    fn epochs_at(&self, words: u64) -> f64 {
+        words as f64 / self.vocab.train_tokens().max(1) as f64
     }
 
     /// A line above the progress bar (on stderr when the bar is hidden).
@@ -288,7 +293,7 @@ impl Session<'_> {
         }
         self.last_loss.set(s.loss);
         // Epochs so far, a partial one (stopped by a deadline) counted by its words.
-        let epochs = self.state.borrow().words as f64 / self.vocab.train_tokens().max(1) as f64;
+        let epochs = self.epochs_at(self.state.borrow().words);
         let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds), ("eval/epoch", epochs)];
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
         if !self.heldout.is_empty() {
