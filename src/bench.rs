@@ -173,6 +173,18 @@ pub struct IndexParams {
     /// HNSW: search list size (raised to the candidates fetched).
     #[arg(long, default_value_t = 64)]
     ef_search: usize,
+    /// Spherical: score probed rows on int8 codes (then rescore the best exactly) or f32 copies.
+    #[arg(long, value_enum, default_value_t = ScoringName::Int8)]
+    scoring: ScoringName,
+    /// Spherical, int8 scoring: rows rescored exactly per result.
+    #[arg(long)]
+    rescore: Option<f32>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScoringName {
+    F32,
+    Int8,
 }
 
 impl IndexParams {
@@ -186,7 +198,15 @@ impl IndexParams {
                 BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
                 BenchIndex::Hnsw => IndexKind::Hnsw,
             },
-            spherical: SphericalConfig { n_centroids: self.centroids, ..SphericalConfig::default() },
+            spherical: SphericalConfig {
+                n_centroids: self.centroids,
+                scoring: match self.scoring {
+                    ScoringName::F32 => farout_search::Scoring::F32,
+                    ScoringName::Int8 => farout_search::Scoring::Int8,
+                },
+                rescore: self.rescore.unwrap_or(SphericalConfig::default().rescore),
+                ..SphericalConfig::default()
+            },
             simple_lsh: SimpleLshConfig { tables: self.tables, bits: self.bits, ..SimpleLshConfig::default() },
             hnsw: HnswConfig { ef_search: self.ef_search, ..HnswConfig::default() },
         };
@@ -319,8 +339,9 @@ pub fn bench_search(
     let g = FaceGenerator::new(means.spec(k, d, 2 * k.max(queries)))?;
     let mut w = g.means().clone();
     let q = g.features(Split::Train, 0..queries);
+    let config = params.config(which);
     let t = Instant::now();
-    let mut index = params.config(which).build(Rows::all(&w));
+    let mut index = config.build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
     let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, top);
     let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, top);
@@ -348,6 +369,7 @@ pub fn bench_search(
     Ok(serde_json::json!({
         "bench": "search",
         "index": index.name(),
+        "index_config": config,
         "k": k,
         "d": d,
         "top": top,

@@ -150,38 +150,87 @@ pub fn select_best(parts: &[(&[f32], &[ClassId])], n: usize, sample: &mut Vec<f3
     if n == 0 {
         return;
     }
-    if total <= 2 * n || total < 4 * THRESHOLD_SAMPLES {
-        keep_all(out);
-    } else {
-        let stride = total / THRESHOLD_SAMPLES;
-        sample.clear();
-        let mut skip = 0;
-        for (scores, _) in parts {
-            let mut i = skip;
-            while i < scores.len() {
-                sample.push(scores[i]);
-                i += stride;
-            }
-            skip = i - scores.len();
-        }
-        // The sample's `expect`-th largest score (NaN sorts as the largest under total_cmp and
-        // then never passes: the fallback below keeps the result exact).
-        let expect = ((1.25 * n as f64 * sample.len() as f64 / total as f64 + 8.0) as usize).min(sample.len() - 1);
-        let (_, &mut threshold, _) = sample.select_nth_unstable_by(expect, |a, b| b.total_cmp(a));
-        for (scores, classes) in parts {
-            for (&class, &score) in classes.iter().zip(scores.iter()) {
-                if score >= threshold {
-                    out.push(Hit { class, score });
+    match sampled_threshold(parts.iter().map(|(s, _)| *s), total, n, sample) {
+        None => keep_all(out),
+        Some(threshold) => {
+            for (scores, classes) in parts {
+                for (&class, &score) in classes.iter().zip(scores.iter()) {
+                    if score >= threshold {
+                        out.push(Hit { class, score });
+                    }
                 }
             }
-        }
-        if out.len() < n {
-            keep_all(out);
+            if out.len() < n {
+                keep_all(out);
+            }
         }
     }
     if out.len() > n {
         out.select_nth_unstable_by(n, by_score);
         out.truncate(n);
+    }
+}
+
+/// A threshold about `1.25 n + 8` of the `total` scores in `parts` reach, read off a strided
+/// sample of about [`THRESHOLD_SAMPLES`] of them (NaN sorts as the largest under `total_cmp`,
+/// then never passes a `>=`: callers fall back to all scores when fewer than `n` pass). `None`
+/// when the input is too small for sampling to pay.
+fn sampled_threshold<'a>(
+    parts: impl Iterator<Item = &'a [f32]>,
+    total: usize,
+    n: usize,
+    sample: &mut Vec<f32>,
+) -> Option<f32> {
+    if total <= 2 * n || total < 4 * THRESHOLD_SAMPLES {
+        return None;
+    }
+    let stride = total / THRESHOLD_SAMPLES;
+    sample.clear();
+    let mut skip = 0;
+    for scores in parts {
+        let mut i = skip;
+        while i < scores.len() {
+            sample.push(scores[i]);
+            i += stride;
+        }
+        skip = i - scores.len();
+    }
+    let expect = ((1.25 * n as f64 * sample.len() as f64 / total as f64 + 8.0) as usize).min(sample.len() - 1);
+    let (_, &mut threshold, _) = sample.select_nth_unstable_by(expect, |a, b| b.total_cmp(a));
+    Some(threshold)
+}
+
+/// The positions of the `n` best `scores`, ascending, into `kept`: every score at or above the
+/// `n`-th largest (so more than `n` on ties at the cut); all scores that are not NaN when there
+/// are at most `n` of them.
+///
+/// Sampling as in [`select_best`] places a first threshold; one branch-free pass keeps the
+/// positions that reach it (about `1.25 n`), and the exact `n`-th largest among those cuts them.
+pub fn best_positions(scores: &[f32], n: usize, sample: &mut Vec<f32>, kept: &mut Vec<u32>) {
+    let keep = |threshold: f32, kept: &mut Vec<u32>| {
+        kept.clear();
+        kept.resize(scores.len(), 0);
+        let mut m = 0;
+        for (i, &s) in scores.iter().enumerate() {
+            kept[m] = i as u32;
+            m += (s >= threshold) as usize;
+        }
+        kept.truncate(m);
+    };
+    if n == 0 {
+        kept.clear();
+        return;
+    }
+    let first = sampled_threshold(std::iter::once(scores), scores.len(), n, sample);
+    keep(first.unwrap_or(f32::NEG_INFINITY), kept);
+    if kept.len() < n && first.is_some() {
+        keep(f32::NEG_INFINITY, kept);
+    }
+    if kept.len() > n {
+        sample.clear();
+        sample.extend(kept.iter().map(|&i| scores[i as usize]));
+        let (_, &mut nth, _) = sample.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a));
+        kept.retain(|&i| scores[i as usize] >= nth);
     }
 }
 
@@ -247,6 +296,29 @@ mod tests {
             select_best(&refs, n, &mut Vec::new(), &mut out);
             out.sort_unstable_by(by_score);
             prop_assert_eq!(out, best_by_sorting(&data, n));
+        }
+    }
+
+    /// `best_positions` against sorting, on inputs large enough to sample (with ties and NaNs)
+    /// and small ones.
+    #[test]
+    fn best_positions_equal_sorting() {
+        let mut r = crate::rng::seeded(12, 0);
+        let (mut sample, mut kept) = (Vec::new(), Vec::new());
+        for (len, n) in [(40_000, 2000), (35_000, 100), (15_000, 3000), (20_000, 19_999), (30, 5), (30, 0)] {
+            let scores: Vec<f32> = (0..len)
+                .map(|i| if i % 997 == 0 { f32::NAN } else { (crate::rng::normal(&mut r) * 8.0).round() })
+                .collect();
+            let mut sorted: Vec<f32> = scores.iter().copied().filter(|s| !s.is_nan()).collect();
+            sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+            let cut = match n {
+                0 => f32::INFINITY,
+                n if n >= sorted.len() => f32::NEG_INFINITY,
+                n => sorted[n - 1],
+            };
+            let expect: Vec<u32> = (0..len as u32).filter(|&i| scores[i as usize] >= cut).collect();
+            best_positions(&scores, n, &mut sample, &mut kept);
+            assert_eq!(kept, expect, "{len} scores, n {n}");
         }
     }
 

@@ -19,6 +19,7 @@
 mod exact;
 mod hnsw;
 mod lsh;
+pub mod quant;
 mod spherical;
 #[cfg(test)]
 mod testutil;
@@ -27,7 +28,7 @@ pub use exact::ExactIndex;
 pub use farout_core::topk::Hit;
 pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
-pub use spherical::{SphericalConfig, SphericalIndex};
+pub use spherical::{Scoring, SphericalConfig, SphericalIndex};
 
 use farout_core::{ClassId, Matrix};
 

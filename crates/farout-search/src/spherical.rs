@@ -14,9 +14,15 @@
 //! **Layout.** Every cluster keeps a copy of its members' rows, contiguous, and scores those:
 //! scanning a cluster streams memory instead of gathering rows scattered over `W` (at
 //! K = 1,000,000 a batch of 256 queries probes nearly every cluster; the gather cost more than
-//! the scoring). Memory: one copy of `W`. The copies are kept equal to `W` by
-//! [`MipsIndex::sync`] (the output layer calls it after every step, copying the changed rows), so
-//! scores are exact without rescoring from `W`.
+//! the scoring). The copies are kept equal to `W` by [`MipsIndex::sync`] (the output layer calls
+//! it after every step, copying the changed rows). Two kinds of copy (`scoring`):
+//! - `f32`: the rows themselves (memory: one copy of `W`); their scores are exact, nothing is
+//!   rescored.
+//! - `int8`: int8 codes with a scale per row ([`crate::quant`]; a quarter of `W`), scored by an
+//!   AVX-512 VNNI kernel several times faster per row than f32 matrix products; the best
+//!   `rescore * k` probed rows by approximate score are then rescored exactly from `W` and the
+//!   top `k` of those returned. Rounding moves scores by well under their spread near the cut,
+//!   so the approximate ranking loses almost nothing that the rescoring cannot restore.
 //!
 //! **Refresh.** A changed row's copy is updated and the row re-augmented and reassigned to its
 //! nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it has drifted: its
@@ -25,6 +31,7 @@
 //! after every step costs little more than the sync. Centroids are not moved; when a row
 //! outgrows `M` (its augmented coordinate would be imaginary) the index asks for a rebuild.
 
+use crate::quant::{self, QuantQueries, QuantRows};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, kernels, rng, topk};
@@ -53,6 +60,22 @@ pub struct SphericalConfig {
     /// A refresh reassigns a changed row only when its cosine with its centroid (augmented
     /// space) has fallen by more than this since its assignment; negative = every changed row.
     pub refresh_drift: f32,
+    /// How probed rows are scored: on f32 copies (exact) or on int8 codes (approximate, then
+    /// the best `rescore * k` rescored exactly from `W`).
+    pub scoring: Scoring,
+    /// `int8` scoring: rows rescored exactly per result (at least 1).
+    pub rescore: f32,
+}
+
+/// How [`SphericalIndex`] scores the rows of the clusters it probes (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scoring {
+    /// Exact scores on f32 copies of the rows.
+    #[default]
+    F32,
+    /// Approximate scores on int8 codes, the best rescored exactly.
+    Int8,
 }
 
 impl Default for SphericalConfig {
@@ -65,6 +88,8 @@ impl Default for SphericalConfig {
             seed: 1,
             points_per_centroid: 256,
             refresh_drift: 0.02,
+            scoring: Scoring::default(),
+            rescore: 1.0,
         }
     }
 }
@@ -90,26 +115,46 @@ pub struct SphericalIndex {
 }
 
 /// The members of one cluster and a copy of their rows (`ids.len() x D`, row-major, in the same
-/// order) as of their last build, sync or refresh.
-#[derive(Clone, Debug, Default)]
+/// order) as of their last build, sync or refresh; with int8 scoring also the rows' codes.
+#[derive(Clone, Debug)]
 struct Cluster {
     ids: Vec<ClassId>,
     rows: Vec<f32>,
+    codes: Option<QuantRows>,
 }
 
 impl Cluster {
+    fn new(scoring: Scoring, d: usize, capacity: usize) -> Self {
+        Self {
+            ids: Vec::with_capacity(capacity),
+            rows: Vec::with_capacity(capacity * d),
+            codes: (scoring == Scoring::Int8).then(|| QuantRows::new(d)),
+        }
+    }
+
     fn len(&self) -> usize {
         self.ids.len()
+    }
+
+    /// The copy of member `at`.
+    fn row(&self, at: usize, d: usize) -> &[f32] {
+        &self.rows[at * d..(at + 1) * d]
     }
 
     /// Overwrites the copy of member `at`.
     fn set(&mut self, at: usize, row: &[f32]) {
         self.rows[at * row.len()..(at + 1) * row.len()].copy_from_slice(row);
+        if let Some(codes) = &mut self.codes {
+            codes.set(at, row);
+        }
     }
 
     fn push(&mut self, id: ClassId, row: &[f32]) {
         self.ids.push(id);
         self.rows.extend_from_slice(row);
+        if let Some(codes) = &mut self.codes {
+            codes.push(row);
+        }
     }
 
     /// Removes member `at` by moving the last one into its place; returns the moved id.
@@ -120,18 +165,27 @@ impl Cluster {
             self.rows.copy_within(last * d..(last + 1) * d, at * d);
         }
         self.rows.truncate(last * d);
+        if let Some(codes) = &mut self.codes {
+            codes.swap_remove(at);
+        }
         self.ids.get(at).copied()
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.ids.capacity() + self.rows.capacity()) + self.codes.as_ref().map_or(0, QuantRows::bytes)
     }
 }
 
-/// Clusters ordered by centroid score before counting probed rows (more only if needed).
+/// Clusters ordered by centroid score before counting probed rows, at least (more only if
+/// needed).
 const PROBE_HEAD: usize = 64;
 
 /// Rows per block of the k-means assignment product (bounds its temporary to block x C).
 const ASSIGN_BLOCK: usize = 4096;
 
 /// Per-thread buffers of one search: centroid scores, their order, the probed rows' scores and
-/// ids, and the threshold sample of `topk::select_best`.
+/// ids, the threshold sample of `topk::select_best`, and the int8 path's query codes, cluster
+/// scores and candidates.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
@@ -139,6 +193,8 @@ struct Scratch {
     probed: Vec<f32>,
     ids: Vec<ClassId>,
     sample: Vec<f32>,
+    block: Vec<f32>,
+    candidates: Vec<Hit>,
 }
 
 thread_local! {
@@ -205,8 +261,7 @@ impl SphericalIndex {
         for &a in &assign {
             sizes[a as usize] += 1;
         }
-        let mut clusters: Vec<Cluster> =
-            sizes.iter().map(|&m| Cluster { ids: Vec::with_capacity(m), rows: Vec::with_capacity(m * d) }).collect();
+        let mut clusters: Vec<Cluster> = sizes.iter().map(|&m| Cluster::new(config.scoring, d, m)).collect();
         let mut pos = vec![0u32; k];
         for (i, &a) in assign.iter().enumerate() {
             pos[i] = clusters[a as usize].len() as u32;
@@ -229,16 +284,21 @@ impl SphericalIndex {
         }
     }
 
+    /// Clusters to order fully before counting rows for `budget`: twice what clusters of the
+    /// mean size would need, at least [`PROBE_HEAD`].
+    fn probe_head(&self, budget: usize) -> usize {
+        (2 * budget * self.clusters.len() / self.assign.len().max(1) + 16).max(PROBE_HEAD)
+    }
+
     /// The clusters a query probes, best centroid score first, into `order`: as many as it
-    /// takes for their members to reach `budget` rows (or all).
-    fn probe_order(&self, centroid_scores: &[f32], budget: usize, order: &mut Vec<u32>) {
+    /// takes for their members to reach `budget` rows (or all). Orders only the best `head`
+    /// first, the rest only when those do not hold the budget.
+    fn probe_order(&self, centroid_scores: &[f32], budget: usize, head: usize, order: &mut Vec<u32>) {
         order.clear();
         order.extend(0..centroid_scores.len() as u32);
         let better =
             |a: &u32, b: &u32| centroid_scores[*b as usize].total_cmp(&centroid_scores[*a as usize]).then(a.cmp(b));
-        // A query probes a few clusters: order only the best `PROBE_HEAD`, and the rest only when
-        // those do not hold the budget.
-        let head = PROBE_HEAD.min(order.len());
+        let head = head.min(order.len());
         if head < order.len() {
             order.select_nth_unstable_by(head, better);
         }
@@ -263,6 +323,16 @@ impl SphericalIndex {
         ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k)
     }
 
+    /// Rows rescored exactly per query for `k` results (int8 scoring).
+    fn depth(&self, k: usize) -> usize {
+        ((k as f32 * self.config.rescore.max(1.0)).ceil() as usize).max(k)
+    }
+
+    /// The cluster copy of row `i` (equal to `W`'s row as of its last sync).
+    fn copy_of(&self, i: ClassId, d: usize) -> &[f32] {
+        self.clusters[self.assign[i as usize] as usize].row(self.pos[i as usize] as usize, d)
+    }
+
     /// Number of centroids C.
     pub fn n_centroids(&self) -> usize {
         self.centroids.rows()
@@ -272,6 +342,37 @@ impl SphericalIndex {
     pub fn cluster_sizes(&self) -> Vec<usize> {
         self.clusters.iter().map(Cluster::len).collect()
     }
+}
+
+/// The scores a query's probed clusters got in the batched search (`slots`: the query's
+/// `(cluster, row of the cluster's score block)` pairs; `blocks`: every cluster's scores and
+/// their row stride) with the clusters' ids, into `parts`; returns the number of rows.
+fn probed_parts<'a>(
+    slots: &[(u32, u32)],
+    clusters: &'a [Cluster],
+    blocks: &'a [(Vec<f32>, usize)],
+    parts: &mut Vec<(&'a [f32], &'a [ClassId])>,
+) -> usize {
+    parts.clear();
+    for &(j, slot) in slots {
+        let members = &clusters[j as usize].ids[..];
+        let (z, stride) = &blocks[j as usize];
+        let at = slot as usize * stride;
+        parts.push((&z[at..at + members.len()], members));
+    }
+    parts.iter().map(|(s, _)| s.len()).sum()
+}
+
+/// The `k` best of `candidates` (emptied) into `out`, in no particular order.
+fn keep_best(candidates: &mut Vec<Hit>, k: usize, out: &mut Vec<Hit>) {
+    if candidates.len() > k {
+        if k > 0 {
+            candidates.select_nth_unstable_by(k - 1, topk::by_score);
+        }
+        candidates.truncate(k);
+    }
+    out.clear();
+    out.append(candidates);
 }
 
 /// Assigns rows to the centroid with the largest dot product (into `cos`), by blocked matrix
@@ -308,23 +409,49 @@ impl MipsIndex for SphericalIndex {
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
-        let budget = self.budget(k);
-        SCRATCH.with_borrow_mut(|Scratch { scores, order, probed, ids, sample }| {
+        let (budget, d) = (self.budget(k), w.dim());
+        SCRATCH.with_borrow_mut(|Scratch { scores, order, probed, ids, sample, block, candidates }| {
             scores.clear();
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query)));
-            self.probe_order(scores, budget, order);
+            self.probe_order(scores, budget, self.probe_head(budget), order);
             // Every probed row is scored (on the cluster copies), so collect them all and
             // select once.
             probed.clear();
             ids.clear();
+            let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
                 ids.extend_from_slice(&cluster.ids);
-                probed.extend(cluster.rows.chunks_exact(w.dim()).map(|row| kernels::dot(row, query)));
+                match (&cluster.codes, &codes) {
+                    (Some(rows), Some(codes)) => {
+                        quant::scores(rows, codes, &[0], block);
+                        probed.extend_from_slice(&block[..rows.len()]);
+                    }
+                    _ => probed.extend(cluster.rows.chunks_exact(d).map(|row| kernels::dot(row, query))),
+                }
             }
-            topk::select_best(&[(&probed[..], &ids[..])], k, sample, out);
-            probed.len() + self.centroids.rows()
+            let parts = [(&probed[..], &ids[..])];
+            if codes.is_none() {
+                topk::select_best(&parts, k, sample, out);
+                return probed.len() + self.centroids.rows();
+            }
+            // Rescore the best by approximate score exactly, from the copies (gathered: start
+            // loading a few rows ahead).
+            topk::select_best(&parts, self.depth(k), sample, candidates);
+            const AHEAD: usize = 8;
+            for h in candidates.iter().take(AHEAD) {
+                kernels::prefetch(self.copy_of(h.class, d));
+            }
+            for t in 0..candidates.len() {
+                if let Some(next) = candidates.get(t + AHEAD) {
+                    kernels::prefetch(self.copy_of(next.class, d));
+                }
+                candidates[t].score = kernels::dot(self.copy_of(candidates[t].class, d), query);
+            }
+            let rescored = candidates.len();
+            keep_best(candidates, k, out);
+            probed.len() + rescored + self.centroids.rows()
         })
     }
 
@@ -355,66 +482,152 @@ impl MipsIndex for SphericalIndex {
             .par_chunks(c)
             .map(|row| {
                 let mut probed = Vec::new();
-                self.probe_order(row, budget, &mut probed);
+                self.probe_order(row, budget, self.probe_head(budget), &mut probed);
                 probed
             })
             .collect();
-        // Who probes each cluster, and where each query sits in its clusters' lists.
-        let mut by_cluster: Vec<Vec<u32>> = vec![Vec::new(); c];
+        // Who probes each cluster (and as which of its probes), and where each query sits in
+        // its clusters' lists.
+        let (mut by_cluster, mut parts_at): (Vec<Vec<u32>>, Vec<Vec<u32>>) = (vec![Vec::new(); c], vec![Vec::new(); c]);
         let slots: Vec<Vec<(u32, u32)>> = probes
             .iter()
             .enumerate()
             .map(|(q, probed)| {
                 probed
                     .iter()
-                    .map(|&j| {
+                    .enumerate()
+                    .map(|(p, &j)| {
                         let list = &mut by_cluster[j as usize];
                         list.push(q as u32);
+                        parts_at[j as usize].push(p as u32);
                         (j, list.len() as u32 - 1)
                     })
                     .collect()
             })
             .collect();
-        // Scores of every probed cluster's members against its queries: `nq x m`, row-major, so
-        // that each query's scores are contiguous.
-        let blocks: Vec<Vec<f32>> = by_cluster
+        // Scores of every probed cluster's members against its queries: `nq x stride`,
+        // row-major, so that each query's scores are contiguous (`stride` = the members, padded
+        // for int8 codes).
+        let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), d));
+        let blocks: Vec<(Vec<f32>, usize)> = by_cluster
             .par_iter()
-            .enumerate()
-            .map(|(j, qs)| {
+            .zip(&self.clusters)
+            .map(|(qs, cluster)| {
                 if qs.is_empty() {
-                    return Vec::new();
+                    return (Vec::new(), 0);
                 }
-                let cluster = &self.clusters[j];
                 let (m, nq) = (cluster.len(), qs.len());
+                if let (Some(rows), Some(codes)) = (&cluster.codes, &codes) {
+                    let mut z = Vec::new();
+                    quant::scores(rows, codes, qs, &mut z);
+                    return (z, rows.padded_len());
+                }
                 let mut qm = Matrix::zeros(nq, d);
                 for (r, &q) in qs.iter().enumerate() {
                     qm.row_mut(r).copy_from_slice(queries.row(q as usize));
                 }
                 let mut z = vec![0.0f32; nq * m];
                 gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
-                z
+                (z, m)
             })
             .collect();
+        let parts_of = |q: usize, parts: &mut Vec<_>| probed_parts(&slots[q], &self.clusters, &blocks, parts);
         out.resize_with(n, Vec::new);
         out.truncate(n);
-        out.par_iter_mut()
-            .enumerate()
+        if codes.is_none() {
+            // Exact scores: select.
+            return out
+                .par_iter_mut()
+                .enumerate()
+                .map_init(
+                    || (Vec::new(), Vec::new()),
+                    |(parts, sample), (q, found)| {
+                        let probed = parts_of(q, parts);
+                        topk::select_best(parts, k, sample, found);
+                        probed + c
+                    },
+                )
+                .sum();
+        }
+        // Approximate scores. Every query's best `depth` probed rows, as positions in its
+        // probed clusters (`starts[p]..starts[p + 1]` of `rows` for the `p`-th) ...
+        let depth = self.depth(k);
+        let picks: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
+            .into_par_iter()
             .map_init(
-                || (Vec::new(), Vec::new()),
-                |(parts, sample), (q, cand)| {
-                    let parts: &mut Vec<(&[f32], &[ClassId])> = parts;
-                    parts.clear();
-                    for &(j, slot) in &slots[q] {
-                        let members = &self.clusters[j as usize].ids[..];
-                        let m = members.len();
-                        parts.push((&blocks[j as usize][slot as usize * m..(slot as usize + 1) * m], members));
+                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+                |(parts, flat, sample, kept), q| {
+                    // The scores, copied in one stream into a buffer that stays in cache for the
+                    // selection's passes.
+                    probed_parts(&slots[q], &self.clusters, &blocks, parts);
+                    flat.clear();
+                    parts.iter().for_each(|(s, _)| flat.extend_from_slice(s));
+                    topk::best_positions(flat, depth, sample, kept);
+                    let (mut rows, mut starts) = (Vec::with_capacity(kept.len()), Vec::with_capacity(parts.len() + 1));
+                    let (mut next, mut end) = (kept.iter().peekable(), 0);
+                    for (s, _) in parts.iter() {
+                        let start = end;
+                        end += s.len() as u32;
+                        starts.push(rows.len() as u32);
+                        while let Some(&&i) = next.peek()
+                            && i < end
+                        {
+                            rows.push(i - start);
+                            next.next();
+                        }
                     }
-                    let probed: usize = parts.iter().map(|(s, _)| s.len()).sum();
-                    topk::select_best(parts, k, sample, cand);
-                    probed + c
+                    starts.push(rows.len() as u32);
+                    (rows, starts)
                 },
             )
-            .sum()
+            .collect();
+        // ... rescored cluster by cluster from the f32 copies (each cluster's copy is read
+        // while it is in cache, instead of gathering rows for every query) ...
+        let exact: Vec<(Vec<f32>, Vec<u32>)> = by_cluster
+            .par_iter()
+            .zip(&parts_at)
+            .zip(&self.clusters)
+            .map(|((qs, at), cluster)| {
+                let (mut scores, mut starts) = (Vec::new(), Vec::with_capacity(qs.len()));
+                // Most rows are needed by some query: load them all in one stream first (the
+                // queries' picks would touch them in random order, each a full memory latency).
+                if !qs.is_empty() {
+                    kernels::prefetch(&cluster.rows);
+                }
+                for (&q, &p) in qs.iter().zip(at) {
+                    starts.push(scores.len() as u32);
+                    let (query, (rows, part)) = (queries.row(q as usize), &picks[q as usize]);
+                    let mine = &rows[part[p as usize] as usize..part[p as usize + 1] as usize];
+                    scores.extend(mine.iter().map(|&i| kernels::dot(cluster.row(i as usize, d), query)));
+                }
+                (scores, starts)
+            })
+            .collect();
+        // ... and the `k` best kept.
+        let rescored: usize = out
+            .par_iter_mut()
+            .zip(&picks)
+            .zip(&slots)
+            .map_init(Vec::new, |candidates, ((found, (rows, part)), slots)| {
+                candidates.clear();
+                for (p, &(j, slot)) in slots.iter().enumerate() {
+                    let (scores, starts) = &exact[j as usize];
+                    let mine = &rows[part[p] as usize..part[p + 1] as usize];
+                    let ids = &self.clusters[j as usize].ids;
+                    let start = starts[slot as usize] as usize;
+                    candidates.extend(
+                        mine.iter()
+                            .zip(&scores[start..start + mine.len()])
+                            .map(|(&i, &score)| Hit { class: ids[i as usize], score }),
+                    );
+                }
+                let rescored = candidates.len();
+                keep_best(candidates, k, found);
+                rescored
+            })
+            .sum();
+        let probed: usize = slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
+        probed + rescored + n * c
     }
 
     fn sync(&mut self, w: Rows, rows: &[ClassId]) {
@@ -464,7 +677,7 @@ impl MipsIndex for SphericalIndex {
         self.centroids.bytes()
             + self.centroids_d.bytes()
             + 4 * (self.assign.len() + self.assigned_cos.len() + self.pos.len())
-            + self.clusters.iter().map(|m| 4 * (m.ids.capacity() + m.rows.capacity())).sum::<usize>()
+            + self.clusters.iter().map(Cluster::bytes).sum::<usize>()
     }
 }
 
@@ -474,21 +687,51 @@ mod tests {
     use crate::recall;
     use crate::testutil::{assert_exact_scores, assert_exact_top, clustered, move_rows_onto};
 
+    /// The default configuration with each way of scoring.
+    fn both_scorings() -> [SphericalConfig; 2] {
+        [Scoring::F32, Scoring::Int8].map(|scoring| SphericalConfig { scoring, ..SphericalConfig::default() })
+    }
+
     /// 20,000 rows in 400 natural clusters; with 400 centroids and 1,000 candidates scored per
     /// query (5% of the rows) the measured recall of the top 100 is 0.93 (0.85 with 500).
     #[test]
     fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
         let (w, q) = clustered(20_000, 32);
-        let config = SphericalConfig { n_centroids: 400, candidate_factor: 10.0, ..SphericalConfig::default() };
-        let index = SphericalIndex::build(Rows::all(&w), &config);
-        let r = recall(&index, Rows::all(&w), &q, 100);
-        assert!(r >= 0.9, "recall {r}");
-        let sizes = index.cluster_sizes();
-        assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (400, 20_000));
+        for base in both_scorings() {
+            let config = SphericalConfig { n_centroids: 400, candidate_factor: 10.0, ..base };
+            let index = SphericalIndex::build(Rows::all(&w), &config);
+            let r = recall(&index, Rows::all(&w), &q, 100);
+            assert!(r >= 0.9, "recall {r} ({:?})", config.scoring);
+            let sizes = index.cluster_sizes();
+            assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (400, 20_000));
+        }
+    }
+
+    /// Int8 scoring ranks the probed rows almost as exact scores do: with nothing rescored
+    /// beyond the `k` returned, its top 100 holds at least 99% of what f32 scoring finds among
+    /// the same probed rows (same centroids), in the per-query and the batched search.
+    #[test]
+    fn int8_scoring_finds_what_f32_scoring_finds() {
+        let (w, q) = clustered(20_000, 32);
+        let [f32s, int8] = both_scorings().map(|c| SphericalIndex::build(Rows::all(&w), &c));
+        assert_eq!(f32s.assign, int8.assign, "same clusters");
+        let (mut a, mut b, mut batch) = (Vec::new(), Vec::new(), Vec::new());
+        let mut overlap = (0, 0);
+        int8.search_batch(Rows::all(&w), &q, 100, &mut batch);
+        for i in 0..q.rows() {
+            f32s.search(Rows::all(&w), q.row(i), 100, &mut a);
+            int8.search(Rows::all(&w), q.row(i), 100, &mut b);
+            let truth: std::collections::HashSet<ClassId> = a.iter().map(|h| h.class).collect();
+            overlap.0 += b.iter().filter(|h| truth.contains(&h.class)).count();
+            overlap.1 += batch[i].iter().filter(|h| truth.contains(&h.class)).count();
+        }
+        let total = 100 * q.rows();
+        assert!(overlap.0 as f64 >= 0.99 * total as f64, "per query: {} of {total}", overlap.0);
+        assert!(overlap.1 as f64 >= 0.99 * total as f64, "batched: {} of {total}", overlap.1);
     }
 
     /// The partial ordering of the centroids probes the same clusters as sorting them all, also
-    /// when the budget reaches past the first `PROBE_HEAD` clusters.
+    /// when the budget reaches past the clusters ordered first.
     #[test]
     fn probe_order_equals_a_full_sort() {
         let (w, _) = clustered(20_000, 8);
@@ -510,8 +753,10 @@ mod tests {
                 })
                 .map_or(all.len(), |p| p + 1);
             all.truncate(n);
-            index.probe_order(&scores, budget, &mut order);
-            assert_eq!(order, all, "budget {budget}");
+            for head in [8, PROBE_HEAD, index.probe_head(budget)] {
+                index.probe_order(&scores, budget, head, &mut order);
+                assert_eq!(order, all, "budget {budget}, head {head}");
+            }
         }
     }
 
@@ -528,14 +773,22 @@ mod tests {
     #[test]
     fn returned_scores_are_exact() {
         let (w, q) = clustered(5_000, 16);
-        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
-        assert_exact_scores(&index, &w, &q);
+        for config in both_scorings() {
+            let index = SphericalIndex::build(Rows::all(&w), &config);
+            assert_exact_scores(&index, &w, &q);
+        }
     }
 
     #[test]
     fn refreshed_rows_are_found_where_they_now_belong() {
+        for config in both_scorings() {
+            refreshed_rows_are_found_with(&config);
+        }
+    }
+
+    fn refreshed_rows_are_found_with(config: &SphericalConfig) {
         let (mut w, q) = clustered(10_000, 16);
-        let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        let mut index = SphericalIndex::build(Rows::all(&w), config);
         // Move 50 rows onto the (unit) query, scaled to norms in (1.085, 1.09]: they outscore
         // every unit mean, so they become its top 50, and stay within the norm bound 1.1.
         let mut moved = move_rows_onto(&mut w, q.row(0));
@@ -552,11 +805,21 @@ mod tests {
         found.sort_unstable();
         moved.sort_unstable();
         assert_eq!(found, moved);
-        // Membership bookkeeping stays consistent.
+        // Membership bookkeeping stays consistent, and so do the codes: they score as codes
+        // made afresh from the members' rows in their order.
+        let query = QuantQueries::new(q.row(1), 16);
         for (c, cluster) in index.clusters.iter().enumerate() {
             for (p, &i) in cluster.ids.iter().enumerate() {
                 assert_eq!((index.assign[i as usize] as usize, index.pos[i as usize] as usize), (c, p));
                 assert_eq!(&cluster.rows[p * 16..(p + 1) * 16], w.row(i as usize), "the copy of row {i}");
+            }
+            if let Some(codes) = &cluster.codes {
+                let mut fresh = QuantRows::new(16);
+                cluster.ids.iter().for_each(|&i| fresh.push(w.row(i as usize)));
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                quant::scores(codes, &query, &[0], &mut a);
+                quant::scores(&fresh, &query, &[0], &mut b);
+                assert_eq!(a, b, "codes of cluster {c}");
             }
         }
     }
@@ -604,8 +867,14 @@ mod tests {
     /// Sync updates the cluster copies without moving rows: scores are those of the new rows.
     #[test]
     fn synced_rows_are_scored_with_their_new_values_in_place() {
+        for config in both_scorings() {
+            synced_rows_are_scored_with(&config);
+        }
+    }
+
+    fn synced_rows_are_scored_with(config: &SphericalConfig) {
         let (mut w, q) = clustered(5_000, 16);
-        let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        let mut index = SphericalIndex::build(Rows::all(&w), config);
         let before = index.assign.clone();
         for (i, x) in w.as_mut_slice().iter_mut().enumerate() {
             *x *= 1.0 + 0.1 * ((i % 7) as f32 - 3.0) / 3.0;
@@ -627,8 +896,20 @@ mod tests {
 
     #[test]
     fn batched_search_returns_the_per_query_results() {
+        for config in both_scorings() {
+            batched_search_returns_the_per_query_results_with(&config);
+        }
+        // Int8 scoring with rows rescored beyond the k returned.
+        batched_search_returns_the_per_query_results_with(&SphericalConfig {
+            scoring: Scoring::Int8,
+            rescore: 2.0,
+            ..SphericalConfig::default()
+        });
+    }
+
+    fn batched_search_returns_the_per_query_results_with(config: &SphericalConfig) {
         let (w, q) = clustered(10_000, 16);
-        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        let index = SphericalIndex::build(Rows::all(&w), config);
         let mut batch = Vec::new();
         let cost = index.search_batch(Rows::all(&w), &q, 40, &mut batch);
         let mut total = 0;

@@ -1,0 +1,411 @@
+//! Int8 scoring of many rows against a few queries: the candidate scan of [`SphericalIndex`]
+//! with `scoring = "int8"`.
+//!
+//! **Quantisation.** A row `w` is stored as codes `c_i = round(w_i / s_w)` in `[-127, 127]` with
+//! its own scale `s_w = max_i |w_i| / 127`; a query `q` as `u_i = round(q_i / s_q) + 128` in
+//! `[1, 255]` (unsigned, as the VNNI instruction wants it), `s_q = max_i |q_i| / 127`. Then
+//!
+//! ```text
+//! w . q  ~  s_w s_q (sum_i u_i c_i - 128 sum_i c_i)
+//! ```
+//!
+//! The integer sum is exact; the only approximation is the rounding of `w` and `q` (each
+//! coordinate within half a step, `max|w| / 254`). The scan therefore ranks rows almost as exact
+//! scores do, and the index rescores the best of them exactly.
+//!
+//! **Layout.** Rows are stored in groups of 16; a group holds, for each 4-dimension chunk, the
+//! 16 rows' 4 codes side by side (64 bytes). One AVX-512 VNNI `vpdpbusd` multiplies a query's
+//! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
+//! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
+//! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
+//! (8 accumulators). Machines without AVX-512 VNNI run [`scores_scalar`], which computes the
+//! same integers and the same float operations: both give bit-identical scores (a test checks
+//! it).
+//!
+//! [`SphericalIndex`]: crate::SphericalIndex
+
+/// Rows per group (32-bit lanes of a 512-bit register).
+const GROUP: usize = 16;
+/// Groups scored together by the kernel; storage is padded to a multiple of this many groups.
+const GROUPS_PER_TILE: usize = 2;
+/// Rows of the padded storage come in multiples of this.
+pub const ROW_TILE: usize = GROUP * GROUPS_PER_TILE;
+/// Queries scored together by the kernel.
+const QUERY_TILE: usize = 4;
+
+/// The int8 codes of a growing and changing set of rows of dimension `dim` (see the module
+/// docs), addressed by position `0..len()`.
+#[derive(Clone, Debug)]
+pub struct QuantRows {
+    dim: usize,
+    /// `ceil(dim / 4)`.
+    chunks: usize,
+    len: usize,
+    /// `padded_len / 16` groups of `chunks x 64` bytes.
+    codes: Vec<i8>,
+    /// `s_w` per row (0 in the padding).
+    scale: Vec<f32>,
+    /// `-128 sum_i c_i` per row (0 in the padding).
+    offset: Vec<i32>,
+}
+
+impl QuantRows {
+    /// No rows yet, of dimension `dim`.
+    pub fn new(dim: usize) -> Self {
+        Self { dim, chunks: dim.div_ceil(4), len: 0, codes: Vec::new(), scale: Vec::new(), offset: Vec::new() }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Rows including the zero padding: the stride of [`scores`]'s output.
+    pub fn padded_len(&self) -> usize {
+        self.scale.len()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.codes.capacity() + 4 * (self.scale.capacity() + self.offset.capacity())
+    }
+
+    /// Appends `row` (length `dim`).
+    pub fn push(&mut self, row: &[f32]) {
+        if self.len == self.padded_len() {
+            self.codes.resize(self.codes.len() + ROW_TILE * self.chunks * 4, 0);
+            self.scale.resize(self.scale.len() + ROW_TILE, 0.0);
+            self.offset.resize(self.offset.len() + ROW_TILE, 0);
+        }
+        self.len += 1;
+        self.set(self.len - 1, row);
+    }
+
+    /// Overwrites row `at` with the codes of `row`.
+    pub fn set(&mut self, at: usize, row: &[f32]) {
+        assert!(at < self.len && row.len() == self.dim, "row {at} of {} (dim {} != {})", self.len, row.len(), self.dim);
+        let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let (scale, inv) = if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) };
+        let mut sum = 0i32;
+        for c in 0..self.chunks {
+            let mut code = [0i8; 4];
+            for (b, x) in code.iter_mut().zip(row.iter().skip(4 * c)) {
+                *b = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                sum += *b as i32;
+            }
+            let at = self.byte(at, c);
+            self.codes[at..at + 4].copy_from_slice(&code);
+        }
+        self.scale[at] = scale;
+        self.offset[at] = -128 * sum;
+    }
+
+    /// Removes row `at` by moving the last row into its place (the positions of the others do
+    /// not change).
+    pub fn swap_remove(&mut self, at: usize) {
+        assert!(at < self.len, "row {at} of {}", self.len);
+        let last = self.len - 1;
+        for c in 0..self.chunks {
+            let (from, to) = (self.byte(last, c), self.byte(at, c));
+            self.codes.copy_within(from..from + 4, to);
+            self.codes[from..from + 4].fill(0);
+        }
+        self.scale[at] = self.scale[last];
+        self.offset[at] = self.offset[last];
+        (self.scale[last], self.offset[last]) = (0.0, 0);
+        self.len = last;
+        // Give back a whole tile once it is empty.
+        if self.padded_len() - self.len >= ROW_TILE {
+            let rows = self.padded_len() - ROW_TILE;
+            self.codes.truncate(rows * self.chunks * 4);
+            self.scale.truncate(rows);
+            self.offset.truncate(rows);
+        }
+    }
+
+    /// Position in `codes` of chunk `c` of row `at`.
+    fn byte(&self, at: usize, c: usize) -> usize {
+        (at / GROUP) * self.chunks * 64 + c * 64 + (at % GROUP) * 4
+    }
+}
+
+/// Queries quantised for [`scores`] (see the module docs).
+#[derive(Clone, Debug, Default)]
+pub struct QuantQueries {
+    chunks: usize,
+    /// `chunks x 4` bytes per query (padding dimensions hold 128, the code of 0).
+    codes: Vec<u8>,
+    scale: Vec<f32>,
+}
+
+impl QuantQueries {
+    /// Quantises every row of `queries` (`n x dim`, row-major).
+    pub fn new(queries: &[f32], dim: usize) -> Self {
+        let chunks = dim.div_ceil(4);
+        let mut q = Self { chunks, codes: Vec::new(), scale: Vec::new() };
+        for row in queries.chunks_exact(dim.max(1)) {
+            q.push(row);
+        }
+        q
+    }
+
+    /// Number of queries.
+    pub fn len(&self) -> usize {
+        self.scale.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.scale.is_empty()
+    }
+
+    fn push(&mut self, q: &[f32]) {
+        let max = q.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let (scale, inv) = if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) };
+        let start = self.codes.len();
+        self.codes.resize(start + 4 * self.chunks, 128);
+        for (u, x) in self.codes[start..].iter_mut().zip(q) {
+            *u = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+        }
+        self.scale.push(scale);
+    }
+
+    fn codes(&self, j: usize) -> &[u8] {
+        &self.codes[j * 4 * self.chunks..(j + 1) * 4 * self.chunks]
+    }
+}
+
+/// Approximate scores of every row of `rows` against the queries `which` of `queries`:
+/// `out[s * rows.padded_len() + i]` for the `s`-th query of `which` and row `i` (padding rows
+/// score 0). Uses the AVX-512 VNNI kernel when the CPU has it, else [`scores_scalar`]; the two
+/// agree bit for bit.
+pub fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
+    assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
+    out.clear();
+    out.resize(which.len() * rows.padded_len(), 0.0);
+    #[cfg(target_arch = "x86_64")]
+    if vnni_available() {
+        // SAFETY: the CPU has the features the kernel is compiled for (checked just above);
+        // the kernel reads within `rows`, `queries` and `out` as sized here.
+        unsafe { vnni::scores(rows, queries, which, out) };
+        return;
+    }
+    scores_into(rows, queries, which, out);
+}
+
+/// [`scores`] in portable scalar code (the reference the kernel is tested against).
+pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
+    assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
+    out.clear();
+    out.resize(which.len() * rows.padded_len(), 0.0);
+    scores_into(rows, queries, which, out);
+}
+
+fn scores_into(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+    let n = rows.padded_len();
+    for (s, &j) in which.iter().enumerate() {
+        let (u, sq) = (queries.codes(j as usize), queries.scale[j as usize]);
+        for i in 0..n {
+            let mut acc = 0i32;
+            for c in 0..rows.chunks {
+                let at = rows.byte(i, c);
+                for b in 0..4 {
+                    acc += u[4 * c + b] as i32 * rows.codes[at + b] as i32;
+                }
+            }
+            out[s * n + i] = (acc + rows.offset[i]) as f32 * rows.scale[i] * sq;
+        }
+    }
+}
+
+/// Whether this CPU runs the VNNI kernel (checked once).
+#[cfg(target_arch = "x86_64")]
+pub fn vnni_available() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    })
+}
+
+/// Whether this CPU runs the VNNI kernel.
+#[cfg(not(target_arch = "x86_64"))]
+pub fn vnni_available() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{GROUP, GROUPS_PER_TILE, QUERY_TILE, QuantQueries, QuantRows};
+    use std::arch::x86_64::*;
+
+    /// The kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let n = rows.padded_len();
+        debug_assert_eq!(out.len(), which.len() * n);
+        let mut s = 0;
+        while s + QUERY_TILE <= which.len() {
+            // SAFETY: as for the function.
+            unsafe { tile::<QUERY_TILE>(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
+            s += QUERY_TILE;
+        }
+        while s < which.len() {
+            // SAFETY: as for the function.
+            unsafe { tile::<1>(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
+            s += 1;
+        }
+    }
+
+    /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`.
+    // The accumulators are a `Q x GROUPS_PER_TILE` register tile: indices read clearer than
+    // nested iterators.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let (n, chunks) = (rows.padded_len(), rows.chunks);
+        let group_bytes = chunks * 64;
+        let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
+        let sq: [__m512; Q] = std::array::from_fn(|s| _mm512_set1_ps(queries.scale[which[s] as usize]));
+        let codes = rows.codes.as_ptr();
+        for g in (0..n / GROUP).step_by(GROUPS_PER_TILE) {
+            let mut acc = [[_mm512_setzero_si512(); GROUPS_PER_TILE]; Q];
+            for c in 0..chunks {
+                // SAFETY: group g + t < n / GROUP and chunk c < chunks lie within `codes`
+                // (padded_len / GROUP groups of `group_bytes`); query chunk c within its codes.
+                let mut w = [_mm512_setzero_si512(); GROUPS_PER_TILE];
+                for (t, w) in w.iter_mut().enumerate() {
+                    *w = unsafe { _mm512_loadu_si512(codes.add((g + t) * group_bytes + c * 64).cast()) };
+                }
+                for s in 0..Q {
+                    // SAFETY: see above; unaligned 4-byte read.
+                    let b = _mm512_set1_epi32(unsafe { u[s].add(c).read_unaligned() });
+                    for t in 0..GROUPS_PER_TILE {
+                        acc[s][t] = _mm512_dpbusd_epi32(acc[s][t], b, w[t]);
+                    }
+                }
+            }
+            for t in 0..GROUPS_PER_TILE {
+                let row = (g + t) * GROUP;
+                // SAFETY: rows row..row + 16 exist in `offset` and `scale` (padded storage).
+                let (offset, scale) = unsafe {
+                    (
+                        _mm512_loadu_si512(rows.offset.as_ptr().add(row).cast()),
+                        _mm512_loadu_ps(rows.scale.as_ptr().add(row)),
+                    )
+                };
+                for s in 0..Q {
+                    let v = _mm512_mul_ps(
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[s][t], offset)), scale),
+                        sq[s],
+                    );
+                    // SAFETY: out holds Q x n floats from here (sized by the caller).
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farout_core::{kernels, rng};
+
+    fn random(n: usize, dim: usize, seed: u64) -> Vec<f32> {
+        let mut r = rng::seeded(seed, 0);
+        (0..n * dim).map(|_| rng::normal(&mut r)).collect()
+    }
+
+    /// The kernel (where the CPU has it) and the scalar code agree bit for bit, on dimensions
+    /// that are and are not multiples of 4, row counts that do and do not fill a tile, and
+    /// query counts with and without a remainder of the 4-query tile.
+    #[test]
+    fn kernel_equals_scalar_code() {
+        for (dim, n_rows, n_queries) in [(128, 100, 7), (13, 33, 4), (64, 32, 1), (5, 1, 3), (16, 0, 2)] {
+            let w = random(n_rows, dim, 1);
+            let mut rows = QuantRows::new(dim);
+            w.chunks_exact(dim).for_each(|r| rows.push(r));
+            let queries = QuantQueries::new(&random(n_queries, dim, 2), dim);
+            let which: Vec<u32> = (0..n_queries as u32).rev().collect();
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            scores(&rows, &queries, &which, &mut fast);
+            scores_scalar(&rows, &queries, &which, &mut slow);
+            assert_eq!(fast.len(), n_queries * rows.padded_len());
+            assert_eq!(fast, slow, "dim {dim}, {n_rows} rows, {n_queries} queries (VNNI: {})", vnni_available());
+        }
+    }
+
+    /// Scores approximate the exact inner products within the rounding bound: each coordinate of
+    /// `w` and `q` is off by at most half a quantisation step, so
+    /// `|err| <= s_w/2 |q|_1 + s_q/2 |w|_1 + D s_w s_q / 4`.
+    #[test]
+    fn scores_are_within_the_rounding_bound() {
+        let dim = 128;
+        let w = random(200, dim, 3);
+        let q = random(5, dim, 4);
+        let mut rows = QuantRows::new(dim);
+        w.chunks_exact(dim).for_each(|r| rows.push(r));
+        let queries = QuantQueries::new(&q, dim);
+        let mut out = Vec::new();
+        scores(&rows, &queries, &[0, 1, 2, 3, 4], &mut out);
+        let l1 = |x: &[f32]| x.iter().map(|v| v.abs()).sum::<f32>();
+        let maxabs = |x: &[f32]| x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (s, qr) in q.chunks_exact(dim).enumerate() {
+            for (i, wr) in w.chunks_exact(dim).enumerate() {
+                let (sw, sq) = (maxabs(wr) / 127.0, maxabs(qr) / 127.0);
+                let bound = sw / 2.0 * l1(qr) + sq / 2.0 * l1(wr) + dim as f32 * sw * sq / 4.0;
+                let err = (out[s * rows.padded_len() + i] - kernels::dot(wr, qr)).abs();
+                assert!(err <= bound * 1.001 + 1e-4, "query {s}, row {i}: error {err} > bound {bound}");
+            }
+        }
+    }
+
+    /// Overwriting and swap-removing rows keeps every remaining row's scores as if the rows had
+    /// been pushed fresh in their final order; emptied tiles are released.
+    #[test]
+    fn set_and_swap_remove_keep_the_codes_consistent() {
+        let dim = 20;
+        let w = random(70, dim, 5);
+        let mut rows = QuantRows::new(dim);
+        let mut order: Vec<usize> = (0..70).collect();
+        w.chunks_exact(dim).for_each(|r| rows.push(r));
+        // Row 3 takes row 69's values, then 40 rows leave.
+        rows.set(3, &w[69 * dim..70 * dim]);
+        order[3] = 69;
+        for at in [0, 5, 3, 10, 20, 1, 2, 7, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21] {
+            rows.swap_remove(at);
+            order.swap_remove(at);
+        }
+        for _ in 0..20 {
+            rows.swap_remove(0);
+            order.swap_remove(0);
+        }
+        let mut fresh = QuantRows::new(dim);
+        order.iter().for_each(|&i| fresh.push(&w[i * dim..(i + 1) * dim]));
+        assert_eq!((rows.len(), rows.padded_len()), (30, 32));
+        let queries = QuantQueries::new(&random(3, dim, 6), dim);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        scores(&rows, &queries, &[0, 1, 2], &mut a);
+        scores(&fresh, &queries, &[0, 1, 2], &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn zero_rows_and_queries_score_zero() {
+        let mut rows = QuantRows::new(8);
+        rows.push(&[0.0; 8]);
+        rows.push(&[1.0; 8]);
+        let queries = QuantQueries::new(&[0.0; 8], 8);
+        let mut out = Vec::new();
+        scores(&rows, &queries, &[0], &mut out);
+        assert!(out.iter().all(|&s| s == 0.0), "{out:?}");
+    }
+}
