@@ -27,6 +27,55 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Inner product `a . b` on the widest vector unit the CPU has, chosen at run time: with
+/// AVX-512, 32 fused multiply-adds per step in two 16-lane accumulators; elsewhere [`dot`].
+/// Agrees with [`dot`] up to rounding (other summation order, fused products), so use one or
+/// the other wherever results are compared bit for bit. [`dot`] compiles for the baseline
+/// x86-64 target (SSE2); this is for hot loops over long vectors.
+#[inline]
+pub fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if avx512::available() {
+        // SAFETY: the CPU has AVX-512F (checked just above).
+        return unsafe { avx512::dot(a, b) };
+    }
+    dot(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Whether the CPU has AVX-512F (checked once).
+    pub fn available() -> bool {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let (mut s0, mut s1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n floats are in bounds of both slices.
+            unsafe {
+                let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
+                s0 = _mm512_fmadd_ps(_mm512_loadu_ps(pa), _mm512_loadu_ps(pb), s0);
+                s1 = _mm512_fmadd_ps(_mm512_loadu_ps(pa.add(16)), _mm512_loadu_ps(pb.add(16)), s1);
+            }
+            i += 32;
+        }
+        if i + 16 <= n {
+            // SAFETY: as above.
+            unsafe { s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), s0) };
+            i += 16;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum::<f32>()
+    }
+}
+
 /// Asks the CPU to start loading `x` into its caches (a hint: no effect on any result). Useful
 /// before reading rows scattered over a large matrix, so that several loads overlap.
 #[inline]
@@ -115,6 +164,15 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             assert!((dot(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn dot_simd_matches_scalar_reference_for_every_tail_length() {
+        for n in 0..100 {
+            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            assert!((dot_simd(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "n = {n}");
         }
     }
 

@@ -333,6 +333,180 @@ impl SphericalIndex {
         self.clusters[self.assign[i as usize] as usize].row(self.pos[i as usize] as usize, d)
     }
 
+    /// The clusters every query of a batch probes for `budget` rows (centroid scores by one
+    /// matrix product), and who probes each cluster.
+    fn probe_batch(&self, queries: &Matrix, budget: usize) -> BatchProbes {
+        let (n, d, c) = (queries.rows(), queries.cols(), self.centroids.rows());
+        let mut s = vec![0.0f32; n * c];
+        gemm::gemm(
+            &mut s,
+            n,
+            c,
+            0.0,
+            1.0,
+            queries.as_slice(),
+            (n, d),
+            Op::N,
+            self.centroids_d.as_slice(),
+            (c, d),
+            Op::T,
+        );
+        let probes: Vec<Vec<u32>> = s
+            .par_chunks(c)
+            .map(|row| {
+                let mut probed = Vec::new();
+                self.probe_order(row, budget, self.probe_head(budget), &mut probed);
+                probed
+            })
+            .collect();
+        let (mut queries_of, mut probe_of) = (vec![Vec::new(); c], vec![Vec::new(); c]);
+        let slots = probes
+            .iter()
+            .enumerate()
+            .map(|(q, probed)| {
+                probed
+                    .iter()
+                    .enumerate()
+                    .map(|(p, &j)| {
+                        let list: &mut Vec<u32> = &mut queries_of[j as usize];
+                        list.push(q as u32);
+                        probe_of[j as usize].push(p as u32);
+                        (j, list.len() as u32 - 1)
+                    })
+                    .collect()
+            })
+            .collect();
+        BatchProbes { slots, queries_of, probe_of }
+    }
+
+    /// Scores of every probed cluster's members against the queries probing it: `nq x stride`,
+    /// row-major, so that each query's scores are contiguous (`stride` = the members, padded for
+    /// int8 codes). Exact on the f32 copies, approximate on the codes when `codes` is given.
+    fn score_batch(
+        &self,
+        probes: &BatchProbes,
+        queries: &Matrix,
+        codes: Option<&QuantQueries>,
+    ) -> Vec<(Vec<f32>, usize)> {
+        let d = queries.cols();
+        probes
+            .queries_of
+            .par_iter()
+            .zip(&self.clusters)
+            .map(|(qs, cluster)| {
+                if qs.is_empty() {
+                    return (Vec::new(), 0);
+                }
+                if let (Some(rows), Some(codes)) = (&cluster.codes, codes) {
+                    let mut z = Vec::new();
+                    quant::scores(rows, codes, qs, &mut z);
+                    return (z, rows.padded_len());
+                }
+                let (m, nq) = (cluster.len(), qs.len());
+                let mut qm = Matrix::zeros(nq, d);
+                for (r, &q) in qs.iter().enumerate() {
+                    qm.row_mut(r).copy_from_slice(queries.row(q as usize));
+                }
+                let mut z = vec![0.0f32; nq * m];
+                gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
+                (z, m)
+            })
+            .collect()
+    }
+
+    /// The int8 path's end of the batched search: from the approximate scores (`blocks`), every
+    /// query's best `depth` probed rows, rescored exactly cluster by cluster from the f32 copies
+    /// (each cluster's copy is read once, while it is in cache, for all the queries that picked
+    /// rows in it, instead of gathering rows query by query), and the `k` best of those into
+    /// `out`. Returns the number of rows rescored.
+    fn rescore_batch(
+        &self,
+        probes: &BatchProbes,
+        blocks: &[(Vec<f32>, usize)],
+        queries: &Matrix,
+        k: usize,
+        out: &mut [Vec<Hit>],
+    ) -> usize {
+        let (d, depth) = (queries.cols(), self.depth(k));
+        // Every query's picks, as positions in its probed clusters: `positions[starts[p]..
+        // starts[p + 1]]` in its `p`-th probed cluster.
+        let picks: Vec<(Vec<u32>, Vec<u32>)> = probes
+            .slots
+            .par_iter()
+            .map_init(
+                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
+                |(parts, flat, sample, kept), slots| {
+                    // The scores, copied in one stream into a buffer that stays in cache for the
+                    // selection's passes.
+                    probed_parts(slots, &self.clusters, blocks, parts);
+                    flat.clear();
+                    parts.iter().for_each(|(s, _)| flat.extend_from_slice(s));
+                    topk::best_positions(flat, depth, sample, kept);
+                    let (mut positions, mut starts) =
+                        (Vec::with_capacity(kept.len()), Vec::with_capacity(parts.len() + 1));
+                    let (mut next, mut end) = (kept.iter().peekable(), 0);
+                    for (s, _) in parts.iter() {
+                        let start = end;
+                        end += s.len() as u32;
+                        starts.push(positions.len() as u32);
+                        while let Some(&&i) = next.peek()
+                            && i < end
+                        {
+                            positions.push(i - start);
+                            next.next();
+                        }
+                    }
+                    starts.push(positions.len() as u32);
+                    (positions, starts)
+                },
+            )
+            .collect();
+        // Exact scores of the picks, cluster by cluster: for the `s`-th query probing cluster
+        // `j`, `scores[starts[s]..]` of `exact[j]`, in the order of its picks.
+        let exact: Vec<(Vec<f32>, Vec<u32>)> = probes
+            .queries_of
+            .par_iter()
+            .zip(&probes.probe_of)
+            .zip(&self.clusters)
+            .map(|((qs, probe), cluster)| {
+                let (mut scores, mut starts) = (Vec::new(), Vec::with_capacity(qs.len()));
+                // Most rows are needed by some query: load them all in one stream first (the
+                // queries' picks would touch them in random order, each a full memory latency).
+                if !qs.is_empty() {
+                    kernels::prefetch(&cluster.rows);
+                }
+                for (&q, &p) in qs.iter().zip(probe) {
+                    starts.push(scores.len() as u32);
+                    let (query, (positions, part)) = (queries.row(q as usize), &picks[q as usize]);
+                    let mine = &positions[part[p as usize] as usize..part[p as usize + 1] as usize];
+                    scores.extend(mine.iter().map(|&i| kernels::dot_simd(cluster.row(i as usize, d), query)));
+                }
+                (scores, starts)
+            })
+            .collect();
+        out.par_iter_mut()
+            .zip(&picks)
+            .zip(&probes.slots)
+            .map_init(Vec::new, |candidates, ((found, (positions, part)), slots)| {
+                candidates.clear();
+                for (p, &(j, slot)) in slots.iter().enumerate() {
+                    let (scores, starts) = &exact[j as usize];
+                    let mine = &positions[part[p] as usize..part[p + 1] as usize];
+                    let ids = &self.clusters[j as usize].ids;
+                    let start = starts[slot as usize] as usize;
+                    candidates.extend(
+                        mine.iter()
+                            .zip(&scores[start..start + mine.len()])
+                            .map(|(&i, &score)| Hit { class: ids[i as usize], score }),
+                    );
+                }
+                let rescored = candidates.len();
+                keep_best(candidates, k, found);
+                rescored
+            })
+            .sum()
+    }
+
     /// Number of centroids C.
     pub fn n_centroids(&self) -> usize {
         self.centroids.rows()
@@ -342,6 +516,17 @@ impl SphericalIndex {
     pub fn cluster_sizes(&self) -> Vec<usize> {
         self.clusters.iter().map(Cluster::len).collect()
     }
+}
+
+/// Who probes what in a batched search.
+struct BatchProbes {
+    /// Per query, its probed clusters in probing order, each as `(cluster, the query's place in
+    /// that cluster's list)`.
+    slots: Vec<Vec<(u32, u32)>>,
+    /// Per cluster, the queries probing it ...
+    queries_of: Vec<Vec<u32>>,
+    /// ... and which of each one's probes it is.
+    probe_of: Vec<Vec<u32>>,
 }
 
 /// The scores a query's probed clusters got in the batched search (`slots`: the query's
@@ -456,178 +641,32 @@ impl MipsIndex for SphericalIndex {
     }
 
     /// Batched search: centroid scores of all queries by one matrix product; then, cluster by
-    /// cluster, the members' copy is scored against every query probing that cluster by one
-    /// small matrix product, instead of per-query scattered dot products.
+    /// cluster, the members' copy (or codes) is scored against every query probing that cluster
+    /// at once (a small matrix product, or the int8 kernel), instead of per-query scattered dot
+    /// products; with int8 codes the best are then rescored cluster by cluster
+    /// ([`SphericalIndex::rescore_batch`]).
     /// Returns what [`MipsIndex::search`] returns for each query (up to rounding: products and
     /// dot kernels may differ in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
-        let (n, d, c) = (queries.rows(), w.dim(), self.centroids.rows());
-        let budget = self.budget(k);
-        let mut s = vec![0.0f32; n * c];
-        gemm::gemm(
-            &mut s,
-            n,
-            c,
-            0.0,
-            1.0,
-            queries.as_slice(),
-            (n, d),
-            Op::N,
-            self.centroids_d.as_slice(),
-            (c, d),
-            Op::T,
-        );
-        // The probed clusters of every query, in its probing order.
-        let probes: Vec<Vec<u32>> = s
-            .par_chunks(c)
-            .map(|row| {
-                let mut probed = Vec::new();
-                self.probe_order(row, budget, self.probe_head(budget), &mut probed);
-                probed
-            })
-            .collect();
-        // Who probes each cluster (and as which of its probes), and where each query sits in
-        // its clusters' lists.
-        let (mut by_cluster, mut parts_at): (Vec<Vec<u32>>, Vec<Vec<u32>>) = (vec![Vec::new(); c], vec![Vec::new(); c]);
-        let slots: Vec<Vec<(u32, u32)>> = probes
-            .iter()
-            .enumerate()
-            .map(|(q, probed)| {
-                probed
-                    .iter()
-                    .enumerate()
-                    .map(|(p, &j)| {
-                        let list = &mut by_cluster[j as usize];
-                        list.push(q as u32);
-                        parts_at[j as usize].push(p as u32);
-                        (j, list.len() as u32 - 1)
-                    })
-                    .collect()
-            })
-            .collect();
-        // Scores of every probed cluster's members against its queries: `nq x stride`,
-        // row-major, so that each query's scores are contiguous (`stride` = the members, padded
-        // for int8 codes).
-        let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), d));
-        let blocks: Vec<(Vec<f32>, usize)> = by_cluster
-            .par_iter()
-            .zip(&self.clusters)
-            .map(|(qs, cluster)| {
-                if qs.is_empty() {
-                    return (Vec::new(), 0);
-                }
-                let (m, nq) = (cluster.len(), qs.len());
-                if let (Some(rows), Some(codes)) = (&cluster.codes, &codes) {
-                    let mut z = Vec::new();
-                    quant::scores(rows, codes, qs, &mut z);
-                    return (z, rows.padded_len());
-                }
-                let mut qm = Matrix::zeros(nq, d);
-                for (r, &q) in qs.iter().enumerate() {
-                    qm.row_mut(r).copy_from_slice(queries.row(q as usize));
-                }
-                let mut z = vec![0.0f32; nq * m];
-                gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
-                (z, m)
-            })
-            .collect();
-        let parts_of = |q: usize, parts: &mut Vec<_>| probed_parts(&slots[q], &self.clusters, &blocks, parts);
-        out.resize_with(n, Vec::new);
-        out.truncate(n);
-        if codes.is_none() {
-            // Exact scores: select.
-            return out
-                .par_iter_mut()
-                .enumerate()
-                .map_init(
-                    || (Vec::new(), Vec::new()),
-                    |(parts, sample), (q, found)| {
-                        let probed = parts_of(q, parts);
-                        topk::select_best(parts, k, sample, found);
-                        probed + c
-                    },
-                )
-                .sum();
+        let probes = self.probe_batch(queries, self.budget(k));
+        let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), w.dim()));
+        let blocks = self.score_batch(&probes, queries, codes.as_ref());
+        out.resize_with(queries.rows(), Vec::new);
+        out.truncate(queries.rows());
+        let probed: usize = probes.slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
+        let centroids = queries.rows() * self.centroids.rows();
+        if codes.is_some() {
+            return probed + self.rescore_batch(&probes, &blocks, queries, k, out) + centroids;
         }
-        // Approximate scores. Every query's best `depth` probed rows, as positions in its
-        // probed clusters (`starts[p]..starts[p + 1]` of `rows` for the `p`-th) ...
-        let depth = self.depth(k);
-        let picks: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
-            .into_par_iter()
-            .map_init(
-                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
-                |(parts, flat, sample, kept), q| {
-                    // The scores, copied in one stream into a buffer that stays in cache for the
-                    // selection's passes.
-                    probed_parts(&slots[q], &self.clusters, &blocks, parts);
-                    flat.clear();
-                    parts.iter().for_each(|(s, _)| flat.extend_from_slice(s));
-                    topk::best_positions(flat, depth, sample, kept);
-                    let (mut rows, mut starts) = (Vec::with_capacity(kept.len()), Vec::with_capacity(parts.len() + 1));
-                    let (mut next, mut end) = (kept.iter().peekable(), 0);
-                    for (s, _) in parts.iter() {
-                        let start = end;
-                        end += s.len() as u32;
-                        starts.push(rows.len() as u32);
-                        while let Some(&&i) = next.peek()
-                            && i < end
-                        {
-                            rows.push(i - start);
-                            next.next();
-                        }
-                    }
-                    starts.push(rows.len() as u32);
-                    (rows, starts)
-                },
-            )
-            .collect();
-        // ... rescored cluster by cluster from the f32 copies (each cluster's copy is read
-        // while it is in cache, instead of gathering rows for every query) ...
-        let exact: Vec<(Vec<f32>, Vec<u32>)> = by_cluster
-            .par_iter()
-            .zip(&parts_at)
-            .zip(&self.clusters)
-            .map(|((qs, at), cluster)| {
-                let (mut scores, mut starts) = (Vec::new(), Vec::with_capacity(qs.len()));
-                // Most rows are needed by some query: load them all in one stream first (the
-                // queries' picks would touch them in random order, each a full memory latency).
-                if !qs.is_empty() {
-                    kernels::prefetch(&cluster.rows);
-                }
-                for (&q, &p) in qs.iter().zip(at) {
-                    starts.push(scores.len() as u32);
-                    let (query, (rows, part)) = (queries.row(q as usize), &picks[q as usize]);
-                    let mine = &rows[part[p as usize] as usize..part[p as usize + 1] as usize];
-                    scores.extend(mine.iter().map(|&i| kernels::dot(cluster.row(i as usize, d), query)));
-                }
-                (scores, starts)
-            })
-            .collect();
-        // ... and the `k` best kept.
-        let rescored: usize = out
-            .par_iter_mut()
-            .zip(&picks)
-            .zip(&slots)
-            .map_init(Vec::new, |candidates, ((found, (rows, part)), slots)| {
-                candidates.clear();
-                for (p, &(j, slot)) in slots.iter().enumerate() {
-                    let (scores, starts) = &exact[j as usize];
-                    let mine = &rows[part[p] as usize..part[p + 1] as usize];
-                    let ids = &self.clusters[j as usize].ids;
-                    let start = starts[slot as usize] as usize;
-                    candidates.extend(
-                        mine.iter()
-                            .zip(&scores[start..start + mine.len()])
-                            .map(|(&i, &score)| Hit { class: ids[i as usize], score }),
-                    );
-                }
-                let rescored = candidates.len();
-                keep_best(candidates, k, found);
-                rescored
-            })
-            .sum();
-        let probed: usize = slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
-        probed + rescored + n * c
+        // Exact scores: select.
+        out.par_iter_mut().zip(&probes.slots).for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(parts, sample), (found, slots)| {
+                probed_parts(slots, &self.clusters, &blocks, parts);
+                topk::select_best(parts, k, sample, found);
+            },
+        );
+        probed + centroids
     }
 
     fn sync(&mut self, w: Rows, rows: &[ClassId]) {
