@@ -173,8 +173,9 @@ pub struct IndexParams {
     /// HNSW: search list size (raised to the candidates fetched).
     #[arg(long, default_value_t = 64)]
     ef_search: usize,
-    /// Spherical: score probed rows on int8 codes (then rescore the best exactly) or f32 copies.
-    #[arg(long, value_enum, default_value_t = ScoringName::Int8)]
+    /// Spherical: score probed rows on f32 copies (the config default) or on int8 codes, then
+    /// rescore the best exactly.
+    #[arg(long, value_enum, default_value_t = ScoringName::F32)]
     scoring: ScoringName,
     /// Spherical, int8 scoring: rows rescored exactly per result.
     #[arg(long)]

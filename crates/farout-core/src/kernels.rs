@@ -158,21 +158,15 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
     }
 
+    /// Both dot kernels, on every tail length past their vector widths (8 and 32 floats).
     #[test]
-    fn dot_matches_scalar_reference_for_every_tail_length() {
-        for n in 0..40 {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            assert!((dot(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "n = {n}");
-        }
-    }
-
-    #[test]
-    fn dot_simd_matches_scalar_reference_for_every_tail_length() {
-        for n in 0..100 {
-            let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-            assert!((dot_simd(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "n = {n}");
+    fn dots_match_scalar_reference_for_every_tail_length() {
+        for (name, kernel) in [("dot", dot as fn(&[f32], &[f32]) -> f32), ("dot_simd", dot_simd)] {
+            for n in 0..100 {
+                let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+                let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+                assert!((kernel(&a, &b) as f64 - scalar_dot(&a, &b)).abs() < 1e-5, "{name}, n = {n}");
+            }
         }
     }
 

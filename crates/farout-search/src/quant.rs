@@ -18,9 +18,10 @@
 //! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
 //! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
 //! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
-//! (8 accumulators). Machines without AVX-512 VNNI run [`scores_scalar`], which computes the
-//! same integers and the same float operations: both give bit-identical scores (a test checks
-//! it).
+//! (8 accumulators). Machines without AVX-512 VNNI run the portable code of [`scores_scalar`],
+//! which computes the same integers and the same float operations: both give bit-identical
+//! scores (a test checks it), but the portable code is far slower than f32 scoring — int8
+//! scoring is for CPUs with VNNI ([`vnni_available`]).
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 

@@ -15,14 +15,15 @@
 //! scanning a cluster streams memory instead of gathering rows scattered over `W` (at
 //! K = 1,000,000 a batch of 256 queries probes nearly every cluster; the gather cost more than
 //! the scoring). The copies are kept equal to `W` by [`MipsIndex::sync`] (the output layer calls
-//! it after every step, copying the changed rows). Two kinds of copy (`scoring`):
-//! - `f32`: the rows themselves (memory: one copy of `W`); their scores are exact, nothing is
-//!   rescored.
-//! - `int8`: int8 codes with a scale per row ([`crate::quant`]; a quarter of `W`), scored by an
-//!   AVX-512 VNNI kernel several times faster per row than f32 matrix products; the best
-//!   `rescore * k` probed rows by approximate score are then rescored exactly from `W` and the
-//!   top `k` of those returned. Rounding moves scores by well under their spread near the cut,
-//!   so the approximate ranking loses almost nothing that the rescoring cannot restore.
+//! it after every step, copying the changed rows). Two ways to score them (`scoring`):
+//! - `f32`: on the copies themselves; the scores are exact, nothing is rescored.
+//! - `int8`: on int8 codes of the rows with a scale per row ([`crate::quant`]; kept beside the
+//!   copies, a quarter of their size), by an AVX-512 VNNI kernel several times faster per row
+//!   than f32 matrix products; the best `rescore * k` probed rows by approximate score are then
+//!   rescored exactly from the copies and the top `k` of those returned. Rounding moves scores
+//!   by well under their spread near the cut, so the approximate ranking loses almost nothing
+//!   that the rescoring cannot restore. It pays when many rows are probed per result (factor
+//!   10 and more); at the default 5 the rescoring costs more than the scan saves.
 //!
 //! **Refresh.** A changed row's copy is updated and the row re-augmented and reassigned to its
 //! nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it has drifted: its
@@ -61,7 +62,7 @@ pub struct SphericalConfig {
     /// space) has fallen by more than this since its assignment; negative = every changed row.
     pub refresh_drift: f32,
     /// How probed rows are scored: on f32 copies (exact) or on int8 codes (approximate, then
-    /// the best `rescore * k` rescored exactly from `W`).
+    /// the best `rescore * k` rescored exactly from the f32 copies).
     pub scoring: Scoring,
     /// `int8` scoring: rows rescored exactly per result (at least 1).
     pub rescore: f32,
@@ -74,7 +75,8 @@ pub enum Scoring {
     /// Exact scores on f32 copies of the rows.
     #[default]
     F32,
-    /// Approximate scores on int8 codes, the best rescored exactly.
+    /// Approximate scores on int8 codes, the best rescored exactly. Needs AVX-512 VNNI to pay
+    /// (elsewhere the same scores come from slow portable code).
     Int8,
 }
 

@@ -623,6 +623,16 @@ impl Config {
         if self.index.refresh_every == 0 {
             return Err("key `index.refresh_every` must be > 0".into());
         }
+        let spherical = &self.index.spherical;
+        if !(spherical.candidate_factor >= 1.0 && spherical.candidate_factor.is_finite()) {
+            return Err(format!(
+                "key `index.spherical.candidate_factor` = {} must be a finite number >= 1",
+                spherical.candidate_factor
+            ));
+        }
+        if !(spherical.rescore >= 1.0 && spherical.rescore.is_finite()) {
+            return Err(format!("key `index.spherical.rescore` = {} must be a finite number >= 1", spherical.rescore));
+        }
         self.output.optimizer.check("output.optimizer").map_err(|e| e.to_string())?;
         self.model.doc_encoder.optimizer.check("model.doc_encoder.optimizer").map_err(|e| e.to_string())?;
         Ok(())
@@ -768,5 +778,15 @@ mod tests {
         c.data.format = DataFormat::Xmc;
         c.data.train = Some("t.txt".into());
         assert!(c.check().unwrap_err().contains("model.encoder"));
+    }
+
+    #[test]
+    fn check_names_bad_spherical_index_parameters() {
+        let set = |key: &str| Config::parse(MINIMAL, &[key.to_string()]).unwrap().check().unwrap_err();
+        assert!(set("index.spherical.rescore=0.5").contains("index.spherical.rescore"));
+        assert!(set("index.spherical.candidate_factor=0").contains("index.spherical.candidate_factor"));
+        let scoring =
+            Config::parse(MINIMAL, &["index.spherical.scoring=\"int4\"".to_string()]).unwrap_err().to_string();
+        assert!(scoring.contains("int8") && scoring.contains("f32"), "{scoring}");
     }
 }
