@@ -90,8 +90,7 @@ impl QuantRows {
     /// Overwrites row `at` with the codes of `row`.
     pub fn set(&mut self, at: usize, row: &[f32]) {
         assert!(at < self.len && row.len() == self.dim, "row {at} of {} (dim {} != {})", self.len, row.len(), self.dim);
-        let max = row.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let (scale, inv) = if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) };
+        let (scale, inv) = scale_of(row);
         let mut sum = 0i32;
         for c in 0..self.chunks {
             let mut code = [0i8; 4];
@@ -135,6 +134,13 @@ impl QuantRows {
     }
 }
 
+/// The quantisation step `s = max_i |x_i| / 127` of a vector and its inverse (both 0 for a zero
+/// or non-finite vector, whose codes are then all 0).
+fn scale_of(x: &[f32]) -> (f32, f32) {
+    let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) }
+}
+
 /// Queries quantised for [`scores`] (see the module docs).
 #[derive(Clone, Debug, Default)]
 pub struct QuantQueries {
@@ -166,8 +172,7 @@ impl QuantQueries {
     }
 
     fn push(&mut self, q: &[f32]) {
-        let max = q.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let (scale, inv) = if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) };
+        let (scale, inv) = scale_of(q);
         let start = self.codes.len();
         self.codes.resize(start + 4 * self.chunks, 128);
         for (u, x) in self.codes[start..].iter_mut().zip(q) {
@@ -186,28 +191,27 @@ impl QuantQueries {
 /// score 0). Uses the AVX-512 VNNI kernel when the CPU has it, else [`scores_scalar`]; the two
 /// agree bit for bit.
 pub fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
-    assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
-    out.clear();
-    out.resize(which.len() * rows.padded_len(), 0.0);
     #[cfg(target_arch = "x86_64")]
     if vnni_available() {
+        size_output(rows, queries, which, out);
         // SAFETY: the CPU has the features the kernel is compiled for (checked just above);
         // the kernel reads within `rows`, `queries` and `out` as sized here.
         unsafe { vnni::scores(rows, queries, which, out) };
         return;
     }
-    scores_into(rows, queries, which, out);
+    scores_scalar(rows, queries, which, out);
+}
+
+/// Checks that `rows` and `queries` have the same dimension and sizes `out` for [`scores`].
+fn size_output(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
+    assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
+    out.clear();
+    out.resize(which.len() * rows.padded_len(), 0.0);
 }
 
 /// [`scores`] in portable scalar code (the reference the kernel is tested against).
 pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
-    assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
-    out.clear();
-    out.resize(which.len() * rows.padded_len(), 0.0);
-    scores_into(rows, queries, which, out);
-}
-
-fn scores_into(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+    size_output(rows, queries, which, out);
     let n = rows.padded_len();
     for (s, &j) in which.iter().enumerate() {
         let (u, sq) = (queries.codes(j as usize), queries.scale[j as usize]);

@@ -322,12 +322,12 @@ impl SphericalIndex {
 
     /// Rows probed per query for `k` results.
     fn budget(&self, k: usize) -> usize {
-        ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k)
+        per_result(k, self.config.candidate_factor)
     }
 
     /// Rows rescored exactly per query for `k` results (int8 scoring).
     fn depth(&self, k: usize) -> usize {
-        ((k as f32 * self.config.rescore.max(1.0)).ceil() as usize).max(k)
+        per_result(k, self.config.rescore)
     }
 
     /// The cluster copy of row `i` (equal to `W`'s row as of its last sync).
@@ -531,15 +531,20 @@ struct BatchProbes {
     probe_of: Vec<Vec<u32>>,
 }
 
+/// `factor * k` rows, rounded up, at least `k` (a factor below 1, or NaN, counts as 1).
+fn per_result(k: usize, factor: f32) -> usize {
+    ((k as f32 * factor).ceil() as usize).max(k)
+}
+
 /// The scores a query's probed clusters got in the batched search (`slots`: the query's
 /// `(cluster, row of the cluster's score block)` pairs; `blocks`: every cluster's scores and
-/// their row stride) with the clusters' ids, into `parts`; returns the number of rows.
+/// their row stride) with the clusters' ids, into `parts`.
 fn probed_parts<'a>(
     slots: &[(u32, u32)],
     clusters: &'a [Cluster],
     blocks: &'a [(Vec<f32>, usize)],
     parts: &mut Vec<(&'a [f32], &'a [ClassId])>,
-) -> usize {
+) {
     parts.clear();
     for &(j, slot) in slots {
         let members = &clusters[j as usize].ids[..];
@@ -547,7 +552,6 @@ fn probed_parts<'a>(
         let at = slot as usize * stride;
         parts.push((&z[at..at + members.len()], members));
     }
-    parts.iter().map(|(s, _)| s.len()).sum()
 }
 
 /// The `k` best of `candidates` (emptied) into `out`, in no particular order.
