@@ -19,11 +19,12 @@
 //! - `f32`: on the copies themselves; the scores are exact, nothing is rescored.
 //! - `int8`: on int8 codes of the rows with a scale per row ([`crate::quant`]; kept beside the
 //!   copies, a quarter of their size), by an AVX-512 VNNI kernel several times faster per row
-//!   than f32 matrix products; the best `rescore * k` probed rows by approximate score are then
-//!   rescored exactly from the copies and the top `k` of those returned. Rounding moves scores
-//!   by well under their spread near the cut, so the approximate ranking loses almost nothing
-//!   that the rescoring cannot restore. It pays when many rows are probed per result (factor
-//!   10 and more); at the default 5 the rescoring costs more than the scan saves.
+//!   than f32 matrix products (the centroids are ranked on their codes too); the best
+//!   `rescore * k` probed rows by approximate score are then rescored exactly from the copies
+//!   and the top `k` of those returned. Rounding moves scores by well under their spread near
+//!   the cut, so the approximate ranking loses almost nothing that the rescoring cannot
+//!   restore. It pays when many rows are probed per result (factor 10 and more); at the
+//!   default 5 the rescoring costs more than the scan saves.
 //!
 //! **Refresh.** A changed row's copy is updated and the row re-augmented and reassigned to its
 //! nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it has drifted: its
@@ -35,6 +36,7 @@
 use crate::quant::{self, QuantQueries, QuantRows};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
+use farout_core::topk::NthBest;
 use farout_core::{ClassId, Matrix, kernels, rng, topk};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -106,6 +108,9 @@ pub struct SphericalIndex {
     centroids: Matrix,
     /// Their first D coordinates, `C x D` (queries have 0 in the augmented one).
     centroids_d: Matrix,
+    /// With int8 scoring, the codes of `centroids_d`: probing ranks the centroids by
+    /// approximate scores too.
+    centroid_codes: Option<QuantRows>,
     /// Cluster of every row.
     assign: Vec<u32>,
     /// Every row's cosine with its centroid when it was assigned (the drift reference).
@@ -185,12 +190,13 @@ const PROBE_HEAD: usize = 64;
 /// Rows per block of the k-means assignment product (bounds its temporary to block x C).
 const ASSIGN_BLOCK: usize = 4096;
 
-/// Per-thread buffers of one search: centroid scores, their order, the probed rows' scores and
-/// ids, the threshold sample of `topk::select_best`, and the int8 path's query codes, cluster
+/// Per-thread buffers of one search: centroid scores, their keys and order, the probed rows'
+/// scores and ids, the threshold sample of `topk::select_best`, and the int8 path's cluster
 /// scores and candidates.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
+    keys: Vec<u64>,
     order: Vec<u32>,
     probed: Vec<f32>,
     ids: Vec<ClassId>,
@@ -273,11 +279,17 @@ impl SphericalIndex {
         for j in 0..c {
             centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
         }
+        let centroid_codes = (config.scoring == Scoring::Int8).then(|| {
+            let mut codes = QuantRows::new(d);
+            centroids_d.iter_rows().for_each(|row| codes.push(row));
+            codes
+        });
         Self {
             config: config.clone(),
             max_norm: m,
             centroids,
             centroids_d,
+            centroid_codes,
             assign,
             assigned_cos,
             pos,
@@ -294,30 +306,36 @@ impl SphericalIndex {
 
     /// The clusters a query probes, best centroid score first, into `order`: as many as it
     /// takes for their members to reach `budget` rows (or all). Orders only the best `head`
-    /// first, the rest only when those do not hold the budget.
-    fn probe_order(&self, centroid_scores: &[f32], budget: usize, head: usize, order: &mut Vec<u32>) {
-        order.clear();
-        order.extend(0..centroid_scores.len() as u32);
-        let better =
-            |a: &u32, b: &u32| centroid_scores[*b as usize].total_cmp(&centroid_scores[*a as usize]).then(a.cmp(b));
-        let head = head.min(order.len());
-        if head < order.len() {
-            order.select_nth_unstable_by(head, better);
+    /// first, the rest only when those do not hold the budget (`keys`: scratch).
+    fn probe_order(
+        &self,
+        centroid_scores: &[f32],
+        budget: usize,
+        head: usize,
+        keys: &mut Vec<u64>,
+        order: &mut Vec<u32>,
+    ) {
+        keys.clear();
+        keys.extend(centroid_scores.iter().enumerate().map(|(j, &s)| topk::descending_key(s, j as u32)));
+        let head = head.min(keys.len());
+        if head < keys.len() {
+            keys.select_nth_unstable(head);
         }
-        order[..head].sort_unstable_by(better);
+        keys[..head].sort_unstable();
         let mut rows = 0;
-        let mut reached = |j: &u32| {
-            rows += self.clusters[*j as usize].len();
+        let mut reached = |key: &u64| {
+            rows += self.clusters[*key as u32 as usize].len();
             rows >= budget
         };
-        let probed = match order[..head].iter().position(&mut reached) {
+        let probed = match keys[..head].iter().position(&mut reached) {
             Some(p) => p + 1,
             None => {
-                order[head..].sort_unstable_by(better);
-                order[head..].iter().position(reached).map_or(order.len(), |p| head + p + 1)
+                keys[head..].sort_unstable();
+                keys[head..].iter().position(reached).map_or(keys.len(), |p| head + p + 1)
             }
         };
-        order.truncate(probed);
+        order.clear();
+        order.extend(keys[..probed].iter().map(|&key| key as u32));
     }
 
     /// Rows probed per query for `k` results.
@@ -335,9 +353,15 @@ impl SphericalIndex {
         self.clusters[self.assign[i as usize] as usize].row(self.pos[i as usize] as usize, d)
     }
 
-    /// The clusters every query of a batch probes for `budget` rows (centroid scores by one
-    /// matrix product), and who probes each cluster.
-    fn probe_batch(&self, queries: &Matrix, budget: usize) -> BatchProbes {
+    /// Every query's centroid scores, `queries.rows() x stride` row-major with the `C` scores
+    /// first in each row: exact by one matrix product, or approximate on the codes with int8
+    /// scoring (`codes`: the queries' codes).
+    fn centroid_scores(&self, queries: &Matrix, codes: Option<&QuantQueries>) -> (Vec<f32>, usize) {
+        if let (Some(rows), Some(codes)) = (&self.centroid_codes, codes) {
+            let (all, mut s): (Vec<u32>, _) = ((0..queries.rows() as u32).collect(), Vec::new());
+            quant::scores(rows, codes, &all, &mut s);
+            return (s, rows.padded_len());
+        }
         let (n, d, c) = (queries.rows(), queries.cols(), self.centroids.rows());
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(
@@ -353,32 +377,39 @@ impl SphericalIndex {
             (c, d),
             Op::T,
         );
+        (s, c)
+    }
+
+    /// The clusters every query of a batch probes for `budget` rows, and who probes each
+    /// cluster.
+    fn probe_batch(&self, queries: &Matrix, codes: Option<&QuantQueries>, budget: usize) -> BatchProbes {
+        let c = self.centroids.rows();
+        let (s, stride) = self.centroid_scores(queries, codes);
+        let head = self.probe_head(budget);
         let probes: Vec<Vec<u32>> = s
-            .par_chunks(c)
-            .map(|row| {
+            .par_chunks(stride)
+            .map_init(Vec::new, |keys, row| {
                 let mut probed = Vec::new();
-                self.probe_order(row, budget, self.probe_head(budget), &mut probed);
+                self.probe_order(&row[..c], budget, head, keys, &mut probed);
                 probed
             })
             .collect();
-        let (mut queries_of, mut probe_of) = (vec![Vec::new(); c], vec![Vec::new(); c]);
+        let mut queries_of = vec![Vec::new(); c];
         let slots = probes
             .iter()
             .enumerate()
             .map(|(q, probed)| {
                 probed
                     .iter()
-                    .enumerate()
-                    .map(|(p, &j)| {
+                    .map(|&j| {
                         let list: &mut Vec<u32> = &mut queries_of[j as usize];
                         list.push(q as u32);
-                        probe_of[j as usize].push(p as u32);
                         (j, list.len() as u32 - 1)
                     })
                     .collect()
             })
             .collect();
-        BatchProbes { slots, queries_of, probe_of }
+        BatchProbes { slots, queries_of }
     }
 
     /// Scores of every probed cluster's members against the queries probing it: `nq x stride`,
@@ -416,11 +447,12 @@ impl SphericalIndex {
             .collect()
     }
 
-    /// The int8 path's end of the batched search: from the approximate scores (`blocks`), every
-    /// query's best `depth` probed rows, rescored exactly cluster by cluster from the f32 copies
-    /// (each cluster's copy is read once, while it is in cache, for all the queries that picked
-    /// rows in it, instead of gathering rows query by query), and the `k` best of those into
-    /// `out`. Returns the number of rows rescored.
+    /// The int8 path's end of the batched search, from the approximate scores (`blocks`):
+    /// every query's cut, the `depth`-th best approximate score of its probed rows; then,
+    /// cluster by cluster, the rows reaching the cut of a query probing the cluster are rescored
+    /// exactly from the f32 copy (each copy is read once, while it is in cache, for all its
+    /// queries, instead of gathering rows query by query); then each query's `k` best of its
+    /// rescored rows into `out`. Returns the number of rows rescored.
     fn rescore_batch(
         &self,
         probes: &BatchProbes,
@@ -430,81 +462,64 @@ impl SphericalIndex {
         out: &mut [Vec<Hit>],
     ) -> usize {
         let (d, depth) = (queries.cols(), self.depth(k));
-        // Every query's picks, as positions in its probed clusters: `positions[starts[p]..
-        // starts[p + 1]]` in its `p`-th probed cluster.
-        let picks: Vec<(Vec<u32>, Vec<u32>)> = probes
+        let cuts: Vec<f32> = probes
             .slots
             .par_iter()
             .map_init(
-                || (Vec::new(), Vec::new(), Vec::new(), Vec::new()),
-                |(parts, flat, sample, kept), slots| {
-                    // The scores, copied in one stream into a buffer that stays in cache for the
-                    // selection's passes.
-                    probed_parts(slots, &self.clusters, blocks, parts);
-                    flat.clear();
-                    parts.iter().for_each(|(s, _)| flat.extend_from_slice(s));
-                    topk::best_positions(flat, depth, sample, kept);
-                    let (mut positions, mut starts) =
-                        (Vec::with_capacity(kept.len()), Vec::with_capacity(parts.len() + 1));
-                    let (mut next, mut end) = (kept.iter().peekable(), 0);
-                    for (s, _) in parts.iter() {
-                        let start = end;
-                        end += s.len() as u32;
-                        starts.push(positions.len() as u32);
-                        while let Some(&&i) = next.peek()
-                            && i < end
-                        {
-                            positions.push(i - start);
-                            next.next();
-                        }
-                    }
-                    starts.push(positions.len() as u32);
-                    (positions, starts)
+                || (Vec::new(), NthBest::default()),
+                |(parts, nth), slots| {
+                    parts.clear();
+                    parts.extend(probed(slots, &self.clusters, blocks).map(|(scores, _)| scores));
+                    nth.of(parts, depth)
                 },
             )
             .collect();
-        // Exact scores of the picks, cluster by cluster: for the `s`-th query probing cluster
-        // `j`, `scores[starts[s]..]` of `exact[j]`, in the order of its picks.
-        let exact: Vec<(Vec<f32>, Vec<u32>)> = probes
+        // For the `s`-th query probing cluster `j`: `hits[starts[s]..starts[s + 1]]` of
+        // `rescored[j]`.
+        // For the `s`-th query probing cluster `j`: `hits[starts[s]..starts[s + 1]]` of
+        // `rescored[j]`.
+        let rescored: Vec<(Vec<Hit>, Vec<u32>)> = probes
             .queries_of
             .par_iter()
-            .zip(&probes.probe_of)
+            .zip(blocks)
             .zip(&self.clusters)
-            .map(|((qs, probe), cluster)| {
-                let (mut scores, mut starts) = (Vec::new(), Vec::with_capacity(qs.len()));
-                // Most rows are needed by some query: load them all in one stream first (the
-                // queries' picks would touch them in random order, each a full memory latency).
-                if !qs.is_empty() {
-                    kernels::prefetch(&cluster.rows);
-                }
-                for (&q, &p) in qs.iter().zip(probe) {
-                    starts.push(scores.len() as u32);
-                    let (query, (positions, part)) = (queries.row(q as usize), &picks[q as usize]);
-                    let mine = &positions[part[p as usize] as usize..part[p as usize + 1] as usize];
-                    scores.extend(mine.iter().map(|&i| kernels::dot_simd(cluster.row(i as usize, d), query)));
-                }
-                (scores, starts)
-            })
+            .map_init(
+                || (Vec::new(), Vec::new()),
+                |(positions, kept), ((qs, (z, stride)), cluster)| {
+                    let (mut hits, mut starts) = (Vec::new(), Vec::with_capacity(qs.len() + 1));
+                    // Most rows are needed by some query: start loading them all in one stream.
+                    if !qs.is_empty() {
+                        kernels::prefetch(&cluster.rows);
+                    }
+                    for (s, &q) in qs.iter().enumerate() {
+                        starts.push(hits.len() as u32);
+                        let approximate = &z[s * stride..s * stride + cluster.len()];
+                        positions.clear();
+                        kept.clear();
+                        kernels::keep_at_least(approximate, cuts[q as usize], positions, kept);
+                        let query = queries.row(q as usize);
+                        hits.extend(positions.iter().map(|&i| Hit {
+                            class: cluster.ids[i as usize],
+                            score: kernels::dot_simd(cluster.row(i as usize, d), query),
+                        }));
+                    }
+                    starts.push(hits.len() as u32);
+                    (hits, starts)
+                },
+            )
             .collect();
         out.par_iter_mut()
-            .zip(&picks)
             .zip(&probes.slots)
-            .map_init(Vec::new, |candidates, ((found, (positions, part)), slots)| {
+            .map_init(Vec::new, |candidates, (found, slots)| {
                 candidates.clear();
-                for (p, &(j, slot)) in slots.iter().enumerate() {
-                    let (scores, starts) = &exact[j as usize];
-                    let mine = &positions[part[p] as usize..part[p + 1] as usize];
-                    let ids = &self.clusters[j as usize].ids;
-                    let start = starts[slot as usize] as usize;
-                    candidates.extend(
-                        mine.iter()
-                            .zip(&scores[start..start + mine.len()])
-                            .map(|(&i, &score)| Hit { class: ids[i as usize], score }),
-                    );
+                for &(j, slot) in slots {
+                    let (hits, starts) = &rescored[j as usize];
+                    candidates
+                        .extend_from_slice(&hits[starts[slot as usize] as usize..starts[slot as usize + 1] as usize]);
                 }
-                let rescored = candidates.len();
+                let n = candidates.len();
                 keep_best(candidates, k, found);
-                rescored
+                n
             })
             .sum()
     }
@@ -525,10 +540,8 @@ struct BatchProbes {
     /// Per query, its probed clusters in probing order, each as `(cluster, the query's place in
     /// that cluster's list)`.
     slots: Vec<Vec<(u32, u32)>>,
-    /// Per cluster, the queries probing it ...
+    /// Per cluster, the queries probing it.
     queries_of: Vec<Vec<u32>>,
-    /// ... and which of each one's probes it is.
-    probe_of: Vec<Vec<u32>>,
 }
 
 /// `factor * k` rows, rounded up, at least `k` (a factor below 1, or NaN, counts as 1).
@@ -538,20 +551,18 @@ fn per_result(k: usize, factor: f32) -> usize {
 
 /// The scores a query's probed clusters got in the batched search (`slots`: the query's
 /// `(cluster, row of the cluster's score block)` pairs; `blocks`: every cluster's scores and
-/// their row stride) with the clusters' ids, into `parts`.
-fn probed_parts<'a>(
-    slots: &[(u32, u32)],
+/// their row stride), each with the cluster's ids.
+fn probed<'a>(
+    slots: &'a [(u32, u32)],
     clusters: &'a [Cluster],
     blocks: &'a [(Vec<f32>, usize)],
-    parts: &mut Vec<(&'a [f32], &'a [ClassId])>,
-) {
-    parts.clear();
-    for &(j, slot) in slots {
+) -> impl Iterator<Item = (&'a [f32], &'a [ClassId])> + 'a {
+    slots.iter().map(|&(j, slot)| {
         let members = &clusters[j as usize].ids[..];
         let (z, stride) = &blocks[j as usize];
         let at = slot as usize * stride;
-        parts.push((&z[at..at + members.len()], members));
-    }
+        (&z[at..at + members.len()], members)
+    })
 }
 
 /// The `k` best of `candidates` (emptied) into `out`, in no particular order.
@@ -601,16 +612,22 @@ impl MipsIndex for SphericalIndex {
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         let (budget, d) = (self.budget(k), w.dim());
-        SCRATCH.with_borrow_mut(|Scratch { scores, order, probed, ids, sample, block, candidates }| {
-            scores.clear();
+        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates }| {
+            let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
-            scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query)));
-            self.probe_order(scores, budget, self.probe_head(budget), order);
+            scores.clear();
+            match (&self.centroid_codes, &codes) {
+                (Some(rows), Some(codes)) => {
+                    quant::scores(rows, codes, &[0], block);
+                    scores.extend_from_slice(&block[..rows.len()]);
+                }
+                _ => scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query))),
+            }
+            self.probe_order(scores, budget, self.probe_head(budget), keys, order);
             // Every probed row is scored (on the cluster copies), so collect them all and
             // select once.
             probed.clear();
             ids.clear();
-            let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
                 ids.extend_from_slice(&cluster.ids);
@@ -654,25 +671,26 @@ impl MipsIndex for SphericalIndex {
     /// Returns what [`MipsIndex::search`] returns for each query (up to rounding: products and
     /// dot kernels may differ in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
-        let probes = self.probe_batch(queries, self.budget(k));
         let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), w.dim()));
+        let probes = self.probe_batch(queries, codes.as_ref(), self.budget(k));
         let blocks = self.score_batch(&probes, queries, codes.as_ref());
         out.resize_with(queries.rows(), Vec::new);
         out.truncate(queries.rows());
-        let probed: usize = probes.slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
+        let scanned: usize = probes.slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
         let centroids = queries.rows() * self.centroids.rows();
         if codes.is_some() {
-            return probed + self.rescore_batch(&probes, &blocks, queries, k, out) + centroids;
+            return scanned + self.rescore_batch(&probes, &blocks, queries, k, out) + centroids;
         }
         // Exact scores: select.
         out.par_iter_mut().zip(&probes.slots).for_each_init(
             || (Vec::new(), Vec::new()),
             |(parts, sample), (found, slots)| {
-                probed_parts(slots, &self.clusters, &blocks, parts);
+                parts.clear();
+                parts.extend(probed(slots, &self.clusters, &blocks));
                 topk::select_best(parts, k, sample, found);
             },
         );
-        probed + centroids
+        scanned + centroids
     }
 
     fn sync(&mut self, w: Rows, rows: &[ClassId]) {
@@ -783,7 +801,7 @@ mod tests {
         let config = SphericalConfig { n_centroids: 400, iterations: 2, ..SphericalConfig::default() };
         let index = SphericalIndex::build(Rows::all(&w), &config);
         let mut r = rng::seeded(3, 0);
-        let mut order = Vec::new();
+        let (mut keys, mut order) = (Vec::new(), Vec::new());
         for budget in [1, 10, 1_000, 5_000, 15_000, 30_000] {
             // Coarse scores: many ties, broken by centroid id.
             let scores: Vec<f32> = (0..400).map(|_| (rng::normal(&mut r) * 4.0).round()).collect();
@@ -799,7 +817,7 @@ mod tests {
                 .map_or(all.len(), |p| p + 1);
             all.truncate(n);
             for head in [8, PROBE_HEAD, index.probe_head(budget)] {
-                index.probe_order(&scores, budget, head, &mut order);
+                index.probe_order(&scores, budget, head, &mut keys, &mut order);
                 assert_eq!(order, all, "budget {budget}, head {head}");
             }
         }
