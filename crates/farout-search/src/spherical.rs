@@ -462,6 +462,7 @@ impl SphericalIndex {
         out: &mut [Vec<Hit>],
     ) -> usize {
         let (d, depth) = (queries.cols(), self.depth(k));
+        // Per query: rows scoring at least this are rescored (`depth` of them, more on ties).
         let cuts: Vec<f32> = probes
             .slots
             .par_iter()
@@ -474,8 +475,6 @@ impl SphericalIndex {
                 },
             )
             .collect();
-        // For the `s`-th query probing cluster `j`: `hits[starts[s]..starts[s + 1]]` of
-        // `rescored[j]`.
         // For the `s`-th query probing cluster `j`: `hits[starts[s]..starts[s + 1]]` of
         // `rescored[j]`.
         let rescored: Vec<(Vec<Hit>, Vec<u32>)> = probes
