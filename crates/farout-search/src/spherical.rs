@@ -662,11 +662,11 @@ impl MipsIndex for SphericalIndex {
         })
     }
 
-    /// Batched search: centroid scores of all queries by one matrix product; then, cluster by
-    /// cluster, the members' copy (or codes) is scored against every query probing that cluster
-    /// at once (a small matrix product, or the int8 kernel), instead of per-query scattered dot
-    /// products; with int8 codes the best are then rescored cluster by cluster
-    /// ([`SphericalIndex::rescore_batch`]).
+    /// Batched search: centroid scores of all queries at once (one matrix product, or one int8
+    /// kernel call on the centroids' codes); then, cluster by cluster, the members' copy (or
+    /// codes) is scored against every query probing that cluster at once (a small matrix
+    /// product, or the int8 kernel), instead of per-query scattered dot products; with int8
+    /// codes the best are then rescored cluster by cluster ([`SphericalIndex::rescore_batch`]).
     /// Returns what [`MipsIndex::search`] returns for each query (up to rounding: products and
     /// dot kernels may differ in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {

@@ -586,9 +586,7 @@ impl Config {
         if !(self.train.max_seconds >= 0.0) {
             return Err(format!("key `train.max_seconds` = {} must be >= 0", self.train.max_seconds));
         }
-        if !(self.eval.every_seconds >= 0.0 && self.eval.every_seconds.is_finite()) {
-            return Err(format!("key `eval.every_seconds` = {} must be a finite number >= 0", self.eval.every_seconds));
-        }
+        finite_at_least("eval.every_seconds", self.eval.every_seconds, 0.0)?;
         if self.eval.every_seconds > 0.0
             && (self.model.encoder != EncoderKind::SkipGram || self.output.estimator == EstimatorKind::NegativeSampling)
         {
@@ -611,9 +609,7 @@ impl Config {
         if !(self.output.sample_fraction > 0.0 && self.output.sample_fraction <= 1.0) {
             return Err(format!("key `output.sample_fraction` = {} must be in (0, 1]", self.output.sample_fraction));
         }
-        if !(self.output.alpha >= 0.0 && self.output.alpha.is_finite()) {
-            return Err(format!("key `output.alpha` = {} must be a finite number >= 0", self.output.alpha));
-        }
+        finite_at_least("output.alpha", self.output.alpha, 0.0)?;
         if let OptimizerConfig::ArSchedule { .. } = self.model.doc_encoder.optimizer {
             return Err(
                 "key `model.doc_encoder.optimizer.kind`: \"ar_schedule\" is for the output layer; use \"sgd\" or \"adagrad\""
@@ -623,16 +619,8 @@ impl Config {
         if self.index.refresh_every == 0 {
             return Err("key `index.refresh_every` must be > 0".into());
         }
-        let spherical = &self.index.spherical;
-        if !(spherical.candidate_factor >= 1.0 && spherical.candidate_factor.is_finite()) {
-            return Err(format!(
-                "key `index.spherical.candidate_factor` = {} must be a finite number >= 1",
-                spherical.candidate_factor
-            ));
-        }
-        if !(spherical.rescore >= 1.0 && spherical.rescore.is_finite()) {
-            return Err(format!("key `index.spherical.rescore` = {} must be a finite number >= 1", spherical.rescore));
-        }
+        finite_at_least("index.spherical.candidate_factor", self.index.spherical.candidate_factor, 1.0)?;
+        finite_at_least("index.spherical.rescore", self.index.spherical.rescore, 1.0)?;
         self.output.optimizer.check("output.optimizer").map_err(|e| e.to_string())?;
         self.model.doc_encoder.optimizer.check("model.doc_encoder.optimizer").map_err(|e| e.to_string())?;
         Ok(())
@@ -666,6 +654,17 @@ impl Config {
             },
             f => format!("{}:{}", format_name(f), stem(&self.data.train)),
         }
+    }
+}
+
+/// Checks that the value of config key `key` is a finite number `>= min` (NaN is not), else says
+/// so naming the key.
+fn finite_at_least<T: Copy + Into<f64> + std::fmt::Display>(key: &str, value: T, min: f64) -> Result<(), String> {
+    let v: f64 = value.into();
+    if v >= min && v.is_finite() {
+        Ok(())
+    } else {
+        Err(format!("key `{key}` = {value} must be a finite number >= {min}"))
     }
 }
 
