@@ -28,33 +28,68 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Inner product `a . b` on the widest vector unit the CPU has, chosen at run time: with
-/// AVX-512, 32 fused multiply-adds per step in two 16-lane accumulators; elsewhere [`dot`].
-/// Agrees with [`dot`] up to rounding (other summation order, fused products), so use one or
-/// the other wherever results are compared bit for bit. [`dot`] compiles for the baseline
-/// x86-64 target (SSE2); this is for hot loops over long vectors.
+/// AVX-512, 32 fused multiply-adds per step in two 16-lane accumulators; with AVX2 and FMA, 32
+/// per step in four 8-lane ones; elsewhere [`dot`]. Agrees with [`dot`] up to rounding (other
+/// summation order, fused products), so use one or the other wherever results are compared bit
+/// for bit. [`dot`] compiles for the baseline x86-64 target (SSE2); this is for hot loops over
+/// long vectors.
 #[inline]
 pub fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: the CPU has AVX-512F (checked just above).
-        return unsafe { avx512::dot(a, b) };
+    match Isa::best() {
+        // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
+        Isa::Avx512 => return unsafe { avx512::dot(a, b) },
+        Isa::Avx2 => return unsafe { avx2::dot(a, b) },
+        Isa::Baseline => {}
     }
     dot(a, b)
 }
 
 /// Appends to `positions` the positions (in `scores`) of the scores at or above `threshold`,
 /// ascending, and the scores themselves to `kept` (NaN never passes). With AVX-512, 16 scores
-/// per step by one compare and two compress-stores; elsewhere a branch-free scalar loop. Both
-/// give the same output.
+/// per step by one compare and two compress-stores; with AVX2, 8 per step by a compare and two
+/// permutations from a table indexed by the comparison mask; elsewhere a branch-free scalar
+/// loop. All give the same output.
 #[inline]
 pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
-    if avx512::available() {
-        // SAFETY: the CPU has AVX-512F (checked just above).
-        return unsafe { avx512::keep_at_least(scores, threshold, positions, kept) };
+    match Isa::best() {
+        // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
+        Isa::Avx512 => return unsafe { avx512::keep_at_least(scores, threshold, positions, kept) },
+        Isa::Avx2 => return unsafe { avx2::keep_at_least(scores, threshold, positions, kept) },
+        Isa::Baseline => {}
     }
     keep_at_least_scalar(scores, threshold, positions, kept);
+}
+
+/// The widest vector instruction set of this CPU that the kernels use.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// AVX-512F.
+    Avx512,
+    /// AVX2 with FMA.
+    Avx2,
+    /// Whatever the build targets (SSE2 on x86-64).
+    Baseline,
+}
+
+impl Isa {
+    /// Checked once.
+    #[cfg(target_arch = "x86_64")]
+    fn best() -> Isa {
+        static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            if is_x86_feature_detected!("avx512f") {
+                Isa::Avx512
+            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                Isa::Avx2
+            } else {
+                Isa::Baseline
+            }
+        })
+    }
 }
 
 /// [`keep_at_least`] in portable code (also the reference it is tested against).
@@ -76,12 +111,6 @@ pub fn keep_at_least_scalar(scores: &[f32], threshold: f32, positions: &mut Vec<
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
-
-    /// Whether the CPU has AVX-512F (checked once).
-    pub fn available() -> bool {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
-    }
 
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -127,6 +156,94 @@ mod avx512 {
                 m += mask.count_ones() as usize;
                 at = _mm512_add_epi32(at, step);
                 i += 16;
+            }
+            positions.set_len(p0 + m);
+            kept.set_len(k0 + m);
+        }
+        for (j, &s) in scores.iter().enumerate().skip(i) {
+            if s >= threshold {
+                positions.push(j as u32);
+                kept.push(s);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut s = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i + 32 <= n {
+            for (t, s) in s.iter_mut().enumerate() {
+                // SAFETY: i + 32 <= n floats are in bounds of both slices.
+                unsafe {
+                    let (pa, pb) = (a.as_ptr().add(i + 8 * t), b.as_ptr().add(i + 8 * t));
+                    *s = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), *s);
+                }
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            // SAFETY: as above.
+            unsafe {
+                s[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), s[0])
+            };
+            i += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3]));
+        let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+        let v = _mm_add_ss(v, _mm_shuffle_ps::<1>(v, v));
+        _mm_cvtss_f32(v) + a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum::<f32>()
+    }
+
+    /// `PACK[m]`: the lanes whose bit is set in the 8-bit mask `m`, ascending, then zeros — the
+    /// permutation that moves the kept lanes to the front.
+    const PACK: [[u32; 8]; 256] = {
+        let mut table = [[0u32; 8]; 256];
+        let mut m = 0;
+        while m < 256 {
+            let (mut lane, mut k) = (0, 0);
+            while lane < 8 {
+                if m & (1 << lane) != 0 {
+                    table[m][k] = lane as u32;
+                    k += 1;
+                }
+                lane += 1;
+            }
+            m += 1;
+        }
+        table
+    };
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
+        let n = scores.len();
+        let (p0, k0) = (positions.len(), kept.len());
+        // Room for every score; trimmed to the kept ones at the end.
+        positions.reserve(n);
+        kept.reserve(n);
+        let (thr, step) = (_mm256_set1_ps(threshold), _mm256_set1_epi32(8));
+        let mut at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let (mut i, mut m) = (0, 0);
+        // SAFETY: loads read scores[i..i + 8] with i + 8 <= n; the stores write 8 entries from
+        // p0 + m and k0 + m, m <= i, so within the capacity reserved for n; PACK rows are 8 u32.
+        unsafe {
+            let (pos, out) = (positions.as_mut_ptr().add(p0), kept.as_mut_ptr().add(k0));
+            while i + 8 <= n {
+                let v = _mm256_loadu_ps(scores.as_ptr().add(i));
+                let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(v, thr)) as usize;
+                let pack = _mm256_loadu_si256(PACK[mask].as_ptr().cast());
+                _mm256_storeu_si256(pos.add(m).cast(), _mm256_permutevar8x32_epi32(at, pack));
+                _mm256_storeu_ps(out.add(m), _mm256_permutevar8x32_ps(v, pack));
+                m += mask.count_ones() as usize;
+                at = _mm256_add_epi32(at, step);
+                i += 8;
             }
             positions.set_len(p0 + m);
             kept.set_len(k0 + m);
@@ -222,10 +339,47 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum()
     }
 
-    /// Both dot kernels, on every tail length past their vector widths (8 and 32 floats).
+    type Dot = fn(&[f32], &[f32]) -> f32;
+    type Keep = fn(&[f32], f32, &mut Vec<u32>, &mut Vec<f32>);
+
+    /// Every implementation of the dot kernels that this CPU runs, by name.
+    fn dots() -> Vec<(&'static str, Dot)> {
+        let mut dots: Vec<(&str, Dot)> = vec![("dot", dot), ("dot_simd", dot_simd)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has the features (checked just above).
+                dots.push(("avx2", |a, b| unsafe { avx2::dot(a, b) }));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: as above.
+                dots.push(("avx512", |a, b| unsafe { avx512::dot(a, b) }));
+            }
+        }
+        dots
+    }
+
+    /// Every implementation of [`keep_at_least`] that this CPU runs, by name.
+    fn keeps() -> Vec<(&'static str, Keep)> {
+        let mut keeps: Vec<(&str, Keep)> = vec![("keep_at_least", keep_at_least), ("scalar", keep_at_least_scalar)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has the feature (checked just above).
+                keeps.push(("avx2", |s, t, p, k| unsafe { avx2::keep_at_least(s, t, p, k) }));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: as above.
+                keeps.push(("avx512", |s, t, p, k| unsafe { avx512::keep_at_least(s, t, p, k) }));
+            }
+        }
+        keeps
+    }
+
+    /// Every dot kernel, on every tail length past the vector widths (8, 16 and 32 floats).
     #[test]
     fn dots_match_scalar_reference_for_every_tail_length() {
-        for (name, kernel) in [("dot", dot as fn(&[f32], &[f32]) -> f32), ("dot_simd", dot_simd)] {
+        for (name, kernel) in dots() {
             for n in 0..100 {
                 let a: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
                 let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
@@ -234,10 +388,11 @@ mod tests {
         }
     }
 
-    /// Both keep kernels append what a filter keeps, for every tail length past 16, with NaN,
-    /// ties at the threshold and earlier content in the outputs.
+    /// Every keep kernel appends what a filter keeps, for every tail length past 8 and 16, with
+    /// NaN, ties at the threshold and earlier content in the outputs.
     #[test]
     fn keep_at_least_kernels_equal_a_filter() {
+        let keeps = keeps();
         for n in 0..70 {
             let scores: Vec<f32> = (0..n)
                 .map(|i| match i % 11 {
@@ -249,12 +404,12 @@ mod tests {
             for threshold in [f32::NEG_INFINITY, -0.5, 0.25, 0.9, f32::INFINITY] {
                 let want: Vec<(u32, f32)> =
                     scores.iter().enumerate().filter(|(_, s)| **s >= threshold).map(|(i, &s)| (i as u32, s)).collect();
-                for kernel in [keep_at_least as fn(&[f32], f32, &mut Vec<u32>, &mut Vec<f32>), keep_at_least_scalar] {
+                for (name, kernel) in &keeps {
                     let (mut positions, mut kept) = (vec![7u32], vec![7.0f32]);
                     kernel(&scores, threshold, &mut positions, &mut kept);
                     let got: Vec<(u32, f32)> = positions.into_iter().zip(kept).collect();
                     assert_eq!(got[0], (7, 7.0));
-                    assert_eq!(got[1..], want[..], "n = {n}, threshold {threshold}");
+                    assert_eq!(got[1..], want[..], "{name}: n = {n}, threshold {threshold}");
                 }
             }
         }

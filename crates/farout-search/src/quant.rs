@@ -18,10 +18,20 @@
 //! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
 //! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
 //! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
-//! (8 accumulators). Machines without AVX-512 VNNI run the portable code of [`scores_scalar`],
-//! which computes the same integers and the same float operations: both give bit-identical
-//! scores (a test checks it), but the portable code is far slower than f32 scoring — int8
-//! scoring is for CPUs with VNNI ([`vnni_available`]).
+//! (8 accumulators).
+//!
+//! **AVX2** has no VNNI, and its unsigned-by-signed byte product `vpmaddubsw` saturates the
+//! 16-bit sum of two products (`2 x 255 x 127 > 32767`). Its kernel multiplies signed codes
+//! instead, `q_i = u_i - 128`, by the usual sign trick: `maddubs(|c|, sign(q, c))` gives
+//! `c_i q_i` pair sums of at most `2 x 127 x 127 = 32258`, so nothing saturates and
+//! `sum_i q_i c_i = sum_i u_i c_i - 128 sum_i c_i` exactly; `vpmaddwd` against ones widens the
+//! pairs into each row's 32-bit lane. A 64-byte chunk is two 8-row halves; four queries share
+//! each load (8 accumulators).
+//!
+//! All kernels compute the same integers and the same float operations as the portable
+//! [`scores_scalar`], so all give bit-identical scores (a test checks every kernel the CPU
+//! has). [`scores`] picks the fastest the CPU has ([`Kernel::best`]); the portable code is far
+//! slower than f32 scoring, so int8 scoring is for CPUs with AVX2 or AVX-512 VNNI.
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
@@ -188,18 +198,70 @@ impl QuantQueries {
 
 /// Approximate scores of every row of `rows` against the queries `which` of `queries`:
 /// `out[s * rows.padded_len() + i]` for the `s`-th query of `which` and row `i` (padding rows
-/// score 0). Uses the AVX-512 VNNI kernel when the CPU has it, else [`scores_scalar`]; the two
-/// agree bit for bit.
+/// score 0), by the fastest kernel the CPU has ([`Kernel::best`]); all agree bit for bit.
 pub fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
-    #[cfg(target_arch = "x86_64")]
-    if vnni_available() {
-        size_output(rows, queries, which, out);
-        // SAFETY: the CPU has the features the kernel is compiled for (checked just above);
-        // the kernel reads within `rows`, `queries` and `out` as sized here.
-        unsafe { vnni::scores(rows, queries, which, out) };
-        return;
+    scores_with(Kernel::best(), rows, queries, which, out);
+}
+
+/// An implementation of [`scores`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512 with VNNI: `vpdpbusd`, 64 multiply-adds per instruction.
+    Vnni,
+    /// AVX2: the sign trick with `vpmaddubsw` and `vpmaddwd`.
+    Avx2,
+    /// Portable code ([`scores_scalar`]), the reference of the others.
+    Scalar,
+}
+
+impl Kernel {
+    /// The kernels this CPU runs, fastest first (checked once).
+    pub fn available() -> &'static [Kernel] {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<Vec<Kernel>> = OnceLock::new();
+        HAS.get_or_init(|| {
+            let mut kernels = Vec::new();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    kernels.push(Kernel::Vnni);
+                }
+                if is_x86_feature_detected!("avx2") {
+                    kernels.push(Kernel::Avx2);
+                }
+            }
+            kernels.push(Kernel::Scalar);
+            kernels
+        })
     }
-    scores_scalar(rows, queries, which, out);
+
+    /// The fastest kernel this CPU runs.
+    pub fn best() -> Kernel {
+        Kernel::available()[0]
+    }
+}
+
+/// [`scores`] by the given kernel, which must be one of [`Kernel::available`] (panics
+/// otherwise: running it would be undefined behaviour).
+pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
+    assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
+    if kernel == Kernel::Scalar {
+        return scores_scalar(rows, queries, which, out);
+    }
+    size_output(rows, queries, which, out);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has the features the kernel is compiled for (checked just above); the
+    // kernels read within `rows`, `queries` and `out` as sized here.
+    unsafe {
+        match kernel {
+            Kernel::Vnni => vnni::scores(rows, queries, which, out),
+            Kernel::Avx2 => avx2::scores(rows, queries, which, out),
+            Kernel::Scalar => unreachable!(),
+        }
+    }
 }
 
 /// Checks that `rows` and `queries` have the same dimension and sizes `out` for [`scores`].
@@ -209,7 +271,7 @@ fn size_output(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mu
     out.resize(which.len() * rows.padded_len(), 0.0);
 }
 
-/// [`scores`] in portable scalar code (the reference the kernel is tested against).
+/// [`scores`] in portable scalar code (the reference the kernels are tested against).
 pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
     size_output(rows, queries, which, out);
     let n = rows.padded_len();
@@ -228,22 +290,9 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
     }
 }
 
-/// Whether this CPU runs the VNNI kernel (checked once).
-#[cfg(target_arch = "x86_64")]
+/// Whether this CPU runs the AVX-512 VNNI kernel.
 pub fn vnni_available() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    })
-}
-
-/// Whether this CPU runs the VNNI kernel.
-#[cfg(not(target_arch = "x86_64"))]
-pub fn vnni_available() -> bool {
-    false
+    Kernel::available().contains(&Kernel::Vnni)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -319,6 +368,76 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{GROUP, QUERY_TILE, QuantQueries, QuantRows};
+    use std::arch::x86_64::*;
+
+    /// The AVX2 kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let n = rows.padded_len();
+        debug_assert_eq!(out.len(), which.len() * n);
+        let mut s = 0;
+        while s + QUERY_TILE <= which.len() {
+            // SAFETY: as for the function.
+            unsafe { tile::<QUERY_TILE>(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
+            s += QUERY_TILE;
+        }
+        while s < which.len() {
+            // SAFETY: as for the function.
+            unsafe { tile::<1>(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
+            s += 1;
+        }
+    }
+
+    /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`, one 16-row group
+    /// (two 8-row halves) at a time.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let (n, chunks) = (rows.padded_len(), rows.chunks);
+        let group_bytes = chunks * 64;
+        let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
+        let sq: [__m256; Q] = std::array::from_fn(|s| _mm256_set1_ps(queries.scale[which[s] as usize]));
+        let (codes, ones) = (rows.codes.as_ptr(), _mm256_set1_epi16(1));
+        // Flips the top bit of each byte: the unsigned code u becomes the signed u - 128.
+        let flip = _mm256_set1_epi8(-128);
+        for g in 0..n / GROUP {
+            let mut acc = [[_mm256_setzero_si256(); 2]; Q];
+            for c in 0..chunks {
+                // SAFETY: group g < n / GROUP and chunk c < chunks lie within `codes`; query
+                // chunk c within its codes (unaligned 4-byte read).
+                let (w, magnitude) = unsafe {
+                    let at = codes.add(g * group_bytes + c * 64);
+                    let w = [_mm256_loadu_si256(at.cast()), _mm256_loadu_si256(at.add(32).cast())];
+                    (w, [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])])
+                };
+                for s in 0..Q {
+                    let q = _mm256_xor_si256(_mm256_set1_epi32(unsafe { u[s].add(c).read_unaligned() }), flip);
+                    for h in 0..2 {
+                        // |c| * (q with c's sign) = c q, summed in pairs (at most 2 x 127 x
+                        // 127: no saturation), then the pairs of each row into its lane.
+                        let pairs = _mm256_maddubs_epi16(magnitude[h], _mm256_sign_epi8(q, w[h]));
+                        acc[s][h] = _mm256_add_epi32(acc[s][h], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let row = g * GROUP + 8 * h;
+                // SAFETY: rows row..row + 8 exist in `scale` (padded storage).
+                let scale = unsafe { _mm256_loadu_ps(rows.scale.as_ptr().add(row)) };
+                for s in 0..Q {
+                    // acc holds sum (u - 128) c = sum u c + offset: the scalar code's integer.
+                    let v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[s][h]), scale), sq[s]);
+                    // SAFETY: out holds Q x n floats from here (sized by the caller).
+                    unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,7 +448,7 @@ mod tests {
         (0..n * dim).map(|_| rng::normal(&mut r)).collect()
     }
 
-    /// The kernel (where the CPU has it) and the scalar code agree bit for bit, on dimensions
+    /// Every kernel the CPU has and the scalar code agree bit for bit, on dimensions
     /// that are and are not multiples of 4, row counts that do and do not fill a tile, and
     /// query counts with and without a remainder of the 4-query tile.
     #[test]
@@ -340,11 +459,42 @@ mod tests {
             w.chunks_exact(dim).for_each(|r| rows.push(r));
             let queries = QuantQueries::new(&random(n_queries, dim, 2), dim);
             let which: Vec<u32> = (0..n_queries as u32).rev().collect();
-            let (mut fast, mut slow) = (Vec::new(), Vec::new());
-            scores(&rows, &queries, &which, &mut fast);
+            let mut slow = Vec::new();
             scores_scalar(&rows, &queries, &which, &mut slow);
-            assert_eq!(fast.len(), n_queries * rows.padded_len());
-            assert_eq!(fast, slow, "dim {dim}, {n_rows} rows, {n_queries} queries (VNNI: {})", vnni_available());
+            for &kernel in Kernel::available() {
+                let mut fast = Vec::new();
+                scores_with(kernel, &rows, &queries, &which, &mut fast);
+                assert_eq!(fast.len(), n_queries * rows.padded_len());
+                assert_eq!(fast, slow, "{kernel:?}: dim {dim}, {n_rows} rows, {n_queries} queries");
+            }
+        }
+    }
+
+    /// Codes at the ends of their ranges, where a saturating 16-bit pair sum would show: rows
+    /// and queries of +-1 only (codes +-127) give the exact integer 127 x 127 x dim (times the
+    /// scales) in every kernel.
+    #[test]
+    fn extreme_codes_do_not_saturate() {
+        let dim = 64;
+        let plus = vec![1.0f32; dim];
+        let alternating: Vec<f32> = (0..dim).map(|i| if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        let minus: Vec<f32> = plus.iter().map(|x| -x).collect();
+        let mut rows = QuantRows::new(dim);
+        for r in [&plus, &alternating, &minus] {
+            rows.push(r);
+        }
+        let queries = QuantQueries::new(&[plus.clone(), alternating.clone(), minus.clone()].concat(), dim);
+        // Exact: the vectors are +-1, so their codes are exactly +-127 and the scores +-dim or 0.
+        let want = |a: &[f32], b: &[f32]| kernels::dot(a, b);
+        for &kernel in Kernel::available() {
+            let mut out = Vec::new();
+            scores_with(kernel, &rows, &queries, &[0, 1, 2], &mut out);
+            for (s, q) in [&plus, &alternating, &minus].into_iter().enumerate() {
+                for (i, r) in [&plus, &alternating, &minus].into_iter().enumerate() {
+                    let got = out[s * rows.padded_len() + i];
+                    assert!((got - want(q, r)).abs() < 1e-3, "{kernel:?}: query {s}, row {i}: {got}");
+                }
+            }
         }
     }
 
