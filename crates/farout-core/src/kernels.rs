@@ -108,6 +108,17 @@ pub fn keep_at_least_scalar(scores: &[f32], threshold: f32, positions: &mut Vec<
     kept.truncate(k0 + m);
 }
 
+/// The vector kernels' tail of [`keep_at_least`]: the scores from position `from` on.
+#[cfg(target_arch = "x86_64")]
+fn keep_tail(scores: &[f32], from: usize, threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
+    for (j, &s) in scores.iter().enumerate().skip(from) {
+        if s >= threshold {
+            positions.push(j as u32);
+            kept.push(s);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -160,12 +171,7 @@ mod avx512 {
             positions.set_len(p0 + m);
             kept.set_len(k0 + m);
         }
-        for (j, &s) in scores.iter().enumerate().skip(i) {
-            if s >= threshold {
-                positions.push(j as u32);
-                kept.push(s);
-            }
-        }
+        super::keep_tail(scores, i, threshold, positions, kept);
     }
 }
 
@@ -248,12 +254,7 @@ mod avx2 {
             positions.set_len(p0 + m);
             kept.set_len(k0 + m);
         }
-        for (j, &s) in scores.iter().enumerate().skip(i) {
-            if s >= threshold {
-                positions.push(j as u32);
-                kept.push(s);
-            }
-        }
+        super::keep_tail(scores, i, threshold, positions, kept);
     }
 }
 

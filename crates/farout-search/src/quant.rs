@@ -295,27 +295,48 @@ pub fn vnni_available() -> bool {
     Kernel::available().contains(&Kernel::Vnni)
 }
 
+/// A kernel's scoring of all rows against some queries, written from `out[0]` on.
+#[cfg(target_arch = "x86_64")]
+type Tile = unsafe fn(&QuantRows, &QuantQueries, &[u32], &mut [f32]);
+
+/// Runs a kernel over `which`: its `QUERY_TILE`-query tile `four` while whole tiles remain,
+/// then its one-query tile `one`. `out` is sized `which.len() x rows.padded_len()`.
+///
+/// # Safety
+/// The CPU must have the features the tiles are compiled for.
+#[cfg(target_arch = "x86_64")]
+unsafe fn by_query_tiles(
+    rows: &QuantRows,
+    queries: &QuantQueries,
+    which: &[u32],
+    out: &mut [f32],
+    four: Tile,
+    one: Tile,
+) {
+    let n = rows.padded_len();
+    debug_assert_eq!(out.len(), which.len() * n);
+    let mut s = 0;
+    while s + QUERY_TILE <= which.len() {
+        // SAFETY: as for the function.
+        unsafe { four(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
+        s += QUERY_TILE;
+    }
+    while s < which.len() {
+        // SAFETY: as for the function.
+        unsafe { one(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
+        s += 1;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{GROUP, GROUPS_PER_TILE, QUERY_TILE, QuantQueries, QuantRows};
     use std::arch::x86_64::*;
 
     /// The kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
-        let n = rows.padded_len();
-        debug_assert_eq!(out.len(), which.len() * n);
-        let mut s = 0;
-        while s + QUERY_TILE <= which.len() {
-            // SAFETY: as for the function.
-            unsafe { tile::<QUERY_TILE>(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
-            s += QUERY_TILE;
-        }
-        while s < which.len() {
-            // SAFETY: as for the function.
-            unsafe { tile::<1>(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
-            s += 1;
-        }
+        // SAFETY: as for the function; the tiles need what the caller checked.
+        unsafe { super::by_query_tiles(rows, queries, which, out, tile::<QUERY_TILE>, tile::<1>) }
     }
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`.
@@ -374,21 +395,9 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// The AVX2 kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
-    #[target_feature(enable = "avx2")]
     pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
-        let n = rows.padded_len();
-        debug_assert_eq!(out.len(), which.len() * n);
-        let mut s = 0;
-        while s + QUERY_TILE <= which.len() {
-            // SAFETY: as for the function.
-            unsafe { tile::<QUERY_TILE>(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
-            s += QUERY_TILE;
-        }
-        while s < which.len() {
-            // SAFETY: as for the function.
-            unsafe { tile::<1>(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
-            s += 1;
-        }
+        // SAFETY: as for the function; the tiles need what the caller checked.
+        unsafe { super::by_query_tiles(rows, queries, which, out, tile::<QUERY_TILE>, tile::<1>) }
     }
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`, one 16-row group
