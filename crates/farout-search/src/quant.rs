@@ -290,11 +290,6 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
     }
 }
 
-/// Whether this CPU runs the AVX-512 VNNI kernel.
-pub fn vnni_available() -> bool {
-    Kernel::available().contains(&Kernel::Vnni)
-}
-
 /// A kernel's scoring of all rows against some queries, written from `out[0]` on.
 #[cfg(target_arch = "x86_64")]
 type Tile = unsafe fn(&QuantRows, &QuantQueries, &[u32], &mut [f32]);
