@@ -257,8 +257,8 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
     // kernels read within `rows`, `queries` and `out` as sized here.
     unsafe {
         match kernel {
-            Kernel::Vnni => vnni::scores(rows, queries, which, out),
-            Kernel::Avx2 => avx2::scores(rows, queries, which, out),
+            Kernel::Vnni => by_query_tiles(rows, queries, which, out, vnni::tile::<QUERY_TILE>, vnni::tile::<1>),
+            Kernel::Avx2 => by_query_tiles(rows, queries, which, out, avx2::tile::<QUERY_TILE>, avx2::tile::<1>),
             Kernel::Scalar => unreachable!(),
         }
     }
@@ -325,21 +325,15 @@ unsafe fn by_query_tiles(
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{GROUP, GROUPS_PER_TILE, QUERY_TILE, QuantQueries, QuantRows};
+    use super::{GROUP, GROUPS_PER_TILE, QuantQueries, QuantRows};
     use std::arch::x86_64::*;
-
-    /// The kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
-    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
-        // SAFETY: as for the function; the tiles need what the caller checked.
-        unsafe { super::by_query_tiles(rows, queries, which, out, tile::<QUERY_TILE>, tile::<1>) }
-    }
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`.
     // The accumulators are a `Q x GROUPS_PER_TILE` register tile: indices read clearer than
     // nested iterators.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+    pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
         let (n, chunks) = (rows.padded_len(), rows.chunks);
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
@@ -386,20 +380,14 @@ mod vnni {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{GROUP, QUERY_TILE, QuantQueries, QuantRows};
+    use super::{GROUP, QuantQueries, QuantRows};
     use std::arch::x86_64::*;
-
-    /// The AVX2 kernel behind [`super::scores`]: `out` is sized `which.len() x rows.padded_len()`.
-    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
-        // SAFETY: as for the function; the tiles need what the caller checked.
-        unsafe { super::by_query_tiles(rows, queries, which, out, tile::<QUERY_TILE>, tile::<1>) }
-    }
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`, one 16-row group
     /// (two 8-row halves) at a time.
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2")]
-    unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+    pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
         let (n, chunks) = (rows.padded_len(), rows.chunks);
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
@@ -489,14 +477,13 @@ mod tests {
         }
         let queries = QuantQueries::new(&[plus.clone(), alternating.clone(), minus.clone()].concat(), dim);
         // Exact: the vectors are +-1, so their codes are exactly +-127 and the scores +-dim or 0.
-        let want = |a: &[f32], b: &[f32]| kernels::dot(a, b);
         for &kernel in Kernel::available() {
             let mut out = Vec::new();
             scores_with(kernel, &rows, &queries, &[0, 1, 2], &mut out);
             for (s, q) in [&plus, &alternating, &minus].into_iter().enumerate() {
                 for (i, r) in [&plus, &alternating, &minus].into_iter().enumerate() {
                     let got = out[s * rows.padded_len() + i];
-                    assert!((got - want(q, r)).abs() < 1e-3, "{kernel:?}: query {s}, row {i}: {got}");
+                    assert!((got - kernels::dot(q, r)).abs() < 1e-3, "{kernel:?}: query {s}, row {i}: {got}");
                 }
             }
         }
