@@ -77,8 +77,8 @@ pub enum Scoring {
     /// Exact scores on f32 copies of the rows.
     #[default]
     F32,
-    /// Approximate scores on int8 codes, the best rescored exactly. Needs AVX-512 VNNI to pay
-    /// (elsewhere the same scores come from slow portable code).
+    /// Approximate scores on int8 codes, the best rescored exactly. Needs AVX2 or AVX-512 VNNI
+    /// to pay (elsewhere the same scores come from slow portable code).
     Int8,
 }
 
