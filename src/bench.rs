@@ -1,12 +1,12 @@
 //! `farout bench ...`: micro-benchmarks printing one JSON object each.
 
 use anyhow::{Result, bail};
-use clap::{Subcommand, ValueEnum};
+use clap::Subcommand;
 use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
-use farout_estimators::{Batch, Exact, GradientEstimator, SmoothedMargin, Softmax};
+use farout_estimators::{Batch, Problem};
 use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
-use farout_search::{ExactIndex, Hit, MipsIndex, Rows, SphericalConfig};
+use farout_search::{ExactIndex, Hit, MipsIndex, Rows};
 use rand::Rng as _;
 use std::time::Instant;
 
@@ -15,9 +15,10 @@ pub enum BenchCommand {
     /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates),
     /// against a plain matrix product of the same shape measured in the same run.
     Layer {
-        /// The gradient estimator.
-        #[arg(long, value_enum, default_value_t = BenchEstimator::Softmax)]
-        estimator: BenchEstimator,
+        /// The gradient estimator: an exact one (`softmax`, `margin`) or a sampling one, with
+        /// its config defaults (`output.estimator`).
+        #[arg(long, default_value = "softmax")]
+        estimator: String,
         /// Number of classes K.
         #[arg(long, default_value_t = 100_000)]
         k: usize,
@@ -38,9 +39,9 @@ pub enum BenchCommand {
     /// force, queries per second of the index and of brute force (same run, same threads),
     /// build time and refresh speed.
     Search {
-        /// The index.
-        #[arg(long, value_enum, default_value_t = BenchIndex::Spherical)]
-        index: BenchIndex,
+        /// The index (`index.kind`: spherical, hnsw, simple_lsh, exact).
+        #[arg(long, default_value = "spherical")]
+        index: String,
         /// Number of rows (classes) K.
         #[arg(long, default_value_t = 200_000)]
         k: usize,
@@ -64,27 +65,32 @@ pub enum BenchCommand {
     /// generator's class means, scaled and perturbed; phi = its samples): time per sample of
     /// both (same run), cosine of dL/dphi, relative loss error, classes scored.
     Estimator {
-        #[arg(long, value_enum)]
-        estimator: EstimatorName,
-        /// Loss of `mips` / `ldgs` (the sampling estimators approximate the softmax).
-        #[arg(long, value_enum, default_value_t = LossName::Margin)]
-        loss: LossName,
+        /// The estimator (`output.estimator`), with its config defaults.
+        #[arg(long)]
+        estimator: String,
+        /// Loss of `mips` / `ldgs` (`output.loss`; default: the config's, margin).
+        #[arg(long)]
+        loss: Option<String>,
         #[arg(long, default_value_t = 100_000)]
         k: usize,
         #[arg(long, default_value_t = 128)]
         d: usize,
-        /// Classes retrieved per block (mips, ldgs) or negatives drawn (sampling); 0 = K / 100.
-        #[arg(long, default_value_t = 0)]
-        top: usize,
-        /// LDGS blocks B (0 = D / 16).
-        #[arg(long, default_value_t = 0)]
-        blocks: usize,
-        /// LDGS message-passing steps T, or fixed-point (lambda = lambda*, the T -> inf limit).
-        #[arg(long, default_value = "fixed-point")]
-        iterations: farout_estimators::Iterations,
-        /// Index of mips / ldgs.
-        #[arg(long, value_enum, default_value_t = BenchIndex::Spherical)]
-        index: BenchIndex,
+        /// Classes retrieved per block (mips, ldgs: `output.top`) or negatives drawn (sampling:
+        /// `output.n_samples`); default: the config's, K / 100.
+        #[arg(long)]
+        top: Option<usize>,
+        /// LDGS blocks B (`output.blocks`; default: the config's, D / 16).
+        #[arg(long)]
+        blocks: Option<usize>,
+        /// LDGS message-passing steps T, or fixed_point (`output.iterations`).
+        #[arg(long)]
+        iterations: Option<String>,
+        /// Any other `[output]` key of the estimator, e.g. `--set proposal=uniform` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Index of mips / ldgs (`index.kind`).
+        #[arg(long, default_value = "spherical")]
+        index: String,
         /// Samples measured (in batches of 256).
         #[arg(long, default_value_t = 1024)]
         samples: usize,
@@ -130,98 +136,63 @@ impl MeanStructure {
     }
 }
 
-/// Estimators `bench estimator` measures against the exact gradient of their loss.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EstimatorName {
-    Mips,
-    Ldgs,
-    SampledSoftmax,
-    NegativeSampling,
-    Ove,
-    ArSoftmax,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LossName {
-    Margin,
-    Softmax,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-pub enum BenchIndex {
-    Exact,
-    Spherical,
-    SimpleLsh,
-    Hnsw,
-}
-
-/// Index parameters the benches expose (the rest are the config defaults).
-#[derive(clap::Args, Clone, Copy)]
+/// Index parameters the benches expose, as `[index]` keys (unset: the config defaults).
+#[derive(clap::Args, Clone)]
 pub struct IndexParams {
-    /// Spherical: centroids (0 = sqrt(K)).
-    #[arg(long, default_value_t = 0)]
-    centroids: usize,
-    /// Spherical, SimpleLSH, HNSW: candidates scored per result.
+    /// Spherical: centroids (`n_centroids`; 0 = sqrt(K)).
+    #[arg(long)]
+    centroids: Option<usize>,
+    /// Spherical, SimpleLSH, HNSW: candidates scored per result (`candidate_factor`).
     #[arg(long)]
     candidate_factor: Option<f32>,
-    /// SimpleLSH: hash tables.
-    #[arg(long, default_value_t = 16)]
-    tables: usize,
-    /// SimpleLSH: bits per table (0 = log2(K / 32)).
-    #[arg(long, default_value_t = 0)]
-    bits: usize,
-    /// HNSW: search list size (raised to the candidates fetched).
-    #[arg(long, default_value_t = 64)]
-    ef_search: usize,
-    /// Spherical: score probed rows on f32 copies (the config default) or on int8 codes, then
-    /// rescore the best exactly.
-    #[arg(long, value_enum, default_value_t = ScoringName::F32)]
-    scoring: ScoringName,
-    /// Spherical, int8 scoring: rows rescored exactly per result.
+    /// SimpleLSH: hash tables (`tables`).
+    #[arg(long)]
+    tables: Option<usize>,
+    /// SimpleLSH: bits per table (`bits`; 0 = log2(K / 32)).
+    #[arg(long)]
+    bits: Option<usize>,
+    /// HNSW: search list size (`ef_search`; raised to the candidates fetched).
+    #[arg(long)]
+    ef_search: Option<usize>,
+    /// Spherical: score probed rows on f32 copies or on int8 codes, then rescore the best
+    /// exactly (`scoring`: f32 or int8).
+    #[arg(long)]
+    scoring: Option<String>,
+    /// Spherical, int8 scoring: rows rescored exactly per result (`rescore`).
     #[arg(long)]
     rescore: Option<f32>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ScoringName {
-    F32,
-    Int8,
+    /// Any other `[index]` key of the index, e.g. `--index-set iterations=20` (repeatable).
+    #[arg(long = "index-set", value_name = "KEY=VALUE")]
+    index_set: Vec<String>,
 }
 
 impl IndexParams {
-    /// The index `which` with these parameters.
-    fn config(self, which: BenchIndex) -> farout_search::IndexConfig {
-        use farout_search::{HnswConfig, IndexConfig, IndexKind, SimpleLshConfig};
-        let mut c = IndexConfig {
-            kind: match which {
-                BenchIndex::Exact => IndexKind::Exact,
-                BenchIndex::Spherical => IndexKind::Spherical,
-                BenchIndex::SimpleLsh => IndexKind::SimpleLsh,
-                BenchIndex::Hnsw => IndexKind::Hnsw,
-            },
-            spherical: SphericalConfig {
-                n_centroids: self.centroids,
-                scoring: match self.scoring {
-                    ScoringName::F32 => farout_search::Scoring::F32,
-                    ScoringName::Int8 => farout_search::Scoring::Int8,
-                },
-                rescore: self.rescore.unwrap_or(SphericalConfig::default().rescore),
-                ..SphericalConfig::default()
-            },
-            simple_lsh: SimpleLshConfig { tables: self.tables, bits: self.bits, ..SimpleLshConfig::default() },
-            hnsw: HnswConfig { ef_search: self.ef_search, ..HnswConfig::default() },
+    /// The index `kind` with these parameters, read as a config's `[index]` would be.
+    fn config(&self, kind: &str) -> Result<farout_search::IndexConfig> {
+        let mut settings = vec![format!("kind=\"{}\"", kind.replace('-', "_"))];
+        let mut set = |key: &str, value: Option<String>| {
+            if let Some(v) = value {
+                settings.push(format!("{key}={v}"));
+            }
         };
-        if let Some(f) = self.candidate_factor {
-            (c.spherical.candidate_factor, c.simple_lsh.candidate_factor, c.hnsw.candidate_factor) = (f, f, f);
-        }
-        c
+        set("n_centroids", self.centroids.map(|v| v.to_string()));
+        set("candidate_factor", self.candidate_factor.map(|v| v.to_string()));
+        set("tables", self.tables.map(|v| v.to_string()));
+        set("bits", self.bits.map(|v| v.to_string()));
+        set("ef_search", self.ef_search.map(|v| v.to_string()));
+        set("scoring", self.scoring.as_ref().map(|v| format!("\"{v}\"")));
+        set("rescore", self.rescore.map(|v| v.to_string()));
+        settings.extend(self.index_set.iter().cloned());
+        farout_train::config::index_from_settings(&settings).map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-pub enum BenchEstimator {
-    Softmax,
-    Margin,
+/// The estimator `name` with `settings` (`[output]` keys), read as a config's `[output]` would be.
+fn estimator_config(name: &str, settings: &[String]) -> Result<farout_estimators::EstimatorConfig> {
+    // The command line spells names with `-` or `_` (`sampled-softmax`, `sampled_softmax`).
+    let mut all = vec![format!("estimator=\"{}\"", name.replace('-', "_"))];
+    all.extend(settings.iter().cloned());
+    farout_train::config::estimator_from_settings(&all).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 fn random_matrix(rows: usize, cols: usize, seed: u64, unit_rows: bool) -> Matrix {
@@ -236,20 +207,20 @@ fn random_matrix(rows: usize, cols: usize, seed: u64, unit_rows: bool) -> Matrix
 }
 
 /// Measures the layer step and the reference product; returns the JSON object.
-pub fn bench_layer(
-    estimator: BenchEstimator,
-    k: usize,
-    d: usize,
-    batch: usize,
-    steps: usize,
-) -> Result<serde_json::Value> {
+pub fn bench_layer(estimator: &str, k: usize, d: usize, batch: usize, steps: usize) -> Result<serde_json::Value> {
     if k == 0 || d == 0 || batch == 0 || steps == 0 {
         bail!("--k, --d, --batch and --steps must be > 0");
     }
-    let est: Box<dyn GradientEstimator> = match estimator {
-        BenchEstimator::Softmax => Box::new(Exact::new(Softmax)),
-        BenchEstimator::Margin => Box::new(Exact::new(SmoothedMargin::new(1.0)?)),
-    };
+    let config = estimator_config(estimator, &[])?;
+    let no_counts = Vec::new;
+    let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
+    let built = config.build(&problem)?;
+    if built.search.is_some() || built.estimator.sample_state().is_some() {
+        bail!(
+            "bench layer measures estimators without an index or per-sample state; use bench estimator for `{estimator}`"
+        );
+    }
+    let est = built.estimator;
     let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
     let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: true, init_std: 0.01 }, &opt, 1)?;
     let phi = random_matrix(batch, d, 2, true);
@@ -334,7 +305,7 @@ fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (
 /// Measures one index against brute force; returns the JSON object.
 #[allow(clippy::too_many_arguments)]
 pub fn bench_search(
-    which: BenchIndex,
+    which: &str,
     k: usize,
     d: usize,
     top: usize,
@@ -348,7 +319,7 @@ pub fn bench_search(
     let g = FaceGenerator::new(means.spec(k, d, 2 * k.max(queries)))?;
     let mut w = g.means().clone();
     let q = g.features(Split::Train, 0..queries);
-    let config = params.config(which);
+    let config = params.config(which)?;
     let t = Instant::now();
     let mut index = config.build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
@@ -403,37 +374,30 @@ pub fn bench_search(
 /// sample's own class and unrelated ones (a trained face layer's logits span ~10-20).
 const TRAINED_SCALE: f32 = 8.0;
 
-#[allow(clippy::too_many_arguments)]
-pub fn bench_estimator(
-    which: EstimatorName,
-    loss: LossName,
-    k: usize,
-    d: usize,
-    top: usize,
-    blocks: usize,
-    iterations: farout_estimators::Iterations,
-    index: BenchIndex,
-    samples: usize,
-    means: MeanStructure,
-    params: IndexParams,
-) -> Result<serde_json::Value> {
-    use farout_estimators::{
-        ActiveSet, ArSoftmax, BatchGrad, Ctx, Ldgs, Loss, Mips, NegativeSampling, Ove, Proposal, Rescore,
-        SampledSoftmax,
-    };
+/// `bench estimator`'s choices.
+pub struct EstimatorBench {
+    /// The estimator (`output.estimator`).
+    pub name: String,
+    /// `[output]` keys of the estimator.
+    pub settings: Vec<String>,
+    /// Classes K, dimension D, samples measured.
+    pub k: usize,
+    pub d: usize,
+    pub samples: usize,
+    /// The index of search-based estimators (`index.kind`).
+    pub index: String,
+    pub means: MeanStructure,
+    pub params: IndexParams,
+}
+
+pub fn bench_estimator(b: EstimatorBench) -> Result<serde_json::Value> {
+    use farout_estimators::{BatchGrad, Ctx};
     use farout_search::BlockIndex;
+    let EstimatorBench { name, settings, k, d, samples, index, means, params } = b;
     if k < 2 || d == 0 || samples == 0 {
         bail!("--k must be >= 2, --d and --samples > 0");
     }
-    let top = if top > 0 { top } else { (k / 100).max(1) };
-    let blocks = match which {
-        EstimatorName::Ldgs if blocks > 0 => blocks,
-        EstimatorName::Ldgs => (d / 16).max(1),
-        _ => 1,
-    };
-    if !d.is_multiple_of(blocks) {
-        bail!("--blocks {blocks} must divide --d {d}");
-    }
+    let config = estimator_config(&name, &settings)?;
     let g = FaceGenerator::new(means.spec(k, d, (2 * k).max(samples) + samples))?;
     // Trained-looking W: the class means, perturbed (5% noise) and scaled.
     let mut w = g.means().clone();
@@ -444,29 +408,21 @@ pub fn bench_estimator(
     let phi = g.features(Split::Train, 0..samples);
     let labels: Vec<[u32; 1]> = g.labels(Split::Train)[..samples].iter().map(|&c| [c]).collect();
     let refs: Vec<&[u32]> = labels.iter().map(|p| &p[..]).collect();
-    let margin = SmoothedMargin::new(1.0)?;
-    let uses_margin = loss == LossName::Margin && matches!(which, EstimatorName::Mips | EstimatorName::Ldgs);
-    let (reference, loss_fn): (Box<dyn GradientEstimator>, Box<dyn Loss>) = if uses_margin {
-        (Box::new(Exact::new(margin)), Box::new(margin))
-    } else {
-        (Box::new(Exact::new(Softmax)), Box::new(Softmax))
+    let counts = || {
+        let mut c = vec![0u64; k];
+        labels.iter().for_each(|l| c[l[0] as usize] += 1);
+        c
     };
-    let est: Box<dyn GradientEstimator> = match (which, uses_margin) {
-        (EstimatorName::Mips, true) => Box::new(Mips::new(margin, top)?),
-        (EstimatorName::Mips, false) => Box::new(Mips::new(Softmax, top)?),
-        (EstimatorName::Ldgs, true) => {
-            Box::new(Ldgs::new(margin, top, iterations, ActiveSet::Union, 1e-3, Rescore::Exact)?)
-        }
-        (EstimatorName::Ldgs, false) => {
-            Box::new(Ldgs::new(Softmax, top, iterations, ActiveSet::Union, 1e-3, Rescore::Exact)?)
-        }
-        (EstimatorName::SampledSoftmax, _) => Box::new(SampledSoftmax::new(top)?),
-        (EstimatorName::NegativeSampling, _) => Box::new(NegativeSampling::new(top, Proposal::Uniform)?),
-        (EstimatorName::Ove, _) => Box::new(Ove::new(top)?),
-        (EstimatorName::ArSoftmax, _) => Box::new(ArSoftmax::new(top, samples)?),
+    let built = config.build(&Problem { n_classes: k, n_data: samples, dim: d, label_counts: &counts })?;
+    let Some(reference) = built.reference() else {
+        bail!("`{name}` is exact: bench estimator measures approximate estimators against it");
     };
+    let loss_fn = built.loss.boxed();
+    let (top, blocks) = built.search.map_or((0, 1), |s| (s.top, s.blocks));
+    let est = built.estimator;
     let t = Instant::now();
-    let block_index = est.uses_index().then(|| BlockIndex::build(&w, &params.config(index), blocks));
+    let index_config = params.config(&index)?;
+    let block_index = est.uses_index().then(|| BlockIndex::build(&w, &index_config, blocks));
     let build_seconds = t.elapsed().as_secs_f64();
     let ctx = Ctx { w: &w, bias: None, index: block_index.as_ref() };
     let ids: Vec<usize> = (0..samples).collect();
@@ -510,12 +466,12 @@ pub fn bench_estimator(
     Ok(serde_json::json!({
         "bench": "estimator",
         "estimator": est.name(),
-        "loss": if uses_margin { "margin" } else { "softmax" },
+        "loss": loss_fn.name(),
+        "config": config,
         "k": k,
         "d": d,
         "top": top,
         "blocks": blocks,
-        "iterations": iterations.to_string(),
         "index": block_index.as_ref().map(|b| b.block(0).name()),
         "samples": samples,
         "means": means.describe(d),
@@ -536,10 +492,10 @@ pub fn bench_estimator(
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
-            println!("{}", bench_layer(estimator, k, d, batch, steps)?);
+            println!("{}", bench_layer(&estimator, k, d, batch, steps)?);
         }
         BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
-            println!("{}", bench_search(index, k, d, top, queries, means, params)?);
+            println!("{}", bench_search(&index, k, d, top, queries, means, params)?);
         }
         BenchCommand::Estimator {
             estimator,
@@ -549,16 +505,29 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             top,
             blocks,
             iterations,
+            mut set,
             index,
             samples,
             means,
             params,
             json: _,
         } => {
-            println!(
-                "{}",
-                bench_estimator(estimator, loss, k, d, top, blocks, iterations, index, samples, means, params)?
-            );
+            // The shortcuts are `[output]` keys; `--top` counts negatives for sampling estimators.
+            let searches = matches!(estimator.as_str(), "mips" | "ldgs"); // as named in the registry
+            let top_key = if searches { "top" } else { "n_samples" };
+            let quoted = |v: String| format!("\"{v}\"");
+            for (key, value) in [
+                ("loss", loss.map(quoted)),
+                (top_key, top.map(|t| t.to_string())),
+                ("blocks", blocks.map(|b| b.to_string())),
+                ("iterations", iterations.map(|t| if t.parse::<usize>().is_ok() { t } else { quoted(t) })),
+            ] {
+                if let Some(v) = value {
+                    set.insert(0, format!("{key}={v}"));
+                }
+            }
+            let b = EstimatorBench { name: estimator, settings: set, k, d, samples, index, means, params };
+            println!("{}", bench_estimator(b)?);
         }
     }
     Ok(())

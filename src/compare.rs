@@ -222,7 +222,7 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
                     c.train.epochs = c.train.epochs.max(1_000_000);
                 }
             }
-            let estimator = serde_json::to_value(c.output.estimator)?;
+            let estimator = c.output.estimator.name();
             eprintln!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
             // Runs share this process: restart the peak-RSS count so each summary has its own
             // (Linux >= 4.0; elsewhere the peak accumulates over runs).

@@ -176,7 +176,6 @@ fn compare_takes_skip_gram_runs_and_plots_the_heldout_objective() {
         "data.synthetic.tokens=200000",
         "data.synthetic.topics=20",
         "train.epochs=3",
-        "output.top=100",
         "log.progress=false",
     ];
     let configs = ["configs/compare/skipgram/gd.toml", "configs/compare/skipgram/gd-mips.toml"];

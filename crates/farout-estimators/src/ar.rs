@@ -15,6 +15,7 @@
 //! that sampling reduces.
 
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
+use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::sampled::{sigmoid, softplus};
 use crate::state::SampleState;
 use farout_core::rng::{RngCore, RngExt};
@@ -469,6 +470,49 @@ pub fn ove_bound(psi: &[f32], y: usize) -> f64 {
     let psi_y = psi[y] as f64;
     -psi.iter().enumerate().filter(|&(k, _)| k != y).map(|(_, &p)| softplus(p as f64 - psi_y)).sum::<f64>()
 }
+
+/// Declares the parameters of a sampling estimator of the softmax that only needs its number
+/// of negatives: a [`Negatives`] (`n_samples`, `sample_fraction`) and how to build it.
+macro_rules! negatives_config {
+    ($(#[doc = $doc:literal])* $name:ident => |$n:ident, $problem:ident| $build:expr) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub Negatives);
+
+        impl EstimatorParams for $name {
+            fn check(&self) -> Result<(), crate::Error> {
+                self.0.check()
+            }
+
+            fn loss(&self) -> Result<ExactLoss, crate::Error> {
+                Ok(ExactLoss::Softmax)
+            }
+
+            fn build(&self, $problem: &Problem) -> Result<Built, crate::Error> {
+                let $n = self.0.count($problem.n_classes);
+                Ok(Built::sampling(Box::new($build), ExactLoss::Softmax))
+            }
+        }
+    };
+}
+
+negatives_config!(
+    /// `[output] estimator = "ove"`.
+    OveConfig => |n, _problem| Ove::new(n)?
+);
+negatives_config!(
+    /// `[output] estimator = "ar_softmax"`.
+    ArSoftmaxConfig => |n, problem| ArSoftmax::new(n, problem.n_data)?
+);
+negatives_config!(
+    /// `[output] estimator = "ar_probit"`.
+    ArProbitConfig => |n, problem| ArProbit::new(n, problem.n_data)?
+);
+negatives_config!(
+    /// `[output] estimator = "ar_logistic"`.
+    ArLogisticConfig => |n, problem| ArLogistic::new(n, problem.n_data)?
+);
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,6 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
-use crate::loss::{Loss, LossScratch};
+use crate::loss::{Loss, LossScratch, SmoothedMargin, Softmax};
+use crate::registry::{Built, EstimatorParams, ExactLoss, Problem};
 use farout_core::{ClassId, Rng, SparseGrad, gemm, kernels};
 use rayon::prelude::*;
 
@@ -105,6 +106,54 @@ fn add_bias(z: &mut [f32], bias: Option<&[f32]>) {
         for (v, bb) in z.iter_mut().zip(b) {
             *v += bb;
         }
+    }
+}
+
+/// `[output] estimator = "softmax"`: the exact cross-entropy gradient; no parameters.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoftmaxConfig {}
+
+impl EstimatorParams for SoftmaxConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        Ok(())
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        Ok(ExactLoss::Softmax)
+    }
+
+    fn build(&self, _: &Problem) -> Result<Built, crate::Error> {
+        Ok(Built { estimator: Box::new(Exact::new(Softmax)), loss: ExactLoss::Softmax, exact: true, search: None })
+    }
+}
+
+/// `[output] estimator = "margin"`: the exact smoothed max-margin gradient.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MarginConfig {
+    /// Smoothing `mu` of the margin loss (the LDGS paper: 1 for multiclass, 5 for multilabel).
+    pub mu: f32,
+}
+
+impl Default for MarginConfig {
+    fn default() -> Self {
+        Self { mu: 1.0 }
+    }
+}
+
+impl EstimatorParams for MarginConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        self.loss().map(|_| ())
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        Ok(ExactLoss::Margin(SmoothedMargin::new(self.mu)?))
+    }
+
+    fn build(&self, _: &Problem) -> Result<Built, crate::Error> {
+        let loss = self.loss()?;
+        Ok(Built { estimator: loss.exact(), loss, exact: true, search: None })
     }
 }
 

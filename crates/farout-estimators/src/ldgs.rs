@@ -1,5 +1,6 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
-use crate::loss::{Loss, LossScratch};
+use crate::loss::{Loss, LossScratch, Softmax};
+use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
 use serde::{Deserialize, Serialize};
@@ -213,9 +214,9 @@ impl<L: Loss> Ldgs<L> {
         tau2: f32,
         rescore: Rescore,
     ) -> Result<Self, crate::Error> {
-        crate::at_least_one("output.top", top, "must retrieve at least one class")?;
+        crate::at_least_one("top", top, "must retrieve at least one class")?;
         if !(tau2 >= 0.0) {
-            return Err(crate::Error::Param { name: "output.tau2", value: tau2.to_string(), reason: "must be >= 0" });
+            return Err(crate::Error::Param { name: "tau2", value: tau2.to_string(), reason: "must be >= 0" });
         }
         Ok(Self { loss, top, iterations, tau2, rescore, active })
     }
@@ -415,6 +416,89 @@ impl<L: Loss> Ldgs<L> {
     }
 }
 
+/// `[output] estimator = "ldgs"`: Algorithm 2 of the LDGS paper.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LdgsConfig {
+    /// The loss approximated.
+    pub loss: LossKind,
+    /// Smoothing of the margin loss.
+    pub mu: f32,
+    /// Classes retrieved per block (0 = K / 100).
+    pub top: usize,
+    /// Column blocks B (0 = D/16 when 16 divides D, else D/25 when 25 does, else 1: the
+    /// paper's B = 8 for D = 128 and B = 4 for D = 100).
+    pub blocks: usize,
+    /// Message-passing steps T, or `"fixed_point"` (lambda = lambda* directly, the T -> inf
+    /// limit, at the cost of one loss evaluation).
+    pub iterations: Iterations,
+    /// Which coordinates message passing updates.
+    pub active_set: ActiveSet,
+    /// Gradient threshold of the `gradient` active set.
+    pub tau2: f32,
+    /// Score every candidate in every block (`exact`) or only where retrieved (`partial`).
+    pub rescore: Rescore,
+}
+
+impl Default for LdgsConfig {
+    fn default() -> Self {
+        Self {
+            loss: LossKind::Margin,
+            mu: 1.0,
+            top: 0,
+            blocks: 0,
+            iterations: Iterations::FixedPoint,
+            active_set: ActiveSet::Union,
+            tau2: 1e-3,
+            rescore: Rescore::Exact,
+        }
+    }
+}
+
+impl LdgsConfig {
+    /// The number of blocks for feature dimension `dim` (`blocks`, or its default).
+    pub fn blocks_for(&self, dim: usize) -> usize {
+        match self.blocks {
+            0 if dim.is_multiple_of(16) => dim / 16,
+            0 if dim.is_multiple_of(25) => dim / 25,
+            0 => 1,
+            b => b,
+        }
+    }
+}
+
+impl EstimatorParams for LdgsConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        if !(self.tau2 >= 0.0) {
+            return Err(crate::Error::Param { name: "tau2", value: self.tau2.to_string(), reason: "must be >= 0" });
+        }
+        self.loss().map(|_| ())
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        ExactLoss::of(self.loss, self.mu)
+    }
+
+    fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
+        let loss = self.loss()?;
+        let top = crate::mips::search_top(self.top, problem.n_classes);
+        let blocks = self.blocks_for(problem.dim);
+        if !problem.dim.is_multiple_of(blocks) {
+            return Err(crate::Error::Param {
+                name: "blocks",
+                value: blocks.to_string(),
+                reason: "must divide the feature dimension D",
+            });
+        }
+        let (t, a, tau2, r) = (self.iterations, self.active_set, self.tau2, self.rescore);
+        let estimator: Box<dyn GradientEstimator> = match loss {
+            ExactLoss::Softmax => Box::new(Ldgs::new(Softmax, top, t, a, tau2, r)?),
+            ExactLoss::Margin(m) => Box::new(Ldgs::new(m, top, t, a, tau2, r)?),
+        };
+        Ok(Built { estimator, loss, exact: false, search: Some(SearchShape { top, blocks }) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,10 +506,10 @@ mod tests {
     use crate::{Exact, Mips, SmoothedMargin, Softmax};
     use farout_core::{Matrix, rng};
     use farout_data::synth::{FaceGenerator, FaceSpec, Split};
-    use farout_search::{BlockIndex, IndexConfig, IndexKind};
+    use farout_search::{BlockIndex, IndexConfig};
 
     fn exact_blocks(w: &Matrix, b: usize) -> BlockIndex {
-        BlockIndex::build(w, &IndexConfig { kind: IndexKind::Exact, ..IndexConfig::default() }, b)
+        BlockIndex::build(w, &IndexConfig::exact(), b)
     }
 
     /// W = class means of the FaceNet-like generator (clustered) scaled to spread the scores the

@@ -29,21 +29,23 @@ mod ldgs;
 mod loss;
 mod mips;
 mod proposal;
+mod registry;
 mod sampled;
 mod state;
 
 pub use ar::{
-    ArLogistic, ArProbit, ArSoftmax, ArUtility, Gaussian, Logistic, Noise, Ove, ove_bound, softmax_elbo,
-    utility_log_prob,
+    ArLogistic, ArLogisticConfig, ArProbit, ArProbitConfig, ArSoftmax, ArSoftmaxConfig, ArUtility, Gaussian, Logistic,
+    Noise, Ove, OveConfig, ove_bound, softmax_elbo, utility_log_prob,
 };
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
-pub use exact::Exact;
-pub use ldgs::{ActiveSet, Iterations, Ldgs, Rescore};
+pub use exact::{Exact, MarginConfig, SoftmaxConfig};
+pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore};
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
-pub use mips::{Mips, dphi_cosine};
-pub use proposal::{Draws, Proposal};
-pub use sampled::{NegativeSampling, SampledSoftmax};
+pub use mips::{Mips, MipsConfig, dphi_cosine};
+pub use proposal::{Draws, Proposal, ProposalKind};
+pub use registry::{Built, EstimatorConfig, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
+pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
 pub use state::SampleState;
 
 /// Errors of estimator construction.
@@ -60,6 +62,15 @@ pub enum Error {
         /// What is allowed.
         reason: &'static str,
     },
+}
+
+impl Error {
+    /// The config key the error is about (relative to `[output]`) and what is wrong with it.
+    pub fn key_and_message(&self) -> (&'static str, String) {
+        match self {
+            Error::Param { name, value, reason } => (name, format!(" = {value} {reason}")),
+        }
+    }
 }
 
 /// Rejects a zero for a count that must be at least one (`name` as in the config).

@@ -1,5 +1,6 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
-use crate::loss::{Loss, LossScratch};
+use crate::loss::{Loss, LossScratch, Softmax};
+use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
 use std::cell::RefCell;
@@ -42,7 +43,7 @@ thread_local! {
 impl<L: Loss> Mips<L> {
     /// Retrieves `top` classes per sample (the paper: K/100; K/20 for skip-gram).
     pub fn new(loss: L, top: usize) -> Result<Self, crate::Error> {
-        crate::at_least_one("output.top", top, "must retrieve at least one class")?;
+        crate::at_least_one("top", top, "must retrieve at least one class")?;
         Ok(Self { loss, top })
     }
 }
@@ -141,15 +142,58 @@ pub fn dphi_cosine(ctx: &Ctx, a: &SparseGrad, b: &SparseGrad) -> f32 {
     kernels::cosine(&va, &vb)
 }
 
+/// `[output] estimator = "mips"`: Algorithm 1 of the LDGS paper.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MipsConfig {
+    /// The loss approximated on the retrieved scores.
+    pub loss: LossKind,
+    /// Smoothing of the margin loss.
+    pub mu: f32,
+    /// Classes retrieved per sample (0 = K / 100, the paper's batch query).
+    pub top: usize,
+}
+
+impl Default for MipsConfig {
+    fn default() -> Self {
+        Self { loss: LossKind::Margin, mu: 1.0, top: 0 }
+    }
+}
+
+/// Classes retrieved per search: `top`, or the LDGS paper's K / 100 when it is 0.
+pub(crate) fn search_top(top: usize, n_classes: usize) -> usize {
+    if top > 0 { top } else { (n_classes / 100).max(1) }
+}
+
+impl EstimatorParams for MipsConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        self.loss().map(|_| ())
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        ExactLoss::of(self.loss, self.mu)
+    }
+
+    fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
+        let loss = self.loss()?;
+        let top = search_top(self.top, problem.n_classes);
+        let estimator: Box<dyn GradientEstimator> = match loss {
+            ExactLoss::Softmax => Box::new(Mips::new(Softmax, top)?),
+            ExactLoss::Margin(m) => Box::new(Mips::new(m, top)?),
+        };
+        Ok(Built { estimator, loss, exact: false, search: Some(SearchShape { top, blocks: 1 }) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Exact, SmoothedMargin, Softmax};
     use farout_core::{Matrix, rng};
-    use farout_search::{BlockIndex, IndexConfig, IndexKind};
+    use farout_search::{BlockIndex, IndexConfig};
 
     fn exact_index(w: &Matrix, blocks: usize) -> BlockIndex {
-        BlockIndex::build(w, &IndexConfig { kind: IndexKind::Exact, ..IndexConfig::default() }, blocks)
+        BlockIndex::build(w, &IndexConfig::exact(), blocks)
     }
 
     fn layer(k: usize, d: usize) -> (Matrix, Matrix) {
@@ -195,8 +239,8 @@ mod tests {
         let margin = SmoothedMargin::new(1.0).unwrap();
         let pos: Vec<Vec<u32>> = (0..20).map(|i| vec![(i * 131) as u32 % 3000]).collect();
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        for kind in [IndexKind::Exact, IndexKind::Spherical] {
-            let index = BlockIndex::build(&w, &IndexConfig { kind, ..IndexConfig::default() }, 1);
+        for config in [IndexConfig::exact(), IndexConfig::default()] {
+            let index = BlockIndex::build(&w, &config, 1);
             let ctx = Ctx { w: &w, bias: None, index: Some(&index) };
             let est = Mips::new(margin, 40).unwrap();
             let mut bg = crate::BatchGrad::default();
@@ -214,13 +258,13 @@ mod tests {
                 let (mut a, mut b): (Vec<_>, Vec<_>) = (g.iter().collect(), bg.sparse[i].iter().collect());
                 a.sort_by_key(|x| x.0);
                 b.sort_by_key(|x| x.0);
-                assert_eq!(a.len(), b.len(), "{kind:?} sample {i}");
+                assert_eq!(a.len(), b.len(), "{} sample {i}", config.name());
                 for (x, y) in a.iter().zip(&b) {
-                    assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-4, "{kind:?} sample {i}: {x:?} vs {y:?}");
+                    assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-4, "{} sample {i}: {x:?} vs {y:?}", config.name());
                 }
             }
-            assert!((loss - total.loss_sum).abs() < 1e-3 * loss.max(1.0), "{kind:?}");
-            assert_eq!(cost, total.classes_scored, "{kind:?}");
+            assert!((loss - total.loss_sum).abs() < 1e-3 * loss.max(1.0), "{}", config.name());
+            assert_eq!(cost, total.classes_scored, "{}", config.name());
         }
     }
 

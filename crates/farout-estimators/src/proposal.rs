@@ -75,6 +75,47 @@ impl Proposal {
     }
 }
 
+/// The proposal a config names (`output.proposal`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProposalKind {
+    /// Every class equally likely.
+    Uniform,
+    /// Zipf over ids (ids sorted by decreasing frequency).
+    LogUniform,
+    /// Training label counts raised to `output.alpha`.
+    Unigram,
+}
+
+impl ProposalKind {
+    /// The proposal over `k` classes; `counts` (training label counts) is called for `unigram`.
+    pub fn build(self, k: usize, alpha: f64, counts: &dyn Fn() -> Vec<u64>) -> Result<Proposal, crate::Error> {
+        let proposal = match self {
+            Self::Uniform => Proposal::Uniform,
+            Self::LogUniform => Proposal::LogUniform,
+            Self::Unigram => Proposal::unigram(&counts(), alpha).ok_or(crate::Error::Param {
+                name: "proposal",
+                value: "\"unigram\"".into(),
+                reason: "the training set has no labels to count",
+            })?,
+        };
+        proposal.check(k)?;
+        Ok(proposal)
+    }
+}
+
+/// Checks the unigram exponent `alpha` (finite, >= 0).
+pub(crate) fn check_alpha(alpha: f64) -> Result<(), crate::Error> {
+    if !(alpha >= 0.0 && alpha.is_finite()) {
+        return Err(crate::Error::Param {
+            name: "alpha",
+            value: alpha.to_string(),
+            reason: "must be a finite number >= 0",
+        });
+    }
+    Ok(())
+}
+
 /// A set of drawn classes with `log E_c`, the log of the expected number of times each was
 /// drawn (the correction sampled softmax subtracts from the logits).
 #[derive(Clone, Debug, Default)]

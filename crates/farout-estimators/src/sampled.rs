@@ -1,6 +1,7 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
-use crate::proposal::{Draws, Proposal};
+use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};
+use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Rng, SparseGrad};
 use std::cell::RefCell;
@@ -190,6 +191,109 @@ impl GradientEstimator for NegativeSampling {
             scored += 1;
         }
         Estimate { loss: loss as f32, classes_scored: scored }
+    }
+}
+
+/// `[output] estimator = "sampled_softmax"`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SampledSoftmaxConfig {
+    /// Negatives per sample (0 = use `sample_fraction`).
+    pub n_samples: usize,
+    /// Negatives as a fraction of K when `n_samples = 0` (the LDGS paper: 0.01).
+    pub sample_fraction: f64,
+    /// Where negatives come from: `uniform`, `log_uniform` (ids sorted by frequency) or
+    /// `unigram` (training label counts ^ `alpha`).
+    pub proposal: ProposalKind,
+    /// Exponent of the unigram proposal (word2vec: 0.75).
+    pub alpha: f64,
+    /// Draw until `n` distinct classes (TensorFlow's `unique = true`) rather than `n` draws
+    /// with replacement.
+    pub unique: bool,
+    /// One set of negatives for the whole batch instead of one per sample.
+    pub shared_samples: bool,
+}
+
+impl Default for SampledSoftmaxConfig {
+    fn default() -> Self {
+        let n = Negatives::default();
+        Self {
+            n_samples: n.n_samples,
+            sample_fraction: n.sample_fraction,
+            proposal: ProposalKind::Uniform,
+            alpha: 0.75,
+            unique: true,
+            shared_samples: false,
+        }
+    }
+}
+
+impl SampledSoftmaxConfig {
+    fn negatives(&self) -> Negatives {
+        Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }
+    }
+}
+
+impl EstimatorParams for SampledSoftmaxConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        self.negatives().check()?;
+        check_alpha(self.alpha)
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        Ok(ExactLoss::Softmax)
+    }
+
+    fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
+        let k = problem.n_classes;
+        let proposal = self.proposal.build(k, self.alpha, problem.label_counts)?;
+        let n = self.negatives().count(k);
+        let estimator = SampledSoftmax::with_proposal(n, proposal, self.unique, self.shared_samples)?;
+        Ok(Built::sampling(Box::new(estimator), ExactLoss::Softmax))
+    }
+}
+
+/// `[output] estimator = "negative_sampling"`.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NegativeSamplingConfig {
+    /// Negatives per sample (0 = use `sample_fraction`; skip-gram: word2vec's 5).
+    pub n_samples: usize,
+    /// Negatives as a fraction of K when `n_samples = 0`.
+    pub sample_fraction: f64,
+    /// Where negatives come from (word2vec: `unigram`).
+    pub proposal: ProposalKind,
+    /// Exponent of the unigram proposal (word2vec: 0.75).
+    pub alpha: f64,
+}
+
+impl Default for NegativeSamplingConfig {
+    fn default() -> Self {
+        let n = Negatives::default();
+        Self {
+            n_samples: n.n_samples,
+            sample_fraction: n.sample_fraction,
+            proposal: ProposalKind::Unigram,
+            alpha: 0.75,
+        }
+    }
+}
+
+impl EstimatorParams for NegativeSamplingConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.check()?;
+        check_alpha(self.alpha)
+    }
+
+    fn loss(&self) -> Result<ExactLoss, crate::Error> {
+        Ok(ExactLoss::Softmax)
+    }
+
+    fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
+        let k = problem.n_classes;
+        let proposal = self.proposal.build(k, self.alpha, problem.label_counts)?;
+        let n = Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.count(k);
+        Ok(Built::sampling(Box::new(NegativeSampling::new(n, proposal)?), ExactLoss::Softmax))
     }
 }
 

@@ -636,7 +636,6 @@ mod tests {
     #[test]
     fn attached_index_is_built_lazily_and_refreshed_with_updated_rows() {
         use farout_estimators::{Mips, SmoothedMargin};
-        use farout_search::IndexKind;
         let (phi, pos) = setup(4);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
@@ -644,7 +643,7 @@ mod tests {
         // build is followed by refreshes only; a larger step would trigger a rebuild.
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
-        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        let index = IndexConfig::default();
         layer.attach_index(index, 1, IndexUpkeep::default()).unwrap();
         assert!(layer.index().is_none(), "built lazily");
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
@@ -659,12 +658,11 @@ mod tests {
     #[test]
     fn index_is_rebuilt_on_schedule() {
         use farout_estimators::{Mips, SmoothedMargin};
-        use farout_search::IndexKind;
         let (phi, pos) = setup(4);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig { bias: false, init_std: 0.3 }, &opt, 5).unwrap();
-        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        let index = IndexConfig::default();
         layer.attach_index(index, 1, IndexUpkeep { refresh_every: 1, rebuild_every: 2 }).unwrap();
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
         let mut builds = Vec::new();
@@ -681,13 +679,13 @@ mod tests {
     #[test]
     fn index_scores_stay_exact_between_refreshes() {
         use farout_estimators::{Mips, SmoothedMargin};
-        use farout_search::{Hit, IndexKind};
+        use farout_search::Hit;
         let (phi, pos) = setup(6);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(300, 6, &cfg, &opt, 5).unwrap();
-        let index = IndexConfig { kind: IndexKind::Spherical, ..IndexConfig::default() };
+        let index = IndexConfig::default();
         layer.attach_index(index, 2, IndexUpkeep { refresh_every: 1_000, rebuild_every: 0 }).unwrap();
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 50).unwrap();
         let mut hits: Vec<Hit> = Vec::new();

@@ -24,6 +24,17 @@ impl ExactIndex {
     }
 }
 
+/// `[index] kind = "exact"`: brute force; no parameters.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExactConfig {}
+
+impl crate::IndexParams for ExactConfig {
+    fn build(&self, _: Rows) -> Box<dyn MipsIndex> {
+        Box::new(ExactIndex::new())
+    }
+}
+
 impl MipsIndex for ExactIndex {
     fn name(&self) -> &'static str {
         "exact"

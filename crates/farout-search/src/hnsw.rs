@@ -156,6 +156,12 @@ impl MipsIndex for HnswIndex {
     }
 }
 
+impl crate::IndexParams for HnswConfig {
+    fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        Box::new(HnswIndex::build(w, self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ mod spherical;
 #[cfg(test)]
 mod testutil;
 
-pub use exact::ExactIndex;
+pub use exact::{ExactConfig, ExactIndex};
 pub use farout_core::topk::Hit;
 pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
@@ -161,44 +161,89 @@ pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64
     total / queries.rows().max(1) as f64
 }
 
-/// Which index to build (the `[index]` block of a config).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IndexKind {
-    /// Brute force.
-    Exact,
-    /// Spherical clustering.
-    #[default]
-    Spherical,
-    /// SimpleLSH: sign random projections of the norm-augmented rows, multi-probe.
-    SimpleLsh,
-    /// HNSW graph (hnsw_rs) over the norm-augmented rows.
-    Hnsw,
+/// What an index's parameters can do: build the index over the rows of `W`.
+///
+/// Each index module defines its parameter struct (the keys of `[index]` it accepts, with their
+/// defaults) and implements this trait for it; [`IndexConfig`] lists them.
+pub trait IndexParams {
+    /// Builds the index over `w`.
+    fn build(&self, w: Rows) -> Box<dyn MipsIndex>;
 }
 
-/// An index choice with its parameters.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IndexConfig {
-    /// The index.
-    pub kind: IndexKind,
-    /// Parameters of `spherical`.
-    pub spherical: SphericalConfig,
-    /// Parameters of `simple_lsh`.
-    pub simple_lsh: SimpleLshConfig,
-    /// Parameters of `hnsw`.
-    pub hnsw: HnswConfig,
+/// Lists the indexes: `Variant(ParamsType) = "config name"`, with a doc line each.
+macro_rules! registry {
+    ($($(#[doc = $doc:literal])* $variant:ident($params:ty) = $name:literal,)*) => {
+        /// The index of `[index]` (tag `kind`) with its parameters.
+        #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(tag = "kind")]
+        pub enum IndexConfig {
+            $(
+                $(#[doc = $doc])*
+                #[serde(rename = $name)]
+                $variant($params),
+            )*
+        }
+
+        impl IndexConfig {
+            /// The names `index.kind` accepts.
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+
+            /// The config name (`index.kind`).
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Self::$variant(_) => $name,)*
+                }
+            }
+
+            /// The parameters, behind the trait every index's parameters implement.
+            pub fn params(&self) -> &dyn IndexParams {
+                match self {
+                    $(Self::$variant(p) => p,)*
+                }
+            }
+
+            /// Deserializes the parameters of the index called `name` from `de`, a table
+            /// without the `kind` key (config readers use it to name the exact key of an error).
+            pub fn deserialize_variant<'de, D: serde::Deserializer<'de>>(
+                name: &str,
+                de: D,
+            ) -> Result<Self, D::Error> {
+                use serde::Deserialize as _;
+                match name {
+                    $($name => <$params>::deserialize(de).map(Self::$variant),)*
+                    _ => Err(serde::de::Error::unknown_variant(name, Self::NAMES)),
+                }
+            }
+        }
+    };
+}
+
+registry! {
+    /// Brute force (the recall reference).
+    Exact(exact::ExactConfig) = "exact",
+    /// Spherical clustering (Auvolat et al. 2015; the LDGS paper's index).
+    Spherical(SphericalConfig) = "spherical",
+    /// SimpleLSH (Neyshabur & Srebro 2015): sign random projections, multi-probe.
+    SimpleLsh(SimpleLshConfig) = "simple_lsh",
+    /// HNSW graph (Malkov & Yashunin 2018, via hnsw_rs) over the norm-augmented rows.
+    Hnsw(HnswConfig) = "hnsw",
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self::Spherical(SphericalConfig::default())
+    }
 }
 
 impl IndexConfig {
     /// Builds the configured index over `w`.
     pub fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
-        match self.kind {
-            IndexKind::Exact => Box::new(ExactIndex::new()),
-            IndexKind::Spherical => Box::new(SphericalIndex::build(w, &self.spherical)),
-            IndexKind::SimpleLsh => Box::new(SimpleLshIndex::build(w, &self.simple_lsh)),
-            IndexKind::Hnsw => Box::new(HnswIndex::build(w, &self.hnsw)),
-        }
+        self.params().build(w)
+    }
+
+    /// Brute force.
+    pub fn exact() -> Self {
+        Self::Exact(exact::ExactConfig {})
     }
 }
 

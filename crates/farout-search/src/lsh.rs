@@ -251,6 +251,12 @@ impl MipsIndex for SimpleLshIndex {
     }
 }
 
+impl crate::IndexParams for SimpleLshConfig {
+    fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        Box::new(SimpleLshIndex::build(w, self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -743,6 +743,12 @@ impl MipsIndex for SphericalIndex {
     }
 }
 
+impl crate::IndexParams for SphericalConfig {
+    fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        Box::new(SphericalIndex::build(w, self))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

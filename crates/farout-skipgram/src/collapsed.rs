@@ -383,7 +383,7 @@ mod tests {
     use farout_data::corpus::Subsampling;
     use farout_estimators::{Exact, Mips, Softmax};
     use farout_layer::{OptimizerConfig, OutputLayerConfig};
-    use farout_search::{IndexConfig, IndexKind};
+    use farout_search::IndexConfig;
     use std::io::Write;
 
     fn corpus(text: &str) -> tempfile::NamedTempFile {
@@ -528,7 +528,7 @@ mod tests {
         let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0 }, &opt, 1).unwrap();
         layer.set_weights(v.clone()).unwrap();
         if index {
-            let config = IndexConfig { kind: IndexKind::Exact, ..IndexConfig::default() };
+            let config = IndexConfig::exact();
             layer.attach_index(config, 1, farout_layer::IndexUpkeep::default()).unwrap();
         }
         let mut input = InputTable { vectors: u.clone(), optimizer: opt.build(k, d) };

@@ -11,8 +11,10 @@ use crate::Error;
 use farout_data::corpus::TextSpec;
 use farout_data::synth::{FaceSpec, XmcSpec};
 use farout_data::synth_text::TextGenSpec;
-use farout_layer::{OptimizerConfig, OutputLayerConfig};
+use farout_estimators::EstimatorConfig;
+use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayerConfig};
 use farout_models::{DocEncoderConfig, FaceHeadConfig};
+use farout_search::IndexConfig;
 use farout_skipgram::SkipGramConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -162,105 +164,20 @@ pub struct ModelConfig {
     pub skip_gram: SkipGramConfig,
 }
 
-/// The gradient estimators available from config.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EstimatorKind {
-    /// Exact cross-entropy (LDGS eq. 2).
-    Softmax,
-    /// Exact smoothed max-margin (LDGS eq. 10-11) with `output.mu`.
-    Margin,
-    /// Algorithm 1 of the LDGS paper: top-`output.top` retrieval from `[index]`, `output.loss`
-    /// on the retrieved scores.
-    Mips,
-    /// Sampled softmax with `output.n_samples` negatives from `output.proposal`.
-    SampledSoftmax,
-    /// word2vec's negative sampling with `output.n_samples` negatives from `output.proposal`
-    /// (unigram^0.75 by default).
-    NegativeSampling,
-    /// One-vs-Each bound (Titsias 2016) with `output.n_samples` uniform negatives.
-    Ove,
-    /// Softmax A&R (Algorithm 1 of the A&R paper) with `output.n_samples` uniform negatives.
-    ArSoftmax,
-    /// Multinomial probit A&R (Algorithm 2).
-    ArProbit,
-    /// Multinomial logistic A&R (Algorithm 2).
-    ArLogistic,
-    /// Algorithm 2 of the LDGS paper: `output.blocks` block indexes, top-`output.top` per block,
-    /// `output.iterations` steps of greedy message passing, `output.loss`.
-    Ldgs,
-}
-
-/// The loss a search-based estimator approximates.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossKind {
-    /// Cross-entropy (eq. 2).
-    Softmax,
-    /// Smoothed max-margin (eq. 10) with `output.mu`.
-    #[default]
-    Margin,
-}
-
-/// `[output]`.
+/// `[output]`: the gradient estimator (`output.estimator` and the keys of that estimator, see
+/// [`EstimatorConfig`]), the layer and its optimiser.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct OutputConfig {
-    /// The gradient estimator.
-    pub estimator: EstimatorKind,
-    /// Smoothing of the margin loss (the paper: 1 for multiclass, 5 for multilabel).
-    #[serde(default = "default_mu")]
-    pub mu: f32,
-    /// Loss approximated by `mips`.
-    #[serde(default)]
-    pub loss: LossKind,
-    /// Classes retrieved per sample by `mips` (0 = K / 100, the paper's batch query).
-    #[serde(default)]
-    pub top: usize,
-    /// Negatives per sample of the sampling estimators and of the warm-up (0 = use
-    /// `sample_fraction`).
-    #[serde(default)]
-    pub n_samples: usize,
-    /// Negatives as a fraction of K when `n_samples = 0` (the LDGS paper: 0.01).
-    #[serde(default = "default_sample_fraction")]
-    pub sample_fraction: f64,
-    /// Proposal of `sampled_softmax` and `negative_sampling`: `uniform`, `log_uniform` (ids
-    /// sorted by frequency) or `unigram` (training label counts ^ `output.alpha`). Default:
-    /// uniform for sampled softmax, unigram for negative sampling.
-    #[serde(default)]
-    pub proposal: Option<ProposalKind>,
-    /// Exponent of the unigram proposal (word2vec: 0.75).
-    #[serde(default = "default_alpha")]
-    pub alpha: f64,
-    /// Sampled softmax: draw until `n` distinct classes (TensorFlow's `unique = true`) rather
-    /// than `n` draws with replacement.
-    #[serde(default = "default_true")]
-    pub unique: bool,
-    /// Sampled softmax: one set of negatives for the whole batch instead of one per sample.
-    #[serde(default)]
-    pub shared_samples: bool,
-    /// LDGS: number of column blocks B (0 = D/16 when 16 divides D, else D/25 when 25 does,
-    /// else 1: the paper's B = 8 for D = 128 and B = 4 for D = 100).
-    #[serde(default)]
-    pub blocks: usize,
-    /// LDGS: message-passing steps T, or `"fixed_point"` (the default: lambda = lambda*
-    /// directly, the T -> inf limit, at the cost of one loss evaluation).
-    #[serde(default = "default_iterations")]
-    pub iterations: farout_estimators::Iterations,
-    /// LDGS: which coordinates message passing updates (`union` or the paper's `gradient`).
-    #[serde(default)]
-    pub active_set: farout_estimators::ActiveSet,
-    /// LDGS: gradient threshold of the `gradient` active set.
-    #[serde(default = "default_tau2")]
-    pub tau2: f32,
-    /// LDGS: score every candidate in every block (`exact`) or only where retrieved (`partial`,
-    /// Algorithm 2 as written).
-    #[serde(default)]
-    pub rescore: farout_estimators::Rescore,
+    /// The estimator and its parameters (keys of `[output]` beside the ones below).
+    #[serde(flatten)]
+    pub estimator: EstimatorConfig,
     /// Train the first this many steps with uniform sampled softmax before switching to the
     /// configured estimator (the LDGS paper warms search up by sampling until scores spread).
     #[serde(default)]
     pub warmup_steps: u64,
+    /// Negatives per sample of the warm-up (0 = K / 100).
+    #[serde(default)]
+    pub warmup_samples: usize,
     /// Bias and initialisation of W.
     #[serde(default)]
     pub layer: OutputLayerConfig,
@@ -269,40 +186,9 @@ pub struct OutputConfig {
     pub optimizer: OptimizerConfig,
 }
 
-fn default_mu() -> f32 {
-    1.0
-}
-
-fn default_sample_fraction() -> f64 {
-    0.01
-}
-
-fn default_alpha() -> f64 {
-    0.75
-}
-
-fn default_true() -> bool {
-    true
-}
-
-/// Proposal distribution of the sampling estimators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProposalKind {
-    /// Every class equally likely.
-    Uniform,
-    /// Zipf over ids (ids sorted by decreasing frequency).
-    LogUniform,
-    /// Training label counts raised to `output.alpha`.
-    Unigram,
-}
-
-fn default_iterations() -> farout_estimators::Iterations {
-    farout_estimators::Iterations::FixedPoint
-}
-
-fn default_tau2() -> f32 {
-    1e-3
+impl OutputConfig {
+    /// Keys of `[output]` that belong to the section, not to the estimator.
+    const OWN_KEYS: [&'static str; 4] = ["warmup_steps", "warmup_samples", "layer", "optimizer"];
 }
 
 /// `[train]`.
@@ -419,95 +305,141 @@ impl Default for CheckpointConfig {
     }
 }
 
-/// `[index]`: the MIPS index of search-based estimators.
+/// `[index]`: the MIPS index of search-based estimators (`index.kind` and the keys of that
+/// index, see [`IndexConfig`]) and its upkeep during training.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
 pub struct IndexSection {
-    /// `spherical` (the LDGS paper's), `hnsw`, `simple_lsh` or `exact` (brute force, for reference).
-    pub kind: farout_search::IndexKind,
-    /// Parameters of `spherical`.
-    pub spherical: farout_search::SphericalConfig,
-    /// Parameters of `simple_lsh`.
-    pub simple_lsh: farout_search::SimpleLshConfig,
-    /// Parameters of `hnsw`.
-    pub hnsw: farout_search::HnswConfig,
+    /// The index and its parameters (keys of `[index]` beside the ones below).
+    #[serde(flatten)]
+    pub index: IndexConfig,
     /// Re-index the rows that changed every this many steps.
+    #[serde(default = "default_refresh_every")]
     pub refresh_every: u64,
     /// Rebuild the index from scratch every this many steps (0 = only when it asks, e.g. a row
     /// outgrew its norm bound): refreshes reassign changed rows to clusters fitted on the rows
     /// of the last build, which training leaves behind.
+    #[serde(default)]
     pub rebuild_every: u64,
     /// Log the index's recall against brute force every this many steps (0 = never); stale
     /// indexes fail silently, this is how to see it.
+    #[serde(default = "default_recall_every")]
     pub recall_every: u64,
     /// Queries (rows of the current batch) used for the recall measurement.
+    #[serde(default = "default_recall_queries")]
     pub recall_queries: usize,
+}
+
+fn default_refresh_every() -> u64 {
+    1
+}
+
+fn default_recall_every() -> u64 {
+    200
+}
+
+fn default_recall_queries() -> usize {
+    32
 }
 
 impl Default for IndexSection {
     fn default() -> Self {
         Self {
-            kind: farout_search::IndexKind::Spherical,
-            spherical: farout_search::SphericalConfig::default(),
-            simple_lsh: farout_search::SimpleLshConfig::default(),
-            hnsw: farout_search::HnswConfig::default(),
-            refresh_every: 1,
+            index: IndexConfig::default(),
+            refresh_every: default_refresh_every(),
             rebuild_every: 0,
-            recall_every: 200,
-            recall_queries: 32,
+            recall_every: default_recall_every(),
+            recall_queries: default_recall_queries(),
         }
     }
 }
 
 impl IndexSection {
-    /// The index part of the section.
-    pub fn index_config(&self) -> farout_search::IndexConfig {
-        farout_search::IndexConfig {
-            kind: self.kind,
-            spherical: self.spherical.clone(),
-            simple_lsh: self.simple_lsh.clone(),
-            hnsw: self.hnsw.clone(),
-        }
+    /// Keys of `[index]` that belong to the section, not to the index.
+    const OWN_KEYS: [&'static str; 4] = ["refresh_every", "rebuild_every", "recall_every", "recall_queries"];
+
+    /// How training keeps the index up to date.
+    pub fn upkeep(&self) -> IndexUpkeep {
+        IndexUpkeep { refresh_every: self.refresh_every, rebuild_every: self.rebuild_every }
+    }
+}
+
+/// What is wrong with a config. Every variant names where: the key (as a dotted path from the
+/// top of the file), the `--set` argument, or the line and column of a syntax error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file is not valid TOML (the message has the line and column).
+    #[error("{0}")]
+    Syntax(String),
+    /// A `--set` argument is malformed.
+    #[error("--set {arg}: {msg}")]
+    Override {
+        /// The argument as given.
+        arg: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A key is unknown, has the wrong type or a value out of range, or is missing.
+    #[error("key `{key}`{}{msg}", if msg.starts_with(' ') || msg.starts_with(':') { "" } else { ": " })]
+    Key {
+        /// The dotted key path (`output.top`, `model.doc_encoder.hidden`).
+        key: String,
+        /// What is wrong, and what is allowed.
+        msg: String,
+    },
+}
+
+impl ConfigError {
+    /// An error of key `key`.
+    pub fn key(key: impl Into<String>, msg: impl Into<String>) -> Self {
+        Self::Key { key: key.into(), msg: msg.into() }
+    }
+
+    /// The error of an estimator or index parameter of section `section` (`output`, `index`).
+    pub(crate) fn param(section: &str, e: farout_estimators::Error) -> Self {
+        let (key, msg) = e.key_and_message();
+        Self::key(format!("{section}.{key}"), msg)
     }
 }
 
 impl Config {
     /// Reads `path`, applies `overrides` (`key.path=value`), parses and validates.
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config { path: path.to_path_buf(), msg: e.to_string() })?;
-        let mut config =
-            Self::parse(&text, overrides).map_err(|msg| Error::Config { path: path.to_path_buf(), msg })?;
+        let at = |error: ConfigError| Error::Config { path: path.to_path_buf(), error };
+        let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
+        let mut config = Self::parse(&text, overrides).map_err(at)?;
         if config.name.is_empty() {
             config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
         }
-        config.check().map_err(|msg| Error::Config { path: path.to_path_buf(), msg })?;
+        config.check().map_err(at)?;
         Ok(config)
     }
 
     /// Parses config text with overrides; the error names the offending key.
-    pub fn parse(text: &str, overrides: &[String]) -> Result<Self, String> {
-        let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| one_line(&e.to_string()))?;
+    pub fn parse(text: &str, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table: toml::Table =
+            text.parse().map_err(|e: toml::de::Error| ConfigError::Syntax(one_line(&e.to_string())))?;
         for o in overrides {
             apply_override(&mut table, o)?;
         }
-        let value = toml::Value::Table(table);
-        serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = one_line(&e.into_inner().to_string());
-            if path == "." { inner } else { format!("key `{path}`: {inner}") }
-        })
+        deserialize_at(toml::Value::Table(table))
     }
 
     /// Checks values serde cannot (ranges, required files per format).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         let d = &self.data;
-        let need = |field: &Option<PathBuf>, key: &str| -> Result<(), String> {
-            if field.is_none() {
-                Err(format!("key `data.{key}` is required with data.format = {:?}", format_name(d.format)))
-            } else {
-                Ok(())
+        let need = |field: &Option<PathBuf>, key: &str| -> Result<(), ConfigError> {
+            match field {
+                None => Err(ConfigError::key(
+                    format!("data.{key}"),
+                    format!("is required with data.format = {:?}", format_name(d.format)),
+                )),
+                Some(_) => Ok(()),
             }
+        };
+        let data_param = |e: farout_data::Error| match e {
+            farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
+            e => ConfigError::key("data", e.to_string()),
         };
         match d.format {
             DataFormat::Xmc => {
@@ -520,109 +452,114 @@ impl Config {
                     need(&d.test_labels, "test_labels")?;
                 }
                 if d.format == DataFormat::Raw && d.dim == 0 {
-                    return Err("key `data.dim` must be > 0 with data.format = \"raw\"".into());
+                    return Err(ConfigError::key("data.dim", "must be > 0 with data.format = \"raw\""));
                 }
             }
             DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {}
             DataFormat::Text => {
-                if let (None, Err(farout_data::Error::Param { name, msg })) = (&d.corpus, d.synthetic.check()) {
-                    return Err(format!("key `{name}` {msg}"));
+                if d.corpus.is_none() {
+                    d.synthetic.check().map_err(data_param)?;
                 }
             }
         }
         if (d.format == DataFormat::Text) != (self.model.encoder == EncoderKind::SkipGram) {
-            return Err("key `model.encoder`: \"skip_gram\" goes with data.format = \"text\" and only with it".into());
+            return Err(ConfigError::key(
+                "model.encoder",
+                "\"skip_gram\" goes with data.format = \"text\" and only with it",
+            ));
         }
+        let out = &self.output;
+        out.estimator.check().map_err(|e| ConfigError::param("output", e))?;
         if self.model.encoder == EncoderKind::SkipGram {
-            if let Err(farout_data::Error::Param { name, msg }) = d.text.check() {
-                return Err(format!("key `{name}` {msg}"));
-            }
+            d.text.check().map_err(data_param)?;
             if let Err(farout_skipgram::Error::Config { key, msg }) = self.model.skip_gram.check() {
-                return Err(format!("key `{key}` {msg}"));
+                return Err(ConfigError::key(key, msg));
             }
-            if self.output.warmup_steps > 0 {
-                return Err(
-                    "key `output.warmup_steps`: skip-gram warms up with model.skip_gram.ns_warmup_epochs".into()
-                );
+            if out.warmup_steps > 0 {
+                return Err(ConfigError::key(
+                    "output.warmup_steps",
+                    "skip-gram warms up with model.skip_gram.ns_warmup_epochs",
+                ));
             }
-            if self.model.skip_gram.objective == farout_skipgram::Objective::Collapsed {
-                let softmax = match self.output.estimator {
-                    EstimatorKind::Softmax | EstimatorKind::SampledSoftmax => true,
-                    EstimatorKind::Mips | EstimatorKind::Ldgs => self.output.loss == LossKind::Softmax,
-                    _ => false,
-                };
-                if !softmax {
-                    return Err(format!(
-                        "key `output.estimator`: the collapsed objective (eq. 9) is a softmax loss; use \
-                         \"softmax\" (GD), \"mips\" or \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, \
-                         GD-Decomp-MIPS) or \"sampled_softmax\" (found {:?}, loss {:?})",
-                        self.output.estimator, self.output.loss
-                    ));
+            let softmax = match &out.estimator {
+                EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
+                EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => {
+                    out.estimator.loss().is_ok_and(|l| l.is_softmax())
                 }
+                _ => false,
+            };
+            if self.model.skip_gram.objective == farout_skipgram::Objective::Collapsed && !softmax {
+                return Err(ConfigError::key(
+                    "output.estimator",
+                    format!(
+                        "the collapsed objective (eq. 9) is a softmax loss; use \"softmax\" (GD), \"mips\" or \
+                         \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, GD-Decomp-MIPS) or \"sampled_softmax\" \
+                         (found {:?}{})",
+                        out.estimator.name(),
+                        if matches!(out.estimator, EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_)) {
+                            " with the margin loss"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
             }
         }
         let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
         match (self.model.encoder, sparse) {
             (EncoderKind::FaceHead, true) => {
-                return Err(
-                    "key `model.encoder`: \"face_head\" needs dense features (data.format npy, raw or synthetic_face)"
-                        .into(),
-                );
+                return Err(ConfigError::key(
+                    "model.encoder",
+                    "\"face_head\" needs dense features (data.format npy, raw or synthetic_face)",
+                ));
             }
             (EncoderKind::DocEncoder, false) => {
-                return Err(
-                    "key `model.encoder`: \"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)"
-                        .into(),
-                );
+                return Err(ConfigError::key(
+                    "model.encoder",
+                    "\"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)",
+                ));
             }
             _ => {}
         }
-        if self.train.batch_size == 0 {
-            return Err("key `train.batch_size` must be > 0".into());
-        }
-        if self.eval.batch_size == 0 {
-            return Err("key `eval.batch_size` must be > 0".into());
-        }
-        if !(self.train.max_seconds >= 0.0) {
-            return Err(format!("key `train.max_seconds` = {} must be >= 0", self.train.max_seconds));
-        }
+        at_least_one("train.batch_size", self.train.batch_size)?;
+        at_least_one("eval.batch_size", self.eval.batch_size)?;
+        finite_at_least("train.max_seconds", self.train.max_seconds, 0.0)?;
         finite_at_least("eval.every_seconds", self.eval.every_seconds, 0.0)?;
         if self.eval.every_seconds > 0.0
-            && (self.model.encoder != EncoderKind::SkipGram || self.output.estimator == EstimatorKind::NegativeSampling)
+            && (self.model.encoder != EncoderKind::SkipGram
+                || matches!(out.estimator, EstimatorConfig::NegativeSampling(_)))
         {
-            return Err("key `eval.every_seconds` applies to skip-gram with a minibatch estimator (not \
-                        negative_sampling, which evaluates after each epoch); classifiers use eval.every_steps"
-                .into());
+            return Err(ConfigError::key(
+                "eval.every_seconds",
+                "applies to skip-gram with a minibatch estimator (not negative_sampling, which evaluates \
+                 after each epoch); classifiers use eval.every_steps",
+            ));
         }
-        if self.train.log_every == 0 {
-            return Err("key `train.log_every` must be > 0".into());
+        at_least_one("train.log_every", self.train.log_every as usize)?;
+        if matches!(out.estimator, EstimatorConfig::Mips(_)) && out.layer.bias {
+            return Err(ConfigError::key(
+                "output.layer.bias",
+                "must be false with output.estimator = \"mips\" (the index searches W alone)",
+            ));
         }
-        if !(self.output.mu > 0.0 && self.output.mu.is_finite()) {
-            return Err(format!("key `output.mu` = {} must be a finite number > 0", self.output.mu));
-        }
-        if self.output.estimator == EstimatorKind::Mips && self.output.layer.bias {
-            return Err(
-                "key `output.layer.bias` must be false with output.estimator = \"mips\" (the index searches W alone)"
-                    .into(),
-            );
-        }
-        if !(self.output.sample_fraction > 0.0 && self.output.sample_fraction <= 1.0) {
-            return Err(format!("key `output.sample_fraction` = {} must be in (0, 1]", self.output.sample_fraction));
-        }
-        finite_at_least("output.alpha", self.output.alpha, 0.0)?;
         if let OptimizerConfig::ArSchedule { .. } = self.model.doc_encoder.optimizer {
-            return Err(
-                "key `model.doc_encoder.optimizer.kind`: \"ar_schedule\" is for the output layer; use \"sgd\" or \"adagrad\""
-                    .into(),
-            );
+            return Err(ConfigError::key(
+                "model.doc_encoder.optimizer.kind",
+                "\"ar_schedule\" is for the output layer; use \"sgd\" or \"adagrad\"",
+            ));
         }
-        if self.index.refresh_every == 0 {
-            return Err("key `index.refresh_every` must be > 0".into());
+        at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
+        if let IndexConfig::Spherical(sph) = &self.index.index {
+            finite_at_least("index.candidate_factor", sph.candidate_factor, 1.0)?;
+            finite_at_least("index.rescore", sph.rescore, 1.0)?;
         }
-        finite_at_least("index.spherical.candidate_factor", self.index.spherical.candidate_factor, 1.0)?;
-        finite_at_least("index.spherical.rescore", self.index.spherical.rescore, 1.0)?;
-        self.output.optimizer.check("output.optimizer").map_err(|e| e.to_string())?;
-        self.model.doc_encoder.optimizer.check("model.doc_encoder.optimizer").map_err(|e| e.to_string())?;
+        for (key, optimizer) in
+            [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]
+        {
+            if let Err(farout_layer::Error::Config { key: field, msg }) = optimizer.check(key) {
+                return Err(ConfigError::key(field, msg));
+            }
+        }
         Ok(())
     }
 
@@ -659,13 +596,113 @@ impl Config {
 
 /// Checks that the value of config key `key` is a finite number `>= min` (NaN is not), else says
 /// so naming the key.
-fn finite_at_least<T: Copy + Into<f64> + std::fmt::Display>(key: &str, value: T, min: f64) -> Result<(), String> {
+fn finite_at_least<T: Copy + Into<f64> + std::fmt::Display>(key: &str, value: T, min: f64) -> Result<(), ConfigError> {
     let v: f64 = value.into();
     if v >= min && v.is_finite() {
         Ok(())
     } else {
-        Err(format!("key `{key}` = {value} must be a finite number >= {min}"))
+        Err(ConfigError::key(key, format!(" = {value} must be a finite number >= {min}")))
     }
+}
+
+/// Checks that the count of config key `key` is at least one.
+fn at_least_one(key: &str, value: usize) -> Result<(), ConfigError> {
+    if value == 0 { Err(ConfigError::key(key, " must be > 0")) } else { Ok(()) }
+}
+
+/// Deserializes `T` from a config tree; the error names the full key path, also inside the
+/// tagged sections `[output]` and `[index]`.
+fn deserialize_at<T: serde::de::DeserializeOwned>(mut value: toml::Value) -> Result<T, ConfigError> {
+    // `[index]` without `kind` is the default index.
+    if let Some(toml::Value::Table(index)) = value.get_mut("index") {
+        index.entry("kind").or_insert_with(|| IndexConfig::default().name().into());
+    }
+    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = one_line(&e.into_inner().to_string());
+        // serde buffers the tagged sections and loses the key inside them: find it again.
+        let inner = match path.as_str() {
+            "output" => variant_error(&value, "output", "estimator", &OutputConfig::OWN_KEYS, |tag, de| {
+                EstimatorConfig::deserialize_variant(tag, de).map(|_| ())
+            }),
+            "index" => variant_error(&value, "index", "kind", &IndexSection::OWN_KEYS, |tag, de| {
+                IndexConfig::deserialize_variant(tag, de).map(|_| ())
+            }),
+            _ => None,
+        };
+        inner.unwrap_or_else(|| {
+            let msg = msg.trim_end_matches(&format!(" in `{path}`")).to_string();
+            if path == "." { ConfigError::Syntax(msg) } else { ConfigError::key(path, msg) }
+        })
+    })
+}
+
+/// The estimator of an `[output]` section given as `key=value` settings (`--set` syntax, keys
+/// relative to `[output]`, e.g. `estimator=ldgs`, `top=1500`): how benches name estimators.
+pub fn estimator_from_settings(settings: &[String]) -> Result<EstimatorConfig, ConfigError> {
+    #[derive(Deserialize)]
+    struct Only {
+        output: OutputConfig,
+    }
+    let mut table = toml::Table::new();
+    for s in settings {
+        apply_override(&mut table, &format!("output.{s}"))?;
+    }
+    let only: Only = deserialize_at(toml::Value::Table(table))?;
+    only.output.estimator.check().map_err(|e| ConfigError::param("output", e))?;
+    Ok(only.output.estimator)
+}
+
+/// The index of an `[index]` section given as `key=value` settings (keys relative to
+/// `[index]`, e.g. `kind=spherical`, `candidate_factor=10`).
+pub fn index_from_settings(settings: &[String]) -> Result<IndexConfig, ConfigError> {
+    #[derive(Deserialize)]
+    struct Only {
+        index: IndexSection,
+    }
+    let mut table = toml::Table::new();
+    for s in settings {
+        apply_override(&mut table, &format!("index.{s}"))?;
+    }
+    let only: Only = deserialize_at(toml::Value::Table(table))?;
+    Ok(only.index.index)
+}
+
+/// The error inside the tagged section `section` of `config` (tag key `tag`, section keys
+/// `own`), with its full key path: the variant's parameters are deserialized alone, which serde
+/// can follow key by key. `None` when the section itself is the problem (the message of the
+/// whole parse says it then).
+fn variant_error(
+    config: &toml::Value,
+    section: &str,
+    tag: &str,
+    own: &[&str],
+    parse: impl FnOnce(&str, serde_path_to_error::Deserializer<'_, '_, toml::Value>) -> Result<(), toml::de::Error>,
+) -> Option<ConfigError> {
+    let mut table = config.get(section)?.as_table()?.clone();
+    let name = table.remove(tag)?;
+    let name = name.as_str()?.to_string();
+    table.retain(|k, _| !own.contains(&k));
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(toml::Value::Table(table), &mut track);
+    let e = parse(&name, de).err()?;
+    let path = track.path().to_string();
+    let msg = one_line(&e.to_string());
+    // A key the variant does not take: name it with the keys it does take.
+    if let Some((key, rest)) = msg.strip_prefix("unknown field `").and_then(|m| m.split_once('`')) {
+        let takes = match rest.strip_prefix(", expected ") {
+            Some(keys) => format!("it takes {keys}"),
+            None => "it takes no keys".into(),
+        };
+        return Some(ConfigError::key(
+            format!("{section}.{key}"),
+            format!("is not a key of {section}.{tag} = {name:?} ({takes})"),
+        ));
+    }
+    if path == "." {
+        return Some(ConfigError::key(format!("{section}.{tag}"), msg));
+    }
+    Some(ConfigError::key(format!("{section}.{path}"), msg))
 }
 
 fn format_name(f: DataFormat) -> &'static str {
@@ -685,8 +722,9 @@ fn one_line(s: &str) -> String {
 
 /// Sets `a.b.c = value` in `table`; `value` is parsed as TOML (`5`, `0.1`, `true`, `"x"`,
 /// `[1, 2]`) and taken as a string when it does not parse.
-fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), String> {
-    let (key, value) = o.split_once('=').ok_or_else(|| format!("--set {o}: expected key=value"))?;
+fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), ConfigError> {
+    let bad = |msg: String| ConfigError::Override { arg: o.to_string(), msg };
+    let (key, value) = o.split_once('=').ok_or_else(|| bad("expected key=value".into()))?;
     let key = key.trim();
     let value = value.trim();
     let parsed: toml::Value = match format!("v = {value}").parse::<toml::Table>() {
@@ -697,14 +735,14 @@ fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), String> {
     let mut cur = table;
     for (i, part) in parts.iter().enumerate() {
         if part.is_empty() {
-            return Err(format!("--set {o}: empty key segment"));
+            return Err(bad("empty key segment".into()));
         }
         if i + 1 == parts.len() {
             cur.insert(part.to_string(), parsed);
             return Ok(());
         }
         let entry = cur.entry(part.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        cur = entry.as_table_mut().ok_or_else(|| format!("--set {o}: `{}` is not a table", parts[..=i].join(".")))?;
+        cur = entry.as_table_mut().ok_or_else(|| bad(format!("`{}` is not a table", parts[..=i].join("."))))?;
     }
     Ok(())
 }
@@ -731,31 +769,97 @@ mod tests {
         assert_eq!(c.data.face, FaceSpec::default());
     }
 
+    const LDGS: &str = r#"
+        [data]
+        format = "synthetic_face"
+        [model]
+        encoder = "face_head"
+        [output]
+        estimator = "ldgs"
+    "#;
+
+    fn parse_err(text: &str, overrides: &[&str]) -> String {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Config::parse(text, &overrides).unwrap_err().to_string()
+    }
+
+    fn check_err(text: &str, overrides: &[&str]) -> String {
+        let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        Config::parse(text, &overrides).unwrap().check().unwrap_err().to_string()
+    }
+
+    fn ldgs(c: &Config) -> &farout_estimators::LdgsConfig {
+        match &c.output.estimator {
+            EstimatorConfig::Ldgs(p) => p,
+            e => panic!("expected ldgs, found {}", e.name()),
+        }
+    }
+
     #[test]
     fn unknown_keys_are_named() {
-        let e = Config::parse(&format!("{MINIMAL}\n[train]\nepoch = 3\n"), &[]).unwrap_err();
+        let e = parse_err(&format!("{MINIMAL}\n[train]\nepoch = 3\n"), &[]);
         assert!(e.contains("key `train.epoch`") && e.contains("unknown field `epoch`") && e.contains("epochs"), "{e}");
-        let e = Config::parse(MINIMAL, &["output.estimator=lsh".into()]).unwrap_err();
+        let e = parse_err(MINIMAL, &["output.estimator=lsh"]);
         assert!(e.contains("output.estimator") && e.contains("softmax") && e.contains("margin"), "{e}");
-        let e = Config::parse(MINIMAL, &["train.batch_size=abc".into()]).unwrap_err();
+        let e = parse_err(MINIMAL, &["train.batch_size=abc"]);
         assert!(e.contains("train.batch_size"), "{e}");
-        let e = Config::parse(MINIMAL, &["output.iterations=forever".into()]).unwrap_err();
+        let e = parse_err(LDGS, &["output.iterations=forever"]);
         assert!(e.contains("output.iterations") && e.contains("fixed_point"), "{e}");
+    }
+
+    #[test]
+    fn keys_inside_tagged_sections_are_named() {
+        // A key another estimator takes: named, with the keys this one takes.
+        let e = parse_err(MINIMAL, &["output.top=5"]);
+        assert!(e.contains("key `output.top`") && e.contains("\"softmax\""), "{e}");
+        let e = parse_err(LDGS, &["output.topp=5"]);
+        assert!(e.contains("key `output.topp`") && e.contains("`top`") && e.contains("`blocks`"), "{e}");
+        // A value of the wrong type: the key inside the variant.
+        let e = parse_err(LDGS, &["output.top=\"many\""]);
+        assert!(e.starts_with("key `output.top`"), "{e}");
+        let e = parse_err(MINIMAL, &["index.candidate_factor=\"x\""]);
+        assert!(e.starts_with("key `index.candidate_factor`"), "{e}");
+        let e = parse_err(MINIMAL, &["index.kind=\"annoy\""]);
+        assert!(e.contains("index.kind") && e.contains("spherical") && e.contains("hnsw"), "{e}");
+        let e = parse_err(MINIMAL, &["index.kind=\"exact\"", "index.tables=3"]);
+        assert!(e.contains("key `index.tables`") && e.contains("\"exact\""), "{e}");
+        // Keys of the section itself still go through.
+        let c = Config::parse(LDGS, &["output.warmup_steps=3".into(), "index.recall_every=7".into()]).unwrap();
+        assert_eq!((c.output.warmup_steps, c.index.recall_every), (3, 7));
+        // Range checks of estimator parameters name the key.
+        let e = check_err(LDGS, &["output.mu=0"]);
+        assert!(e.contains("key `output.mu`"), "{e}");
+        let e = check_err(LDGS, &["output.tau2=-1"]);
+        assert!(e.contains("key `output.tau2`"), "{e}");
+        let e = check_err(MINIMAL, &["output.estimator=\"sampled_softmax\"", "output.sample_fraction=2"]);
+        assert!(e.contains("key `output.sample_fraction`"), "{e}");
+    }
+
+    #[test]
+    fn syntax_and_override_errors_say_where() {
+        let e = parse_err("[data\nformat = 1", &[]);
+        assert!(e.contains("line 1"), "{e}");
+        let e = parse_err(MINIMAL, &["train.epochs"]);
+        assert!(e.starts_with("--set train.epochs") && e.contains("key=value"), "{e}");
+        let e = parse_err(MINIMAL, &["data.format.x=3"]);
+        assert!(e.contains("`data.format` is not a table"), "{e}");
+        let e = parse_err(MINIMAL, &["seed.x=3"]);
+        assert!(e.starts_with("key `seed`"), "{e}");
     }
 
     #[test]
     fn ldgs_iterations_are_steps_or_the_fixed_point() {
         use farout_estimators::Iterations;
-        assert_eq!(Config::parse(MINIMAL, &[]).unwrap().output.iterations, Iterations::FixedPoint);
-        let c = Config::parse(MINIMAL, &["output.iterations=3".into()]).unwrap();
-        assert_eq!(c.output.iterations, Iterations::Steps(3));
-        let c = Config::parse(&format!("{MINIMAL}iterations = \"fixed_point\"\n"), &[]).unwrap();
-        assert_eq!(c.output.iterations, Iterations::FixedPoint);
+        assert_eq!(ldgs(&Config::parse(LDGS, &[]).unwrap()).iterations, Iterations::FixedPoint);
+        let c = Config::parse(LDGS, &["output.iterations=3".into()]).unwrap();
+        assert_eq!(ldgs(&c).iterations, Iterations::Steps(3));
+        let c = Config::parse(&format!("{LDGS}iterations = \"fixed_point\"\n"), &[]).unwrap();
+        assert_eq!(ldgs(&c).iterations, Iterations::FixedPoint);
         // A config file takes the strings the command line does (`bench estimator --iterations`).
-        let c = Config::parse(&format!("{MINIMAL}iterations = \"fixed-point\"\n"), &[]).unwrap();
-        assert_eq!(c.output.iterations, Iterations::FixedPoint);
-        let c = Config::parse(&format!("{MINIMAL}iterations = \"4\"\n"), &[]).unwrap();
-        assert_eq!(c.output.iterations, Iterations::Steps(4));
+        let c = Config::parse(&format!("{LDGS}iterations = \"fixed-point\"\n"), &[]).unwrap();
+        assert_eq!(ldgs(&c).iterations, Iterations::FixedPoint);
+        let c = Config::parse(&format!("{LDGS}iterations = \"4\"\n"), &[]).unwrap();
+        assert_eq!(ldgs(&c).iterations, Iterations::Steps(4));
     }
 
     #[test]
@@ -773,19 +877,39 @@ mod tests {
     fn check_names_missing_and_inconsistent_keys() {
         let mut c = Config::parse(MINIMAL, &[]).unwrap();
         c.data.format = DataFormat::Npy;
-        assert!(c.check().unwrap_err().contains("data.train"));
+        assert!(c.check().unwrap_err().to_string().contains("data.train"));
         c.data.format = DataFormat::Xmc;
         c.data.train = Some("t.txt".into());
-        assert!(c.check().unwrap_err().contains("model.encoder"));
+        assert!(c.check().unwrap_err().to_string().contains("model.encoder"));
     }
 
     #[test]
     fn check_names_bad_spherical_index_parameters() {
-        let set = |key: &str| Config::parse(MINIMAL, &[key.to_string()]).unwrap().check().unwrap_err();
-        assert!(set("index.spherical.rescore=0.5").contains("index.spherical.rescore"));
-        assert!(set("index.spherical.candidate_factor=0").contains("index.spherical.candidate_factor"));
-        let scoring =
-            Config::parse(MINIMAL, &["index.spherical.scoring=\"int4\"".to_string()]).unwrap_err().to_string();
+        assert!(check_err(MINIMAL, &["index.rescore=0.5"]).contains("index.rescore"));
+        assert!(check_err(MINIMAL, &["index.candidate_factor=0"]).contains("index.candidate_factor"));
+        let scoring = parse_err(MINIMAL, &["index.scoring=\"int4\""]);
         assert!(scoring.contains("int8") && scoring.contains("f32"), "{scoring}");
+    }
+
+    #[test]
+    fn section_keys_are_the_struct_fields() {
+        // OWN_KEYS, which error reporting strips before reading a variant, are the fields.
+        let c = Config::parse(MINIMAL, &[]).unwrap();
+        let keys = |v: toml::Value, tag: &str, variant: &[&str]| -> Vec<String> {
+            let mut k: Vec<String> =
+                v.as_table().unwrap().keys().filter(|k| *k != tag && !variant.contains(&k.as_str())).cloned().collect();
+            k.sort();
+            k
+        };
+        let mut own: Vec<String> = OutputConfig::OWN_KEYS.iter().map(|s| s.to_string()).collect();
+        own.sort();
+        assert_eq!(keys(toml::Value::try_from(&c.output).unwrap(), "estimator", &[]), own);
+        let mut own: Vec<String> = IndexSection::OWN_KEYS.iter().map(|s| s.to_string()).collect();
+        own.sort();
+        let index = toml::Value::try_from(&c.index).unwrap();
+        let variant: Vec<String> =
+            toml::Value::try_from(&c.index.index).unwrap().as_table().unwrap().keys().cloned().collect();
+        let variant: Vec<&str> = variant.iter().map(|s| s.as_str()).collect();
+        assert_eq!(keys(index, "kind", &variant), own);
     }
 }

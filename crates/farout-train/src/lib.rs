@@ -32,13 +32,16 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// The config file is unreadable or invalid.
-    #[error("{}: {msg}", path.display())]
+    #[error("{}: {error}", path.display())]
     Config {
         /// The config file.
         path: PathBuf,
         /// What is wrong (names the key).
-        msg: String,
+        error: config::ConfigError,
     },
+    /// A config value does not fit the data (names the key).
+    #[error(transparent)]
+    Key(#[from] config::ConfigError),
     /// Data could not be loaded.
     #[error(transparent)]
     Data(#[from] farout_data::Error),

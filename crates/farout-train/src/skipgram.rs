@@ -7,12 +7,13 @@
 //! the schedule stopped because it is a function of the words read.
 
 use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
-use crate::config::{Config, EstimatorKind};
+use crate::config::Config;
 use crate::log::{MetricsSink, Sinks, progress_bar};
 use crate::{Error, io_err as io};
 use farout_core::{AliasTable, Matrix};
 use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
+use farout_estimators::EstimatorConfig;
 use farout_layer::OutputLayer;
 use farout_skipgram::batch::{BatchJob, InputTable};
 use farout_skipgram::collapsed::{Cooccurrence, GdJob, SoftmaxPart};
@@ -413,7 +414,14 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
             eprintln!("skipped {} line(s) that are not valid UTF-8", vocab.skipped_lines);
         }
     }
-    let is_ns = config.output.estimator == EstimatorKind::NegativeSampling;
+    // Negative sampling: the whole run, or the warm-up of the other estimators (word2vec's
+    // unigram^0.75 noise and 5 negatives unless the config sets them).
+    let ns = match &config.output.estimator {
+        EstimatorConfig::NegativeSampling(ns) => Some(ns.clone()),
+        _ => None,
+    };
+    let is_ns = ns.is_some();
+    let ns = ns.unwrap_or_default();
     let epochs = config.train.epochs;
     let ns_epochs = if is_ns { epochs } else { sg.ns_warmup_epochs.min(epochs) };
     let remaining = (config.train.max_seconds > 0.0).then(|| (config.train.max_seconds - state.train_seconds).max(0.0));
@@ -455,9 +463,9 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
 
     // Phase 1: negative sampling, lock-free (the whole run, or the warm-up of the others).
     if epochs_done() < ns_epochs {
-        let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(config.output.alpha)).collect();
+        let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(ns.alpha)).collect();
         let noise = AliasTable::new(&weights).expect("counts are positive");
-        let negatives = if is_ns && config.output.n_samples > 0 { config.output.n_samples } else { DEFAULT_NEGATIVES };
+        let negatives = if ns.n_samples > 0 { ns.n_samples } else { DEFAULT_NEGATIVES };
         let job = NsJob {
             corpus,
             spec: &config.data.text,
@@ -489,8 +497,10 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
         } else {
             layer.set_weights(emb.output.clone())?;
         }
-        let built = crate::estimators::build(out, k, k, || vocab.counts().to_vec())?;
-        crate::estimators::attach_index(&mut layer, built.estimator.as_ref(), config, sg.dim)?;
+        let counts = || vocab.counts().to_vec();
+        let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: &counts };
+        let built = crate::estimators::build(config, &problem)?.built;
+        crate::estimators::attach_index(&mut layer, &built, config)?;
         estimator_name = built.estimator.name().to_string();
         let mut input =
             InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
@@ -532,7 +542,7 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
                     cooc.bytes() as f64 / 1e6,
                     t0.elapsed().as_secs_f64()
                 );
-                let softmax = if out.estimator == EstimatorKind::Softmax {
+                let softmax = if matches!(out.estimator, EstimatorConfig::Softmax(_)) {
                     estimator_name = "gd".into();
                     SoftmaxPart::Exact
                 } else {

@@ -1,12 +1,12 @@
 use crate::Error;
-use crate::config::{Config, EncoderKind, EstimatorKind, LossKind};
+use crate::config::{Config, EncoderKind};
 use crate::data::{self, TaskData};
 use crate::log::{MetricsSink, Sinks, progress_bar};
 use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
-use farout_estimators::{Batch, Exact, GradientEstimator, Loss, LossScratch, SmoothedMargin, Softmax};
+use farout_estimators::{Batch, Built, GradientEstimator, Loss, LossScratch, Problem};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
 use rayon::prelude::*;
@@ -92,6 +92,8 @@ pub struct Trainer {
     warmup: Option<Box<dyn GradientEstimator>>,
     /// Classes retrieved per query by a search-based estimator (recall is measured at this k).
     search_top: usize,
+    /// The exact gradient the estimator approximates (`None` for exact estimators).
+    reference: Option<Box<dyn GradientEstimator>>,
     /// Last measured recall of the index against brute force.
     last_recall: Option<f64>,
     loss: Box<dyn Loss>,
@@ -129,12 +131,17 @@ impl Trainer {
         let mut layer =
             OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
         let (labels, k) = (&data.train.labels, data.n_classes);
-        let built = crate::estimators::build(&config.output, k, data.train.len(), || {
+        let label_counts = || {
             let mut counts = vec![0u64; k];
             labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
             counts
-        })?;
-        let crate::estimators::Built { estimator, loss, search_top, warmup } = built;
+        };
+        let problem = Problem { n_classes: k, n_data: data.train.len(), dim: d_model, label_counts: &label_counts };
+        let crate::estimators::RunEstimator { built, warmup } = crate::estimators::build(&config, &problem)?;
+        crate::estimators::attach_index(&mut layer, &built, &config)?;
+        let reference = built.reference();
+        let Built { estimator, loss, search, .. } = built;
+        let (loss, search_top) = (loss.boxed(), search.map_or(0, |s| s.top));
         if estimator.single_label() {
             let (most, i) = data.train.labels.most_labels();
             if most > 1 {
@@ -145,7 +152,6 @@ impl Trainer {
                 )));
             }
         }
-        crate::estimators::attach_index(&mut layer, estimator.as_ref(), &config, d_model)?;
         Ok(Self {
             config,
             data,
@@ -154,6 +160,7 @@ impl Trainer {
             estimator,
             warmup,
             search_top,
+            reference,
             last_recall: None,
             loss,
             state: State::default(),
@@ -427,14 +434,7 @@ impl Trainer {
         if self.estimator.uses_index() && self.layer.index().is_none() {
             return None; // search never started (warm-up covered the run)
         }
-        let out = &self.config.output;
-        let margin_ref =
-            matches!(out.estimator, EstimatorKind::Mips | EstimatorKind::Ldgs) && out.loss == LossKind::Margin;
-        let reference: Box<dyn GradientEstimator> = match out.estimator {
-            EstimatorKind::Softmax | EstimatorKind::Margin => return None,
-            _ if margin_ref => Box::new(Exact::new(SmoothedMargin::new(out.mu).ok()?)),
-            _ => Box::new(Exact::new(Softmax)),
-        };
+        let reference = self.reference.as_ref()?;
         let idx: Vec<usize> = (0..n.min(self.data.train.len())).collect();
         let phi = self.features(&self.data.train, &idx);
         let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
