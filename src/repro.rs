@@ -35,8 +35,9 @@ pub enum ReproCommand {
     /// A&R paper, Section 4.2 on Bibtex (first label only, linear model on raw features):
     /// exact softmax, OVE, A&R softmax, probit and logistic — test log-likelihood and accuracy.
     ArBibtex {
-        /// Directory with bibtex's train.txt and test.txt.
-        #[arg(long, default_value = "../shared/data/xmc/bibtex")]
+        /// Directory with bibtex's train.txt and test.txt (`$FAROUT_DATA` is the environment variable
+        /// FAROUT_DATA, default ../shared/data).
+        #[arg(long, default_value = "$FAROUT_DATA/xmc/bibtex")]
         data: PathBuf,
         #[arg(long, default_value_t = 488)]
         batch: usize,
@@ -61,6 +62,7 @@ pub fn run(command: ReproCommand) -> Result<()> {
         }
         ReproCommand::ArBibtex { data, batch, negatives, iterations, seed, json: _ } => {
             let opts = ArBibtexOptions { batch, negatives, iterations, seed, progress };
+            let data = farout_train::config::expand_data_path(&data);
             let report = repro::ar_bibtex(&data, &opts).with_context(|| format!("bibtex from {}", data.display()))?;
             serde_json::to_string_pretty(&report)?
         }

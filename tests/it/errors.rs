@@ -1,6 +1,6 @@
 //! Bad input: a non-zero exit and one line naming the file:line, key or path; never a panic.
 
-use crate::{farout, quiet_in, stderr};
+use crate::{farout, quiet_in, stderr, tiny_xmc};
 use std::path::Path;
 
 fn fails_with(args: &[&str], expect: &[&str]) {
@@ -15,12 +15,9 @@ fn fails_with(args: &[&str], expect: &[&str]) {
 }
 
 fn xmc_run(dir: &Path, train: &Path) -> Vec<String> {
-    let mut v = vec![
-        "train".into(),
-        "configs/bibtex-softmax.toml".into(),
-        "--set".into(),
-        format!("data.train=\"{}\"", train.display()),
-    ];
+    let mut v = vec!["train".into(), "configs/bibtex-softmax.toml".into()];
+    v.extend(tiny_xmc());
+    v.extend(["--set".into(), format!("data.train=\"{}\"", train.display())]);
     v.extend(quiet_in(dir));
     v
 }
@@ -106,6 +103,7 @@ fn divergence_stops_with_a_message() {
     ]
     .map(String::from)
     .to_vec();
+    args.extend(tiny_xmc());
     args.extend(quiet_in(dir.path()));
     fails_with(
         &args.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -117,7 +115,9 @@ fn divergence_stops_with_a_message() {
 fn single_label_estimator_on_multi_label_data_names_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
+    let tiny = tiny_xmc();
     let mut args = vec!["train", "configs/bibtex-ove.toml", "--set", "data.first_label=false"];
+    args.extend(tiny.iter().map(String::as_str));
     args.extend(q.iter().map(String::as_str));
     fails_with(&args, &["ove", "data.first_label = true"]);
 }

@@ -6,7 +6,8 @@ mod errors;
 mod quality;
 mod skipgram;
 
-use std::path::Path;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Runs `farout` with `args` from the project root.
@@ -56,4 +57,31 @@ pub fn compare_table(configs: &[&str], out: &Path, sets: &[&str]) -> String {
     let csv = std::fs::read_to_string(out.join("summary.csv")).unwrap();
     assert_eq!(csv.lines().count(), configs.len() + 1, "a header and one row per config: {csv}");
     csv
+}
+
+/// The public data set path `rel` (e.g. `xmc/bibtex`) under `$FAROUT_DATA` (default
+/// `../shared/data`, as farout resolves it), or `None` when it is absent: then `test` is
+/// reported as skipped on the terminal (written past the test harness's output capture).
+pub fn public_data(test: &str, rel: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("FAROUT_DATA")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"));
+    let path = root.join(rel);
+    if path.exists() {
+        return Some(path);
+    }
+    let note = format!("skipped {test}: {} not found (set FAROUT_DATA to the public data sets)\n", path.display());
+    let _ = std::io::stderr().write_all(note.as_bytes());
+    None
+}
+
+/// `--set` arguments pointing an XMC config at the small committed fixture (150 documents,
+/// 200 features, 20 labels, several per document; `farout data gen xmc --samples 150
+/// --features 200 --labels 20 --features-per-sample 8`).
+pub fn tiny_xmc() -> Vec<String> {
+    ["train", "test"]
+        .iter()
+        .flat_map(|s| ["--set".to_string(), format!("data.{s}=\"tests/data/xmc-tiny/{s}.txt\"")])
+        .collect()
 }

@@ -36,12 +36,10 @@ pub fn write_f32_file(path: &Path, values: &[f32]) -> Result<(), Error> {
 pub fn read_f32_file(path: &Path, out: &mut [f32]) -> Result<(), Error> {
     let len = std::fs::metadata(path).map_err(io(path))?.len();
     if len != out.len() as u64 * 4 {
-        return Err(Error::Mismatch(format!(
-            "{}: {len} bytes, expected {} ({} f32 values)",
-            path.display(),
-            out.len() * 4,
-            out.len()
-        )));
+        return Err(Error::Checkpoint {
+            path: path.to_path_buf(),
+            msg: format!("{len} bytes, expected {} ({} f32 values)", out.len() * 4, out.len()),
+        });
     }
     let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(io(path))?);
     farout_core::binio::read_f32s(&mut f, out).map_err(io(path))
@@ -56,7 +54,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("ck");
         replace_dir(&dir, |t| write_f32_file(&t.join("a.bin"), &[1.0, 2.0])).unwrap();
-        let err = replace_dir(&dir, |_| Err(Error::Mismatch("boom".into())));
+        let err = replace_dir(&dir, |_| Err(Error::NoData("boom")));
         assert!(err.is_err());
         let mut back = [0.0; 2];
         read_f32_file(&dir.join("a.bin"), &mut back).unwrap();

@@ -408,6 +408,7 @@ impl Config {
         let at = |error: ConfigError| Error::Config { path: path.to_path_buf(), error };
         let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
         let mut config = Self::parse(&text, overrides).map_err(at)?;
+        config.expand_data_paths();
         if config.name.is_empty() {
             config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
         }
@@ -563,6 +564,15 @@ impl Config {
         Ok(())
     }
 
+    /// Replaces a leading `$FAROUT_DATA` in the data and evaluation paths by [`data_root`].
+    pub fn expand_data_paths(&mut self) {
+        let (d, e) = (&mut self.data, &mut self.eval);
+        let paths = [&mut d.train, &mut d.test, &mut d.train_labels, &mut d.test_labels, &mut d.corpus];
+        for p in paths.into_iter().chain([&mut e.analogy, &mut e.similarity, &mut e.heldout]).flatten() {
+            *p = expand_data_path(p);
+        }
+    }
+
     /// The log directory.
     pub fn log_dir(&self) -> PathBuf {
         self.log.dir.clone().unwrap_or_else(|| PathBuf::from("runs").join(&self.name))
@@ -591,6 +601,24 @@ impl Config {
             },
             f => format!("{}:{}", format_name(f), stem(&self.data.train)),
         }
+    }
+}
+
+/// Where the public data sets are: the environment variable `FAROUT_DATA`, or `../shared/data`
+/// (relative to the working directory) when it is unset or empty.
+pub fn data_root() -> PathBuf {
+    match std::env::var_os("FAROUT_DATA") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from("../shared/data"),
+    }
+}
+
+/// `path` with a leading `$FAROUT_DATA` component replaced by [`data_root`]; other paths as
+/// they are. Configs name the public data sets as `$FAROUT_DATA/xmc/bibtex/train.txt`.
+pub fn expand_data_path(path: &Path) -> PathBuf {
+    match path.strip_prefix("$FAROUT_DATA") {
+        Ok(rest) => data_root().join(rest),
+        Err(_) => path.to_path_buf(),
     }
 }
 

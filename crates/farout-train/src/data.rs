@@ -1,7 +1,7 @@
 //! Loading the data sets a config names.
 
 use crate::Error;
-use crate::config::{Config, DataFormat};
+use crate::config::{Config, ConfigError, DataFormat};
 use farout_data::synth::{FaceGenerator, Split, XmcGenerator};
 use farout_data::{Dataset, Features, LabelSets, labels, npy, raw, xmc};
 use std::path::Path;
@@ -34,9 +34,10 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
         DataFormat::Text => {
-            return Err(Error::Mismatch(
-                "a text corpus trains skip-gram embeddings (farout_train::skipgram), not a classifier".into(),
-            ));
+            return Err(Error::Key(ConfigError::key(
+                "data.format",
+                "a text corpus trains skip-gram embeddings (farout_train::skipgram), not a classifier",
+            )));
         }
         _ => {
             let train_path = d.train.as_deref().expect("config check requires data.train");
@@ -67,9 +68,9 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     if d.n_classes > 0 {
         let largest = train.labels.labels.iter().chain(test.iter().flat_map(|t| t.labels.labels.iter())).max();
         if let Some(&l) = largest.filter(|&&l| l as usize >= d.n_classes) {
-            return Err(Error::Mismatch(format!(
-                "key `data.n_classes` = {} but the data contain label {l}",
-                d.n_classes
+            return Err(Error::Key(ConfigError::key(
+                "data.n_classes",
+                format!(" = {} but the data contain label {l}", d.n_classes),
             )));
         }
         n_classes = d.n_classes;
@@ -114,13 +115,15 @@ pub fn load_split(
                 Some(lp) => {
                     let l = labels::read(lp, k_hint)?;
                     if l.len() != features.rows() {
-                        return Err(Error::Mismatch(format!(
-                            "{} has {} samples but {} has {} label lines",
-                            path.display(),
-                            features.rows(),
-                            lp.display(),
-                            l.len()
-                        )));
+                        return Err(Error::DataMismatch {
+                            path: lp.to_path_buf(),
+                            msg: format!(
+                                "{} label lines but {} has {} samples",
+                                l.len(),
+                                path.display(),
+                                features.rows()
+                            ),
+                        });
                     }
                     l
                 }
@@ -133,29 +136,31 @@ pub fn load_split(
             Dataset { features: Features::Dense(features), labels }
         }
         DataFormat::SyntheticFace | DataFormat::SyntheticXmc | DataFormat::Text => {
-            return Err(Error::Mismatch(format!(
-                "data.format {:?} is generated in memory or streamed and is not read as a data set ({})",
-                d.format,
-                path.display()
+            return Err(Error::Key(ConfigError::key(
+                "data.format",
+                format!(
+                    "{:?} is generated in memory or streamed and is not read as a data set ({})",
+                    d.format,
+                    path.display()
+                ),
             )));
         }
     };
     if let Some(train) = like {
         if ds.features.n_cols() != train.features.n_cols() {
-            return Err(Error::Mismatch(format!(
-                "{} has {} features but the training set has {}",
-                path.display(),
-                ds.features.n_cols(),
-                train.features.n_cols()
-            )));
+            return Err(Error::DataMismatch {
+                path: path.to_path_buf(),
+                msg: format!("{} features but the training set has {}", ds.features.n_cols(), train.features.n_cols()),
+            });
         }
         if d.format == DataFormat::Xmc && ds.labels.n_labels != train.labels.n_labels {
-            return Err(Error::Mismatch(format!(
-                "{} declares {} labels but the training set declares {}",
-                path.display(),
-                ds.labels.n_labels,
-                train.labels.n_labels
-            )));
+            return Err(Error::DataMismatch {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "declares {} labels but the training set declares {}",
+                    ds.labels.n_labels, train.labels.n_labels
+                ),
+            });
         }
     }
     Ok(ds)

@@ -48,9 +48,33 @@ pub enum Error {
     /// Skip-gram training or its files failed.
     #[error(transparent)]
     SkipGram(#[from] farout_skipgram::Error),
-    /// The data sets do not fit together or with the config.
+    /// A data file does not fit the training set, its labels or the config.
+    #[error("{}: {msg}", path.display())]
+    DataMismatch {
+        /// The file.
+        path: PathBuf,
+        /// How it does not fit.
+        msg: String,
+    },
+    /// There is nothing to train on.
     #[error("{0}")]
-    Mismatch(String),
+    NoData(&'static str),
+    /// A checkpoint file is not what its run wrote.
+    #[error("{}: {msg}", path.display())]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A command-line option is out of range.
+    #[error("--{name}: {msg}")]
+    Option {
+        /// The option, without dashes.
+        name: &'static str,
+        /// What is allowed.
+        msg: String,
+    },
     /// The output layer rejected its config or checkpoint.
     #[error(transparent)]
     Layer(#[from] farout_layer::Error),

@@ -206,10 +206,13 @@ fn mae(a: &[f64], b: &[f64]) -> f64 {
 /// OVE, with the same step-size schedule and batches.
 pub fn ar_synthetic(opts: &ArSyntheticOptions) -> Result<ArSyntheticReport, Error> {
     if opts.batch == 0 || opts.batch > opts.observations || opts.negatives == 0 || opts.classes < 2 {
-        return Err(Error::Mismatch(format!(
-            "ar-synthetic needs 0 < batch ({}) <= observations ({}), negatives >= 1 ({}) and classes >= 2 ({})",
-            opts.batch, opts.observations, opts.negatives, opts.classes
-        )));
+        return Err(Error::Option {
+            name: "batch",
+            msg: format!(
+                "ar-synthetic needs 0 < batch ({}) <= observations ({}), negatives >= 1 ({}) and classes >= 2 ({})",
+                opts.batch, opts.observations, opts.negatives, opts.classes
+            ),
+        });
     }
     let mut r = rng::seeded(opts.seed, 0);
     let u2: Vec<f64> = (0..opts.classes).map(|_| r.random::<f64>().powi(2)).collect();
@@ -342,11 +345,13 @@ enum Model {
 pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, Error> {
     let train = farout_data::xmc::read(&dir.join("train.txt"))?;
     let test = farout_data::xmc::read(&dir.join("test.txt"))?;
-    let features = |ds: &farout_data::Dataset| match &ds.features {
+    let features = |ds: &farout_data::Dataset, file: &str| match &ds.features {
         farout_data::Features::Sparse(s) => Ok(s.clone()),
-        farout_data::Features::Dense(_) => Err(Error::Mismatch("bibtex features should be sparse".into())),
+        farout_data::Features::Dense(_) => {
+            Err(Error::DataMismatch { path: dir.join(file), msg: "bibtex features should be sparse".into() })
+        }
     };
-    let (xtr, xte) = (features(&train)?, features(&test)?);
+    let (xtr, xte) = (features(&train, "train.txt")?, features(&test, "test.txt")?);
     let d = xtr.n_cols.max(xte.n_cols);
     // First labels, renumbered over the classes that occur as a first label.
     let first = |ds: &farout_data::Dataset| -> Vec<Option<ClassId>> {
@@ -374,7 +379,7 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
     let k = ids.len();
     let n = y_tr.len();
     if opts.batch == 0 || opts.batch > n {
-        return Err(Error::Mismatch(format!("batch {} must be in 1..={n}", opts.batch)));
+        return Err(Error::Option { name: "batch", msg: format!("{} must be in 1..={n}", opts.batch) });
     }
     let methods: Vec<(Box<dyn GradientEstimator>, Model)> = vec![
         (Box::new(Exact::new(Softmax)), Model::Softmax),

@@ -117,8 +117,10 @@ pub fn evaluate(config: &Config, v: &Vectors) -> Result<(Option<AnalogyReport>, 
 fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State), Error> {
     let state_path = dir.join("state.json");
     let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
-    let state: State = serde_json::from_str(&text)
-        .map_err(|e| Error::Mismatch(format!("{}: not a skip-gram checkpoint state: {e}", state_path.display())))?;
+    let state: State = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
+        path: state_path.clone(),
+        msg: format!("not a skip-gram checkpoint state: {e}"),
+    })?;
     let vocab = Vocab::load(&dir.join("vocab.txt"))?;
     let mut emb = Embeddings::init(vocab.len(), dim, 0.0, 0);
     read_f32_file(&dir.join("input.bin"), emb.input.as_mut_slice())?;
@@ -394,12 +396,14 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     };
     let vocab_seconds = t_vocab.elapsed().as_secs_f64();
     if vocab.len() < 2 {
-        return Err(Error::Mismatch(format!(
-            "{}: {} word(s) occur at least data.text.min_count = {} times; skip-gram needs two or more",
-            corpus.display(),
-            vocab.len(),
-            config.data.text.min_count
-        )));
+        return Err(Error::DataMismatch {
+            path: corpus.to_path_buf(),
+            msg: format!(
+                "{} word(s) occur at least data.text.min_count = {} times; skip-gram needs two or more",
+                vocab.len(),
+                config.data.text.min_count
+            ),
+        });
     }
     if !resume {
         eprintln!(

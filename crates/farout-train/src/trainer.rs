@@ -1,5 +1,5 @@
 use crate::Error;
-use crate::config::{Config, EncoderKind};
+use crate::config::{Config, ConfigError, EncoderKind};
 use crate::data::{self, TaskData};
 use crate::log::{MetricsSink, Sinks, progress_bar};
 use crate::metrics::RankingSums;
@@ -105,10 +105,10 @@ impl Trainer {
     pub fn new(config: Config) -> Result<Self, Error> {
         let mut data = data::load(&config)?;
         if data.train.is_empty() {
-            return Err(Error::Mismatch("the training set is empty".into()));
+            return Err(Error::NoData("the training set is empty"));
         }
         if data.n_classes == 0 {
-            return Err(Error::Mismatch("the data have no classes (K = 0)".into()));
+            return Err(Error::NoData("the data have no classes (K = 0)"));
         }
         let encoder = match config.model.encoder {
             EncoderKind::FaceHead => {
@@ -145,10 +145,13 @@ impl Trainer {
         if estimator.single_label() {
             let (most, i) = data.train.labels.most_labels();
             if most > 1 {
-                return Err(Error::Mismatch(format!(
-                    "output.estimator = \"{}\" models one label per sample, but training sample {i} has {most} \
+                return Err(Error::Key(ConfigError::key(
+                    "data.first_label",
+                    format!(
+                        "output.estimator = \"{}\" models one label per sample, but training sample {i} has {most} \
                      labels; set data.first_label = true (the A&R paper keeps each sample's first label)",
-                    estimator.name()
+                        estimator.name()
+                    ),
                 )));
             }
         }
