@@ -12,6 +12,7 @@ pub mod binio;
 pub mod gemm;
 pub mod kernels;
 mod matrix;
+mod registry;
 pub mod rng;
 mod sparse;
 pub mod topk;

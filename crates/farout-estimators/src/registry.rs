@@ -1,5 +1,5 @@
-//! The estimators a config can name: one line each in [`registry!`](registry), everything else
-//! beside the estimator.
+//! The estimators a config can name: one line each in the list below, everything else beside
+//! the estimator.
 //!
 //! Each estimator module defines its parameter struct (the keys of `[output]` it accepts, with
 //! their defaults as serde defaults) and implements [`EstimatorParams`] for it: validation that
@@ -122,75 +122,30 @@ pub enum LossKind {
     Margin,
 }
 
-/// Lists the estimators: `Variant(ParamsType) = "config name"`, with a doc line each.
-macro_rules! registry {
-    ($($(#[doc = $doc:literal])* $variant:ident($params:ty) = $name:literal,)*) => {
-        /// The gradient estimator of `[output]` (tag `estimator`) with its parameters.
-        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-        #[serde(tag = "estimator")]
-        pub enum EstimatorConfig {
-            $(
-                $(#[doc = $doc])*
-                #[serde(rename = $name)]
-                $variant($params),
-            )*
-        }
-
-        impl EstimatorConfig {
-            /// The names `output.estimator` accepts.
-            pub const NAMES: &'static [&'static str] = &[$($name),*];
-
-            /// The config name (`output.estimator`).
-            pub fn name(&self) -> &'static str {
-                match self {
-                    $(Self::$variant(_) => $name,)*
-                }
-            }
-
-            /// The parameters, behind the trait every estimator's parameters implement.
-            pub fn params(&self) -> &dyn EstimatorParams {
-                match self {
-                    $(Self::$variant(p) => p,)*
-                }
-            }
-
-            /// Deserializes the parameters of the estimator called `name` from `de`, a table
-            /// without the `estimator` key. Config readers use it to name the exact key of an
-            /// error (serde's tagged enums buffer their content and lose the path).
-            pub fn deserialize_variant<'de, D: serde::Deserializer<'de>>(
-                name: &str,
-                de: D,
-            ) -> Result<Self, D::Error> {
-                match name {
-                    $($name => <$params>::deserialize(de).map(Self::$variant),)*
-                    _ => Err(serde::de::Error::unknown_variant(name, Self::NAMES)),
-                }
-            }
-        }
-    };
-}
-
-registry! {
-    /// Exact cross-entropy (LDGS eq. 2).
-    Softmax(crate::exact::SoftmaxConfig) = "softmax",
-    /// Exact smoothed max-margin (LDGS eq. 10-11).
-    Margin(crate::exact::MarginConfig) = "margin",
-    /// Algorithm 1 of the LDGS paper: top-`top` retrieval, the loss on the retrieved scores.
-    Mips(crate::mips::MipsConfig) = "mips",
-    /// Algorithm 2 of the LDGS paper: block indexes and greedy message passing.
-    Ldgs(crate::ldgs::LdgsConfig) = "ldgs",
-    /// Sampled softmax (Jean et al. 2015).
-    SampledSoftmax(crate::sampled::SampledSoftmaxConfig) = "sampled_softmax",
-    /// word2vec's negative sampling (Mikolov et al. 2013).
-    NegativeSampling(crate::sampled::NegativeSamplingConfig) = "negative_sampling",
-    /// One-vs-Each bound (Titsias 2016).
-    Ove(crate::ar::OveConfig) = "ove",
-    /// Softmax A&R (Algorithm 1 of the A&R paper).
-    ArSoftmax(crate::ar::ArSoftmaxConfig) = "ar_softmax",
-    /// Multinomial probit A&R (Algorithm 2).
-    ArProbit(crate::ar::ArProbitConfig) = "ar_probit",
-    /// Multinomial logistic A&R (Algorithm 2).
-    ArLogistic(crate::ar::ArLogisticConfig) = "ar_logistic",
+farout_core::plugin_registry! {
+    /// The gradient estimator of `[output]` (tag `estimator`) with its parameters.
+    pub enum EstimatorConfig: EstimatorParams, tag = "estimator" {
+        /// Exact cross-entropy (LDGS eq. 2).
+        Softmax(crate::exact::SoftmaxConfig) = "softmax",
+        /// Exact smoothed max-margin (LDGS eq. 10-11).
+        Margin(crate::exact::MarginConfig) = "margin",
+        /// Algorithm 1 of the LDGS paper: top-`top` retrieval, the loss on the retrieved scores.
+        Mips(crate::mips::MipsConfig) = "mips",
+        /// Algorithm 2 of the LDGS paper: block indexes and greedy message passing.
+        Ldgs(crate::ldgs::LdgsConfig) = "ldgs",
+        /// Sampled softmax (Jean et al. 2015).
+        SampledSoftmax(crate::sampled::SampledSoftmaxConfig) = "sampled_softmax",
+        /// word2vec's negative sampling (Mikolov et al. 2013).
+        NegativeSampling(crate::sampled::NegativeSamplingConfig) = "negative_sampling",
+        /// One-vs-Each bound (Titsias 2016).
+        Ove(crate::ar::OveConfig) = "ove",
+        /// Softmax A&R (Algorithm 1 of the A&R paper).
+        ArSoftmax(crate::ar::ArSoftmaxConfig) = "ar_softmax",
+        /// Multinomial probit A&R (Algorithm 2).
+        ArProbit(crate::ar::ArProbitConfig) = "ar_probit",
+        /// Multinomial logistic A&R (Algorithm 2).
+        ArLogistic(crate::ar::ArLogisticConfig) = "ar_logistic",
+    }
 }
 
 impl EstimatorConfig {

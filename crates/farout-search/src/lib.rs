@@ -170,63 +170,18 @@ pub trait IndexParams {
     fn build(&self, w: Rows) -> Box<dyn MipsIndex>;
 }
 
-/// Lists the indexes: `Variant(ParamsType) = "config name"`, with a doc line each.
-macro_rules! registry {
-    ($($(#[doc = $doc:literal])* $variant:ident($params:ty) = $name:literal,)*) => {
-        /// The index of `[index]` (tag `kind`) with its parameters.
-        #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-        #[serde(tag = "kind")]
-        pub enum IndexConfig {
-            $(
-                $(#[doc = $doc])*
-                #[serde(rename = $name)]
-                $variant($params),
-            )*
-        }
-
-        impl IndexConfig {
-            /// The names `index.kind` accepts.
-            pub const NAMES: &'static [&'static str] = &[$($name),*];
-
-            /// The config name (`index.kind`).
-            pub fn name(&self) -> &'static str {
-                match self {
-                    $(Self::$variant(_) => $name,)*
-                }
-            }
-
-            /// The parameters, behind the trait every index's parameters implement.
-            pub fn params(&self) -> &dyn IndexParams {
-                match self {
-                    $(Self::$variant(p) => p,)*
-                }
-            }
-
-            /// Deserializes the parameters of the index called `name` from `de`, a table
-            /// without the `kind` key (config readers use it to name the exact key of an error).
-            pub fn deserialize_variant<'de, D: serde::Deserializer<'de>>(
-                name: &str,
-                de: D,
-            ) -> Result<Self, D::Error> {
-                use serde::Deserialize as _;
-                match name {
-                    $($name => <$params>::deserialize(de).map(Self::$variant),)*
-                    _ => Err(serde::de::Error::unknown_variant(name, Self::NAMES)),
-                }
-            }
-        }
-    };
-}
-
-registry! {
-    /// Brute force (the recall reference).
-    Exact(exact::ExactConfig) = "exact",
-    /// Spherical clustering (Auvolat et al. 2015; the LDGS paper's index).
-    Spherical(SphericalConfig) = "spherical",
-    /// SimpleLSH (Neyshabur & Srebro 2015): sign random projections, multi-probe.
-    SimpleLsh(SimpleLshConfig) = "simple_lsh",
-    /// HNSW graph (Malkov & Yashunin 2018, via hnsw_rs) over the norm-augmented rows.
-    Hnsw(HnswConfig) = "hnsw",
+farout_core::plugin_registry! {
+    /// The index of `[index]` (tag `kind`) with its parameters.
+    pub enum IndexConfig: IndexParams, tag = "kind" {
+        /// Brute force (the recall reference).
+        Exact(exact::ExactConfig) = "exact",
+        /// Spherical clustering (Auvolat et al. 2015; the LDGS paper's index).
+        Spherical(SphericalConfig) = "spherical",
+        /// SimpleLSH (Neyshabur & Srebro 2015): sign random projections, multi-probe.
+        SimpleLsh(SimpleLshConfig) = "simple_lsh",
+        /// HNSW graph (Malkov & Yashunin 2018, via hnsw_rs) over the norm-augmented rows.
+        Hnsw(HnswConfig) = "hnsw",
+    }
 }
 
 impl Default for IndexConfig {

@@ -672,11 +672,7 @@ pub fn estimator_from_settings(settings: &[String]) -> Result<EstimatorConfig, C
     struct Only {
         output: OutputConfig,
     }
-    let mut table = toml::Table::new();
-    for s in settings {
-        apply_override(&mut table, &format!("output.{s}"))?;
-    }
-    let only: Only = deserialize_at(toml::Value::Table(table))?;
+    let only: Only = section_from_settings("output", settings)?;
     only.output.estimator.check().map_err(|e| ConfigError::param("output", e))?;
     Ok(only.output.estimator)
 }
@@ -688,12 +684,16 @@ pub fn index_from_settings(settings: &[String]) -> Result<IndexConfig, ConfigErr
     struct Only {
         index: IndexSection,
     }
+    Ok(section_from_settings::<Only>("index", settings)?.index.index)
+}
+
+/// A config tree holding only `[section]` with `settings`, deserialized as `T`.
+fn section_from_settings<T: serde::de::DeserializeOwned>(section: &str, settings: &[String]) -> Result<T, ConfigError> {
     let mut table = toml::Table::new();
     for s in settings {
-        apply_override(&mut table, &format!("index.{s}"))?;
+        apply_override(&mut table, &format!("{section}.{s}"))?;
     }
-    let only: Only = deserialize_at(toml::Value::Table(table))?;
-    Ok(only.index.index)
+    deserialize_at(toml::Value::Table(table))
 }
 
 /// The error inside the tagged section `section` of `config` (tag key `tag`, section keys
