@@ -418,7 +418,7 @@ pub fn bench_estimator(b: EstimatorBench) -> Result<serde_json::Value> {
         bail!("`{name}` is exact: bench estimator measures approximate estimators against it");
     };
     let loss_fn = built.loss.boxed();
-    let (top, blocks) = built.search.map_or((0, 1), |s| (s.top, s.blocks));
+    let (top, blocks) = built.search.map_or((None, 1), |s| (Some(s.top), s.blocks));
     let est = built.estimator;
     let t = Instant::now();
     let index_config = params.config(&index)?;
