@@ -62,6 +62,31 @@ struct Hidden {
 /// `E` (vocabulary x D) is the big table. Burn's embedding gradient is dense (V x D per step), so
 /// `E` lives outside Burn: a batch gathers the rows it uses into a leaf tensor, Burn computes the
 /// gradient of that leaf, and the rows are updated in place with a sparse optimiser. The bias
+impl DocEncoderConfig {
+    /// Checks the parameters; errors name the key relative to `[model.doc_encoder]`.
+    pub fn check(&self) -> Result<(), Error> {
+        if self.d_model == 0 {
+            return Err(Error::Config { key: "d_model".into(), msg: "must be > 0".into() });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Config { key: "dropout".into(), msg: format!("{} is not in [0, 1)", self.dropout) });
+        }
+        if !(self.init_std >= 0.0) {
+            return Err(Error::Config { key: "init_std".into(), msg: format!("{} must be >= 0", self.init_std) });
+        }
+        if let OptimizerConfig::ArSchedule { .. } = self.optimizer {
+            return Err(Error::Config {
+                key: "optimizer.kind".into(),
+                msg: "`ar_schedule` is an output-layer schedule; the encoder takes `sgd` or `adagrad`".into(),
+            });
+        }
+        self.optimizer.check().map_err(|e| match e {
+            farout_layer::Error::Config { key, msg } => Error::Config { key: format!("optimizer.{key}"), msg },
+            e => Error::Config { key: "optimizer".into(), msg: e.to_string() },
+        })
+    }
+}
+
 /// and the nonlinearity run in Burn.
 pub struct DocEncoder {
     config: DocEncoderConfig,
@@ -82,22 +107,7 @@ pub struct DocForward {
 impl DocEncoder {
     /// An encoder over a vocabulary of `n_features`, initialised from `seed`.
     pub fn new(config: &DocEncoderConfig, n_features: usize, seed: u64) -> Result<Self, Error> {
-        if config.d_model == 0 {
-            return Err(Error::Config { key: "model.d_model", msg: "must be > 0".into() });
-        }
-        if !(0.0..1.0).contains(&config.dropout) {
-            return Err(Error::Config {
-                key: "model.doc_encoder.dropout",
-                msg: format!("{} is not in [0, 1)", config.dropout),
-            });
-        }
-        if !(config.init_std >= 0.0) {
-            return Err(Error::Config { key: "model.init_std", msg: format!("{} must be >= 0", config.init_std) });
-        }
-        config
-            .optimizer
-            .check("model.optimizer")
-            .map_err(|e| Error::Config { key: "model.optimizer", msg: e.to_string() })?;
+        config.check()?;
         let d = config.d_model;
         let mut table = Matrix::zeros(n_features, d);
         let mut r = rng::seeded(seed, 0x7AB1E);
@@ -106,12 +116,7 @@ impl DocEncoder {
         let hidden_opt = match config.optimizer {
             OptimizerConfig::Sgd { .. } => SgdConfig::new().init(),
             OptimizerConfig::Adagrad { eps, .. } => AdaGradConfig::new().with_epsilon(eps).init(),
-            OptimizerConfig::ArSchedule { .. } => {
-                return Err(Error::Config {
-                    key: "model.optimizer.kind",
-                    msg: "`ar_schedule` is an output-layer schedule; the encoder takes `sgd` or `adagrad`".into(),
-                });
-            }
+            OptimizerConfig::ArSchedule { .. } => unreachable!("DocEncoderConfig::check rejects ar_schedule"),
         };
         Ok(Self {
             config: config.clone(),

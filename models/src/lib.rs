@@ -49,8 +49,8 @@ pub enum Error {
     /// A configuration value is invalid.
     #[error("invalid `{key}`: {msg}")]
     Config {
-        /// The config key.
-        key: &'static str,
+        /// The config key, relative to the encoder's table.
+        key: String,
         /// What is wrong.
         msg: String,
     },

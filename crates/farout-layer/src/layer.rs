@@ -93,7 +93,7 @@ impl OutputLayer {
         optimizer: &OptimizerConfig,
         seed: u64,
     ) -> Result<Self, Error> {
-        optimizer.check("output.optimizer")?;
+        optimizer.check()?;
         if n_classes == 0 || d_model == 0 {
             return Err(Error::Config {
                 key: "output",

@@ -543,11 +543,10 @@ impl Config {
                 "must be false with output.estimator = \"mips\" (the index searches W alone)",
             ));
         }
-        if let OptimizerConfig::ArSchedule { .. } = self.model.doc_encoder.optimizer {
-            return Err(ConfigError::key(
-                "model.doc_encoder.optimizer.kind",
-                "\"ar_schedule\" is for the output layer; use \"sgd\" or \"adagrad\"",
-            ));
+        if self.model.encoder == EncoderKind::DocEncoder
+            && let Err(farout_models::Error::Config { key, msg }) = self.model.doc_encoder.check()
+        {
+            return Err(ConfigError::key(format!("model.doc_encoder.{key}"), msg));
         }
         at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
         if let IndexConfig::Spherical(sph) = &self.index.index {
@@ -557,8 +556,8 @@ impl Config {
         for (key, optimizer) in
             [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]
         {
-            if let Err(farout_layer::Error::Config { key: field, msg }) = optimizer.check(key) {
-                return Err(ConfigError::key(field, msg));
+            if let Err(farout_layer::Error::Config { key: field, msg }) = optimizer.check() {
+                return Err(ConfigError::key(format!("{key}.{field}"), format!(" = {msg}")));
             }
         }
         Ok(())
@@ -861,6 +860,19 @@ mod tests {
         assert!(e.contains("key `output.tau2`"), "{e}");
         let e = check_err(MINIMAL, &["output.estimator=\"sampled_softmax\"", "output.sample_fraction=2"]);
         assert!(e.contains("key `output.sample_fraction`"), "{e}");
+    }
+
+    #[test]
+    fn encoder_and_optimizer_errors_name_the_full_key() {
+        let doc = MINIMAL.replace("synthetic_face", "synthetic_xmc").replace("face_head", "doc_encoder");
+        let e = check_err(&doc, &["model.doc_encoder.d_model=0"]);
+        assert!(e.starts_with("key `model.doc_encoder.d_model`"), "{e}");
+        let e = check_err(&doc, &["model.doc_encoder.optimizer={kind=\"sgd\", lr=0}"]);
+        assert!(e.starts_with("key `model.doc_encoder.optimizer.lr`"), "{e}");
+        let e = check_err(&doc, &["model.doc_encoder.optimizer={kind=\"ar_schedule\"}"]);
+        assert!(e.starts_with("key `model.doc_encoder.optimizer.kind`"), "{e}");
+        let e = check_err(MINIMAL, &["output.optimizer={kind=\"adagrad\", lr=0.1, eps=0}"]);
+        assert!(e.starts_with("key `output.optimizer.eps`"), "{e}");
     }
 
     #[test]
