@@ -1,5 +1,6 @@
 //! HNSW (Malkov & Yashunin) over the norm-augmented rows, via the `hnsw_rs` crate.
 
+use crate::augment::NormAugmentation;
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::{ClassId, kernels};
 use hnsw_rs::prelude::{DistL2, Hnsw};
@@ -36,7 +37,8 @@ impl Default for HnswConfig {
     }
 }
 
-/// HNSW over `x = [w / M, sqrt(1 - |w|^2 / M^2)]` with the Euclidean distance (`DistL2`).
+/// HNSW over `x = [w / M, sqrt(1 - |w|^2 / M^2)]` (`NormAugmentation`) with the Euclidean
+/// distance (`DistL2`).
 ///
 /// Inner product is not a metric, so the graph never sees raw dot products: for unit `x` and a
 /// query `q = [phi / |phi|, 0]`, `|x - q|^2 = 2 - 2 x.q` and `x.q = w.phi / (M |phi|)`, so the
@@ -51,7 +53,7 @@ impl Default for HnswConfig {
 pub struct HnswIndex {
     config: HnswConfig,
     graph: Hnsw<'static, f32, DistL2>,
-    max_norm: f32,
+    augmentation: NormAugmentation,
     dim: usize,
     /// Row of every internal id (version).
     row_of: Vec<ClassId>,
@@ -65,17 +67,16 @@ impl HnswIndex {
     /// Builds the graph over the rows of `w` (parallel insertion).
     pub fn build(w: Rows, config: &HnswConfig) -> Self {
         let (k, d) = (w.len(), w.dim());
-        let max_norm = w.iter().map(kernels::norm).fold(0.0f32, f32::max);
-        let m = if max_norm > 0.0 { max_norm * (1.0 + config.norm_headroom.max(0.0)) } else { 1.0 };
+        let augmentation = NormAugmentation::fit(w, config.norm_headroom);
         let layers = 16.min(((k.max(2)) as f64).ln().ceil() as usize).max(1);
         let graph = Hnsw::new(config.max_connections.clamp(2, 256), k, layers, config.ef_construction.max(1), DistL2);
-        let augmented: Vec<Vec<f32>> = (0..k).into_par_iter().map(|i| augment(w.row(i), m)).collect();
+        let augmented: Vec<Vec<f32>> = (0..k).into_par_iter().map(|i| augment(&augmentation, w.row(i))).collect();
         let items: Vec<(&[f32], usize)> = augmented.iter().enumerate().map(|(i, x)| (x.as_slice(), i)).collect();
         graph.parallel_insert_slice(&items);
         Self {
             config: config.clone(),
             graph,
-            max_norm: m,
+            augmentation,
             dim: d,
             row_of: (0..k as ClassId).collect(),
             current: (0..k as u32).collect(),
@@ -90,11 +91,10 @@ impl HnswIndex {
     }
 }
 
-/// `[w / m, sqrt(max(0, 1 - |w|^2 / m^2))]`.
-fn augment(w: &[f32], m: f32) -> Vec<f32> {
-    let mut x: Vec<f32> = w.iter().map(|v| v / m).collect();
-    let n2 = kernels::dot(&x, &x);
-    x.push((1.0 - n2).max(0.0).sqrt());
+/// The augmentation of `row`, as the graph stores it.
+fn augment(augmentation: &NormAugmentation, row: &[f32]) -> Vec<f32> {
+    let mut x = vec![0.0; row.len() + 1];
+    augmentation.augment_row(row, &mut x);
     x
 }
 
@@ -131,8 +131,9 @@ impl MipsIndex for HnswIndex {
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
         debug_assert_eq!(w.dim(), self.dim);
-        self.rebuild |= rows.iter().any(|&i| kernels::norm(w.row(i as usize)) > self.max_norm);
-        let augmented: Vec<Vec<f32>> = rows.par_iter().map(|&i| augment(w.row(i as usize), self.max_norm)).collect();
+        self.rebuild |= rows.iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
+        let augmented: Vec<Vec<f32>> =
+            rows.par_iter().map(|&i| augment(&self.augmentation, w.row(i as usize))).collect();
         let mut items = Vec::with_capacity(rows.len());
         for (&i, x) in rows.iter().zip(&augmented) {
             let id = self.row_of.len();

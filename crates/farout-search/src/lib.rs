@@ -16,6 +16,7 @@
 //! [`recall`] measures an index against brute force.
 #![warn(missing_docs)]
 
+mod augment;
 mod exact;
 mod hnsw;
 mod lsh;

@@ -1,6 +1,7 @@
 //! SimpleLSH (Neyshabur & Srebro 2015): MIPS as angular search after norm augmentation, hashed
 //! by sign random projections in several tables, probed in order of confidence.
 
+use crate::augment::NormAugmentation;
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::{ClassId, Matrix, kernels, rng};
 use std::cell::RefCell;
@@ -30,7 +31,8 @@ impl Default for SimpleLshConfig {
 
 /// SimpleLSH over the rows of `W`.
 ///
-/// Rows are augmented to unit vectors `x = [w / M, sqrt(1 - |w|^2 / M^2)]` and queries to
+/// Rows are augmented to unit vectors `x = [w / M, sqrt(1 - |w|^2 / M^2)]`
+/// (`NormAugmentation`) and queries to
 /// `[phi / |phi|, 0]`, so that `x . q` is proportional to `w . phi`: the largest inner
 /// products are the smallest angles. Each of L tables hashes `x` to the signs of b random
 /// Gaussian projections (collision probability `1 - angle / pi` per bit). A query visits, over
@@ -41,7 +43,7 @@ impl Default for SimpleLshConfig {
 pub struct SimpleLshIndex {
     config: SimpleLshConfig,
     bits: usize,
-    max_norm: f32,
+    augmentation: NormAugmentation,
     /// `[tables * bits, D + 1]` projection directions.
     planes: Matrix,
     /// Code of every row in every table, `[rows, tables]`.
@@ -84,8 +86,7 @@ impl SimpleLshIndex {
             ((k as f64 / 32.0).log2().round() as usize).clamp(1, 24)
         };
         let tables = config.tables.max(1);
-        let max_norm = w.iter().map(kernels::norm).fold(0.0f32, f32::max);
-        let m = if max_norm > 0.0 { max_norm * (1.0 + config.norm_headroom.max(0.0)) } else { 1.0 };
+        let augmentation = NormAugmentation::fit(w, config.norm_headroom);
         let mut r = rng::seeded(config.seed, 0x15A);
         let planes =
             Matrix::from_vec(tables * bits, d + 1, (0..tables * bits * (d + 1)).map(|_| rng::normal(&mut r)).collect())
@@ -93,7 +94,7 @@ impl SimpleLshIndex {
         let mut index = Self {
             config: config.clone(),
             bits,
-            max_norm: m,
+            augmentation,
             planes,
             codes: vec![0; k * tables],
             pos: vec![0; k * tables],
@@ -127,11 +128,7 @@ impl SimpleLshIndex {
         out.par_chunks_mut(tables).zip(rows.par_iter()).for_each_init(
             || vec![0.0f32; d + 1],
             |x, (codes, &i)| {
-                let row = w.row(i as usize);
-                for (o, v) in x[..d].iter_mut().zip(row) {
-                    *o = v / self.max_norm;
-                }
-                x[d] = (1.0 - kernels::dot(&x[..d], &x[..d])).max(0.0).sqrt();
+                self.augmentation.augment_row(w.row(i as usize), x);
                 for (t, code) in codes.iter_mut().enumerate() {
                     *code = (0..self.bits).fold(0u32, |c, b| {
                         let p = kernels::dot(self.planes.row(t * self.bits + b), x);
@@ -227,7 +224,7 @@ impl MipsIndex for SimpleLshIndex {
     }
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
-        self.rebuild |= rows.iter().any(|&i| kernels::norm(w.row(i as usize)) > self.max_norm);
+        self.rebuild |= rows.iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
         let tables = self.tables();
         let codes = self.hash_rows(w, rows);
         for (&i, new) in rows.iter().zip(codes.chunks_exact(tables)) {

@@ -1,9 +1,9 @@
 //! Spherical clustering for MIPS (Auvolat et al. 2015; the index of the LDGS experiments).
 //!
-//! **Reduction to cosine search.** With `M >= max_k |w_k|`, append one coordinate to every row
-//! scaled by `1/M`: `x_k = [w_k / M, sqrt(1 - |w_k|^2 / M^2)]`, a unit vector; a query becomes
-//! `[q, 0]`. Then `x_k . [q, 0] = w_k . q / M`: the largest inner products are the largest
-//! cosines, which spherical k-means can organise.
+//! **Reduction to cosine search** (`NormAugmentation`). With `M >= max_k |w_k|`, append one
+//! coordinate to every row scaled by `1/M`: `x_k = [w_k / M, sqrt(1 - |w_k|^2 / M^2)]`, a unit
+//! vector; a query becomes `[q, 0]`. Then `x_k . [q, 0] = w_k . q / M`: the largest inner
+//! products are the largest cosines, which spherical k-means can organise.
 //!
 //! **Index.** Spherical k-means (unit centroids, assignment by largest dot product) with
 //! `C ~ sqrt(K)` centroids, so that probing costs about as much as scanning one cluster.
@@ -33,6 +33,7 @@
 //! after every step costs little more than the sync. Centroids are not moved; when a row
 //! outgrows `M` (its augmented coordinate would be imaginary) the index asks for a rebuild.
 
+use crate::augment::NormAugmentation;
 use crate::quant::{self, QuantQueries, QuantRows};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
@@ -102,8 +103,8 @@ impl Default for SphericalConfig {
 #[derive(Clone, Debug)]
 pub struct SphericalIndex {
     config: SphericalConfig,
-    /// Norm bound M.
-    max_norm: f32,
+    /// The norm bound M of the reduction to cosine search.
+    augmentation: NormAugmentation,
     /// Unit centroids in the augmented space, `C x (D + 1)`.
     centroids: Matrix,
     /// Their first D coordinates, `C x D` (queries have 0 in the augmented one).
@@ -209,22 +210,11 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
-/// `x = [w / m, sqrt(max(0, 1 - |w|^2 / m^2))]`.
-fn augment(w: &[f32], m: f32, out: &mut [f32]) {
-    let d = w.len();
-    for (o, x) in out[..d].iter_mut().zip(w) {
-        *o = x / m;
-    }
-    let n2 = kernels::dot(&out[..d], &out[..d]);
-    out[d] = (1.0 - n2).max(0.0).sqrt();
-}
-
 impl SphericalIndex {
     /// Builds the index over the rows of `w`.
     pub fn build(w: Rows, config: &SphericalConfig) -> Self {
         let (k, d) = (w.len(), w.dim());
-        let max_norm = w.iter().map(kernels::norm).fold(0.0f32, f32::max);
-        let m = if max_norm > 0.0 { max_norm * (1.0 + config.norm_headroom.max(0.0)) } else { 1.0 };
+        let augmentation = NormAugmentation::fit(w, config.norm_headroom);
         let c = if config.n_centroids > 0 { config.n_centroids } else { (k as f64).sqrt().round() as usize }
             .clamp(1, k.max(1));
         // Initialise with distinct random rows.
@@ -233,7 +223,7 @@ impl SphericalIndex {
         rng::shuffle(&mut order, &mut r);
         let mut centroids = Matrix::zeros(c, d + 1);
         for (j, &i) in order.iter().take(c).enumerate() {
-            augment(w.row(i), m, centroids.row_mut(j));
+            augmentation.augment_row(w.row(i), centroids.row_mut(j));
         }
         // Fit the centroids on at most `points_per_centroid * C` rows (a random subset), then
         // assign every row once.
@@ -243,33 +233,33 @@ impl SphericalIndex {
         let mut fit_assign = vec![0u32; fit.as_ref().map_or(k, Vec::len)];
         let mut fit_cos = vec![0.0f32; fit_assign.len()];
         for it in 0..config.iterations {
-            assign_rows(w, m, &centroids, fit.as_deref(), &mut fit_assign, &mut fit_cos);
+            assign_rows(w, &augmentation, &centroids, fit.as_deref(), &mut fit_assign, &mut fit_cos);
             // Centroid = normalised sum of its members' augmented rows; an empty cluster is
             // re-seeded with a random row.
             let mut sums = Matrix::zeros(c, d + 1);
             let mut counts = vec![0usize; c];
             let mut x = vec![0.0; d + 1];
             for (i, &a) in fit_assign.iter().enumerate() {
-                augment(w.row(fit_row(i)), m, &mut x);
+                augmentation.augment_row(w.row(fit_row(i)), &mut x);
                 kernels::axpy(1.0, &x, sums.row_mut(a as usize));
                 counts[a as usize] += 1;
             }
             for j in 0..c {
                 if counts[j] == 0 {
                     let i = order[(c + it * c + j) % k.max(1)];
-                    augment(w.row(i), m, sums.row_mut(j));
+                    augmentation.augment_row(w.row(i), sums.row_mut(j));
                 }
                 kernels::normalize(sums.row_mut(j));
             }
             centroids = sums;
         }
         let (mut assign, mut assigned_cos) = (vec![0u32; k], vec![0.0f32; k]);
-        assign_rows(w, m, &centroids, None, &mut assign, &mut assigned_cos);
+        assign_rows(w, &augmentation, &centroids, None, &mut assign, &mut assigned_cos);
         let mut sizes = vec![0usize; c];
         for &a in &assign {
             sizes[a as usize] += 1;
         }
-        let mut clusters: Vec<Cluster> = sizes.iter().map(|&m| Cluster::new(config.scoring, d, m)).collect();
+        let mut clusters: Vec<Cluster> = sizes.iter().map(|&n| Cluster::new(config.scoring, d, n)).collect();
         let mut pos = vec![0u32; k];
         for (i, &a) in assign.iter().enumerate() {
             pos[i] = clusters[a as usize].len() as u32;
@@ -286,7 +276,7 @@ impl SphericalIndex {
         });
         Self {
             config: config.clone(),
-            max_norm: m,
+            augmentation,
             centroids,
             centroids_d,
             centroid_codes,
@@ -579,7 +569,14 @@ fn keep_best(candidates: &mut Vec<Hit>, k: usize, out: &mut Vec<Hit>) {
 /// Assigns rows to the centroid with the largest dot product (into `cos`), by blocked matrix
 /// products: every row when `rows` is `None` (`assign` has K entries), else `rows[j]` into
 /// `assign[j]`.
-fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, assign: &mut [u32], cos: &mut [f32]) {
+fn assign_rows(
+    w: Rows,
+    augmentation: &NormAugmentation,
+    centroids: &Matrix,
+    rows: Option<&[ClassId]>,
+    assign: &mut [u32],
+    cos: &mut [f32],
+) {
     let (d, c) = (w.dim(), centroids.rows());
     let blocks = assign.par_chunks_mut(ASSIGN_BLOCK).zip(cos.par_chunks_mut(ASSIGN_BLOCK));
     blocks.enumerate().for_each(|(b, (out, out_cos))| {
@@ -588,7 +585,7 @@ fn assign_rows(w: Rows, m: f32, centroids: &Matrix, rows: Option<&[ClassId]>, as
         let mut x = Matrix::zeros(n, d + 1);
         for j in 0..n {
             let r = rows.map_or(start + j, |rows| rows[start + j] as usize);
-            augment(w.row(r), m, x.row_mut(j));
+            augmentation.augment_row(w.row(r), x.row_mut(j));
         }
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
@@ -699,7 +696,7 @@ impl MipsIndex for SphericalIndex {
     }
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
-        self.rebuild |= rows.iter().any(|&i| kernels::norm(w.row(i as usize)) > self.max_norm);
+        self.rebuild |= rows.iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
         let d = w.dim();
         // Rows still as close to their centroid as when assigned (within the drift) stay.
         let drift = self.config.refresh_drift;
@@ -708,13 +705,13 @@ impl MipsIndex for SphericalIndex {
         for &i in rows {
             let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
             self.clusters[a].set(at, w.row(i as usize));
-            augment(w.row(i as usize), self.max_norm, &mut x);
+            self.augmentation.augment_row(w.row(i as usize), &mut x);
             if drift < 0.0 || kernels::dot(&x, self.centroids.row(a)) < self.assigned_cos[i as usize] - drift {
                 drifted.push(i);
             }
         }
         let (mut nearest, mut cos) = (vec![0u32; drifted.len()], vec![0.0f32; drifted.len()]);
-        assign_rows(w, self.max_norm, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
+        assign_rows(w, &self.augmentation, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
         for ((&i, &new), &c) in drifted.iter().zip(&nearest).zip(&cos) {
             self.assigned_cos[i as usize] = c;
             let (old, at) = (self.assign[i as usize], self.pos[i as usize] as usize);
@@ -912,7 +909,7 @@ mod tests {
             index.refresh(Rows::all(&w), &[&moved[..], &nudged[..]].concat());
             let nearest = |i: ClassId| {
                 let mut x = vec![0.0f32; 17];
-                augment(w.row(i as usize), index.max_norm, &mut x);
+                index.augmentation.augment_row(w.row(i as usize), &mut x);
                 let scores: Vec<f32> =
                     (0..index.n_centroids()).map(|c| kernels::dot(&x, index.centroids.row(c))).collect();
                 (0..scores.len()).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as u32
