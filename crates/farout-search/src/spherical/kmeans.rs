@@ -1,0 +1,123 @@
+//! Spherical k-means over the norm-augmented rows: the centroids of [`SphericalIndex`] and the
+//! assignment of rows to them (at build and when a refresh reassigns drifted rows).
+//!
+//! Centroids are unit vectors in the augmented space (`D + 1` coordinates); a row belongs to the
+//! centroid with the largest dot product (cosine) with its augmentation. With `C ~ sqrt(K)`
+//! centroids, probing costs about as much as scanning one cluster. Each iteration sets a
+//! centroid to the normalised sum of its members' augmented rows. The fit runs on a random
+//! subset of at most `points_per_centroid * C` rows, so build time stops growing with K; the
+//! index then assigns every row once.
+//!
+//! [`SphericalIndex`]: super::SphericalIndex
+
+use super::SphericalConfig;
+use crate::Rows;
+use crate::augment::NormAugmentation;
+use farout_core::gemm::{self, Op};
+use farout_core::{ClassId, Matrix, kernels, rng};
+use rayon::prelude::*;
+
+/// Rows per block of the k-means assignment product (bounds its temporary to block x C).
+const ASSIGN_BLOCK: usize = 4096;
+
+/// Number of centroids for `k` rows: `config.n_centroids`, or round(sqrt(K)) when that is 0;
+/// at least 1, at most K.
+pub(super) fn n_centroids(k: usize, config: &SphericalConfig) -> usize {
+    if config.n_centroids > 0 { config.n_centroids } else { (k as f64).sqrt().round() as usize }.clamp(1, k.max(1))
+}
+
+/// Unit centroids, `C x (D + 1)`, fitted by `config.iterations` rounds of spherical k-means on
+/// the augmented rows of `w` (a random subset of them when K is large).
+pub(super) fn fit(w: Rows, augmentation: &NormAugmentation, config: &SphericalConfig) -> Matrix {
+    let (k, d) = (w.len(), w.dim());
+    let c = n_centroids(k, config);
+    // Initialise with distinct random rows.
+    let mut order: Vec<usize> = (0..k).collect();
+    let mut r = rng::seeded(config.seed, 0x5F4E);
+    rng::shuffle(&mut order, &mut r);
+    let mut centroids = Matrix::zeros(c, d + 1);
+    for (j, &i) in order.iter().take(c).enumerate() {
+        augmentation.augment_row(w.row(i), centroids.row_mut(j));
+    }
+    // Fit the centroids on at most `points_per_centroid * C` rows (a random subset), then
+    // assign every row once.
+    let cap = config.points_per_centroid.saturating_mul(c).max(c);
+    let fit: Option<Vec<ClassId>> = (k > cap).then(|| order[..cap].iter().map(|&i| i as ClassId).collect());
+    let fit_row = |i: usize| fit.as_ref().map_or(i, |f| f[i] as usize);
+    let mut fit_assign = vec![0u32; fit.as_ref().map_or(k, Vec::len)];
+    let mut fit_cos = vec![0.0f32; fit_assign.len()];
+    for it in 0..config.iterations {
+        assign_rows(w, augmentation, &centroids, fit.as_deref(), &mut fit_assign, &mut fit_cos);
+        // Centroid = normalised sum of its members' augmented rows; an empty cluster is
+        // re-seeded with a random row.
+        let mut sums = Matrix::zeros(c, d + 1);
+        let mut counts = vec![0usize; c];
+        let mut x = vec![0.0; d + 1];
+        for (i, &a) in fit_assign.iter().enumerate() {
+            augmentation.augment_row(w.row(fit_row(i)), &mut x);
+            kernels::axpy(1.0, &x, sums.row_mut(a as usize));
+            counts[a as usize] += 1;
+        }
+        for j in 0..c {
+            if counts[j] == 0 {
+                let i = order[(c + it * c + j) % k.max(1)];
+                augmentation.augment_row(w.row(i), sums.row_mut(j));
+            }
+            kernels::normalize(sums.row_mut(j));
+        }
+        centroids = sums;
+    }
+    centroids
+}
+
+/// Assigns rows to the centroid with the largest dot product (into `cos`), by blocked matrix
+/// products: every row when `rows` is `None` (`assign` has K entries), else `rows[j]` into
+/// `assign[j]`.
+pub(super) fn assign_rows(
+    w: Rows,
+    augmentation: &NormAugmentation,
+    centroids: &Matrix,
+    rows: Option<&[ClassId]>,
+    assign: &mut [u32],
+    cos: &mut [f32],
+) {
+    let (d, c) = (w.dim(), centroids.rows());
+    let blocks = assign.par_chunks_mut(ASSIGN_BLOCK).zip(cos.par_chunks_mut(ASSIGN_BLOCK));
+    blocks.enumerate().for_each(|(b, (out, out_cos))| {
+        let start = b * ASSIGN_BLOCK;
+        let n = out.len();
+        let mut x = Matrix::zeros(n, d + 1);
+        for j in 0..n {
+            let r = rows.map_or(start + j, |rows| rows[start + j] as usize);
+            augmentation.augment_row(w.row(r), x.row_mut(j));
+        }
+        let mut s = vec![0.0f32; n * c];
+        gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
+        for ((o, o_cos), row) in out.iter_mut().zip(out_cos.iter_mut()).zip(s.chunks_exact(c)) {
+            let mut best = (f32::NEG_INFINITY, 0u32);
+            for (j, &v) in row.iter().enumerate() {
+                if v > best.0 {
+                    best = (v, j as u32);
+                }
+            }
+            (*o_cos, *o) = best;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::SphericalIndex;
+    use super::*;
+    use crate::testutil::clustered;
+
+    #[test]
+    fn default_centroid_count_is_sqrt_k() {
+        let (w, _) = clustered(20_000, 8);
+        assert_eq!(
+            SphericalIndex::build(Rows::all(&w), &SphericalConfig { iterations: 1, ..SphericalConfig::default() })
+                .n_centroids(),
+            141
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! Keeping [`SphericalIndex`] up to date while `W` changes: [`SphericalIndex::sync_rows`]
+//! copies changed rows into their clusters (scores stay exact; after every step), and
+//! [`SphericalIndex::refresh_rows`] also reassigns the rows that drifted away from their
+//! centroid.
+//!
+//! A changed row is re-augmented and reassigned to its nearest centroid (cost C D per row, the
+//! paper's `k_r C D`) only if its cosine with its own centroid fell by more than
+//! `refresh_drift` since it was assigned (a check of D per row): rows that moved little, the
+//! most in training, keep their cluster, so a refresh after every step costs little more than
+//! the sync. Centroids are not moved; a row that outgrows the norm bound `M` asks for a rebuild.
+//!
+//! [`SphericalIndex`]: super::SphericalIndex
+
+use super::{SphericalIndex, kmeans};
+use crate::Rows;
+use farout_core::{ClassId, kernels};
+
+impl SphericalIndex {
+    /// Copies the new values of `rows` of `w` into their clusters ([`crate::MipsIndex::sync`]).
+    pub(super) fn sync_rows(&mut self, w: Rows, rows: &[ClassId]) {
+        for &i in rows {
+            self.clusters[self.assign[i as usize] as usize].set(self.pos[i as usize] as usize, w.row(i as usize));
+        }
+    }
+
+    /// Syncs `rows` of `w` and reassigns those that drifted ([`crate::MipsIndex::refresh`]).
+    pub(super) fn refresh_rows(&mut self, w: Rows, rows: &[ClassId]) {
+        self.rebuild |= rows.iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
+        let d = w.dim();
+        // Rows still as close to their centroid as when assigned (within the drift) stay.
+        let drift = self.config.refresh_drift;
+        let mut x = vec![0.0f32; d + 1];
+        let mut drifted = Vec::with_capacity(rows.len());
+        for &i in rows {
+            let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
+            self.clusters[a].set(at, w.row(i as usize));
+            self.augmentation.augment_row(w.row(i as usize), &mut x);
+            if drift < 0.0 || kernels::dot(&x, self.centroids.row(a)) < self.assigned_cos[i as usize] - drift {
+                drifted.push(i);
+            }
+        }
+        let (mut nearest, mut cos) = (vec![0u32; drifted.len()], vec![0.0f32; drifted.len()]);
+        kmeans::assign_rows(w, &self.augmentation, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
+        for ((&i, &new), &c) in drifted.iter().zip(&nearest).zip(&cos) {
+            self.assigned_cos[i as usize] = c;
+            let (old, at) = (self.assign[i as usize], self.pos[i as usize] as usize);
+            if new == old {
+                continue;
+            }
+            // O(1) removal: move the last member into the freed slot.
+            if let Some(moved) = self.clusters[old as usize].swap_remove(at, d) {
+                self.pos[moved as usize] = at as u32;
+            }
+            self.pos[i as usize] = self.clusters[new as usize].len() as u32;
+            self.clusters[new as usize].push(i, w.row(i as usize));
+            self.assign[i as usize] = new;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{SphericalConfig, both_scorings};
+    use super::*;
+    use crate::MipsIndex;
+    use crate::quant::{self, QuantQueries, QuantRows};
+    use crate::testutil::{assert_exact_scores, assert_exact_top, clustered, move_rows_onto};
+
+    #[test]
+    fn refreshed_rows_are_found_where_they_now_belong() {
+        for config in both_scorings() {
+            refreshed_rows_are_found_with(&config);
+        }
+    }
+
+    fn refreshed_rows_are_found_with(config: &SphericalConfig) {
+        let (mut w, q) = clustered(10_000, 16);
+        let mut index = SphericalIndex::build(Rows::all(&w), config);
+        // Move 50 rows onto the (unit) query, scaled to norms in (1.085, 1.09]: they outscore
+        // every unit mean, so they become its top 50, and stay within the norm bound 1.1.
+        let mut moved = move_rows_onto(&mut w, q.row(0));
+        // And nudge 50 other rows slightly, so most stay in their clusters: their copies must
+        // follow too.
+        let nudged: Vec<ClassId> = (0..50).map(|j| j * 191 + 11).filter(|c| !moved.contains(c)).collect();
+        for &c in &nudged {
+            kernels::scale(1.01, w.row_mut(c as usize));
+        }
+        index.refresh(Rows::all(&w), &[&moved[..], &nudged[..]].concat());
+        assert!(!index.needs_rebuild(), "the moved rows stay within the norm bound");
+        let out = assert_exact_top(&index, &w, q.row(0), 50);
+        let mut found: Vec<ClassId> = out.iter().map(|h| h.class).collect();
+        found.sort_unstable();
+        moved.sort_unstable();
+        assert_eq!(found, moved);
+        // Membership bookkeeping stays consistent, and so do the codes: they score as codes
+        // made afresh from the members' rows in their order.
+        let query = QuantQueries::new(q.row(1), 16);
+        for (c, cluster) in index.clusters.iter().enumerate() {
+            for (p, &i) in cluster.ids.iter().enumerate() {
+                assert_eq!((index.assign[i as usize] as usize, index.pos[i as usize] as usize), (c, p));
+                assert_eq!(&cluster.rows[p * 16..(p + 1) * 16], w.row(i as usize), "the copy of row {i}");
+            }
+            if let Some(codes) = &cluster.codes {
+                let mut fresh = QuantRows::new(16);
+                cluster.ids.iter().for_each(|&i| fresh.push(w.row(i as usize)));
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                quant::scores(codes, &query, &[0], &mut a);
+                quant::scores(&fresh, &query, &[0], &mut b);
+                assert_eq!(a, b, "codes of cluster {c}");
+            }
+        }
+    }
+
+    /// A refresh reassigns the rows whose cosine with their centroid fell by more than
+    /// `refresh_drift` (to their nearest centroid, as a brute-force argmax finds it) and leaves
+    /// the others where they are; with a negative drift it reassigns every changed row.
+    #[test]
+    fn refresh_reassigns_the_rows_that_drifted() {
+        let (w0, q) = clustered(10_000, 16);
+        for drift in [0.02f32, -1.0] {
+            let mut w = w0.clone();
+            let config = SphericalConfig { refresh_drift: drift, ..SphericalConfig::default() };
+            let mut index = SphericalIndex::build(Rows::all(&w), &config);
+            let (before, cos_before) = (index.assign.clone(), index.assigned_cos.clone());
+            let moved = move_rows_onto(&mut w, q.row(0));
+            // Shrinking a row by 1% changes its augmented cosine by far less than 0.02.
+            let nudged: Vec<ClassId> = (0..50).map(|j| j * 191 + 11).filter(|c| !moved.contains(c)).collect();
+            for &c in &nudged {
+                kernels::scale(0.99, w.row_mut(c as usize));
+            }
+            index.refresh(Rows::all(&w), &[&moved[..], &nudged[..]].concat());
+            let nearest = |i: ClassId| {
+                let mut x = vec![0.0f32; 17];
+                index.augmentation.augment_row(w.row(i as usize), &mut x);
+                let scores: Vec<f32> =
+                    (0..index.n_centroids()).map(|c| kernels::dot(&x, index.centroids.row(c))).collect();
+                (0..scores.len()).max_by(|&a, &b| scores[a].total_cmp(&scores[b])).unwrap() as u32
+            };
+            for &i in &moved {
+                assert_eq!(index.assign[i as usize], nearest(i), "moved row {i}, drift {drift}");
+            }
+            for &i in &nudged {
+                let expected = if drift < 0.0 { nearest(i) } else { before[i as usize] };
+                assert_eq!(index.assign[i as usize], expected, "nudged row {i}, drift {drift}");
+            }
+            // Skipped rows keep their drift reference; reassigned ones get a new one.
+            let skipped = nudged.iter().filter(|&&i| index.assigned_cos[i as usize] == cos_before[i as usize]).count();
+            assert_eq!(skipped, if drift < 0.0 { 0 } else { nudged.len() }, "drift {drift}");
+            // Scores stay exact either way.
+            let _ = assert_exact_top(&index, &w, q.row(0), 50);
+        }
+    }
+
+    /// Sync updates the cluster copies without moving rows: scores are those of the new rows.
+    #[test]
+    fn synced_rows_are_scored_with_their_new_values_in_place() {
+        for config in both_scorings() {
+            synced_rows_are_scored_with(&config);
+        }
+    }
+
+    fn synced_rows_are_scored_with(config: &SphericalConfig) {
+        let (mut w, q) = clustered(5_000, 16);
+        let mut index = SphericalIndex::build(Rows::all(&w), config);
+        let before = index.assign.clone();
+        for (i, x) in w.as_mut_slice().iter_mut().enumerate() {
+            *x *= 1.0 + 0.1 * ((i % 7) as f32 - 3.0) / 3.0;
+        }
+        let all: Vec<ClassId> = (0..5_000).collect();
+        index.sync(Rows::all(&w), &all);
+        assert_eq!(index.assign, before, "sync does not reassign");
+        assert_exact_scores(&index, &w, &q);
+        let mut batch = Vec::new();
+        index.search_batch(Rows::all(&w), &q, 50, &mut batch);
+        for (i, hits) in batch.iter().enumerate() {
+            // Batched scores come from a matrix product: equal to the dot kernel's up to
+            // rounding (scores here are about 1).
+            for h in hits {
+                assert!((h.score - kernels::dot(w.row(h.class as usize), q.row(i))).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_outgrowing_the_norm_bound_asks_for_a_rebuild() {
+        let (mut w, _) = clustered(2_000, 8);
+        let mut index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        kernels::scale(10.0, w.row_mut(3));
+        index.refresh(Rows::all(&w), &[3]);
+        assert!(index.needs_rebuild());
+    }
+}

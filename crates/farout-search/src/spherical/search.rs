@@ -1,0 +1,373 @@
+//! Search in [`SphericalIndex`]: rank the centroids by `c_j . [q, 0]` (the query's augmented
+//! coordinate is 0, so only their first D coordinates count), probe the clusters of the best
+//! ones until `candidate_factor * k` rows have been scored, keep the top `k`.
+//!
+//! Per query ([`SphericalIndex::search_one`]) the probed clusters' copies are scored by dot
+//! products and the best selected once. A batch ([`SphericalIndex::search_batched`]) shares the
+//! work cluster by cluster: all centroid scores by one matrix product, then each probed
+//! cluster's copy against every query probing it by one small product. With int8 scoring the
+//! scans run on codes and `int8.rs` rescores the best exactly.
+//!
+//! [`SphericalIndex`]: super::SphericalIndex
+
+use super::cluster::Cluster;
+use super::{Scoring, SphericalIndex};
+use crate::quant::{self, QuantQueries};
+use crate::{Hit, Rows};
+use farout_core::gemm::{self, Op};
+use farout_core::{ClassId, Matrix, kernels, topk};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Clusters ordered by centroid score before counting probed rows, at least (more only if
+/// needed).
+const PROBE_HEAD: usize = 64;
+
+/// Per-thread buffers of one search: centroid scores, their keys and order, the probed rows'
+/// scores and ids, the threshold sample of `topk::select_best`, and the int8 path's cluster
+/// scores and candidates.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<f32>,
+    keys: Vec<u64>,
+    order: Vec<u32>,
+    probed: Vec<f32>,
+    ids: Vec<ClassId>,
+    sample: Vec<f32>,
+    block: Vec<f32>,
+    candidates: Vec<Hit>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+impl SphericalIndex {
+    /// The top `k` of one query ([`crate::MipsIndex::search`]).
+    pub(super) fn search_one(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+        let (budget, d) = (self.budget(k), w.dim());
+        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates }| {
+            let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
+            // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
+            scores.clear();
+            match (&self.centroid_codes, &codes) {
+                (Some(rows), Some(codes)) => {
+                    quant::scores(rows, codes, &[0], block);
+                    scores.extend_from_slice(&block[..rows.len()]);
+                }
+                _ => scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query))),
+            }
+            self.probe_order(scores, budget, self.probe_head(budget), keys, order);
+            // Every probed row is scored (on the cluster copies), so collect them all and
+            // select once.
+            probed.clear();
+            ids.clear();
+            for &j in order.iter() {
+                let cluster = &self.clusters[j as usize];
+                ids.extend_from_slice(&cluster.ids);
+                match (&cluster.codes, &codes) {
+                    (Some(rows), Some(codes)) => {
+                        quant::scores(rows, codes, &[0], block);
+                        probed.extend_from_slice(&block[..rows.len()]);
+                    }
+                    _ => probed.extend(cluster.rows.chunks_exact(d).map(|row| kernels::dot(row, query))),
+                }
+            }
+            let parts = [(&probed[..], &ids[..])];
+            if codes.is_none() {
+                topk::select_best(&parts, k, sample, out);
+                return probed.len() + self.centroids.rows();
+            }
+            // Rescore the best by approximate score exactly, from the copies.
+            topk::select_best(&parts, self.depth(k), sample, candidates);
+            let rescored = self.rescore(candidates, query, k, out);
+            probed.len() + rescored + self.centroids.rows()
+        })
+    }
+
+    /// The top `k` of every row of `queries` ([`crate::MipsIndex::search_batch`]): centroid
+    /// scores of all queries at once (one matrix product, or one int8 kernel call on the
+    /// centroids' codes); then, cluster by cluster, the members' copy (or codes) is scored
+    /// against every query probing that cluster at once (a small matrix product, or the int8
+    /// kernel), instead of per-query scattered dot products; with int8 codes the best are then
+    /// rescored cluster by cluster ([`SphericalIndex::rescore_batch`]). Returns what
+    /// [`SphericalIndex::search_one`] returns for each query (up to rounding: products and dot
+    /// kernels may differ in the last bits).
+    pub(super) fn search_batched(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), w.dim()));
+        let probes = self.probe_batch(queries, codes.as_ref(), self.budget(k));
+        let blocks = self.score_batch(&probes, queries, codes.as_ref());
+        out.resize_with(queries.rows(), Vec::new);
+        out.truncate(queries.rows());
+        let scanned: usize = probes.slots.iter().flatten().map(|&(j, _)| self.clusters[j as usize].len()).sum();
+        let centroids = queries.rows() * self.centroids.rows();
+        if codes.is_some() {
+            return scanned + self.rescore_batch(&probes, &blocks, queries, k, out) + centroids;
+        }
+        // Exact scores: select.
+        out.par_iter_mut().zip(&probes.slots).for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(parts, sample), (found, slots)| {
+                parts.clear();
+                parts.extend(probed(slots, &self.clusters, &blocks));
+                topk::select_best(parts, k, sample, found);
+            },
+        );
+        scanned + centroids
+    }
+
+    /// Clusters to order fully before counting rows for `budget`: twice what clusters of the
+    /// mean size would need, at least [`PROBE_HEAD`].
+    fn probe_head(&self, budget: usize) -> usize {
+        (2 * budget * self.clusters.len() / self.assign.len().max(1) + 16).max(PROBE_HEAD)
+    }
+
+    /// The clusters a query probes, best centroid score first, into `order`: as many as it
+    /// takes for their members to reach `budget` rows (or all). Orders only the best `head`
+    /// first, the rest only when those do not hold the budget (`keys`: scratch).
+    fn probe_order(
+        &self,
+        centroid_scores: &[f32],
+        budget: usize,
+        head: usize,
+        keys: &mut Vec<u64>,
+        order: &mut Vec<u32>,
+    ) {
+        keys.clear();
+        keys.extend(centroid_scores.iter().enumerate().map(|(j, &s)| topk::descending_key(s, j as u32)));
+        let head = head.min(keys.len());
+        if head < keys.len() {
+            keys.select_nth_unstable(head);
+        }
+        keys[..head].sort_unstable();
+        let mut rows = 0;
+        let mut reached = |key: &u64| {
+            rows += self.clusters[*key as u32 as usize].len();
+            rows >= budget
+        };
+        let probed = match keys[..head].iter().position(&mut reached) {
+            Some(p) => p + 1,
+            None => {
+                keys[head..].sort_unstable();
+                keys[head..].iter().position(reached).map_or(keys.len(), |p| head + p + 1)
+            }
+        };
+        order.clear();
+        order.extend(keys[..probed].iter().map(|&key| key as u32));
+    }
+
+    /// Rows probed per query for `k` results.
+    fn budget(&self, k: usize) -> usize {
+        per_result(k, self.config.candidate_factor)
+    }
+
+    /// Every query's centroid scores, `queries.rows() x stride` row-major with the `C` scores
+    /// first in each row: exact by one matrix product, or approximate on the codes with int8
+    /// scoring (`codes`: the queries' codes).
+    fn centroid_scores(&self, queries: &Matrix, codes: Option<&QuantQueries>) -> (Vec<f32>, usize) {
+        if let (Some(rows), Some(codes)) = (&self.centroid_codes, codes) {
+            let (all, mut s): (Vec<u32>, _) = ((0..queries.rows() as u32).collect(), Vec::new());
+            quant::scores(rows, codes, &all, &mut s);
+            return (s, rows.padded_len());
+        }
+        let (n, d, c) = (queries.rows(), queries.cols(), self.centroids.rows());
+        let mut s = vec![0.0f32; n * c];
+        gemm::gemm(
+            &mut s,
+            n,
+            c,
+            0.0,
+            1.0,
+            queries.as_slice(),
+            (n, d),
+            Op::N,
+            self.centroids_d.as_slice(),
+            (c, d),
+            Op::T,
+        );
+        (s, c)
+    }
+
+    /// The clusters every query of a batch probes for `budget` rows, and who probes each
+    /// cluster.
+    fn probe_batch(&self, queries: &Matrix, codes: Option<&QuantQueries>, budget: usize) -> BatchProbes {
+        let c = self.centroids.rows();
+        let (s, stride) = self.centroid_scores(queries, codes);
+        let head = self.probe_head(budget);
+        let probes: Vec<Vec<u32>> = s
+            .par_chunks(stride)
+            .map_init(Vec::new, |keys, row| {
+                let mut probed = Vec::new();
+                self.probe_order(&row[..c], budget, head, keys, &mut probed);
+                probed
+            })
+            .collect();
+        let mut queries_of = vec![Vec::new(); c];
+        let slots = probes
+            .iter()
+            .enumerate()
+            .map(|(q, probed)| {
+                probed
+                    .iter()
+                    .map(|&j| {
+                        let list: &mut Vec<u32> = &mut queries_of[j as usize];
+                        list.push(q as u32);
+                        (j, list.len() as u32 - 1)
+                    })
+                    .collect()
+            })
+            .collect();
+        BatchProbes { slots, queries_of }
+    }
+
+    /// Scores of every probed cluster's members against the queries probing it: `nq x stride`,
+    /// row-major, so that each query's scores are contiguous (`stride` = the members, padded for
+    /// int8 codes). Exact on the f32 copies, approximate on the codes when `codes` is given.
+    fn score_batch(
+        &self,
+        probes: &BatchProbes,
+        queries: &Matrix,
+        codes: Option<&QuantQueries>,
+    ) -> Vec<(Vec<f32>, usize)> {
+        let d = queries.cols();
+        probes
+            .queries_of
+            .par_iter()
+            .zip(&self.clusters)
+            .map(|(qs, cluster)| {
+                if qs.is_empty() {
+                    return (Vec::new(), 0);
+                }
+                if let (Some(rows), Some(codes)) = (&cluster.codes, codes) {
+                    let mut z = Vec::new();
+                    quant::scores(rows, codes, qs, &mut z);
+                    return (z, rows.padded_len());
+                }
+                let (m, nq) = (cluster.len(), qs.len());
+                let mut qm = Matrix::zeros(nq, d);
+                for (r, &q) in qs.iter().enumerate() {
+                    qm.row_mut(r).copy_from_slice(queries.row(q as usize));
+                }
+                let mut z = vec![0.0f32; nq * m];
+                gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
+                (z, m)
+            })
+            .collect()
+    }
+}
+
+/// Who probes what in a batched search.
+pub(super) struct BatchProbes {
+    /// Per query, its probed clusters in probing order, each as `(cluster, the query's place in
+    /// that cluster's list)`.
+    pub(super) slots: Vec<Vec<(u32, u32)>>,
+    /// Per cluster, the queries probing it.
+    pub(super) queries_of: Vec<Vec<u32>>,
+}
+
+/// `factor * k` rows, rounded up, at least `k` (a factor below 1, or NaN, counts as 1).
+pub(super) fn per_result(k: usize, factor: f32) -> usize {
+    ((k as f32 * factor).ceil() as usize).max(k)
+}
+
+/// The scores a query's probed clusters got in the batched search (`slots`: the query's
+/// `(cluster, row of the cluster's score block)` pairs; `blocks`: every cluster's scores and
+/// their row stride), each with the cluster's ids.
+pub(super) fn probed<'a>(
+    slots: &'a [(u32, u32)],
+    clusters: &'a [Cluster],
+    blocks: &'a [(Vec<f32>, usize)],
+) -> impl Iterator<Item = (&'a [f32], &'a [ClassId])> + 'a {
+    slots.iter().map(|&(j, slot)| {
+        let members = &clusters[j as usize].ids[..];
+        let (z, stride) = &blocks[j as usize];
+        let at = slot as usize * stride;
+        (&z[at..at + members.len()], members)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{SphericalConfig, both_scorings};
+    use super::*;
+    use crate::MipsIndex;
+    use crate::testutil::{assert_exact_scores, clustered};
+    use farout_core::rng;
+
+    /// The partial ordering of the centroids probes the same clusters as sorting them all, also
+    /// when the budget reaches past the clusters ordered first.
+    #[test]
+    fn probe_order_equals_a_full_sort() {
+        let (w, _) = clustered(20_000, 8);
+        let config = SphericalConfig { n_centroids: 400, iterations: 2, ..SphericalConfig::default() };
+        let index = SphericalIndex::build(Rows::all(&w), &config);
+        let mut r = rng::seeded(3, 0);
+        let (mut keys, mut order) = (Vec::new(), Vec::new());
+        for budget in [1, 10, 1_000, 5_000, 15_000, 30_000] {
+            // Coarse scores: many ties, broken by centroid id.
+            let scores: Vec<f32> = (0..400).map(|_| (rng::normal(&mut r) * 4.0).round()).collect();
+            let mut all: Vec<u32> = (0..400).collect();
+            all.sort_by(|&a, &b| scores[b as usize].total_cmp(&scores[a as usize]).then(a.cmp(&b)));
+            let mut rows = 0;
+            let n = all
+                .iter()
+                .position(|&j| {
+                    rows += index.clusters[j as usize].len();
+                    rows >= budget
+                })
+                .map_or(all.len(), |p| p + 1);
+            all.truncate(n);
+            for head in [8, PROBE_HEAD, index.probe_head(budget)] {
+                index.probe_order(&scores, budget, head, &mut keys, &mut order);
+                assert_eq!(order, all, "budget {budget}, head {head}");
+            }
+        }
+    }
+
+    #[test]
+    fn returned_scores_are_exact() {
+        let (w, q) = clustered(5_000, 16);
+        for config in both_scorings() {
+            let index = SphericalIndex::build(Rows::all(&w), &config);
+            assert_exact_scores(&index, &w, &q);
+        }
+    }
+
+    #[test]
+    fn batched_search_returns_the_per_query_results() {
+        for config in both_scorings() {
+            batched_search_returns_the_per_query_results_with(&config);
+        }
+        // Int8 scoring with rows rescored beyond the k returned.
+        batched_search_returns_the_per_query_results_with(&SphericalConfig {
+            scoring: Scoring::Int8,
+            rescore: 2.0,
+            ..SphericalConfig::default()
+        });
+    }
+
+    fn batched_search_returns_the_per_query_results_with(config: &SphericalConfig) {
+        let (w, q) = clustered(10_000, 16);
+        let index = SphericalIndex::build(Rows::all(&w), config);
+        let mut batch = Vec::new();
+        let cost = index.search_batch(Rows::all(&w), &q, 40, &mut batch);
+        let mut total = 0;
+        for (i, batched) in batch.iter_mut().enumerate() {
+            let mut one = Vec::new();
+            total += index.search(Rows::all(&w), q.row(i), 40, &mut one);
+            one.sort_unstable_by(topk::by_score);
+            batched.sort_unstable_by(topk::by_score);
+            // Same candidates and selection; scores from a matrix product may differ from the
+            // dot kernel in the last bits, so compare classes and scores to a tolerance.
+            assert_eq!(
+                batched.iter().map(|h| h.class).collect::<Vec<_>>(),
+                one.iter().map(|h| h.class).collect::<Vec<_>>(),
+                "query {i}"
+            );
+            for (a, b) in batched.iter().zip(&one) {
+                assert!((a.score - b.score).abs() < 1e-5);
+            }
+        }
+        assert_eq!(cost, total);
+    }
+}
