@@ -69,6 +69,11 @@ impl MipsIndex for ExactIndex {
         };
         out.resize_with(n, Vec::new);
         out.truncate(n);
+        if kk == 0 {
+            // No rows, no hits (and no score rows to select from: chunks of length 0 panic).
+            out.iter_mut().for_each(Vec::clear);
+            return 0;
+        }
         let ids: Vec<ClassId> = (0..kk as ClassId).collect();
         let mut z = Vec::new();
         for start in (0..n).step_by(EXACT_BATCH) {
@@ -113,6 +118,14 @@ mod tests {
         // Block 1..3 of each row: (0, 0), (1, 0), (0, 2); query (1, 1).
         let cost = ExactIndex.search(Rows::block(&w, 1, 3), &[1.0, 1.0], 2, &mut out);
         assert_eq!((out[0].class, out[0].score, out[1].class, cost), (2, 2.0, 1, 3));
+    }
+
+    #[test]
+    fn batched_search_over_no_rows_finds_nothing() {
+        let (w, q) = (Matrix::zeros(0, 4), Matrix::zeros(3, 4));
+        let mut out = vec![vec![Hit { class: 0, score: 1.0 }]];
+        assert_eq!(ExactIndex.search_batch(Rows::all(&w), &q, 5, &mut out), 0);
+        assert_eq!(out, vec![Vec::new(); 3]);
     }
 
     #[test]
