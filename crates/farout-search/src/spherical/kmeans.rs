@@ -39,6 +39,11 @@ pub(super) fn fit(w: Rows, augmentation: &NormAugmentation, config: &SphericalCo
     for (j, &i) in order.iter().take(c).enumerate() {
         augmentation.augment_row(w.row(i), centroids.row_mut(j));
     }
+    if k == 0 {
+        // No rows: nothing to fit or to re-seed an empty cluster with; one zero centroid
+        // heads the one (empty) cluster.
+        return centroids;
+    }
     // Fit the centroids on at most `points_per_centroid * C` rows (a random subset), then
     // assign every row once.
     let cap = config.points_per_centroid.saturating_mul(c).max(c);
@@ -110,6 +115,16 @@ mod tests {
     use super::super::SphericalIndex;
     use super::*;
     use crate::testutil::clustered;
+
+    #[test]
+    fn an_index_over_no_rows_finds_nothing() {
+        let w = Matrix::zeros(0, 8);
+        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        assert_eq!(index.cluster_sizes(), [0]);
+        let mut out = Vec::new();
+        crate::MipsIndex::search(&index, Rows::all(&w), &[1.0; 8], 5, &mut out);
+        assert!(out.is_empty());
+    }
 
     #[test]
     fn default_centroid_count_is_sqrt_k() {
