@@ -1,7 +1,7 @@
 //! HNSW (Malkov & Yashunin) over the norm-augmented rows, via the `hnsw_rs` crate.
 
 use crate::augment::NormAugmentation;
-use crate::{Hit, MipsIndex, Rows};
+use crate::{ExactIndex, Hit, MipsIndex, Rows};
 use farout_core::{ClassId, kernels};
 use hnsw_rs::prelude::{DistL2, Hnsw};
 use rayon::prelude::*;
@@ -44,7 +44,9 @@ impl Default for HnswConfig {
 /// query `q = [phi / |phi|, 0]`, `|x - q|^2 = 2 - 2 x.q` and `x.q = w.phi / (M |phi|)`, so the
 /// nearest augmented rows are the largest inner products. A query fetches
 /// `candidate_factor * k` neighbours (search list `max(ef_search, that)`) and rescores them
-/// exactly against the current `W`.
+/// exactly against the current `W`. A query asking for that many rows or more than there are,
+/// or whose walk reaches fewer than `k` rows (duplicate rows sit out of the graph's reach),
+/// scores every row instead.
 ///
 /// `hnsw_rs` cannot move or delete points, so a refreshed row is inserted again under a fresh
 /// internal id; searches filter out ids that are no longer a row's current version, and the
@@ -105,10 +107,16 @@ impl MipsIndex for HnswIndex {
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         out.clear();
+        let rows = self.current.len();
+        let fetch = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k).min(rows);
+        if fetch == rows {
+            // Every row is asked for: scoring them all is exact, and cheaper than a walk that
+            // visits them all.
+            return ExactIndex.search(w, query, k, out);
+        }
         let norm = kernels::norm(query);
         let mut q: Vec<f32> = query.iter().map(|v| v / norm.max(f32::MIN_POSITIVE)).collect();
         q.push(0.0);
-        let fetch = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k).min(self.current.len());
         let ef = self.config.ef_search.max(fetch);
         let live = |id: &usize| self.current[self.row_of[*id] as usize] as usize == *id;
         let found = if self.stale == 0 {
@@ -121,12 +129,19 @@ impl MipsIndex for HnswIndex {
             Hit { class: row, score: kernels::dot(w.row(row as usize), query) }
         }));
         let scored = out.len();
+        // The graph walk's distance evaluations are not reported by hnsw_rs; ef x M is the
+        // usual estimate of its cost.
+        let walk = scored + ef * self.config.max_connections;
+        if scored < k {
+            // The walk reached fewer live rows than asked for. hnsw_rs links few of many points
+            // at the same place (duplicate rows; all rows, when W starts at zero), so such rows
+            // are out of its reach: 300 equal rows gave 97 of 299 asked for. Score every row.
+            return walk + ExactIndex.search(w, query, k, out);
+        }
         let by_score = |a: &Hit, b: &Hit| b.score.total_cmp(&a.score).then(a.class.cmp(&b.class));
         out.sort_unstable_by(by_score);
         out.truncate(k);
-        // The graph walk's distance evaluations are not reported by hnsw_rs; ef x M is the
-        // usual estimate of its cost.
-        scored + ef * self.config.max_connections
+        walk
     }
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
@@ -176,6 +191,20 @@ mod tests {
         let index = HnswIndex::build(Rows::all(&w), &HnswConfig::default());
         let r = recall(&index, Rows::all(&w), &q, 100);
         assert!(r >= 0.9, "recall {r}");
+    }
+
+    /// The graph reached 97 of 300 equal rows: every row is scored when the walk finds fewer
+    /// than asked for.
+    #[test]
+    fn equal_rows_are_all_found() {
+        let (w, q) = clustered(1_000, 16);
+        let equal = farout_core::Matrix::from_vec(300, 16, w.row(0).repeat(300)).unwrap();
+        let index = HnswIndex::build(Rows::all(&equal), &HnswConfig::default());
+        let mut out = Vec::new();
+        for k in [10, 100, 299, 300, 600] {
+            index.search(Rows::all(&equal), q.row(0), k, &mut out);
+            assert_eq!(out.len(), k.min(300), "k = {k}");
+        }
     }
 
     #[test]
