@@ -17,6 +17,9 @@
 #![warn(missing_docs)]
 
 mod augment;
+// The checks every index passes, written once and run for each.
+#[cfg(test)]
+mod conformance;
 mod exact;
 mod hnsw;
 mod lsh;
