@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 use farout_data::synth::{FaceGenerator, FaceSpec, XmcGenerator, XmcSpec};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -71,12 +71,7 @@ pub enum GenKind {
 }
 
 fn bar(total: u64) -> ProgressBar {
-    let b = ProgressBar::new(total);
-    b.set_style(
-        ProgressStyle::with_template("[{elapsed_precise}] {bar:30} {pos}/{len} samples, ETA {eta}")
-            .expect("static template"),
-    );
-    b
+    farout_train::report::progress_bar(true, total, "[{elapsed_precise}] {bar:30} {pos}/{len} samples, ETA {eta}")
 }
 
 pub fn run(cmd: DataCommand) -> Result<()> {
@@ -97,7 +92,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;
             b.finish();
-            eprintln!("wrote {} (K = {classes}, N = {samples}, D = {dim})", out.display());
+            log::info!("wrote {} (K = {classes}, N = {samples}, D = {dim})", out.display());
         }
         GenKind::Xmc {
             samples,
@@ -123,7 +118,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;
             b.finish();
-            eprintln!("wrote {} (K = {labels}, N = {samples}, V = {features})", out.display());
+            log::info!("wrote {} (K = {labels}, N = {samples}, V = {features})", out.display());
         }
     }
     Ok(())

@@ -1,14 +1,13 @@
 //! The `farout` command line: parses arguments, wires the library crates, prints results.
 
 mod bench;
-mod compare;
 mod datagen;
 mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use farout_train::config::EncoderKind;
-use farout_train::{Config, Trainer};
+use farout_train::report::StderrLogger;
+use farout_train::{CompareOptions, Config, TrainOptions, Trainer};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -90,12 +89,44 @@ enum Command {
         command: bench::BenchCommand,
     },
     /// Train several configs that differ in their estimator; write a table and curves.
-    Compare(compare::CompareArgs),
+    Compare(CompareArgs),
     /// Reproduce a paper's experiment; prints one JSON object.
     Repro {
         #[command(subcommand)]
         command: repro::ReproCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// Configs to compare; they may differ only in their [output] and [index] blocks.
+    configs: Vec<PathBuf>,
+    /// Output directory (runs, tables, plots).
+    #[arg(long, default_value = "runs/compare")]
+    out: PathBuf,
+    /// Train every run for this many seconds, however many epochs that takes (equal
+    /// wall-clock budgets; evaluation excluded).
+    #[arg(long)]
+    budget: Option<f64>,
+    /// Runs per config, with seeds seed, seed + 1, ...
+    #[arg(long, default_value_t = 1)]
+    repeats: usize,
+    /// Accept configs that differ outside [output] and [index].
+    #[arg(long)]
+    allow_diff: bool,
+    /// Override a key in every config, e.g. --set train.epochs=1 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Redraw tables and plots from earlier `compare` output directories, without training.
+    #[arg(long, num_args = 1.., value_name = "DIR")]
+    from: Vec<PathBuf>,
+}
+
+impl From<CompareArgs> for CompareOptions {
+    fn from(a: CompareArgs) -> Self {
+        let CompareArgs { configs, out, budget, repeats, allow_diff, set, from } = a;
+        Self { configs, out, budget, repeats, allow_diff, set, from }
+    }
 }
 
 #[derive(clap::Args)]
@@ -144,6 +175,7 @@ fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    StderrLogger::install(log::LevelFilter::Info);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -174,23 +206,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train { config, set, summary, resume, export_vectors } => {
             let config = load_config(&config, &set)?;
-            let json = if config.model.encoder == EncoderKind::SkipGram {
-                serde_json::to_string_pretty(&farout_train::skipgram::train(
-                    &config,
-                    resume,
-                    export_vectors.as_deref(),
-                )?)?
-            } else {
-                if export_vectors.is_some() {
-                    anyhow::bail!("--export-vectors is for skip-gram configs (model.encoder = \"skip_gram\")");
-                }
-                let mut trainer = Trainer::new(config)?;
-                if resume {
-                    trainer.resume().context("--resume")?;
-                    eprintln!("resuming at step {}", trainer.step());
-                }
-                serde_json::to_string_pretty(&trainer.run()?)?
-            };
+            let options = TrainOptions { resume, export_vectors: export_vectors.as_deref() };
+            let json = farout_train::train(&config, &options)?.to_json();
             println!("{json}");
             if let Some(p) = summary {
                 std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
@@ -239,12 +256,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Export { config, set, out } => {
             let config = load_config(&config, &set)?;
             let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
-            eprintln!("wrote {n} vectors to {}", out.display());
+            log::info!("wrote {n} vectors to {}", out.display());
         }
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command)?,
         Command::Repro { command } => repro::run(command)?,
-        Command::Compare(args) => compare::run(args)?,
+        Command::Compare(args) => print!("{}", farout_train::compare(&args.into())?.table),
     }
     Ok(())
 }

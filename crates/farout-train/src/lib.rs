@@ -3,26 +3,36 @@
 //! - [`config`]: the TOML schema (deny unknown keys, documented defaults, `--set` overrides);
 //! - [`data`]: loading the train/test sets a config names (or generating them);
 //! - [`metrics`]: P@k, nDCG@k, accuracy and the exact test loss;
-//! - [`log`]: TensorBoard and JSONL scalar sinks behind one small trait;
+//! - [`sinks`]: TensorBoard and JSONL scalar sinks behind one small trait;
+//! - [`report`]: progress bars and messages for the user (library code never prints);
 //! - [`skipgram`]: skip-gram word embeddings from a config (vocabulary, training, evaluation,
 //!   checkpoints, export);
 //! - [`checkpoint`]: atomically replaced checkpoint directories;
 //! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
+//! - [`train`]: the one entry of `farout train`: the config decides the trainer;
+//! - [`bench`]: micro-benchmarks against same-run references (`farout bench ...`);
+//! - [`compare`]: several configs trained side by side, with a table and curves;
 //! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
 //!   resume, divergence detection and the final summary.
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod config;
 pub mod data;
 pub mod estimators;
-pub mod log;
 pub mod metrics;
+pub mod report;
 pub mod repro;
+mod run;
+pub mod sinks;
 pub mod skipgram;
 mod trainer;
 
+pub use compare::{CompareOptions, CompareReport, compare};
 pub use config::Config;
+pub use run::{RunSummary, TrainOptions, train};
 pub use trainer::{Summary, Trainer};
 
 use std::path::PathBuf;
@@ -94,6 +104,9 @@ pub enum Error {
         /// What was kept.
         kept: String,
     },
+    /// A comparison could not be made.
+    #[error(transparent)]
+    Compare(#[from] compare::CompareError),
     /// A log, checkpoint or output file could not be written or read.
     #[error("{}: {source}", path.display())]
     Io {

@@ -1,11 +1,10 @@
-//! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink; and the progress bar.
+//! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink.
 //!
 //! tensorboard-rs is unmaintained (and pulls protobuf 2); keeping it behind [`MetricsSink`] lets
 //! it be replaced without touching the training loop.
 
 use crate::Error;
 use crate::config::LogConfig;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -109,18 +108,6 @@ impl Sinks {
         }
         Ok(sinks)
     }
-}
-
-/// A progress bar of `len` units drawn with `template` (indicatif syntax), or a hidden one
-/// when `show` is false (`log.progress = false`).
-pub fn progress_bar(show: bool, len: u64, template: &'static str) -> ProgressBar {
-    let bar = if show {
-        ProgressBar::new(len)
-    } else {
-        ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::hidden())
-    };
-    bar.set_style(ProgressStyle::with_template(template).expect("static template").progress_chars("=> "));
-    bar
 }
 
 impl MetricsSink for Sinks {

@@ -8,12 +8,13 @@
 
 use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
 use crate::config::Config;
-use crate::log::{MetricsSink, Sinks, progress_bar};
+use crate::report::progress_bar;
+use crate::sinks::{MetricsSink, Sinks};
 use crate::{Error, io_err as io};
 use farout_core::{AliasTable, Matrix};
 use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
-use farout_estimators::EstimatorConfig;
+use farout_estimators::{EstimatorConfig, NegativeSamplingConfig};
 use farout_layer::OutputLayer;
 use farout_skipgram::batch::{BatchJob, InputTable};
 use farout_skipgram::collapsed::{Cooccurrence, GdJob, SoftmaxPart};
@@ -21,7 +22,7 @@ use farout_skipgram::eval::{self, AnalogyReport, SimilarityReport, softmax_objec
 use farout_skipgram::pairs::sample_pairs;
 use farout_skipgram::sgns::{EpochStats, NsJob, Progress};
 use farout_skipgram::vectors::{Format, Vectors};
-use farout_skipgram::{Embeddings, Objective, SkipGramConfig};
+use farout_skipgram::{Embeddings, Objective};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use std::cell::{Cell, RefCell};
@@ -163,7 +164,7 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
     spec.write(path, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
     std::fs::write(&spec_path, json).map_err(io(&spec_path))?;
-    eprintln!("wrote a synthetic corpus of {} tokens to {}", spec.tokens, path.display());
+    log::info!("wrote a synthetic corpus of {} tokens to {}", spec.tokens, path.display());
     Ok(path.to_path_buf())
 }
 
@@ -201,7 +202,92 @@ struct Session<'a> {
     failure: RefCell<Option<Error>>,
 }
 
-impl Session<'_> {
+impl<'a> Session<'a> {
+    /// Opens the run's logs and progress bar and samples the held-out pairs.
+    fn open(
+        config: &'a Config,
+        vocab: &'a Vocab,
+        state: State,
+        heldout: Option<&Path>,
+        resume: bool,
+    ) -> Result<Self, Error> {
+        let sinks = Sinks::open(&config.log_dir(), &config.log, !resume)?;
+        let bar = progress_bar(
+            config.log.progress,
+            vocab.train_tokens() * config.train.epochs as u64,
+            "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {percent}% words, ETA {eta} | {msg}",
+        );
+        bar.set_prefix(format!("{} (skip-gram)", config.name));
+        bar.set_position(state.words);
+        let window = config.model.skip_gram.window;
+        let heldout = match (heldout, config.eval.heldout_pairs) {
+            (Some(p), n) if n > 0 => sample_pairs(p, &config.data.text, vocab, window, config.seed, n)?,
+            _ => Vec::new(),
+        };
+        Ok(Session {
+            config,
+            vocab,
+            bar,
+            start: Instant::now(),
+            base_seconds: state.train_seconds,
+            base_words: state.words,
+            eval_seconds: Cell::new(0.0),
+            next_eval: Cell::new(state.train_seconds + config.eval.every_seconds),
+            state: RefCell::new(state),
+            sinks: RefCell::new(sinks),
+            last_loss: Cell::new(f64::NAN),
+            heldout,
+            last_heldout: Cell::new(None),
+            last_eval: RefCell::new(None),
+            failure: RefCell::new(None),
+        })
+    }
+
+    /// Epochs finished (before this run too).
+    fn epochs_done(&self) -> usize {
+        self.state.borrow().epochs_done
+    }
+
+    /// The run's summary; evaluates the final vectors if no epoch did, exports them to `export`.
+    fn summary(
+        &self,
+        estimator: String,
+        emb: &Embeddings,
+        vocab_seconds: f64,
+        export: Option<&Path>,
+    ) -> Result<SkipGramSummary, Error> {
+        let (config, vocab) = (self.config, self.vocab);
+        let (analogy, similarity) = match self.last_eval.take() {
+            Some(reports) => reports,
+            None if self.wants_eval() => evaluate(config, &vectors(vocab, &emb.input)?)?,
+            None => (None, None),
+        };
+        if let Some(p) = export {
+            vectors(vocab, &emb.input)?.save(p, Format::from_path(p))?;
+        }
+        let state = self.state.borrow();
+        Ok(SkipGramSummary {
+            name: config.name.clone(),
+            task: config.task(),
+            estimator,
+            vocab: vocab.len(),
+            corpus_tokens: state.corpus_tokens,
+            train_tokens: vocab.train_tokens(),
+            epochs: state.epochs_done,
+            words: state.words,
+            pairs: state.pairs,
+            train_seconds: state.train_seconds,
+            vocab_seconds,
+            words_per_second: state.words as f64 / state.train_seconds.max(1e-9),
+            loss: self.last_loss.get(),
+            heldout_objective: self.last_heldout.get(),
+            analogy: analogy.as_ref().map(AnalogyTotals::from),
+            similarity,
+            vectors: export.map(Path::to_path_buf),
+            log_dir: config.log_dir(),
+        })
+    }
+
     /// Whether the config names analogy or similarity files.
     fn wants_eval(&self) -> bool {
         self.config.eval.analogy.is_some() || self.config.eval.similarity.is_some()
@@ -235,7 +321,7 @@ impl Session<'_> {
         let values = [("eval/heldout_objective", obj), ("eval/epoch", epochs)];
         let r = self.sinks.borrow_mut().record(p.words, train_seconds, &values);
         self.keep(r);
-        self.say(format!("epoch {epochs:.3}: held-out objective {obj:.4}"));
+        log::info!("epoch {epochs:.3}: held-out objective {obj:.4}");
         self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
         self.next_eval.set(self.train_seconds() + every);
     }
@@ -243,15 +329,6 @@ impl Session<'_> {
     /// Epochs that `words` corpus words stand for (a partial epoch counted by its words).
     fn epochs_at(&self, words: u64) -> f64 {
         words as f64 / self.vocab.train_tokens().max(1) as f64
-    }
-
-    /// A line above the progress bar (on stderr when the bar is hidden).
-    fn say(&self, line: String) {
-        if self.bar.is_hidden() {
-            eprintln!("{line}");
-        } else {
-            self.bar.println(line);
-        }
     }
 
     /// `true` for `Ok`; the first error is kept for `train` to return (and training stops).
@@ -323,7 +400,7 @@ impl Session<'_> {
             sinks.record(words, train_seconds, &values)?;
             sinks.flush()?;
         }
-        self.say(line);
+        log::info!("{line}");
         if self.config.checkpoint.enabled {
             replace_dir(&self.config.checkpoint_dir(), |tmp| {
                 self.vocab.save(&tmp.join("vocab.txt"))?;
@@ -372,233 +449,230 @@ impl Session<'_> {
 /// ([`farout_skipgram::batch`]), after `model.skip_gram.ns_warmup_epochs` epochs of negative
 /// sampling (the LDGS paper starts search-based methods from one).
 pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<SkipGramSummary, Error> {
-    let sg: &SkipGramConfig = &config.model.skip_gram;
-    let threads = if config.train.threads > 0 {
+    let log_dir = config.log_dir();
+    std::fs::create_dir_all(&log_dir).map_err(io(&log_dir))?;
+    let start = Start::open(config, resume)?;
+    let Start { corpus, heldout, vocab, mut emb, state, vocab_seconds } = start;
+    let session = Session::open(config, &vocab, state, heldout.as_deref(), resume)?;
+    let plan = Plan::of(config, session.state.borrow().train_seconds);
+    let mut estimator = "negative_sampling".to_string();
+    let stopped = train_negative_sampling(&session, &plan, &corpus, &mut emb)?;
+    if !plan.ns_only && !stopped && session.epochs_done() < config.train.epochs {
+        estimator = train_through_layer(&session, &plan, &corpus, resume, &mut emb)?;
+    }
+    session.bar.finish_and_clear();
+    session.summary(estimator, &emb, vocab_seconds, export)
+}
+
+/// A run's starting point: the corpus, the vocabulary and the tables, counted and initialised
+/// or read from the checkpoint.
+struct Start {
+    corpus: PathBuf,
+    heldout: Option<PathBuf>,
+    vocab: Vocab,
+    emb: Embeddings,
+    state: State,
+    vocab_seconds: f64,
+}
+
+impl Start {
+    fn open(config: &Config, resume: bool) -> Result<Self, Error> {
+        let sg = &config.model.skip_gram;
+        let (corpus, heldout) = corpus_paths(config)?;
+        let t_vocab = Instant::now();
+        let (vocab, emb, state) = if resume {
+            let dir = config.checkpoint_dir();
+            let (vocab, emb, state) = load_checkpoint(&dir, sg.dim)?;
+            log::info!("resuming after epoch {} ({} words) from {}", state.epochs_done, state.words, dir.display());
+            (vocab, emb, state)
+        } else {
+            let vocab = Vocab::build(&corpus, &config.data.text, threads(config))?;
+            let emb = Embeddings::init(vocab.len(), sg.dim, sg.init_range, config.seed);
+            let state = State { corpus_tokens: vocab.corpus_tokens, ..State::default() };
+            (vocab, emb, state)
+        };
+        let vocab_seconds = t_vocab.elapsed().as_secs_f64();
+        if vocab.len() < 2 {
+            return Err(Error::DataMismatch {
+                path: corpus,
+                msg: format!(
+                    "{} word(s) occur at least data.text.min_count = {} times; skip-gram needs two or more",
+                    vocab.len(),
+                    config.data.text.min_count
+                ),
+            });
+        }
+        if !resume {
+            log::info!(
+                "vocabulary: {} words (min_count {}), {} of {} tokens, {:.1} s",
+                vocab.len(),
+                config.data.text.min_count,
+                vocab.train_tokens(),
+                vocab.corpus_tokens,
+                vocab_seconds
+            );
+            if vocab.skipped_lines > 0 {
+                log::warn!("skipped {} line(s) that are not valid UTF-8", vocab.skipped_lines);
+            }
+        }
+        Ok(Self { corpus, heldout, vocab, emb, state, vocab_seconds })
+    }
+}
+
+/// Training threads: `train.threads`, or every core.
+fn threads(config: &Config) -> usize {
+    if config.train.threads > 0 {
         config.train.threads
     } else {
         std::thread::available_parallelism().map_or(1, |n| n.get())
-    };
-    let log_dir = config.log_dir();
-    std::fs::create_dir_all(&log_dir).map_err(io(&log_dir))?;
-    let ck_dir = config.checkpoint_dir();
-    let (corpus, heldout_path) = corpus_paths(config)?;
-    let corpus = &corpus;
-    let t_vocab = Instant::now();
-    let (vocab, mut emb, state) = if resume {
-        let (vocab, emb, state) = load_checkpoint(&ck_dir, sg.dim)?;
-        eprintln!("resuming after epoch {} ({} words) from {}", state.epochs_done, state.words, ck_dir.display());
-        (vocab, emb, state)
-    } else {
-        let vocab = Vocab::build(corpus, &config.data.text, threads)?;
-        let emb = Embeddings::init(vocab.len(), sg.dim, sg.init_range, config.seed);
-        let state = State { corpus_tokens: vocab.corpus_tokens, ..State::default() };
-        (vocab, emb, state)
-    };
-    let vocab_seconds = t_vocab.elapsed().as_secs_f64();
-    if vocab.len() < 2 {
-        return Err(Error::DataMismatch {
-            path: corpus.to_path_buf(),
-            msg: format!(
-                "{} word(s) occur at least data.text.min_count = {} times; skip-gram needs two or more",
-                vocab.len(),
-                config.data.text.min_count
-            ),
-        });
     }
-    if !resume {
-        eprintln!(
-            "vocabulary: {} words (min_count {}), {} of {} tokens, {:.1} s",
-            vocab.len(),
-            config.data.text.min_count,
-            vocab.train_tokens(),
-            vocab.corpus_tokens,
-            vocab_seconds
-        );
-        if vocab.skipped_lines > 0 {
-            eprintln!("skipped {} line(s) that are not valid UTF-8", vocab.skipped_lines);
-        }
-    }
-    // Negative sampling: the whole run, or the warm-up of the other estimators (word2vec's
-    // unigram^0.75 noise and 5 negatives unless the config sets them).
-    let ns = match &config.output.estimator {
-        EstimatorConfig::NegativeSampling(ns) => Some(ns.clone()),
-        _ => None,
-    };
-    let is_ns = ns.is_some();
-    let ns = ns.unwrap_or_default();
-    let epochs = config.train.epochs;
-    let ns_epochs = if is_ns { epochs } else { sg.ns_warmup_epochs.min(epochs) };
-    let remaining = (config.train.max_seconds > 0.0).then(|| (config.train.max_seconds - state.train_seconds).max(0.0));
-    let deadline = remaining.map(|s| Instant::now() + std::time::Duration::from_secs_f64(s));
+}
 
-    let sinks = Sinks::open(&log_dir, &config.log, !resume)?;
-    let total_words = vocab.train_tokens() * epochs as u64;
-    let bar = progress_bar(
-        config.log.progress,
-        total_words,
-        "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {percent}% words, ETA {eta} | {msg}",
-    );
-    bar.set_prefix(format!("{} (skip-gram)", config.name));
-    bar.set_position(state.words);
-    let heldout = match (&heldout_path, config.eval.heldout_pairs) {
-        (Some(p), n) if n > 0 => sample_pairs(p, &config.data.text, &vocab, sg.window, config.seed, n)?,
-        _ => Vec::new(),
+/// How the run's epochs split between its two phases, and when it must stop.
+struct Plan {
+    /// Negative sampling: the whole run's estimator, or the other estimators' warm-up (word2vec's
+    /// unigram^0.75 noise and 5 negatives unless the config sets them).
+    ns: NegativeSamplingConfig,
+    /// Negative sampling is the run's estimator.
+    ns_only: bool,
+    /// Epochs of negative sampling.
+    ns_epochs: usize,
+    /// `train.max_seconds` from now (the seconds trained before a resume count).
+    deadline: Option<Instant>,
+}
+
+impl Plan {
+    fn of(config: &Config, trained_seconds: f64) -> Self {
+        let ns = match &config.output.estimator {
+            EstimatorConfig::NegativeSampling(ns) => Some(ns.clone()),
+            _ => None,
+        };
+        let ns_only = ns.is_some();
+        let epochs = config.train.epochs;
+        let ns_epochs = if ns_only { epochs } else { config.model.skip_gram.ns_warmup_epochs.min(epochs) };
+        let max = config.train.max_seconds;
+        let deadline = (max > 0.0)
+            .then(|| Instant::now() + std::time::Duration::from_secs_f64((max - trained_seconds).max(0.0)));
+        Self { ns: ns.unwrap_or_default(), ns_only, ns_epochs, deadline }
+    }
+}
+
+/// Phase 1: negative sampling, lock-free over threads, up to the plan's NS epochs. Returns
+/// whether the deadline stopped it.
+fn train_negative_sampling(
+    session: &Session,
+    plan: &Plan,
+    corpus: &Path,
+    emb: &mut Embeddings,
+) -> Result<bool, Error> {
+    if session.epochs_done() >= plan.ns_epochs {
+        return Ok(false);
+    }
+    let config = session.config;
+    let weights: Vec<f64> = session.vocab.counts().iter().map(|&n| (n as f64).powf(plan.ns.alpha)).collect();
+    let noise = AliasTable::new(&weights).expect("counts are positive");
+    let job = NsJob {
+        corpus,
+        spec: &config.data.text,
+        vocab: session.vocab,
+        config: &config.model.skip_gram,
+        negatives: if plan.ns.n_samples > 0 { plan.ns.n_samples } else { DEFAULT_NEGATIVES },
+        noise: &noise,
+        threads: threads(config),
+        seed: config.seed,
+        epochs: plan.ns_epochs,
+        deadline: plan.deadline,
     };
-    let first_eval = state.train_seconds + config.eval.every_seconds;
-    let session = Session {
-        config,
-        vocab: &vocab,
-        bar,
-        start: Instant::now(),
-        base_seconds: state.train_seconds,
-        base_words: state.words,
-        eval_seconds: Cell::new(0.0),
-        state: RefCell::new(state),
-        sinks: RefCell::new(sinks),
-        last_loss: Cell::new(f64::NAN),
-        heldout,
-        last_heldout: Cell::new(None),
-        next_eval: Cell::new(first_eval),
-        last_eval: RefCell::new(None),
-        failure: RefCell::new(None),
-    };
-    let epochs_done = || session.state.borrow().epochs_done;
     let mut stopped = false;
+    let run = job.run(emb, session.epochs_done(), &mut |p| session.progress(p), &mut |s, e| {
+        stopped |= s.stopped;
+        Ok(session.end_epoch(s, &e.input, &e.output, |_| Ok(())))
+    });
+    session.outcome(run)?;
+    Ok(stopped)
+}
 
-    // Phase 1: negative sampling, lock-free (the whole run, or the warm-up of the others).
-    if epochs_done() < ns_epochs {
-        let weights: Vec<f64> = vocab.counts().iter().map(|&n| (n as f64).powf(ns.alpha)).collect();
-        let noise = AliasTable::new(&weights).expect("counts are positive");
-        let negatives = if ns.n_samples > 0 { ns.n_samples } else { DEFAULT_NEGATIVES };
-        let job = NsJob {
-            corpus,
-            spec: &config.data.text,
-            vocab: &vocab,
-            config: sg,
-            negatives,
-            noise: &noise,
-            threads,
-            seed: config.seed,
-            epochs: ns_epochs,
-            deadline,
-        };
-        let run = job.run(&mut emb, epochs_done(), &mut |p| session.progress(p), &mut |s, e| {
-            stopped |= s.stopped;
-            Ok(session.end_epoch(s, &e.input, &e.output, |_| Ok(())))
-        });
-        session.outcome(run)?;
+/// Phase 2: the configured estimator on minibatches through the output layer, per pair or on
+/// the collapsed objective. Returns the estimator's name as the summary reports it.
+fn train_through_layer(
+    session: &Session,
+    plan: &Plan,
+    corpus: &Path,
+    resume: bool,
+    emb: &mut Embeddings,
+) -> Result<String, Error> {
+    let (config, vocab) = (session.config, session.vocab);
+    let (sg, out, ck_dir) = (&config.model.skip_gram, &config.output, config.checkpoint_dir());
+    let k = vocab.len();
+    let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
+    let layer_file = ck_dir.join("layer.bin");
+    if resume && layer_file.exists() {
+        layer.load(&layer_file)?;
+    } else {
+        layer.set_weights(emb.output.clone())?;
     }
-
-    // Phase 2: the configured estimator on minibatches through the output layer.
-    let mut estimator_name = "negative_sampling".to_string();
-    if !is_ns && !stopped && epochs_done() < epochs {
-        let k = vocab.len();
-        let out = &config.output;
-        let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
-        let layer_file = ck_dir.join("layer.bin");
-        if resume && layer_file.exists() {
-            layer.load(&layer_file)?;
-        } else {
-            layer.set_weights(emb.output.clone())?;
-        }
-        let counts = || vocab.counts().to_vec();
-        let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: &counts };
-        let built = crate::estimators::build(config, &problem)?.built;
-        crate::estimators::attach_index(&mut layer, &built, config)?;
-        estimator_name = built.estimator.name().to_string();
-        let mut input =
-            InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
-        let accum_file = ck_dir.join("input_optimizer.bin");
-        if resume && accum_file.exists() {
-            read_f32_file(&accum_file, input.optimizer.accum_mut())?;
-            input.optimizer.set_step(layer.step());
-        }
-        let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
-            Ok(session.end_epoch(s, &input.vectors, layer.weights(), |tmp| {
-                layer.save(&tmp.join("layer.bin"))?;
-                write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
-            }))
-        };
-        let mut progress = |p: &Progress, input: &InputTable, layer: &OutputLayer| {
-            session.progress_and_eval(p, &input.vectors, layer.weights())
-        };
-        let run = match sg.objective {
-            Objective::Pairs => {
-                let job = BatchJob {
-                    corpus,
-                    spec: &config.data.text,
-                    vocab: &vocab,
-                    config: sg,
-                    batch_size: config.train.batch_size,
-                    seed: config.seed,
-                    epochs,
-                    deadline,
-                };
-                job.run(&mut input, &mut layer, built.estimator.as_ref(), epochs_done(), &mut progress, &mut on_epoch)
-            }
-            Objective::Collapsed => {
-                let t0 = Instant::now();
-                let cooc = Cooccurrence::count(corpus, &config.data.text, &vocab, sg.window, config.seed, threads)?;
-                eprintln!(
-                    "co-occurrences: {} pairs, {} distinct, {:.0} MB, {:.1} s",
-                    cooc.pairs,
-                    cooc.distinct(),
-                    cooc.bytes() as f64 / 1e6,
-                    t0.elapsed().as_secs_f64()
-                );
-                let softmax = if matches!(out.estimator, EstimatorConfig::Softmax(_)) {
-                    estimator_name = "gd".into();
-                    SoftmaxPart::Exact
-                } else {
-                    estimator_name = format!("gd_{}", built.estimator.name());
-                    SoftmaxPart::Estimated(built.estimator.as_ref())
-                };
-                let job = GdJob {
-                    cooc: &cooc,
-                    batch_size: config.train.batch_size,
-                    seed: config.seed,
-                    epochs,
-                    updates: sg.updates,
-                    deadline,
-                    epoch_words: vocab.train_tokens(),
-                };
-                job.run(&mut input, &mut layer, softmax, epochs_done(), &mut progress, &mut on_epoch)
-            }
-        };
-        emb = Embeddings { input: input.vectors, output: layer.weights().clone() };
-        session.outcome(run)?;
+    let counts = || vocab.counts().to_vec();
+    let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: &counts };
+    let built = crate::estimators::build(config, &problem)?.built;
+    crate::estimators::attach_index(&mut layer, &built, config)?;
+    let mut input = InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
+    let accum_file = ck_dir.join("input_optimizer.bin");
+    if resume && accum_file.exists() {
+        read_f32_file(&accum_file, input.optimizer.accum_mut())?;
+        input.optimizer.set_step(layer.step());
     }
-    session.bar.finish_and_clear();
-
-    // The last epoch evaluated these vectors already (unless no epoch ran).
-    let wants_eval = session.wants_eval();
-    let (analogy, similarity) = match session.last_eval.take() {
-        Some(reports) => reports,
-        None if wants_eval => evaluate(config, &vectors(&vocab, &emb.input)?)?,
-        None => (None, None),
+    let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
+        Ok(session.end_epoch(s, &input.vectors, layer.weights(), |tmp| {
+            layer.save(&tmp.join("layer.bin"))?;
+            write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
+        }))
     };
-    if let Some(p) = export {
-        vectors(&vocab, &emb.input)?.save(p, Format::from_path(p))?;
-    }
-    let state = session.state.borrow();
-    Ok(SkipGramSummary {
-        name: config.name.clone(),
-        task: config.task(),
-        estimator: estimator_name,
-        vocab: vocab.len(),
-        corpus_tokens: state.corpus_tokens,
-        train_tokens: vocab.train_tokens(),
-        epochs: state.epochs_done,
-        words: state.words,
-        pairs: state.pairs,
-        train_seconds: state.train_seconds,
-        vocab_seconds,
-        words_per_second: state.words as f64 / state.train_seconds.max(1e-9),
-        loss: session.last_loss.get(),
-        heldout_objective: session.last_heldout.get(),
-        analogy: analogy.as_ref().map(AnalogyTotals::from),
-        similarity,
-        vectors: export.map(Path::to_path_buf),
-        log_dir,
-    })
+    let mut progress =
+        |p: &Progress, input: &InputTable, layer: &OutputLayer| session.progress_and_eval(p, &input.vectors, layer.weights());
+    let (epochs, done) = (config.train.epochs, session.epochs_done());
+    let (name, run) = match sg.objective {
+        Objective::Pairs => {
+            let job = BatchJob {
+                corpus,
+                spec: &config.data.text,
+                vocab,
+                config: sg,
+                batch_size: config.train.batch_size,
+                seed: config.seed,
+                epochs,
+                deadline: plan.deadline,
+            };
+            let run = job.run(&mut input, &mut layer, built.estimator.as_ref(), done, &mut progress, &mut on_epoch);
+            (built.estimator.name().to_string(), run)
+        }
+        Objective::Collapsed => {
+            let t0 = Instant::now();
+            let cooc = Cooccurrence::count(corpus, &config.data.text, vocab, sg.window, config.seed, threads(config))?;
+            log::info!(
+                "co-occurrences: {} pairs, {} distinct, {:.0} MB, {:.1} s",
+                cooc.pairs,
+                cooc.distinct(),
+                cooc.bytes() as f64 / 1e6,
+                t0.elapsed().as_secs_f64()
+            );
+            let (name, softmax) = if matches!(out.estimator, EstimatorConfig::Softmax(_)) {
+                ("gd".to_string(), SoftmaxPart::Exact)
+            } else {
+                (format!("gd_{}", built.estimator.name()), SoftmaxPart::Estimated(built.estimator.as_ref()))
+            };
+            let job = GdJob {
+                cooc: &cooc,
+                batch_size: config.train.batch_size,
+                seed: config.seed,
+                epochs,
+                updates: sg.updates,
+                deadline: plan.deadline,
+                epoch_words: vocab.train_tokens(),
+            };
+            (name, job.run(&mut input, &mut layer, softmax, done, &mut progress, &mut on_epoch))
+        }
+    };
+    *emb = Embeddings { input: input.vectors, output: layer.weights().clone() };
+    session.outcome(run)?;
+    Ok(name)
 }

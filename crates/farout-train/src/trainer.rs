@@ -1,7 +1,9 @@
 use crate::Error;
 use crate::config::{Config, ConfigError, EncoderKind};
 use crate::data::{self, TaskData};
-use crate::log::{MetricsSink, Sinks, progress_bar};
+use crate::report::progress_bar;
+use indicatif::ProgressBar;
+use crate::sinks::{MetricsSink, Sinks};
 use crate::metrics::RankingSums;
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
@@ -98,6 +100,53 @@ pub struct Trainer {
     last_recall: Option<f64>,
     loss: Box<dyn Loss>,
     state: State,
+    /// Scratch for the features of a batch of precomputed (face) embeddings.
+    phi: Matrix,
+}
+
+/// What one optimisation step did.
+struct StepResult {
+    /// Sum of the per-sample losses.
+    loss_sum: f64,
+    samples: u64,
+    classes_scored: u64,
+    rows_updated: u64,
+    /// Wall time of the step.
+    seconds: f64,
+}
+
+/// Sums over the steps since the last log record.
+#[derive(Default)]
+struct Window {
+    loss_sum: f64,
+    samples: u64,
+    classes_scored: u64,
+    rows_updated: u64,
+    seconds: f64,
+}
+
+impl Window {
+    fn add(&mut self, s: &StepResult) {
+        self.loss_sum += s.loss_sum;
+        self.samples += s.samples;
+        self.classes_scored += s.classes_scored;
+        self.rows_updated += s.rows_updated;
+        self.seconds += s.seconds;
+    }
+}
+
+/// The logs and display of a run in progress.
+struct RunLog {
+    sinks: Sinks,
+    bar: ProgressBar,
+    /// Steps at which the run ends (epochs, capped by `train.max_steps`).
+    total_steps: u64,
+    steps_per_epoch: u64,
+    window: Window,
+    /// The step of the last log record.
+    window_start: u64,
+    /// The last test P@1, shown on the bar.
+    last_eval: String,
 }
 
 impl Trainer {
@@ -167,6 +216,7 @@ impl Trainer {
             last_recall: None,
             loss,
             state: State::default(),
+            phi: Matrix::default(),
         })
     }
 
@@ -269,160 +319,210 @@ impl Trainer {
         Ok(ds)
     }
 
-    /// Trains to the end of the configured epochs (or `max_steps`), evaluating, logging and
-    /// checkpointing along the way; returns the summary.
+    /// Trains to the end of the configured epochs (or `max_steps`, or `max_seconds`),
+    /// evaluating, logging and checkpointing along the way; returns the summary.
     pub fn run(&mut self) -> Result<Summary, Error> {
-        let cfg = self.config.clone();
+        let mut run = self.open_run()?;
+        while self.state.epoch < self.config.train.epochs && !self.stopped(&run) {
+            let order = self.epoch_order();
+            let batches: Vec<&[usize]> = order.chunks(self.config.train.batch_size).collect();
+            while self.state.batch_in_epoch < batches.len() && !self.stopped(&run) {
+                let idx = batches[self.state.batch_in_epoch];
+                let step = self.train_batch(idx)?;
+                self.after_step(&mut run, idx, &step)?;
+            }
+            if self.state.batch_in_epoch == batches.len() {
+                self.end_epoch(&mut run)?;
+            }
+        }
+        self.finish(run)
+    }
+
+    /// Opens the logs and the progress bar of a run starting (or resuming) at the current step.
+    fn open_run(&self) -> Result<RunLog, Error> {
+        let cfg = &self.config;
         let log_dir = cfg.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io { path: log_dir.clone(), source })?;
-        let mut sinks = Sinks::open(&log_dir, &cfg.log, self.state.step == 0)?;
-        let n = self.data.train.len();
-        let bs = cfg.train.batch_size;
-        let steps_per_epoch = n.div_ceil(bs) as u64;
-        let mut total = steps_per_epoch * cfg.train.epochs as u64;
+        let sinks = Sinks::open(&log_dir, &cfg.log, self.state.step == 0)?;
+        let steps_per_epoch = self.steps_per_epoch();
+        let mut total_steps = steps_per_epoch * cfg.train.epochs as u64;
         if cfg.train.max_steps > 0 {
-            total = total.min(cfg.train.max_steps);
+            total_steps = total_steps.min(cfg.train.max_steps);
         }
         let bar = progress_bar(
             cfg.log.progress,
-            total,
+            total_steps,
             "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}",
         );
         bar.set_prefix(format!("{} ({})", cfg.name, self.estimator.name()));
         bar.set_position(self.state.step);
-        let mut window = (0.0f64, 0u64, 0u64, 0.0f64, 0u64); // loss, samples, classes scored, seconds, rows updated
-        let mut last_eval = String::new();
-        let mut last_logged_step = self.state.step;
-        let mut phi = Matrix::default();
-        let out_of_time = |s: &State| cfg.train.max_seconds > 0.0 && s.train_seconds >= cfg.train.max_seconds;
-        while self.state.step < total && self.state.epoch < cfg.train.epochs && !out_of_time(&self.state) {
-            let mut order: Vec<usize> = (0..n).collect();
-            rng::shuffle(&mut order, &mut rng::seeded(cfg.seed, 1 + self.state.epoch as u64));
-            let batches: Vec<&[usize]> = order.chunks(bs).collect();
-            while self.state.batch_in_epoch < batches.len() && self.state.step < total && !out_of_time(&self.state) {
-                let idx = batches[self.state.batch_in_epoch];
-                let t0 = Instant::now();
-                let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
-                let mut step_rng = rng::seeded(cfg.seed ^ 0xE57, self.state.step);
-                let estimator: &dyn GradientEstimator = match &self.warmup {
-                    Some(w) if self.state.step < cfg.output.warmup_steps => w.as_ref(),
-                    _ => self.estimator.as_ref(),
-                };
-                let stats = match (&mut self.encoder, &self.data.train.features) {
-                    (Encoder::Face(_), Features::Dense(m)) => {
-                        gather_rows_into(m, idx, &mut phi);
-                        self.layer.train_step(
-                            estimator,
-                            Batch::new(&phi, &positives).with_ids(idx),
-                            &mut step_rng,
-                            false,
-                        )
-                    }
-                    (Encoder::Doc(enc), Features::Sparse(s)) => {
-                        let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
-                        let fwd = enc.forward(&docs, &mut step_rng);
-                        let phi = bridge::to_matrix(fwd.phi.clone());
-                        let stats = self.layer.train_step(
-                            estimator,
-                            Batch::new(&phi, &positives).with_ids(idx),
-                            &mut step_rng,
-                            true,
-                        );
-                        if stats.loss_sum.is_finite() {
-                            enc.backward(fwd, self.layer.dphi());
-                        }
-                        stats
-                    }
-                    _ => unreachable!("config check pairs encoders with their data"),
-                };
-                let dt = t0.elapsed().as_secs_f64();
-                if !stats.loss_sum.is_finite() {
-                    bar.abandon();
-                    let dir = cfg.checkpoint_dir();
-                    let kept = match read_state(&dir) {
-                        Some(s) => format!("the last good checkpoint (step {}) is kept at {}", s.step, dir.display()),
-                        None => {
-                            "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into()
-                        }
-                    };
-                    return Err(Error::Diverged { step: self.state.step, loss: stats.loss_sum, kept });
-                }
-                self.state.step += 1;
-                self.state.batch_in_epoch += 1;
-                self.state.train_seconds += dt;
-                self.state.samples += idx.len() as u64;
-                self.state.classes_scored += stats.classes_scored as u64;
-                window.0 += stats.loss_sum;
-                window.1 += idx.len() as u64;
-                window.2 += stats.classes_scored as u64;
-                window.3 += dt;
-                window.4 += stats.rows_updated as u64;
-                if self.state.step.is_multiple_of(cfg.train.log_every) || self.state.step == total {
-                    let loss = window.0 / window.1 as f64;
-                    let sps = window.1 as f64 / window.3.max(1e-9);
-                    sinks.record(
-                        self.state.step,
-                        self.state.train_seconds,
-                        &[
-                            ("train/loss", loss),
-                            ("train/samples_per_s", sps),
-                            ("train/lr", self.layer.lr() as f64),
-                            ("train/classes_scored_per_sample", window.2 as f64 / window.1 as f64),
-                            (
-                                "train/rows_updated_per_step",
-                                window.4 as f64 / (self.state.step - last_logged_step) as f64,
-                            ),
-                            (
-                                "train/epoch",
-                                self.state.epoch as f64 + self.state.batch_in_epoch as f64 / batches.len() as f64,
-                            ),
-                        ],
-                    )?;
-                    bar.set_message(format!("loss {loss:.4} | {sps:.0} samples/s{last_eval}"));
-                    window = (0.0, 0, 0, 0.0, 0);
-                    last_logged_step = self.state.step;
-                }
-                bar.set_position(self.state.step);
-                if cfg.index.recall_every > 0
-                    && self.state.step.is_multiple_of(cfg.index.recall_every)
-                    && self.layer.index().is_some()
-                {
-                    let queries = self.features(&self.data.train, &idx[..idx.len().min(cfg.index.recall_queries)]);
-                    if let Some(r) = self.layer.index_recall(&queries, self.search_top) {
-                        self.last_recall = Some(r);
-                        let builds = self.layer.index_builds() as f64;
-                        sinks.record(
-                            self.state.step,
-                            self.state.train_seconds,
-                            &[("index/recall", r), ("index/builds", builds)],
-                        )?;
-                    }
-                }
-                if cfg.eval.every_steps > 0 && self.state.step.is_multiple_of(cfg.eval.every_steps) {
-                    last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
-                }
-                if cfg.checkpoint.enabled
-                    && cfg.checkpoint.every_steps > 0
-                    && self.state.step.is_multiple_of(cfg.checkpoint.every_steps)
-                {
-                    self.save_checkpoint()?;
-                }
+        Ok(RunLog {
+            sinks,
+            bar,
+            total_steps,
+            steps_per_epoch,
+            window: Window::default(),
+            window_start: self.state.step,
+            last_eval: String::new(),
+        })
+    }
+
+    /// Optimisation steps in one epoch.
+    fn steps_per_epoch(&self) -> u64 {
+        self.data.train.len().div_ceil(self.config.train.batch_size) as u64
+    }
+
+    /// Whether the run is over: all steps taken or the time budget spent.
+    fn stopped(&self, run: &RunLog) -> bool {
+        let max_seconds = self.config.train.max_seconds;
+        self.state.step >= run.total_steps || (max_seconds > 0.0 && self.state.train_seconds >= max_seconds)
+    }
+
+    /// The current epoch's sample order (a function of the seed and the epoch, so a resumed
+    /// run sees the same batches).
+    fn epoch_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.data.train.len()).collect();
+        rng::shuffle(&mut order, &mut rng::seeded(self.config.seed, 1 + self.state.epoch as u64));
+        order
+    }
+
+    /// One optimisation step on the training samples `idx`: encoder forward, the estimator's
+    /// gradient and the layer update, encoder backward. Stops the run (keeping the last
+    /// checkpoint) if the loss is not finite.
+    fn train_batch(&mut self, idx: &[usize]) -> Result<StepResult, Error> {
+        let t0 = Instant::now();
+        let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+        let mut step_rng = rng::seeded(self.config.seed ^ 0xE57, self.state.step);
+        let estimator: &dyn GradientEstimator = match &self.warmup {
+            Some(w) if self.state.step < self.config.output.warmup_steps => w.as_ref(),
+            _ => self.estimator.as_ref(),
+        };
+        let stats = match (&mut self.encoder, &self.data.train.features) {
+            (Encoder::Face(_), Features::Dense(m)) => {
+                gather_rows_into(m, idx, &mut self.phi);
+                let batch = Batch::new(&self.phi, &positives).with_ids(idx);
+                self.layer.train_step(estimator, batch, &mut step_rng, false)
             }
-            if self.state.batch_in_epoch == batches.len() {
-                self.state.epoch += 1;
-                self.state.batch_in_epoch = 0;
-                if cfg.eval.every_steps == 0 && self.state.epoch < cfg.train.epochs {
-                    last_eval = self.log_eval(&mut sinks, cfg.eval.max_samples)?;
+            (Encoder::Doc(enc), Features::Sparse(s)) => {
+                let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
+                let fwd = enc.forward(&docs, &mut step_rng);
+                let phi = bridge::to_matrix(fwd.phi.clone());
+                let batch = Batch::new(&phi, &positives).with_ids(idx);
+                let stats = self.layer.train_step(estimator, batch, &mut step_rng, true);
+                if stats.loss_sum.is_finite() {
+                    enc.backward(fwd, self.layer.dphi());
                 }
-                if cfg.checkpoint.enabled && cfg.checkpoint.every_steps == 0 {
-                    self.save_checkpoint()?;
-                }
+                stats
             }
+            _ => unreachable!("config check pairs encoders with their data"),
+        };
+        if !stats.loss_sum.is_finite() {
+            let dir = self.config.checkpoint_dir();
+            let kept = match read_state(&dir) {
+                Some(s) => format!("the last good checkpoint (step {}) is kept at {}", s.step, dir.display()),
+                None => "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into(),
+            };
+            return Err(Error::Diverged { step: self.state.step, loss: stats.loss_sum, kept });
         }
-        bar.finish();
+        Ok(StepResult {
+            loss_sum: stats.loss_sum,
+            samples: idx.len() as u64,
+            classes_scored: stats.classes_scored as u64,
+            rows_updated: stats.rows_updated as u64,
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// Counts a step, then logs, measures recall, evaluates and checkpoints when they are due.
+    fn after_step(&mut self, run: &mut RunLog, idx: &[usize], step: &StepResult) -> Result<(), Error> {
+        let s = &mut self.state;
+        s.step += 1;
+        s.batch_in_epoch += 1;
+        s.train_seconds += step.seconds;
+        s.samples += step.samples;
+        s.classes_scored += step.classes_scored;
+        run.window.add(step);
+        let step_no = s.step;
+        let (index, eval, ck) = (&self.config.index, &self.config.eval, &self.config.checkpoint);
+        let due = |every: u64| every > 0 && step_no.is_multiple_of(every);
+        let (log_due, recall_due) = (due(self.config.train.log_every) || step_no == run.total_steps, due(index.recall_every));
+        let (eval_due, checkpoint_due) = (due(eval.every_steps), ck.enabled && due(ck.every_steps));
+        let (recall_queries, eval_samples) = (index.recall_queries, eval.max_samples);
+        if log_due {
+            self.log_window(run)?;
+        }
+        run.bar.set_position(step_no);
+        if recall_due && self.layer.index().is_some() {
+            self.measure_recall(run, &idx[..idx.len().min(recall_queries)])?;
+        }
+        if eval_due {
+            run.last_eval = self.log_eval(&mut run.sinks, eval_samples)?;
+        }
+        if checkpoint_due {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Records the means over the steps since the last record and shows them on the bar.
+    fn log_window(&self, run: &mut RunLog) -> Result<(), Error> {
+        let w = &run.window;
+        let loss = w.loss_sum / w.samples as f64;
+        let samples_per_s = w.samples as f64 / w.seconds.max(1e-9);
+        let steps = (self.state.step - run.window_start) as f64;
+        let epoch = self.state.epoch as f64 + self.state.batch_in_epoch as f64 / run.steps_per_epoch as f64;
+        run.sinks.record(
+            self.state.step,
+            self.state.train_seconds,
+            &[
+                ("train/loss", loss),
+                ("train/samples_per_s", samples_per_s),
+                ("train/lr", self.layer.lr() as f64),
+                ("train/classes_scored_per_sample", w.classes_scored as f64 / w.samples as f64),
+                ("train/rows_updated_per_step", w.rows_updated as f64 / steps),
+                ("train/epoch", epoch),
+            ],
+        )?;
+        run.bar.set_message(format!("loss {loss:.4} | {samples_per_s:.0} samples/s{}", run.last_eval));
+        run.window = Window::default();
+        run.window_start = self.state.step;
+        Ok(())
+    }
+
+    /// Measures the index's recall against brute force on the features of training samples
+    /// `idx` and records it.
+    fn measure_recall(&mut self, run: &mut RunLog, idx: &[usize]) -> Result<(), Error> {
+        let queries = self.features(&self.data.train, idx);
+        if let Some(r) = self.layer.index_recall(&queries, self.search_top) {
+            self.last_recall = Some(r);
+            let builds = self.layer.index_builds() as f64;
+            let values = [("index/recall", r), ("index/builds", builds)];
+            run.sinks.record(self.state.step, self.state.train_seconds, &values)?;
+        }
+        Ok(())
+    }
+
+    /// Closes an epoch: evaluates (unless evaluation is per step, or this was the last epoch,
+    /// which [`Self::finish`] evaluates) and checkpoints.
+    fn end_epoch(&mut self, run: &mut RunLog) -> Result<(), Error> {
+        self.state.epoch += 1;
+        self.state.batch_in_epoch = 0;
+        let cfg = &self.config;
+        if cfg.eval.every_steps == 0 && self.state.epoch < cfg.train.epochs {
+            run.last_eval = self.log_eval(&mut run.sinks, cfg.eval.max_samples)?;
+        }
+        if cfg.checkpoint.enabled && cfg.checkpoint.every_steps == 0 {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// The final evaluation (test set, or the training set without one), checkpoint and summary.
+    fn finish(&mut self, mut run: RunLog) -> Result<Summary, Error> {
+        run.bar.finish();
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-        let metrics = self.evaluate_and_log(test, cfg.eval.final_max_samples, &mut sinks)?;
-        if cfg.checkpoint.enabled {
+        let metrics = self.evaluate_and_log(test, self.config.eval.final_max_samples, &mut run.sinks)?;
+        if self.config.checkpoint.enabled {
             self.save_checkpoint()?;
         }
         let mut summary = self.summary(metrics);
@@ -561,8 +661,7 @@ impl Trainer {
     }
 }
 
-/// The LDGS paper's block counts: B = 8 for D = 128 and B = 4 for D = 100, i.e. blocks of 16 or
-/// 25 dimensions; one block when neither divides D.
+/// The progress saved in the checkpoint in `dir`, if there is one.
 fn read_state(dir: &Path) -> Option<State> {
     serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).ok()?).ok()
 }

@@ -3,55 +3,146 @@
 //! time (log axis) and epochs — the LDGS paper's Figures 1-3: test P@1 for classifiers, the
 //! held-out full-softmax objective for skip-gram (Figure 3: GD, GD-MIPS, GD-Decomp-MIPS).
 
-use anyhow::{Context, Result, bail};
-use farout_train::config::EncoderKind;
-use farout_train::skipgram::SkipGramSummary;
-use farout_train::{Config, Summary, Trainer};
-use plotters::coord::Shift;
-use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
-use plotters::prelude::*;
+mod plot;
+
+use crate::config::EncoderKind;
+use crate::skipgram::SkipGramSummary;
+use crate::{Config, Error, RunSummary, Summary, io_err};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-#[derive(clap::Args)]
-pub struct CompareArgs {
+/// What to compare, and where the results go.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
     /// Configs to compare; they may differ only in their [output] and [index] blocks.
-    configs: Vec<PathBuf>,
+    pub configs: Vec<PathBuf>,
     /// Output directory (runs, tables, plots).
-    #[arg(long, default_value = "runs/compare")]
-    out: PathBuf,
+    pub out: PathBuf,
     /// Train every run for this many seconds, however many epochs that takes (equal
     /// wall-clock budgets; evaluation excluded).
-    #[arg(long)]
-    budget: Option<f64>,
+    pub budget: Option<f64>,
     /// Runs per config, with seeds seed, seed + 1, ...
-    #[arg(long, default_value_t = 1)]
-    repeats: usize,
+    pub repeats: usize,
     /// Accept configs that differ outside [output] and [index].
-    #[arg(long)]
-    allow_diff: bool,
-    /// Override a key in every config, e.g. --set train.epochs=1 (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
+    pub allow_diff: bool,
+    /// `key=value` overrides applied to every config.
+    pub set: Vec<String>,
     /// Redraw tables and plots from earlier `compare` output directories, without training.
-    #[arg(long, num_args = 1.., value_name = "DIR")]
-    from: Vec<PathBuf>,
+    pub from: Vec<PathBuf>,
+}
+
+impl Default for CompareOptions {
+    fn default() -> Self {
+        Self {
+            configs: Vec::new(),
+            out: PathBuf::from("runs/compare"),
+            budget: None,
+            repeats: 1,
+            allow_diff: false,
+            set: Vec::new(),
+            from: Vec::new(),
+        }
+    }
+}
+
+/// What a comparison wrote.
+#[derive(Clone, Debug)]
+pub struct CompareReport {
+    /// Runs compared.
+    pub runs: usize,
+    /// The output directory: `summary.md`, `summary.csv`, `curves.png`, `curves.svg`, `runs/`.
+    pub out: PathBuf,
+    /// The table of `summary.md` (Markdown).
+    pub table: String,
+}
+
+/// Why a comparison cannot be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompareError {
+    /// Neither configs nor earlier runs were given.
+    #[error("nothing to compare: give one or more configs (or --from DIR ... to redraw earlier runs)")]
+    Nothing,
+    /// Configs and `--from` directories were both given.
+    #[error("give either configs to train or --from directories to redraw, not both")]
+    ConfigsAndFrom,
+    /// The `--from` directories hold no runs.
+    #[error("no runs found to compare")]
+    NoRuns,
+    /// `--repeats 0`.
+    #[error("--repeats must be >= 1")]
+    NoRepeats,
+    /// Skip-gram and classifier runs were mixed.
+    #[error("skip-gram runs and classifier runs cannot be compared with each other")]
+    MixedKinds,
+    /// Two configs have the same `name` (their runs would share a directory).
+    #[error("{}: two configs are named `{name}`; set a distinct `name` in each", path.display())]
+    DuplicateName {
+        /// The second config of that name.
+        path: PathBuf,
+        /// The name.
+        name: String,
+    },
+    /// Two configs differ outside `[output]` and `[index]`.
+    #[error(
+        "{} and {} differ in `{key}`, outside [output] and [index]: a comparison needs the same data, \
+         model and training settings (pass --allow-diff to compare anyway)",
+        first.display(),
+        other.display()
+    )]
+    ConfigsDiffer {
+        /// The first config.
+        first: PathBuf,
+        /// The config that differs from it.
+        other: PathBuf,
+        /// The first differing key (dotted path).
+        key: String,
+    },
+    /// A directory is not the output of `farout compare`.
+    #[error("{}: not a `farout compare` output directory ({source})", path.display())]
+    NotACompareDir {
+        /// The directory.
+        path: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A run's `summary.json` or `metrics.jsonl` is not what farout writes.
+    #[error("{}{}: {source}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The line (JSONL files).
+        line: Option<usize>,
+        /// What the parser said.
+        source: serde_json::Error,
+    },
+    /// A run failed; `source` says why.
+    #[error("training {}: {source}", config.display())]
+    Run {
+        /// The run's config file.
+        config: PathBuf,
+        /// Why it failed.
+        source: Box<Error>,
+    },
+    /// A plot could not be drawn.
+    #[error("drawing {}: {msg}", path.display())]
+    Plot {
+        /// The image file.
+        path: PathBuf,
+        /// What the plotting library said.
+        msg: String,
+    },
 }
 
 /// One finished run: its method (config name), summary and curve.
 struct Run {
     method: String,
-    summary: Outcome,
+    summary: RunSummary,
     /// (training seconds, epochs, the kind's metric) at every evaluation.
     curve: Vec<(f64, f64, f64)>,
 }
 
-/// What a run reports.
-enum Outcome {
-    Classifier(Summary),
-    SkipGram(SkipGramSummary),
-}
 
 /// The two kinds of run a comparison can hold (one kind per comparison).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -84,42 +175,36 @@ impl Kind {
     }
 }
 
-impl Outcome {
+impl RunSummary {
     fn kind(&self) -> Kind {
         match self {
-            Outcome::Classifier(_) => Kind::Classifier,
-            Outcome::SkipGram(_) => Kind::SkipGram,
+            RunSummary::Classifier(_) => Kind::Classifier,
+            RunSummary::SkipGram(_) => Kind::SkipGram,
         }
     }
 
     fn task(&self) -> &str {
         match self {
-            Outcome::Classifier(s) => &s.task,
-            Outcome::SkipGram(s) => &s.task,
+            RunSummary::Classifier(s) => &s.task,
+            RunSummary::SkipGram(s) => &s.task,
         }
     }
 
     fn estimator(&self) -> &str {
         match self {
-            Outcome::Classifier(s) => &s.estimator,
-            Outcome::SkipGram(s) => &s.estimator,
-        }
-    }
-
-    fn to_json(&self) -> serde_json::Result<String> {
-        match self {
-            Outcome::Classifier(s) => serde_json::to_string_pretty(s),
-            Outcome::SkipGram(s) => serde_json::to_string_pretty(s),
+            RunSummary::Classifier(s) => &s.estimator,
+            RunSummary::SkipGram(s) => &s.estimator,
         }
     }
 }
 
-pub fn run(args: CompareArgs) -> Result<()> {
+/// Trains the configs (or reads earlier runs with `from`) and writes the tables and curves.
+pub fn compare(args: &CompareOptions) -> Result<CompareReport, Error> {
     let runs = if args.from.is_empty() {
-        train_all(&args)?
+        train_all(args)?
     } else {
         if !args.configs.is_empty() {
-            bail!("give either configs to train or --from directories to redraw, not both");
+            return Err(CompareError::ConfigsAndFrom.into());
         }
         let mut runs = Vec::new();
         for dir in &args.from {
@@ -128,27 +213,26 @@ pub fn run(args: CompareArgs) -> Result<()> {
         runs
     };
     if runs.is_empty() {
-        bail!("no runs found to compare");
+        return Err(CompareError::NoRuns.into());
     }
     if runs.iter().any(|r| r.summary.kind() != runs[0].summary.kind()) {
-        bail!("skip-gram runs and classifier runs cannot be compared with each other (--from directories)");
+        return Err(CompareError::MixedKinds.into());
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    write_tables(&args.out, &runs)?;
-    plot(&args.out, &runs)?;
-    eprintln!("wrote {}/summary.md, summary.csv, curves.png, curves.svg ({} runs)", args.out.display(), runs.len());
-    print!("{}", std::fs::read_to_string(args.out.join("summary.md"))?);
-    Ok(())
+    std::fs::create_dir_all(&args.out).map_err(io_err(&args.out))?;
+    let table = write_tables(&args.out, &runs)?;
+    plot::plot(&args.out, &runs)?;
+    log::info!("wrote {}/summary.md, summary.csv, curves.png, curves.svg ({} runs)", args.out.display(), runs.len());
+    Ok(CompareReport { runs: runs.len(), out: args.out.clone(), table })
 }
 
 /// The config as a TOML tree without the blocks a comparison may vary (and the run's name,
 /// logs and checkpoints, which are per run).
-fn comparable(c: &Config) -> Result<toml::Table> {
-    let mut t = toml::Table::try_from(c).context("serialising a config")?;
+fn comparable(c: &Config) -> toml::Table {
+    let mut t = toml::Table::try_from(c).expect("a loaded config serialises");
     for key in ["name", "output", "index", "log", "checkpoint"] {
         t.remove(key);
     }
-    Ok(t)
+    t
 }
 
 /// The first key (dotted path) where two TOML trees differ.
@@ -169,38 +253,30 @@ fn first_difference(a: &toml::Value, b: &toml::Value, path: &str) -> Option<Stri
     }
 }
 
-fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
+fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
     if args.configs.is_empty() {
-        bail!("nothing to compare: give one or more configs (or --from DIR ... to redraw earlier runs)");
+        return Err(CompareError::Nothing.into());
     }
     if args.repeats == 0 {
-        bail!("--repeats must be >= 1");
+        return Err(CompareError::NoRepeats.into());
     }
-    let configs: Vec<Config> = args
-        .configs
-        .iter()
-        .map(|p| Config::load(p, &args.set).with_context(|| format!("loading {}", p.display())))
-        .collect::<Result<_>>()?;
+    let configs: Vec<Config> = args.configs.iter().map(|p| Config::load(p, &args.set)).collect::<Result<_, _>>()?;
     let skip_gram = |c: &Config| c.model.encoder == EncoderKind::SkipGram;
     if configs.iter().any(|c| skip_gram(c) != skip_gram(&configs[0])) {
-        bail!("skip-gram configs and classifier configs cannot be compared with each other");
+        return Err(CompareError::MixedKinds.into());
     }
     let mut names = std::collections::HashSet::new();
     for (c, p) in configs.iter().zip(&args.configs) {
         if !names.insert(c.name.clone()) {
-            bail!("{}: two configs are named `{}`; set a distinct `name` in each", p.display(), c.name);
+            return Err(CompareError::DuplicateName { path: p.clone(), name: c.name.clone() }.into());
         }
     }
     if !args.allow_diff {
-        let base = toml::Value::Table(comparable(&configs[0])?);
+        let base = toml::Value::Table(comparable(&configs[0]));
         for (c, p) in configs.iter().zip(&args.configs).skip(1) {
-            if let Some(key) = first_difference(&base, &toml::Value::Table(comparable(c)?), "") {
-                bail!(
-                    "{} and {} differ in `{key}`, outside [output] and [index]: a comparison needs the same \
-                     data, model and training settings (pass --allow-diff to compare anyway)",
-                    args.configs[0].display(),
-                    p.display()
-                );
+            if let Some(key) = first_difference(&base, &toml::Value::Table(comparable(c)), "") {
+                let (first, other) = (args.configs[0].clone(), p.clone());
+                return Err(CompareError::ConfigsDiffer { first, other, key }.into());
             }
         }
     }
@@ -223,19 +299,14 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
                 }
             }
             let estimator = c.output.estimator.name();
-            eprintln!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
+            log::info!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
             // Runs share this process: restart the peak-RSS count so each summary has its own
             // (Linux >= 4.0; elsewhere the peak accumulates over runs).
             let _ = std::fs::write("/proc/self/clear_refs", "5");
-            let training = || format!("training {}", args.configs[i].display());
-            let summary = if is_skip_gram {
-                Outcome::SkipGram(farout_train::skipgram::train(&c, false, None).with_context(training)?)
-            } else {
-                let mut trainer = Trainer::new(c).with_context(|| format!("{}", args.configs[i].display()))?;
-                Outcome::Classifier(trainer.run().with_context(training)?)
-            };
-            std::fs::write(dir.join("summary.json"), summary.to_json()? + "\n")
-                .with_context(|| format!("writing {}", dir.join("summary.json").display()))?;
+            let failed = |e: Error| CompareError::Run { config: args.configs[i].clone(), source: Box::new(e) };
+            let summary = crate::train(&c, &crate::TrainOptions::default()).map_err(failed)?;
+            let path = dir.join("summary.json");
+            std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
             runs.push(read_run(&dir)?);
         }
     }
@@ -243,10 +314,10 @@ fn train_all(args: &CompareArgs) -> Result<Vec<Run>> {
 }
 
 /// The runs of an earlier `compare` output directory (`DIR/runs/<method>@<repeat>/`).
-fn read_runs(dir: &Path) -> Result<Vec<Run>> {
+fn read_runs(dir: &Path) -> Result<Vec<Run>, Error> {
     let runs_dir = dir.join("runs");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&runs_dir)
-        .with_context(|| format!("{}: not a `farout compare` output directory", dir.display()))?
+        .map_err(|source| CompareError::NotACompareDir { path: dir.to_path_buf(), source })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("summary.json").exists())
         .collect();
@@ -254,26 +325,20 @@ fn read_runs(dir: &Path) -> Result<Vec<Run>> {
     dirs.iter().map(|d| read_run(d)).collect()
 }
 
-fn read_run(dir: &Path) -> Result<Run> {
-    let text =
-        std::fs::read_to_string(dir.join("summary.json")).with_context(|| format!("reading {}", dir.display()))?;
-    let what = || format!("{}/summary.json", dir.display());
-    let value: serde_json::Value = serde_json::from_str(&text).with_context(what)?;
-    // Only skip-gram summaries have a vocabulary.
-    let summary = if value.get("vocab").is_some() {
-        Outcome::SkipGram(serde_json::from_value(value).with_context(what)?)
-    } else {
-        Outcome::Classifier(serde_json::from_value(value).with_context(what)?)
-    };
+fn read_run(dir: &Path) -> Result<Run, Error> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
+    let json = |line| move |source| CompareError::Json { path: path.clone(), line, source };
+    let summary = RunSummary::from_json(&text).map_err(json(None))?;
     let metric = summary.kind().metric();
     let name = dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let method = name.split('@').next().unwrap_or(&name).to_string();
     let log = dir.join("metrics.jsonl");
-    let text = std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
+    let text = std::fs::read_to_string(&log).map_err(io_err(&log))?;
     let mut curve = Vec::new();
     for (n, line) in text.lines().enumerate() {
-        let v: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{}:{}: not JSON", log.display(), n + 1))?;
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|source| CompareError::Json { path: log.clone(), line: Some(n + 1), source })?;
         if let (Some(m), Some(t), Some(e)) = (v[metric].as_f64(), v["wall_seconds"].as_f64(), v["eval/epoch"].as_f64())
         {
             curve.push((t, e, m));
@@ -338,9 +403,9 @@ fn rows(runs: &[Run]) -> Vec<Vec<String>> {
             let g = &groups[m];
             let mut row = vec![m.to_string(), g[0].summary.estimator().to_string(), g.len().to_string()];
             let classifiers: Vec<&Summary> =
-                g.iter().filter_map(|r| if let Outcome::Classifier(s) = &r.summary { Some(s) } else { None }).collect();
+                g.iter().filter_map(|r| if let RunSummary::Classifier(s) = &r.summary { Some(s) } else { None }).collect();
             let skip_grams: Vec<&SkipGramSummary> =
-                g.iter().filter_map(|r| if let Outcome::SkipGram(s) = &r.summary { Some(s) } else { None }).collect();
+                g.iter().filter_map(|r| if let RunSummary::SkipGram(s) = &r.summary { Some(s) } else { None }).collect();
             if skip_grams.is_empty() {
                 row.extend(classifier_row(&classifiers));
             } else {
@@ -397,7 +462,8 @@ fn skipgram_row(g: &[&SkipGramSummary]) -> Vec<String> {
     ]
 }
 
-fn write_tables(out: &Path, runs: &[Run]) -> Result<()> {
+/// Writes `summary.csv` and `summary.md`; returns the Markdown.
+fn write_tables(out: &Path, runs: &[Run]) -> Result<String, Error> {
     let rows = rows(runs);
     let kind = runs[0].summary.kind();
     let columns = kind.columns();
@@ -405,7 +471,8 @@ fn write_tables(out: &Path, runs: &[Run]) -> Result<()> {
     for r in &rows {
         csv += &(r.join(",") + "\n");
     }
-    std::fs::write(out.join("summary.csv"), csv).with_context(|| format!("writing {}/summary.csv", out.display()))?;
+    let csv_path = out.join("summary.csv");
+    std::fs::write(&csv_path, csv).map_err(io_err(&csv_path))?;
     let task = runs[0].summary.task();
     let mut md = format!("# {task}: {} runs\n\n| {} |\n|", runs.len(), columns.join(" | "));
     md += &"---|".repeat(columns.len());
@@ -425,174 +492,8 @@ fn write_tables(out: &Path, runs: &[Run]) -> Result<()> {
              included (evaluation excluded); epochs count a partial last epoch by its words.\n"
         }
     };
-    std::fs::write(out.join("summary.md"), md).with_context(|| format!("writing {}/summary.md", out.display()))?;
-    Ok(())
+    let md_path = out.join("summary.md");
+    std::fs::write(&md_path, &md).map_err(io_err(&md_path))?;
+    Ok(md)
 }
 
-fn plot(out: &Path, runs: &[Run]) -> Result<()> {
-    // Text needs a font and the machine may have none: DejaVu Sans is compiled in.
-    plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
-        .map_err(|_| anyhow::anyhow!("the embedded DejaVu Sans font failed to load"))?;
-    let png = out.join("curves.png");
-    let svg = out.join("curves.svg");
-    draw(BitMapBackend::new(&png, (1400, 600)).into_drawing_area(), runs)
-        .with_context(|| format!("drawing {}", png.display()))?;
-    draw(SVGBackend::new(&svg, (1400, 600)).into_drawing_area(), runs)
-        .with_context(|| format!("drawing {}", svg.display()))?;
-    Ok(())
-}
-
-/// Tick labels of the log time axis: as many decimals as the magnitude needs.
-fn seconds_label(x: f64) -> String {
-    if x >= 10.0 {
-        format!("{x:.0}")
-    } else if x >= 1.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.1e}")
-    }
-}
-
-fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, runs: &[Run]) -> Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
-    root.fill(&WHITE).map_err(err)?;
-    let task = runs[0].summary.task();
-    let kind = runs[0].summary.kind();
-    let label = kind.metric_label();
-    let root = root.titled(&format!("{task}: {label} by method"), ("sans-serif", 24)).map_err(err)?;
-    let (left, right) = root.split_horizontally(700);
-    let points = runs.iter().flat_map(|r| r.curve.iter());
-    let t_last = points.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1e-3);
-    let t_max = t_last * 1.3;
-    // The first positive training time (infinite when there is none).
-    let t_lo = points.clone().map(|p| p.0).filter(|&t| t > 0.0).fold(f64::INFINITY, f64::min);
-    // Start the log axis at a power of ten so that it carries at least two labelled decades.
-    let t_min = 10f64.powf(t_lo.min(t_max / 10.0).log10().floor());
-    let e_max = points.clone().map(|p| p.1).fold(0.0f64, f64::max).max(1e-3) * 1.05;
-    // From 0, or from just before the first point when every run resumed late in training.
-    let e_first = points.clone().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let e_min = if e_first > 0.5 * e_max { e_first - 0.05 * (e_max - e_first) } else { 0.0 };
-    let y_range = match kind {
-        Kind::Classifier => 0.0..(points.map(|p| p.2).fold(0.0f64, f64::max) * 1.1).clamp(0.05, 1.0),
-        Kind::SkipGram => {
-            // An objective: the span of the values with a margin.
-            let lo = points.clone().map(|p| p.2).fold(f64::INFINITY, f64::min);
-            let hi = points.map(|p| p.2).fold(f64::NEG_INFINITY, f64::max);
-            let pad = ((hi - lo) * 0.08).max(1e-3);
-            if lo.is_finite() { lo - pad..hi + pad } else { 0.0..1.0 }
-        }
-    };
-    let methods: Vec<&str> = {
-        let mut m: Vec<&str> = Vec::new();
-        runs.iter().for_each(|r| {
-            if !m.contains(&r.method.as_str()) {
-                m.push(&r.method)
-            }
-        });
-        m
-    };
-    let color = |r: &Run| Palette99::pick(methods.iter().position(|m| *m == r.method).unwrap_or(0)).to_rgba();
-    // Left: against training seconds, linear when the times span less than a decade (runs
-    // resumed from a warm-up checkpoint), else on a log axis (runs from the first steps).
-    if t_lo.is_finite() && t_last / t_lo < 10.0 {
-        let pad = (t_last - t_lo) * 0.05;
-        time_chart(&left, (t_lo - pad)..(t_last + pad), "training seconds", y_range.clone(), runs, kind, &color)?;
-    } else {
-        time_chart(
-            &left,
-            (t_min.max(1e-4)..t_max).log_scale(),
-            "training seconds (log scale)",
-            y_range.clone(),
-            runs,
-            kind,
-            &color,
-        )?;
-    }
-    // Right: against epochs.
-    let mut chart = ChartBuilder::on(&right)
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(e_min..e_max, y_range)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .x_desc("epochs")
-        .y_desc(label)
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(err)?;
-    for r in runs {
-        let c = color(r);
-        let pts: Vec<(f64, f64)> = r.curve.iter().map(|p| (p.1, p.2)).collect();
-        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(err)?;
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
-    }
-    root.present().map_err(err)?;
-    Ok(())
-}
-
-/// The left panel: the kind's metric against training seconds on axis `x`, one line per run.
-fn time_chart<DB: DrawingBackend, X>(
-    area: &DrawingArea<DB, Shift>,
-    x: X,
-    x_desc: &str,
-    y_range: std::ops::Range<f64>,
-    runs: &[Run],
-    kind: Kind,
-    color: &dyn Fn(&Run) -> RGBAColor,
-) -> Result<()>
-where
-    DB::ErrorType: 'static,
-    X: AsRangedCoord<Value = f64>,
-    X::CoordDescType: ValueFormatter<f64>,
-{
-    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
-    let mut chart = ChartBuilder::on(area)
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(x, y_range)
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(RGBColor(238, 238, 238))
-        .x_labels(12)
-        .x_label_formatter(&|x| seconds_label(*x))
-        .x_desc(x_desc)
-        .y_desc(kind.metric_label())
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 17))
-        .draw()
-        .map_err(err)?;
-    let mut labelled = Vec::new();
-    for r in runs {
-        let c = color(r);
-        let pts: Vec<(f64, f64)> = r.curve.iter().filter(|p| p.0 > 0.0).map(|p| (p.0, p.2)).collect();
-        let series = chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2))).map_err(err)?;
-        if !labelled.contains(&r.method) {
-            labelled.push(r.method.clone());
-            series
-                .label(r.method.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(3)));
-        }
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 3, c.filled()))).map_err(err)?;
-    }
-    chart
-        .configure_series_labels()
-        .position(match kind {
-            Kind::Classifier => SeriesLabelPosition::UpperLeft,
-            Kind::SkipGram => SeriesLabelPosition::UpperRight,
-        })
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 15))
-        .draw()
-        .map_err(err)?;
-    Ok(())
-}
