@@ -4,6 +4,7 @@ mod cli;
 mod configs;
 mod errors;
 mod quality;
+mod readme;
 mod skipgram;
 
 use std::io::Write as _;
