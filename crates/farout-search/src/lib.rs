@@ -36,6 +36,51 @@ pub use spherical::{Scoring, SphericalConfig, SphericalIndex};
 
 use farout_core::{ClassId, Matrix};
 
+/// Errors of index configuration: a parameter outside its range.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A parameter is outside its valid range.
+    #[error("invalid parameter `{name}` = {value}: {reason}")]
+    Param {
+        /// Parameter name as in the config (relative to `[index]`).
+        name: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        reason: &'static str,
+    },
+}
+
+impl Error {
+    /// The config key the error is about (relative to `[index]`) and what is wrong with it.
+    pub fn key_and_message(&self) -> (&'static str, String) {
+        match self {
+            Error::Param { name, value, reason } => (name, format!(" = {value} {reason}")),
+        }
+    }
+}
+
+/// Rejects `value` of parameter `name` unless it is a finite number at least `min`.
+pub(crate) fn finite_at_least(name: &'static str, value: f32, min: f32) -> Result<(), Error> {
+    if value.is_finite() && value >= min {
+        return Ok(());
+    }
+    let reason = if min == 0.0 { "must be a finite number >= 0" } else { "must be a finite number >= 1" };
+    debug_assert!(min == 0.0 || min == 1.0, "add a reason for min = {min}");
+    Err(Error::Param { name, value: value.to_string(), reason })
+}
+
+/// Rejects `value` of count parameter `name` outside `range`, explained by `reason`.
+pub(crate) fn count_in(
+    name: &'static str,
+    value: usize,
+    range: std::ops::RangeInclusive<usize>,
+    reason: &'static str,
+) -> Result<(), Error> {
+    if range.contains(&value) { Ok(()) } else { Err(Error::Param { name, value: value.to_string(), reason }) }
+}
+
 /// Top-k maximum inner product search over the rows of a matrix `W` that changes during
 /// training.
 ///
@@ -170,7 +215,13 @@ pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64
 /// Each index module defines its parameter struct (the keys of `[index]` it accepts, with their
 /// defaults) and implements this trait for it; [`IndexConfig`] lists them.
 pub trait IndexParams {
-    /// Builds the index over `w`.
+    /// Checks every parameter against its range; the error names the key (relative to
+    /// `[index]`) and what is allowed. Configs are checked once, when they are loaded.
+    fn check(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Builds the index over `w` (from checked parameters).
     fn build(&self, w: Rows) -> Box<dyn MipsIndex>;
 }
 
@@ -195,6 +246,11 @@ impl Default for IndexConfig {
 }
 
 impl IndexConfig {
+    /// Checks the index's parameters (see [`IndexParams::check`]).
+    pub fn check(&self) -> Result<(), Error> {
+        self.params().check()
+    }
+
     /// Builds the configured index over `w`.
     pub fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
         self.params().build(w)

@@ -395,10 +395,16 @@ impl ConfigError {
         Self::Key { key: key.into(), msg: msg.into() }
     }
 
-    /// The error of an estimator or index parameter of section `section` (`output`, `index`).
+    /// The error of an estimator parameter of section `section` (`output`).
     pub(crate) fn param(section: &str, e: farout_estimators::Error) -> Self {
         let (key, msg) = e.key_and_message();
         Self::key(format!("{section}.{key}"), msg)
+    }
+
+    /// The error of an `[index]` parameter.
+    pub(crate) fn index_param(e: farout_search::Error) -> Self {
+        let (key, msg) = e.key_and_message();
+        Self::key(format!("index.{key}"), msg)
     }
 }
 
@@ -549,10 +555,7 @@ impl Config {
             return Err(ConfigError::key(format!("model.doc_encoder.{key}"), msg));
         }
         at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
-        if let IndexConfig::Spherical(sph) = &self.index.index {
-            finite_at_least("index.candidate_factor", sph.candidate_factor, 1.0)?;
-            finite_at_least("index.rescore", sph.rescore, 1.0)?;
-        }
+        self.index.index.check().map_err(ConfigError::index_param)?;
         for (key, optimizer) in
             [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]
         {
@@ -683,7 +686,9 @@ pub fn index_from_settings(settings: &[String]) -> Result<IndexConfig, ConfigErr
     struct Only {
         index: IndexSection,
     }
-    Ok(section_from_settings::<Only>("index", settings)?.index.index)
+    let index = section_from_settings::<Only>("index", settings)?.index.index;
+    index.check().map_err(ConfigError::index_param)?;
+    Ok(index)
 }
 
 /// A config tree holding only `[section]` with `settings`, deserialized as `T`.
@@ -927,6 +932,12 @@ mod tests {
     fn check_names_bad_spherical_index_parameters() {
         assert!(check_err(MINIMAL, &["index.rescore=0.5"]).contains("index.rescore"));
         assert!(check_err(MINIMAL, &["index.candidate_factor=0"]).contains("index.candidate_factor"));
+        // Every index checks its own parameters; the key is named with its section.
+        let hnsw = check_err(MINIMAL, &["index.kind=\"hnsw\"", "index.max_connections=1"]);
+        assert!(hnsw.contains("index.max_connections") && hnsw.contains("2..=256"), "{hnsw}");
+        let lsh = check_err(MINIMAL, &["index.kind=\"simple_lsh\"", "index.bits=40"]);
+        assert!(lsh.contains("index.bits") && lsh.contains("0..=31"), "{lsh}");
+        assert!(index_from_settings(&["kind=\"simple_lsh\"".into(), "tables=0".into()]).is_err());
         let scoring = parse_err(MINIMAL, &["index.scoring=\"int4\""]);
         assert!(scoring.contains("int8") && scoring.contains("f32"), "{scoring}");
     }

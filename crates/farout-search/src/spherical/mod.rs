@@ -222,6 +222,18 @@ impl MipsIndex for SphericalIndex {
 }
 
 impl crate::IndexParams for SphericalConfig {
+    fn check(&self) -> Result<(), crate::Error> {
+        crate::count_in("points_per_centroid", self.points_per_centroid, 1..=usize::MAX, "must be > 0")?;
+        crate::finite_at_least("candidate_factor", self.candidate_factor, 1.0)?;
+        crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
+        crate::finite_at_least("rescore", self.rescore, 1.0)?;
+        if !self.refresh_drift.is_finite() {
+            let value = self.refresh_drift.to_string();
+            return Err(crate::Error::Param { name: "refresh_drift", value, reason: "must be a finite number" });
+        }
+        Ok(())
+    }
+
     fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
         Box::new(SphericalIndex::build(w, self))
     }
