@@ -191,12 +191,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             json: _,
         } => {
             // The shortcuts are `[output]` keys; `--top` counts negatives for sampling estimators.
-            let searches = matches!(estimator.as_str(), "mips" | "ldgs"); // as named in the registry
-            let top_key = if searches { "top" } else { "n_samples" };
             let quoted = |v: String| format!("\"{v}\"");
             for (key, value) in [
                 ("loss", loss.map(quoted)),
-                (top_key, top.map(|t| t.to_string())),
                 ("blocks", blocks.map(|b| b.to_string())),
                 ("iterations", iterations.map(|t| if t.parse::<usize>().is_ok() { t } else { quoted(t) })),
             ] {
@@ -205,7 +202,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 }
             }
             let index = params.config(&index)?;
-            let b = EstimatorBench { name: estimator, settings: set, k, d, samples, index, means: means.into() };
+            let b = EstimatorBench { name: estimator, settings: set, top, k, d, samples, index, means: means.into() };
             println!("{}", bench::bench_estimator(&b)?);
         }
     }

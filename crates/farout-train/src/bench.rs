@@ -282,6 +282,9 @@ pub struct EstimatorBench {
     pub name: String,
     /// `[output]` keys of the estimator (`key=value`).
     pub settings: Vec<String>,
+    /// Classes retrieved per block (search estimators: `output.top`) or negatives drawn
+    /// (sampling estimators: `output.n_samples`); `None`: the estimator's default.
+    pub top: Option<usize>,
     /// Classes K.
     pub k: usize,
     /// Dimension D.
@@ -300,7 +303,7 @@ pub struct EstimatorBench {
 pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
     use farout_estimators::{BatchGrad, Ctx};
     use farout_search::BlockIndex;
-    let EstimatorBench { ref name, ref settings, k, d, samples, index: ref index_config, means } = *b;
+    let EstimatorBench { ref name, ref settings, top, k, d, samples, index: ref index_config, means } = *b;
     if k < 2 {
         return Err(option("k", "must be >= 2"));
     }
@@ -309,7 +312,7 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
             return Err(option(opt, "must be > 0"));
         }
     }
-    let config = estimator_config(name, settings)?;
+    let mut config = estimator_config(name, settings)?;
     let g = FaceGenerator::new(means.spec(k, d, (2 * k).max(samples) + samples))?;
     // Trained-looking W: the class means, perturbed (5% noise) and scaled.
     let mut w = g.means().clone();
@@ -325,7 +328,14 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
         labels.iter().for_each(|l| c[l[0] as usize] += 1);
         c
     };
-    let built = config.build(&Problem { n_classes: k, n_data: samples, dim: d, label_counts: &counts })?;
+    let problem = Problem { n_classes: k, n_data: samples, dim: d, label_counts: &counts };
+    if let Some(top) = top {
+        // Search estimators retrieve `top` classes, sampling ones draw `n_samples`.
+        let key = if config.build(&problem)?.search.is_some() { "top" } else { "n_samples" };
+        let with_top: Vec<String> = settings.iter().cloned().chain([format!("{key}={top}")]).collect();
+        config = estimator_config(name, &with_top)?;
+    }
+    let built = config.build(&problem)?;
     let Some(reference) = built.reference() else {
         let msg = format!("`{name}` is exact: bench estimator measures approximate estimators against it");
         return Err(Error::Option { name: "estimator", msg });
