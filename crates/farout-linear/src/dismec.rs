@@ -1,0 +1,275 @@
+//! DiSMEC: every label's binary problem trained independently, in parallel, then pruned.
+//!
+//! Labels are handed to rayon sorted by |P|, largest first, so the long problems start early
+//! and the small ones fill the gaps at the end. Each worker keeps one [`Scratch`] (dense f64
+//! vectors of length d + 1 and n) through `map_init`, so the label loop allocates only the
+//! pruned result. A label's computation never depends on the thread that runs it, so the model
+//! is bit-identical for any number of threads.
+//!
+//! Pruning (\[M\] Sect. 5): after training, weights with |w| < threshold become 0; the bias is
+//! not exempt (the paper does not exempt it).
+
+use crate::config::DismecConfig;
+use crate::data::{DataStats, TrainSet};
+use crate::init::WeightInit;
+use crate::model::SparseModel;
+use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
+use crate::{Error, Result};
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// A checked DiSMEC trainer.
+#[derive(Debug)]
+pub struct Dismec {
+    params: NewtonParams,
+    bias: bool,
+    prune_threshold: f64,
+    init: Box<dyn WeightInit>,
+}
+
+/// What training returns.
+#[derive(Debug)]
+pub struct Trained {
+    /// The pruned model.
+    pub model: SparseModel,
+    /// How training went.
+    pub report: TrainReport,
+}
+
+/// Per-label statistics and totals of a training run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainReport {
+    /// One entry per label, in label order.
+    pub labels: Vec<LabelStats>,
+    /// Wall time of [`Dismec::train`], statistics included.
+    pub seconds: f64,
+    /// rayon threads used.
+    pub threads: usize,
+    /// Non-zero weights (biases included) before pruning.
+    pub nnz_before_pruning: usize,
+    /// Non-zero weights (biases included) after pruning.
+    pub nnz_after_pruning: usize,
+}
+
+/// The weights with |w| ≥ `threshold`, as sorted (feature, weight) pairs, and the bias (the last
+/// coordinate when `bias`, also pruned).
+pub fn prune(w: &[f64], bias: bool, threshold: f64) -> (Vec<u32>, Vec<f32>, f32) {
+    let n_features = w.len() - bias as usize;
+    let (mut features, mut weights) = (Vec::new(), Vec::new());
+    for (j, &v) in w[..n_features].iter().enumerate() {
+        if v.abs() >= threshold && v != 0.0 {
+            features.push(j as u32);
+            weights.push(v as f32);
+        }
+    }
+    let b = if bias && w[n_features].abs() >= threshold { w[n_features] as f32 } else { 0.0 };
+    (features, weights, b)
+}
+
+impl Dismec {
+    /// Checks `config` and builds the trainer with the initialiser it names.
+    pub fn new(config: &DismecConfig) -> Result<Self> {
+        config.check()?;
+        Ok(Self::with_init(config, config.weight_init()))
+    }
+
+    /// As [`Dismec::new`] with another initialiser (`config.init` is ignored; `config` must
+    /// have passed [`DismecConfig::check`]).
+    pub fn with_init(config: &DismecConfig, init: Box<dyn WeightInit>) -> Self {
+        Self {
+            params: NewtonParams { c: config.c, eps0: config.eps0, max_iter: config.max_iter },
+            bias: config.bias,
+            prune_threshold: config.prune_threshold,
+            init,
+        }
+    }
+
+    /// The statistics training uses (computed by [`Dismec::train`]; exposed for callers that
+    /// train single labels).
+    pub fn stats(&self, data: &TrainSet) -> DataStats {
+        DataStats::new(&data.features, self.bias)
+    }
+
+    /// Trains label `k` alone: its unpruned dense weights (bias last) and stats.
+    pub fn train_label(&self, data: &TrainSet, stats: &DataStats, k: usize) -> (Vec<f64>, LabelStats) {
+        let rows = Rows::new(&data.features, self.bias);
+        let mut scratch = Scratch::new(rows.n_vars(), rows.n_rows());
+        let st = self.solve(data, stats, k, &mut scratch);
+        (scratch.w, st)
+    }
+
+    fn solve(&self, data: &TrainSet, stats: &DataStats, k: usize, scratch: &mut Scratch) -> LabelStats {
+        let start = Instant::now();
+        let rows = Rows::new(&data.features, self.bias);
+        let mut st = newton::solve(rows, &self.params, data.labels.positives(k), stats, self.init.as_ref(), scratch);
+        st.label = k as u32;
+        st.nnz_before_pruning = scratch.w.iter().filter(|&&v| v != 0.0).count();
+        st.seconds = start.elapsed().as_secs_f64();
+        st
+    }
+
+    /// Trains every label in parallel on the current rayon pool and prunes the weights.
+    pub fn train(&self, data: &TrainSet) -> Result<Trained> {
+        let start = Instant::now();
+        let (n, k) = (data.n_samples(), data.n_labels());
+        if n == 0 {
+            return Err(Error::Shape { what: "training set", detail: "no samples".into() });
+        }
+        if n > u32::MAX as usize {
+            return Err(Error::Shape { what: "training set", detail: format!("{n} samples: ids are 32-bit") });
+        }
+        let stats = self.stats(data);
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
+        let n_vars = stats.n_vars();
+        let solved: Vec<(Vec<u32>, Vec<f32>, f32, LabelStats)> = order
+            .par_iter()
+            .map_init(
+                || Scratch::new(n_vars, n),
+                |scratch, &j| {
+                    let start = Instant::now();
+                    let mut st = self.solve(data, &stats, j, scratch);
+                    let (f, w, b) = prune(&scratch.w, self.bias, self.prune_threshold);
+                    st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
+                    st.seconds = start.elapsed().as_secs_f64();
+                    (f, w, b, st)
+                },
+            )
+            .collect();
+        let mut slot = vec![0usize; k];
+        order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
+        let mut model = SparseModel::new(data.n_features(), self.bias);
+        let mut labels = Vec::with_capacity(k);
+        for &at in &slot {
+            let (f, w, b, st) = &solved[at];
+            model.push_label(f, w, *b);
+            labels.push(st.clone());
+        }
+        let report = TrainReport {
+            nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
+            nnz_after_pruning: model.nnz(),
+            labels,
+            seconds: start.elapsed().as_secs_f64(),
+            threads: rayon::current_num_threads(),
+        };
+        Ok(Trained { model, report })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::InitKind;
+    use crate::testutil::random_dataset;
+
+    fn train_set(seed: u64) -> TrainSet {
+        let (x, labels) = random_dataset(seed, 300, 40, 12);
+        TrainSet::new(x, &labels).unwrap()
+    }
+
+    #[test]
+    fn pruning_keeps_exactly_the_weights_at_or_above_the_threshold() {
+        let w = [0.5, -0.01, 0.00999, -0.2, 0.0, 0.010000001, -0.009];
+        let (f, v, b) = prune(&w, true, 0.01);
+        assert_eq!(f, vec![0, 1, 3, 5]);
+        assert_eq!(v, vec![0.5, -0.01, -0.2, 0.010000001]);
+        assert_eq!(b, 0.0, "the bias is pruned like any weight");
+        let (f, _, b) = prune(&w, false, 0.0);
+        assert_eq!((f, b), (vec![0, 1, 2, 3, 5, 6], 0.0));
+        // Against a trained model: every kept weight has |w| ≥ threshold, every dropped one less.
+        let data = train_set(1);
+        for threshold in [0.0, 0.01, 0.05] {
+            let config = DismecConfig { prune_threshold: threshold, ..Default::default() };
+            let dismec = Dismec::new(&config).unwrap();
+            let trained = dismec.train(&data).unwrap();
+            let stats = dismec.stats(&data);
+            for k in 0..data.n_labels() {
+                let (dense, _) = dismec.train_label(&data, &stats, k);
+                let (f, w, b) = trained.model.label(k);
+                let kept: Vec<u32> = (0..data.n_features() as u32)
+                    .filter(|&j| dense[j as usize].abs() >= threshold && dense[j as usize] != 0.0)
+                    .collect();
+                assert_eq!(f, &kept[..]);
+                assert!(f.iter().zip(w).all(|(&j, &v)| v == dense[j as usize] as f32));
+                let db = *dense.last().unwrap();
+                assert_eq!(b, if db.abs() >= threshold { db as f32 } else { 0.0 });
+            }
+        }
+    }
+
+    #[test]
+    fn sparse_prediction_equals_dense_prediction() {
+        let data = train_set(2);
+        let trained = Dismec::new(&DismecConfig::default()).unwrap().train(&data).unwrap();
+        let m = &trained.model;
+        assert!(trained.report.nnz_after_pruning < trained.report.nnz_before_pruning);
+        // Dense W (K x d) from the pruned model; scores in the sample's feature order.
+        let mut w = vec![vec![0f32; m.n_features()]; m.n_labels()];
+        for (k, row) in w.iter_mut().enumerate() {
+            let (f, v, _) = m.label(k);
+            f.iter().zip(v).for_each(|(&j, &x)| row[j as usize] = x);
+        }
+        let (test, _) = random_dataset(99, 50, 40, 12);
+        let predicted = m.predictor().predict(&test, 5);
+        for (i, hits) in predicted.iter().enumerate() {
+            let (c, v) = test.row(i);
+            let dense: Vec<f32> = (0..m.n_labels())
+                .map(|k| c.iter().zip(v).fold(m.label(k).2, |s, (&j, &x)| s + x * w[k][j as usize]))
+                .collect();
+            let mut expected = Vec::new();
+            farout_core::topk::top_k(&dense, 5, &mut expected);
+            assert_eq!(hits, &expected, "sample {i}");
+        }
+    }
+
+    #[test]
+    fn the_model_does_not_depend_on_the_thread_count() {
+        let data = train_set(3);
+        let dismec = Dismec::new(&DismecConfig::default()).unwrap();
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| dismec.train(&data).unwrap())
+        };
+        let (one, two) = (run(1), run(2));
+        assert_eq!((one.report.threads, two.report.threads), (1, 2));
+        assert_eq!(one.model.to_bytes(), two.model.to_bytes());
+        let iters = |t: &Trained| t.report.labels.iter().map(|s| (s.newton_iters, s.cg_steps)).collect::<Vec<_>>();
+        assert_eq!(iters(&one), iters(&two));
+    }
+
+    #[test]
+    fn every_label_converges_from_every_init_to_the_same_model() {
+        let data = train_set(4);
+        let models: Vec<Trained> = [InitKind::Zero, InitKind::Bias, InitKind::Msi]
+            .into_iter()
+            .map(|init| {
+                Dismec::new(&DismecConfig { init, eps0: 1e-6, ..Default::default() }).unwrap().train(&data).unwrap()
+            })
+            .collect();
+        for t in &models {
+            for s in &t.report.labels {
+                let eps = newton::stopping_eps(1e-6, s.n_positives, data.n_samples());
+                assert!(s.gnorm <= eps * s.gnorm0 && !s.line_search_failed, "{s:?}");
+            }
+        }
+        for k in 0..data.n_labels() {
+            let (f0, w0, b0) = models[0].model.label(k);
+            for other in &models[1..] {
+                let (f, w, b) = other.model.label(k);
+                // Weights near the threshold may fall either side of it.
+                let close = |a: f32, b: f32| (a - b).abs() <= 1e-4 * (1.0 + a.abs());
+                assert!(close(b, b0), "label {k}: bias {b} vs {b0}");
+                for (j, v) in f.iter().zip(w) {
+                    let v0 = f0.binary_search(j).map(|at| w0[at]).unwrap_or(0.0);
+                    assert!(close(*v, v0) || v.abs() < 0.0101, "label {k} feature {j}: {v} vs {v0}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_training_set_without_samples_is_an_error() {
+        let data = TrainSet::new(farout_data::SparseRows::new(3), &farout_data::LabelSets::new(2)).unwrap();
+        assert!(matches!(Dismec::new(&DismecConfig::default()).unwrap().train(&data), Err(Error::Shape { .. })));
+    }
+}
