@@ -136,3 +136,26 @@ fn compare_rejects_mismatched_unreadable_and_missing_configs() {
     fails_with(&["compare", a, "/nonexistent/c.toml", "--out", o], &["/nonexistent/c.toml"]);
     fails_with(&["compare", "--out", o], &["nothing to compare"]);
 }
+
+#[test]
+fn index_bench_and_compare_errors_name_their_key_option_or_file() {
+    // An index parameter is checked by its index and named with its section.
+    fails_with(
+        &["train", "configs/quickstart.toml", "--set", "index.kind=\"hnsw\"", "--set", "index.max_connections=1"],
+        &["index.max_connections", "2..=256"],
+    );
+    // A bench size out of range names the option.
+    fails_with(&["bench", "search", "--k", "0"], &["--k", "must be > 0"]);
+    // A compare directory whose run summary is not JSON names the file.
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("runs").join("softmax@0");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::write(run.join("summary.json"), "{").unwrap();
+    let (from, out) = (dir.path().to_str().unwrap(), dir.path().join("out"));
+    fails_with(&["compare", "--from", from, "--out", out.to_str().unwrap()], &["softmax@0/summary.json"]);
+    // A directory that is not a compare output is named as such.
+    fails_with(
+        &["compare", "--from", "/nonexistent", "--out", out.to_str().unwrap()],
+        &["/nonexistent", "not a `farout compare` output directory"],
+    );
+}
