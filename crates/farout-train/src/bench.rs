@@ -410,4 +410,3 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
         "index_bytes": block_index.as_ref().map_or(0, |b| b.memory_bytes()),
     }))
 }
-

@@ -184,7 +184,8 @@ impl PaperRun {
 }
 
 fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
-    let bar = crate::report::progress_bar(show, len, "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}");
+    let bar =
+        crate::report::progress_bar(show, len, "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}");
     bar.set_prefix(name.to_string());
     bar
 }

@@ -551,20 +551,15 @@ impl Plan {
         let epochs = config.train.epochs;
         let ns_epochs = if ns_only { epochs } else { config.model.skip_gram.ns_warmup_epochs.min(epochs) };
         let max = config.train.max_seconds;
-        let deadline = (max > 0.0)
-            .then(|| Instant::now() + std::time::Duration::from_secs_f64((max - trained_seconds).max(0.0)));
+        let deadline =
+            (max > 0.0).then(|| Instant::now() + std::time::Duration::from_secs_f64((max - trained_seconds).max(0.0)));
         Self { ns: ns.unwrap_or_default(), ns_only, ns_epochs, deadline }
     }
 }
 
 /// Phase 1: negative sampling, lock-free over threads, up to the plan's NS epochs. Returns
 /// whether the deadline stopped it.
-fn train_negative_sampling(
-    session: &Session,
-    plan: &Plan,
-    corpus: &Path,
-    emb: &mut Embeddings,
-) -> Result<bool, Error> {
+fn train_negative_sampling(session: &Session, plan: &Plan, corpus: &Path, emb: &mut Embeddings) -> Result<bool, Error> {
     if session.epochs_done() >= plan.ns_epochs {
         return Ok(false);
     }
@@ -627,8 +622,9 @@ fn train_through_layer(
             write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
         }))
     };
-    let mut progress =
-        |p: &Progress, input: &InputTable, layer: &OutputLayer| session.progress_and_eval(p, &input.vectors, layer.weights());
+    let mut progress = |p: &Progress, input: &InputTable, layer: &OutputLayer| {
+        session.progress_and_eval(p, &input.vectors, layer.weights())
+    };
     let (epochs, done) = (config.train.epochs, session.epochs_done());
     let (name, run) = match sg.objective {
         Objective::Pairs => {

@@ -1,16 +1,16 @@
 use crate::Error;
 use crate::config::{Config, ConfigError, EncoderKind};
 use crate::data::{self, TaskData};
-use crate::report::progress_bar;
-use indicatif::ProgressBar;
-use crate::sinks::{MetricsSink, Sinks};
 use crate::metrics::RankingSums;
+use crate::report::progress_bar;
+use crate::sinks::{MetricsSink, Sinks};
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
 use farout_estimators::{Batch, Built, GradientEstimator, Loss, LossScratch, Problem};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead, bridge};
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -445,7 +445,8 @@ impl Trainer {
         let step_no = s.step;
         let (index, eval, ck) = (&self.config.index, &self.config.eval, &self.config.checkpoint);
         let due = |every: u64| every > 0 && step_no.is_multiple_of(every);
-        let (log_due, recall_due) = (due(self.config.train.log_every) || step_no == run.total_steps, due(index.recall_every));
+        let (log_due, recall_due) =
+            (due(self.config.train.log_every) || step_no == run.total_steps, due(index.recall_every));
         let (eval_due, checkpoint_due) = (due(eval.every_steps), ck.enabled && due(ck.every_steps));
         let (recall_queries, eval_samples) = (index.recall_queries, eval.max_samples);
         if log_due {

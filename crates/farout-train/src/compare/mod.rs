@@ -143,7 +143,6 @@ struct Run {
     curve: Vec<(f64, f64, f64)>,
 }
 
-
 /// The two kinds of run a comparison can hold (one kind per comparison).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -337,8 +336,11 @@ fn read_run(dir: &Path) -> Result<Run, Error> {
     let text = std::fs::read_to_string(&log).map_err(io_err(&log))?;
     let mut curve = Vec::new();
     for (n, line) in text.lines().enumerate() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|source| CompareError::Json { path: log.clone(), line: Some(n + 1), source })?;
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|source| CompareError::Json {
+            path: log.clone(),
+            line: Some(n + 1),
+            source,
+        })?;
         if let (Some(m), Some(t), Some(e)) = (v[metric].as_f64(), v["wall_seconds"].as_f64(), v["eval/epoch"].as_f64())
         {
             curve.push((t, e, m));
@@ -402,10 +404,14 @@ fn rows(runs: &[Run]) -> Vec<Vec<String>> {
         .map(|m| {
             let g = &groups[m];
             let mut row = vec![m.to_string(), g[0].summary.estimator().to_string(), g.len().to_string()];
-            let classifiers: Vec<&Summary> =
-                g.iter().filter_map(|r| if let RunSummary::Classifier(s) = &r.summary { Some(s) } else { None }).collect();
-            let skip_grams: Vec<&SkipGramSummary> =
-                g.iter().filter_map(|r| if let RunSummary::SkipGram(s) = &r.summary { Some(s) } else { None }).collect();
+            let classifiers: Vec<&Summary> = g
+                .iter()
+                .filter_map(|r| if let RunSummary::Classifier(s) = &r.summary { Some(s) } else { None })
+                .collect();
+            let skip_grams: Vec<&SkipGramSummary> = g
+                .iter()
+                .filter_map(|r| if let RunSummary::SkipGram(s) = &r.summary { Some(s) } else { None })
+                .collect();
             if skip_grams.is_empty() {
                 row.extend(classifier_row(&classifiers));
             } else {
@@ -496,4 +502,3 @@ fn write_tables(out: &Path, runs: &[Run]) -> Result<String, Error> {
     std::fs::write(&md_path, &md).map_err(io_err(&md_path))?;
     Ok(md)
 }
-
