@@ -159,7 +159,23 @@ fn main() -> Result<()> {
     let (label_s_mean, label_s_p95) = per_label(&|s| s.seconds);
     let (active0, _) = per_label(&|s| s.initial_active_fraction);
     let (active, _) = per_label(&|s| s.active_fraction);
+    let (active_iter, _) = per_label(&|s| s.mean_active_fraction);
+    let (step, _) = per_label(&|s| s.mean_step);
     let round = |x: f64, d: i32| (x * 10f64.powi(d)).round() / 10f64.powi(d);
+    // Newton iterations and label time by |P| ([M] Figs. 6-8: flat in |P| with MSI).
+    let by_positives: Vec<serde_json::Value> = [(0, 1), (2, 4), (5, 16), (17, 64), (65, usize::MAX)]
+        .iter()
+        .filter_map(|&(lo, hi)| {
+            let group: Vec<_> = report.labels.iter().filter(|s| (lo..=hi).contains(&s.n_positives)).collect();
+            if group.is_empty() {
+                return None;
+            }
+            let (it, it95) = mean_p95(group.iter().map(|s| s.newton_iters as f64).collect());
+            let (ms, _) = mean_p95(group.iter().map(|s| 1e3 * s.seconds).collect());
+            let range = if hi == usize::MAX { format!("{lo}+") } else { format!("{lo}-{hi}") };
+            Some(serde_json::json!({"positives": range, "labels": group.len(), "newton_mean": round(it, 2), "newton_p95": it95, "ms_mean": round(ms, 2)}))
+        })
+        .collect();
     let out = serde_json::json!({
         "data": args.data.display().to_string(),
         "features": if args.transform.tfidf { "tfidf+l2" } else { "raw" },
@@ -178,7 +194,9 @@ fn main() -> Result<()> {
         "newton_iters": {"mean": round(newton_mean, 2), "p95": newton_p95},
         "cg_steps": {"mean": round(cg_mean, 2), "p95": cg_p95},
         "label_ms": {"mean": round(1e3 * label_s_mean, 3), "p95": round(1e3 * label_s_p95, 3)},
-        "active_fraction": {"initial_mean": round(active0, 4), "final_mean": round(active, 4)},
+        "active_fraction": {"initial_mean": round(active0, 4), "per_iteration_mean": round(active_iter, 4), "final_mean": round(active, 4)},
+        "line_search_step_mean": round(step, 3),
+        "by_positives": by_positives,
         "line_search_failures": report.labels.iter().filter(|s| s.line_search_failed).count(),
         "nnz_before_pruning": report.nnz_before_pruning,
         "nnz_after_pruning": report.nnz_after_pruning,

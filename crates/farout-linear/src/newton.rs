@@ -68,6 +68,10 @@ pub struct LabelStats {
     pub active_fraction: f64,
     /// |I|/n at the initial weights.
     pub initial_active_fraction: f64,
+    /// Mean of |I|/n over the Newton iterations (the sets the CG steps of each iteration used).
+    pub mean_active_fraction: f64,
+    /// Mean accepted line-search step α (1 when the quadratic model is trusted).
+    pub mean_step: f64,
     /// ‖g(0)‖ (eq. 12).
     pub gnorm0: f64,
     /// ‖g‖ at the returned weights.
@@ -421,8 +425,10 @@ pub fn solve(
         ..Default::default()
     };
 
+    let (mut active_sum, mut step_sum) = (0.0, 0.0);
     if gnorm > eps * gnorm0 {
         for _ in 0..params.max_iter {
+            active_sum += active.len() as f64;
             preconditioner(rows, c, active, m);
             out.cg_steps += pcg(rows, c, active, g, m, s, r, z, d, hd);
             let f_old = f;
@@ -432,6 +438,7 @@ pub fn solve(
                 break;
             }
             out.newton_iters += 1;
+            step_sum += alpha;
             active_set_and_gradient(rows, c, w, y, wx, active, g);
             gnorm = norm(g);
             if gnorm <= eps * gnorm0 || (f_old - f).abs() <= MIN_RELATIVE_DECREASE * f.abs() {
@@ -440,6 +447,10 @@ pub fn solve(
         }
     }
     out.active_fraction = active.len() as f64 / n.max(1) as f64;
+    if out.newton_iters > 0 {
+        out.mean_active_fraction = active_sum / (out.newton_iters as f64 * n as f64);
+        out.mean_step = step_sum / out.newton_iters as f64;
+    }
     out.gnorm = gnorm;
     out.objective = f;
     out
