@@ -26,9 +26,9 @@ use serde::{Deserialize, Serialize};
 pub enum InitKind {
     /// w = 0 (LIBLINEAR's and DiSMEC's default).
     Zero,
-    /// w = −λ e_0: every sample starts on the negative side ([M] Sect. 3).
+    /// w = −λ e_0: every sample starts on the negative side (\[M\] Sect. 3).
     Bias,
-    /// Mean-separating initialisation ([M] Sect. 4, eqs. 21–24).
+    /// Mean-separating initialisation (\[M\] Sect. 4, eqs. 21–24).
     #[default]
     Msi,
 }

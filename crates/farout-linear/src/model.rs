@@ -414,6 +414,22 @@ mod tests {
         assert!(matches!(SparseModel::load(&dir.path().join("missing")), Err(Error::Io { .. })));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_model_round_trips_through_its_bytes(
+            bias in proptest::bool::ANY,
+            labels in proptest::collection::vec(
+                (proptest::collection::btree_map(0u32..40, -5.0f32..5.0, 0..8), -3.0f32..3.0), 0..12),
+        ) {
+            let mut m = SparseModel::new(40, bias);
+            for (weights, b) in &labels {
+                let (f, w): (Vec<u32>, Vec<f32>) = weights.iter().map(|(a, b)| (*a, *b)).unzip();
+                m.push_label(&f, &w, *b);
+            }
+            proptest::prop_assert_eq!(SparseModel::from_bytes(&m.to_bytes()).unwrap(), m);
+        }
+    }
+
     #[test]
     fn feature_major_scores_equal_per_label_dot_products() {
         let m = small_model();
