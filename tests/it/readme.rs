@@ -25,7 +25,8 @@ use farout_train::Config;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const MINIMAL: &str = "[data]\nformat = \"synthetic_face\"\n[model]\nencoder = \"face_head\"\n[output]\nestimator = \"softmax\"\n";
+const MINIMAL: &str =
+    "[data]\nformat = \"synthetic_face\"\n[model]\nencoder = \"face_head\"\n[output]\nestimator = \"softmax\"\n";
 
 /// A value of `--set` that no enum takes.
 const NOT_A_VARIANT: &str = "\"no_such_value\"";
@@ -66,9 +67,9 @@ impl Table {
     fn selects(&self, config: &toml::Value) -> bool {
         match &self.selector {
             None => true,
-            Some((path, values)) => lookup(config, path)
-                .and_then(|v| v.as_str())
-                .is_some_and(|v| values.iter().any(|s| s == v)),
+            Some((path, values)) => {
+                lookup(config, path).and_then(|v| v.as_str()).is_some_and(|v| values.iter().any(|s| s == v))
+            }
         }
     }
 }
@@ -193,7 +194,10 @@ fn context(table: &Table, value: Option<&str>) -> Vec<String> {
     }
     for row in &table.rows {
         if let Default::Required = row.default {
-            let example = row.allowed.first().unwrap_or_else(|| panic!("README.md:{}: a required key needs an example", row.line));
+            let example = row
+                .allowed
+                .first()
+                .unwrap_or_else(|| panic!("README.md:{}: a required key needs an example", row.line));
             sets.push(format!("{}={example}", row.key));
         }
     }
@@ -307,9 +311,11 @@ fn every_documented_key_loads_with_its_documented_default() {
 fn every_key_of_the_config_types_is_documented() {
     let tables = parse_reference(&readme());
     let keys: BTreeSet<&str> = tables.iter().flat_map(|t| t.rows.iter().map(|r| r.key.as_str())).collect();
-    let selectors: BTreeSet<&str> = tables.iter().filter_map(|t| t.selector.as_ref().map(|(p, _)| p.as_str())).collect();
+    let selectors: BTreeSet<&str> =
+        tables.iter().filter_map(|t| t.selector.as_ref().map(|(p, _)| p.as_str())).collect();
     // A row documents a whole table (`model.doc_encoder.optimizer`) unless rows document its keys.
-    let has_deeper = |k: &str| keys.iter().any(|o| o.len() > k.len() && o.starts_with(k) && o[k.len()..].starts_with('.'));
+    let has_deeper =
+        |k: &str| keys.iter().any(|o| o.len() > k.len() && o.starts_with(k) && o[k.len()..].starts_with('.'));
 
     // Every estimator, every index and every optimiser kind of the code.
     let mut contexts: Vec<Vec<String>> = Vec::new();
@@ -324,11 +330,13 @@ fn every_key_of_the_config_types_is_documented() {
     assert!(kinds.len() >= 3, "{kinds:?}");
     for kind in &kinds {
         let mut sets = vec![format!("output.optimizer.kind=\"{kind}\"")];
-        let documented = tables.iter().find(|t| {
-            t.selector.as_ref().is_some_and(|(p, v)| p == "output.optimizer.kind" && v.contains(kind))
-        });
+        let documented = tables
+            .iter()
+            .find(|t| t.selector.as_ref().is_some_and(|(p, v)| p == "output.optimizer.kind" && v.contains(kind)));
         match documented {
-            Some(t) => sets.extend(context(t, Some(kind)).into_iter().filter(|s| !s.starts_with("output.optimizer.kind="))),
+            Some(t) => {
+                sets.extend(context(t, Some(kind)).into_iter().filter(|s| !s.starts_with("output.optimizer.kind=")))
+            }
             None => panic!("README.md documents no `[output.optimizer]` with `kind = \"{kind}\"`"),
         }
         contexts.push(sets);
@@ -344,7 +352,8 @@ fn every_key_of_the_config_types_is_documented() {
                 if keys.contains(leaf.as_str()) || selectors.contains(leaf.as_str()) {
                     return leaf;
                 }
-                let covering = keys.iter().find(|k| leaf.starts_with(*k) && leaf[k.len()..].starts_with('.') && !has_deeper(k));
+                let covering =
+                    keys.iter().find(|k| leaf.starts_with(*k) && leaf[k.len()..].starts_with('.') && !has_deeper(k));
                 covering.map_or(leaf, |k| k.to_string())
             })
             .collect();
