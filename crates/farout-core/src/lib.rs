@@ -28,6 +28,27 @@ pub use sparse::{SparseGrad, SparseVec};
 /// beyond what one machine trains.
 pub type ClassId = u32;
 
+/// A plug-in's parameter outside its valid range: the key (relative to the plug-in's config
+/// section, e.g. `top` in `[output]`), the value given and what is allowed. The config edge
+/// prefixes the section once ([`ParamError::key_and_message`]).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid parameter `{name}` = {value}: {reason}")]
+pub struct ParamError {
+    /// Parameter name as in the config, relative to its section.
+    pub name: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is allowed.
+    pub reason: &'static str,
+}
+
+impl ParamError {
+    /// The key the error is about and what is wrong with it (`" = 0 must be > 0"`).
+    pub fn key_and_message(&self) -> (&'static str, String) {
+        (self.name, format!(" = {} {}", self.value, self.reason))
+    }
+}
+
 /// Errors of the core kernels: shape mismatches between operands.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

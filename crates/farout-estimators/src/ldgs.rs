@@ -123,8 +123,9 @@ impl<'de> Deserialize<'de> for Iterations {
 /// Each block search is a D/B-dimensional MIPS problem, far easier than the D-dimensional one of
 /// [`crate::Mips`]. Classes outside `U` get no gradient. With exact rescoring, `T -> inf` gives
 /// the exact loss on `U`; the partial scores of the paper's text make message passing converge to
-/// a different loss (DESIGN.md's prototype), which is why `Exact` is the default. Cost: the
-/// block searches plus at most |U| D for rescoring plus `T B` loss evaluations on |U| scores.
+/// a different loss (the prototype in docs/design.md, "LDGS with top-Q retrieval"), which is
+/// why `Exact` is the default. Cost: the block searches plus at most |U| D for rescoring plus
+/// `T B` loss evaluations on |U| scores.
 ///
 /// Measured (`farout bench estimator --estimator ldgs`, K = 100,000, D = 128, B = 8, spherical
 /// block indexes, top 1,000, margin loss): the cosine of dL/dphi with the exact one is 0.80 at
@@ -216,7 +217,11 @@ impl<L: Loss> Ldgs<L> {
     ) -> Result<Self, crate::Error> {
         crate::at_least_one("top", top, "must retrieve at least one class")?;
         if !(tau2 >= 0.0) {
-            return Err(crate::Error::Param { name: "tau2", value: tau2.to_string(), reason: "must be >= 0" });
+            return Err(crate::Error::Param(farout_core::ParamError {
+                name: "tau2",
+                value: tau2.to_string(),
+                reason: "must be >= 0",
+            }));
         }
         Ok(Self { loss, top, iterations, tau2, rescore, active })
     }
@@ -470,7 +475,11 @@ impl LdgsConfig {
 impl EstimatorParams for LdgsConfig {
     fn check(&self) -> Result<(), crate::Error> {
         if !(self.tau2 >= 0.0) {
-            return Err(crate::Error::Param { name: "tau2", value: self.tau2.to_string(), reason: "must be >= 0" });
+            return Err(crate::Error::Param(farout_core::ParamError {
+                name: "tau2",
+                value: self.tau2.to_string(),
+                reason: "must be >= 0",
+            }));
         }
         self.loss().map(|_| ())
     }
@@ -484,11 +493,11 @@ impl EstimatorParams for LdgsConfig {
         let top = crate::mips::search_top(self.top, problem.n_classes);
         let blocks = self.blocks_for(problem.dim);
         if !problem.dim.is_multiple_of(blocks) {
-            return Err(crate::Error::Param {
+            return Err(crate::Error::Param(farout_core::ParamError {
                 name: "blocks",
                 value: blocks.to_string(),
                 reason: "must divide the feature dimension D",
-            });
+            }));
         }
         let (t, a, tau2, r) = (self.iterations, self.active_set, self.tau2, self.rescore);
         let estimator: Box<dyn GradientEstimator> = match loss {
@@ -655,9 +664,10 @@ mod tests {
         }
     }
 
-    /// DESIGN.md's prototype at a smaller size: K = 20,000, D = 128, B = 8 blocks of 16, class
-    /// means in 400 clusters, margin mu = 1, exact per-block top-1,000 retrieval, 183 of 200
-    /// samples with a non-zero gradient. Mean cosine of dL/dphi with the exact one (measured):
+    /// The prototype of docs/design.md ("LDGS with top-Q retrieval") at a smaller size: K =
+    /// 20,000, D = 128, B = 8 blocks of 16, class means in 400 clusters, margin mu = 1, exact
+    /// per-block top-1,000 retrieval, 183 of 200 samples with a non-zero gradient. Mean cosine
+    /// of dL/dphi with the exact one (measured):
     ///
     /// | rescore, active set | T=1 | T=5 | T=20 | T=100 |
     /// |---|---|---|---|---|

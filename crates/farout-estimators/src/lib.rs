@@ -4,7 +4,7 @@
 //! `z = W phi + b`. A [`Loss`] maps `(z, P)` (P = positive classes) to a value and `dL/dz`. A
 //! [`GradientEstimator`] produces, for one sample, a loss estimate and a *sparse class gradient*
 //! `(k, g_k)` approximating `dL/dz_k`, in whatever time its method allows; the layer then applies
-//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (DESIGN.md, "The core contract").
+//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (docs/design.md, "The core contract").
 //!
 //! The exact estimators (`softmax`, `margin`) are the references every approximate one is tested
 //! against.
@@ -53,22 +53,15 @@ pub use state::SampleState;
 #[non_exhaustive]
 pub enum Error {
     /// A parameter is outside its valid range.
-    #[error("invalid parameter `{name}` = {value}: {reason}")]
-    Param {
-        /// Parameter name as in the config.
-        name: &'static str,
-        /// The value given.
-        value: String,
-        /// What is allowed.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Param(#[from] farout_core::ParamError),
 }
 
 impl Error {
     /// The config key the error is about (relative to `[output]`) and what is wrong with it.
     pub fn key_and_message(&self) -> (&'static str, String) {
         match self {
-            Error::Param { name, value, reason } => (name, format!(" = {value} {reason}")),
+            Error::Param(e) => e.key_and_message(),
         }
     }
 }
@@ -76,7 +69,7 @@ impl Error {
 /// Rejects a zero for a count that must be at least one (`name` as in the config).
 pub(crate) fn at_least_one(name: &'static str, n: usize, reason: &'static str) -> Result<(), Error> {
     if n == 0 {
-        return Err(Error::Param { name, value: "0".into(), reason });
+        return Err(Error::Param(farout_core::ParamError { name, value: "0".into(), reason }));
     }
     Ok(())
 }

@@ -65,11 +65,11 @@ impl Proposal {
     /// Checks that the proposal covers `k` classes.
     pub fn check(&self, k: usize) -> Result<(), crate::Error> {
         match self {
-            Proposal::Unigram(t) if t.len() != k => Err(crate::Error::Param {
+            Proposal::Unigram(t) if t.len() != k => Err(crate::Error::Param(farout_core::ParamError {
                 name: "proposal",
                 value: format!("unigram over {} classes", t.len()),
                 reason: "the counts must cover every class of the layer",
-            }),
+            })),
             _ => Ok(()),
         }
     }
@@ -93,11 +93,13 @@ impl ProposalKind {
         let proposal = match self {
             Self::Uniform => Proposal::Uniform,
             Self::LogUniform => Proposal::LogUniform,
-            Self::Unigram => Proposal::unigram(&counts(), alpha).ok_or(crate::Error::Param {
-                name: "proposal",
-                value: "\"unigram\"".into(),
-                reason: "the training set has no labels to count",
-            })?,
+            Self::Unigram => {
+                Proposal::unigram(&counts(), alpha).ok_or(crate::Error::Param(farout_core::ParamError {
+                    name: "proposal",
+                    value: "\"unigram\"".into(),
+                    reason: "the training set has no labels to count",
+                }))?
+            }
         };
         proposal.check(k)?;
         Ok(proposal)
@@ -107,11 +109,11 @@ impl ProposalKind {
 /// Checks the unigram exponent `alpha` (finite, >= 0).
 pub(crate) fn check_alpha(alpha: f64) -> Result<(), crate::Error> {
     if !(alpha >= 0.0 && alpha.is_finite()) {
-        return Err(crate::Error::Param {
+        return Err(crate::Error::Param(farout_core::ParamError {
             name: "alpha",
             value: alpha.to_string(),
             reason: "must be a finite number >= 0",
-        });
+        }));
     }
     Ok(())
 }

@@ -186,11 +186,11 @@ impl Negatives {
     /// Checks `sample_fraction` (in (0, 1]).
     pub fn check(&self) -> Result<(), Error> {
         if !(self.sample_fraction > 0.0 && self.sample_fraction <= 1.0) {
-            return Err(Error::Param {
+            return Err(Error::Param(farout_core::ParamError {
                 name: "sample_fraction",
                 value: self.sample_fraction.to_string(),
                 reason: "must be in (0, 1]",
-            });
+            }));
         }
         Ok(())
     }

@@ -180,7 +180,11 @@ impl crate::IndexParams for HnswConfig {
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
         if !(self.stale_fraction > 0.0 && self.stale_fraction.is_finite()) {
             let value = self.stale_fraction.to_string();
-            return Err(crate::Error::Param { name: "stale_fraction", value, reason: "must be a finite number > 0" });
+            return Err(crate::Error::Param(farout_core::ParamError {
+                name: "stale_fraction",
+                value,
+                reason: "must be a finite number > 0",
+            }));
         }
         Ok(())
     }

@@ -41,22 +41,15 @@ use farout_core::{ClassId, Matrix};
 #[non_exhaustive]
 pub enum Error {
     /// A parameter is outside its valid range.
-    #[error("invalid parameter `{name}` = {value}: {reason}")]
-    Param {
-        /// Parameter name as in the config (relative to `[index]`).
-        name: &'static str,
-        /// The value given.
-        value: String,
-        /// What is allowed.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Param(#[from] farout_core::ParamError),
 }
 
 impl Error {
     /// The config key the error is about (relative to `[index]`) and what is wrong with it.
     pub fn key_and_message(&self) -> (&'static str, String) {
         match self {
-            Error::Param { name, value, reason } => (name, format!(" = {value} {reason}")),
+            Error::Param(e) => e.key_and_message(),
         }
     }
 }
@@ -68,7 +61,7 @@ pub(crate) fn finite_at_least(name: &'static str, value: f32, min: f32) -> Resul
     }
     let reason = if min == 0.0 { "must be a finite number >= 0" } else { "must be a finite number >= 1" };
     debug_assert!(min == 0.0 || min == 1.0, "add a reason for min = {min}");
-    Err(Error::Param { name, value: value.to_string(), reason })
+    Err(Error::Param(farout_core::ParamError { name, value: value.to_string(), reason }))
 }
 
 /// Rejects `value` of count parameter `name` outside `range`, explained by `reason`.
@@ -78,7 +71,11 @@ pub(crate) fn count_in(
     range: std::ops::RangeInclusive<usize>,
     reason: &'static str,
 ) -> Result<(), Error> {
-    if range.contains(&value) { Ok(()) } else { Err(Error::Param { name, value: value.to_string(), reason }) }
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::Param(farout_core::ParamError { name, value: value.to_string(), reason }))
+    }
 }
 
 /// Top-k maximum inner product search over the rows of a matrix `W` that changes during

@@ -229,7 +229,11 @@ impl crate::IndexParams for SphericalConfig {
         crate::finite_at_least("rescore", self.rescore, 1.0)?;
         if !self.refresh_drift.is_finite() {
             let value = self.refresh_drift.to_string();
-            return Err(crate::Error::Param { name: "refresh_drift", value, reason: "must be a finite number" });
+            return Err(crate::Error::Param(farout_core::ParamError {
+                name: "refresh_drift",
+                value,
+                reason: "must be a finite number",
+            }));
         }
         Ok(())
     }
