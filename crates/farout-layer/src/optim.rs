@@ -81,18 +81,19 @@ impl Default for OptimizerConfig {
 impl OptimizerConfig {
     /// Checks the values; errors name the key relative to the optimizer's table (`lr`, `eps`).
     pub fn check(&self) -> Result<(), crate::Error> {
-        let (lr, l2) = match *self {
+        // The step size's key: `lr`, or `rho0` for the A&R schedule.
+        let (lr_key, lr, l2) = match *self {
             OptimizerConfig::Sgd { lr, decay, l2 } => {
                 if !(decay >= 0.0) {
                     return Err(crate::Error::Config { key: "decay", msg: format!("{decay} must be >= 0") });
                 }
-                (lr, l2)
+                ("lr", lr, l2)
             }
             OptimizerConfig::Adagrad { lr, eps, l2 } => {
                 if !(eps > 0.0) {
                     return Err(crate::Error::Config { key: "eps", msg: format!("{eps} must be > 0") });
                 }
-                (lr, l2)
+                ("lr", lr, l2)
             }
             OptimizerConfig::ArSchedule { rho0, decay, decay_every, grad_scale, l2 } => {
                 if !(decay > 0.0 && decay <= 1.0) {
@@ -104,11 +105,11 @@ impl OptimizerConfig {
                 if !(grad_scale > 0.0 && grad_scale.is_finite()) {
                     return Err(crate::Error::Config { key: "grad_scale", msg: format!("{grad_scale} must be > 0") });
                 }
-                (rho0, l2)
+                ("rho0", rho0, l2)
             }
         };
         if !(lr > 0.0 && lr.is_finite()) {
-            return Err(crate::Error::Config { key: "lr", msg: format!("{lr} must be a finite number > 0") });
+            return Err(crate::Error::Config { key: lr_key, msg: format!("{lr} must be a finite number > 0") });
         }
         if !(l2 >= 0.0) {
             return Err(crate::Error::Config { key: "l2", msg: format!("{l2} must be >= 0") });
@@ -304,6 +305,8 @@ mod tests {
 
     #[test]
     fn ar_schedule_follows_the_papers_formula() {
+        let bad = OptimizerConfig::ArSchedule { rho0: 0.0, decay: 0.9, decay_every: 2, grad_scale: 10.0, l2: 0.0 };
+        assert!(matches!(bad.check(), Err(crate::Error::Config { key: "rho0", .. })), "rho0 is named");
         let cfg = OptimizerConfig::ArSchedule { rho0: 0.02, decay: 0.9, decay_every: 2, grad_scale: 10.0, l2: 0.0 };
         let mut o = cfg.build(1, 1);
         let mut w = [0.0f32];

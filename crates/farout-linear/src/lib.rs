@@ -5,7 +5,7 @@
 //! mean-separating initialisation (MSI) of Schultheis & Babbar, *Speeding-up one-versus-all
 //! training for extreme classification via mean-separating initialization* (\[M\]). It has no
 //! Burn dependency, so it builds and tests in seconds. The shared implementation spec is
-//! `LINEAR.md`, sections 1, 5 and 6.
+//! docs/linear.md, sections 1, 5 and 6.
 //!
 //! - [`data`]: [`TrainSet`] (CSR rows plus the label → samples [`LabelIndex`]), [`DataStats`]
 //!   (n, Σx_i, ‖x̄‖², shared by MSI and the stopping rule) and [`FeatureTransform`] (tf-idf, row
