@@ -35,11 +35,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Hogwild {
-    /// Plain racy loads and stores, as word2vec (faster).
+    /// Relaxed atomics: updates can be lost, as in any Hogwild scheme, but no data race.
     #[default]
-    Racy,
-    /// Relaxed atomics (no data race under Rust's memory model).
     Atomic,
+    /// Plain loads and stores, as word2vec: a data race, so undefined behaviour under Rust's
+    /// memory model; opt in only for its speed (figures in [`hogwild`]).
+    Racy,
 }
 
 /// Which form of the skip-gram objective the estimators other than negative sampling train.
@@ -102,7 +103,7 @@ impl Default for SkipGramConfig {
             window: 5,
             lr: 0.025,
             min_lr: 1e-4,
-            hogwild: Hogwild::Racy,
+            hogwild: Hogwild::default(),
             init_range: 1.0,
             objective: Objective::Pairs,
             updates: Updates::Alternating,

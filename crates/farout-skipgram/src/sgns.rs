@@ -18,7 +18,7 @@
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
 use crate::pairs::{for_each_pair, subsample};
 use crate::{Embeddings, Error, Hogwild, REPORT_INTERVAL, SkipGramConfig};
-use farout_core::{AliasTable, Rng, kernels, rng};
+use farout_core::{AliasTable, Rng, rng};
 use farout_data::corpus::{TextSpec, Vocab, for_each_line, split_lines};
 use std::path::Path;
 use std::sync::Mutex;
@@ -121,8 +121,6 @@ struct Scratch {
     sentence: Vec<u32>,
     l1: Vec<f32>,
     err: Vec<f32>,
-    v: Vec<f32>,
-    tmp: Vec<f32>,
     loss: f64,
     loss_n: u64,
     pairs: u64,
@@ -311,8 +309,13 @@ impl NsJob<'_> {
                 }
                 (k, 0.0)
             };
-            output.read(target as usize, &mut s.v);
-            let p = sigmoid(kernels::dot(&s.v, &s.l1));
+            // g = lr (y - s(u . v_k)), e += g v_k, v_k += g u: one fused step on v_k.
+            let mut p = 0.0;
+            let step = |f| {
+                p = sigmoid(f);
+                lr * (label - p)
+            };
+            output.dot_step(target as usize, &s.l1, step, &mut s.err);
             if track {
                 // -log s(f) for the centre, -log s(-f) = -log(1 - s(f)) for a negative.
                 // (Clamped so a confident mistake counts 69, but NaN, from overflowed vectors,
@@ -320,30 +323,18 @@ impl NsJob<'_> {
                 let q = if label > 0.0 { p } else { 1.0 - p };
                 s.loss -= if q.is_nan() { f64::NAN } else { q.max(1e-30).ln() as f64 };
             }
-            let g = lr * (label - p);
-            kernels::axpy(g, &s.v, &mut s.err);
-            output.axpy(target as usize, g, &s.l1, &mut s.tmp);
         }
         if track {
             s.loss_n += 1;
         }
         s.pairs += 1;
-        input.axpy(context as usize, 1.0, &s.err, &mut s.tmp);
+        input.axpy(context as usize, 1.0, &s.err);
     }
 }
 
 impl Scratch {
     fn new(dim: usize) -> Self {
-        Self {
-            sentence: Vec::new(),
-            l1: vec![0.0; dim],
-            err: vec![0.0; dim],
-            v: vec![0.0; dim],
-            tmp: vec![0.0; dim],
-            loss: 0.0,
-            loss_n: 0,
-            pairs: 0,
-        }
+        Self { sentence: Vec::new(), l1: vec![0.0; dim], err: vec![0.0; dim], loss: 0.0, loss_n: 0, pairs: 0 }
     }
 }
 
@@ -355,6 +346,7 @@ fn sigmoid(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use farout_core::kernels;
     use farout_data::synth_text::TextGenSpec;
 
     struct Setup {
