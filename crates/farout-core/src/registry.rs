@@ -62,7 +62,7 @@ macro_rules! plugin_registry {
             pub fn deserialize_variant<'de, D: ::serde::Deserializer<'de>>(
                 name: &str,
                 de: D,
-            ) -> Result<Self, D::Error> {
+            ) -> ::core::result::Result<Self, D::Error> {
                 match name {
                     $($name => <$params as ::serde::Deserialize>::deserialize(de).map(Self::$variant),)*
                     _ => Err(<D::Error as ::serde::de::Error>::unknown_variant(name, Self::NAMES)),

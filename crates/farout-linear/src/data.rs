@@ -192,6 +192,8 @@ pub struct TrainSet {
     pub features: SparseRows,
     /// Label → positives.
     pub labels: LabelIndex,
+    /// Sample → labels (what multiclass solvers such as MEMOIR walk).
+    pub sample_labels: LabelSets,
 }
 
 impl TrainSet {
@@ -204,7 +206,7 @@ impl TrainSet {
             });
         }
         canonicalize_rows(&mut features);
-        Ok(Self { labels: LabelIndex::new(labels), features })
+        Ok(Self { labels: LabelIndex::new(labels), sample_labels: labels.clone(), features })
     }
 
     /// From a data set with sparse features (dense features are not supported by DiSMEC here).

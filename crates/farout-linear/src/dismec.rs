@@ -8,15 +8,184 @@
 //!
 //! Pruning (\[M\] Sect. 5): after training, weights with |w| < threshold become 0; the bias is
 //! not exempt (the paper does not exempt it).
+//!
+//! Parameters (`[linear] solver = "dismec"`), with their defaults (\[M\] Sect. 5 and
+//! LIBLINEAR's):
+//!
+//! ```toml
+//! c = 1.0               # loss weight C (the paper has none, i.e. C = 1)
+//! eps0 = 0.01           # stopping tolerance of eq. 13 (1 for dense features, [M] Sect. 5)
+//! max_iter = 1000       # Newton iterations per label
+//! bias = true           # implicit constant feature x_0 = 1 with a regularised weight
+//! prune_threshold = 0.01
+//! init = "msi"          # "zero" | "bias" | "msi"
+//! bias_init = 1.0       # lambda of the bias initialiser -lambda e_0
+//! msi_s = 1.0           # MSI target margin of the positive mean (eq. 21)
+//! msi_t = -2.0          # MSI target margin of the negative mean
+//! ```
 
-use crate::config::DismecConfig;
 use crate::data::{DataStats, TrainSet};
-use crate::init::WeightInit;
+use crate::init::{Bias, Msi, WeightInit, Zero};
 use crate::model::SparseModel;
 use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
+use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
+use farout_core::ParamError;
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::time::Instant;
+
+/// Which initial weights the Newton solver starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitKind {
+    /// w = 0 (LIBLINEAR's and DiSMEC's default).
+    Zero,
+    /// w = −λ e_0: every sample starts on the negative side (\[M\] Sect. 3).
+    Bias,
+    /// Mean-separating initialisation (\[M\] Sect. 4, eqs. 21–24).
+    #[default]
+    Msi,
+}
+
+/// DiSMEC parameters (see the module docs for the TOML form and defaults).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DismecConfig {
+    /// Loss weight C of `½‖w‖² + C Σ φ(y_i wᵀx_i)`; \[M\] fixes C = 1.
+    pub c: f64,
+    /// ε0 of the stopping rule `‖g‖ ≤ ε0 · max(1, min(|P|,|N|))/n · ‖g(0)‖` (eqs. 12–13).
+    pub eps0: f64,
+    /// Maximum number of Newton iterations per label.
+    pub max_iter: usize,
+    /// Whether to add the constant feature x_0 = 1 (an ordinary, regularised weight).
+    pub bias: bool,
+    /// Weights with |w| below this are set to zero after training (\[M\] Sect. 5: 0.01).
+    pub prune_threshold: f64,
+    /// Initial weights.
+    pub init: InitKind,
+    /// λ of the bias initialiser `λ w_b`, `w_b = −e_0` (\[M\] tries 0.9, 1 and 2).
+    pub bias_init: f64,
+    /// MSI: target score s of the positive mean (eq. 21).
+    pub msi_s: f64,
+    /// MSI: target score t of the negative mean (eq. 21; −2 for squared hinge, −3 for logistic).
+    pub msi_t: f64,
+}
+
+impl Default for DismecConfig {
+    fn default() -> Self {
+        Self {
+            c: 1.0,
+            eps0: 0.01,
+            max_iter: 1000,
+            bias: true,
+            prune_threshold: 0.01,
+            init: InitKind::Msi,
+            bias_init: 1.0,
+            msi_s: 1.0,
+            msi_t: -2.0,
+        }
+    }
+}
+
+fn bad(name: &'static str, value: impl std::fmt::Display, reason: &'static str) -> ParamError {
+    ParamError { name, value: value.to_string(), reason }
+}
+
+impl DismecConfig {
+    /// Checks every value; the error names the key (`c`, relative to `[linear]`) and what is
+    /// allowed.
+    pub fn check(&self) -> std::result::Result<(), ParamError> {
+        if !(self.c > 0.0 && self.c.is_finite()) {
+            return Err(bad("c", self.c, "must be a finite number > 0"));
+        }
+        if !(self.eps0 > 0.0 && self.eps0.is_finite()) {
+            return Err(bad("eps0", self.eps0, "must be a finite number > 0 (0.01 for sparse, 1 for dense features)"));
+        }
+        if self.max_iter == 0 {
+            return Err(bad("max_iter", self.max_iter, "must be an integer >= 1"));
+        }
+        if !(self.prune_threshold >= 0.0 && self.prune_threshold.is_finite()) {
+            return Err(bad(
+                "prune_threshold",
+                self.prune_threshold,
+                "must be a finite number >= 0 (0 keeps every weight)",
+            ));
+        }
+        match self.init {
+            InitKind::Zero => {}
+            InitKind::Bias => {
+                if !self.bias {
+                    return Err(bad(
+                        "init",
+                        "\"bias\" with bias = false",
+                        "must be \"zero\" or \"msi\" when bias = false",
+                    ));
+                }
+                if !(self.bias_init > 0.0 && self.bias_init.is_finite()) {
+                    return Err(bad("bias_init", self.bias_init, "must be a finite number > 0 (0.9, 1 or 2 in [M])"));
+                }
+            }
+            InitKind::Msi => {
+                if !self.msi_s.is_finite() {
+                    return Err(bad("msi_s", self.msi_s, "must be a finite number greater than msi_t"));
+                }
+                if !(self.msi_t.is_finite() && self.msi_t < self.msi_s) {
+                    return Err(bad("msi_t", self.msi_t, "must be a finite number less than msi_s (-2 in [M])"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The initialiser this config selects.
+    pub fn weight_init(&self) -> Box<dyn WeightInit> {
+        match self.init {
+            InitKind::Zero => Box::new(Zero),
+            InitKind::Bias => Box::new(Bias { lambda: self.bias_init }),
+            InitKind::Msi => Box::new(Msi { s: self.msi_s, t: self.msi_t }),
+        }
+    }
+}
+
+
+impl LinearSolver for DismecConfig {
+    fn check(&self) -> std::result::Result<(), ParamError> {
+        DismecConfig::check(self)
+    }
+
+    fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {
+        let trained = Dismec::with_init(self, self.weight_init()).train_with(data, progress)?;
+        let r = &trained.report;
+        let labels = &r.labels;
+        let (newton_mean, newton_q95) = mean_and_q95(labels.iter().map(|s| f64::from(s.newton_iters)));
+        let (cg_mean, cg_q95) = mean_and_q95(labels.iter().map(|s| f64::from(s.cg_steps)));
+        let (active, _) = mean_and_q95(labels.iter().map(|s| s.mean_active_fraction));
+        let (step, _) = mean_and_q95(labels.iter().map(|s| s.mean_step));
+        let stats = json!({
+            "init": self.init,
+            "newton_iters_mean": newton_mean,
+            "newton_iters_q95": newton_q95,
+            "newton_iters_total": labels.iter().map(|s| u64::from(s.newton_iters)).sum::<u64>(),
+            "cg_steps_mean": cg_mean,
+            "cg_steps_q95": cg_q95,
+            "cg_steps_total": labels.iter().map(|s| u64::from(s.cg_steps)).sum::<u64>(),
+            "mean_active_fraction": active,
+            "mean_line_search_step": step,
+            "line_search_failures": labels.iter().filter(|s| s.line_search_failed).count(),
+        });
+        let summary = FitSummary {
+            solver: "dismec".into(),
+            seconds: r.seconds,
+            threads: r.threads,
+            nnz_before_pruning: r.nnz_before_pruning,
+            nnz_after_pruning: r.nnz_after_pruning,
+            stats: stats.as_object().cloned().unwrap_or_default(),
+        };
+        Ok(Fitted { model: trained.model, summary })
+    }
+}
 
 /// A checked DiSMEC trainer.
 #[derive(Debug)]
@@ -110,6 +279,11 @@ impl Dismec {
 
     /// Trains every label in parallel on the current rayon pool and prunes the weights.
     pub fn train(&self, data: &TrainSet) -> Result<Trained> {
+        self.train_with(data, &Silent)
+    }
+
+    /// As [`Dismec::train`], advancing `progress` by one per finished label.
+    pub fn train_with(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Trained> {
         let start = Instant::now();
         let (n, k) = (data.n_samples(), data.n_labels());
         if n == 0 {
@@ -122,6 +296,7 @@ impl Dismec {
         let mut order: Vec<usize> = (0..k).collect();
         order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
         let n_vars = stats.n_vars();
+        progress.begin(k as u64, "labels");
         let solved: Vec<(Vec<u32>, Vec<f32>, f32, LabelStats)> = order
             .par_iter()
             .map_init(
@@ -132,6 +307,7 @@ impl Dismec {
                     let (f, w, b) = prune(&scratch.w, self.bias, self.prune_threshold);
                     st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
                     st.seconds = start.elapsed().as_secs_f64();
+                    progress.advance(1);
                     (f, w, b, st)
                 },
             )
@@ -159,7 +335,6 @@ impl Dismec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::InitKind;
     use crate::testutil::random_dataset;
 
     fn train_set(seed: u64) -> TrainSet {
@@ -275,5 +450,38 @@ mod tests {
     fn a_training_set_without_samples_is_an_error() {
         let data = TrainSet::new(farout_data::SparseRows::new(3), &farout_data::LabelSets::new(2)).unwrap();
         assert!(matches!(Dismec::new(&DismecConfig::default()).unwrap().train(&data), Err(Error::Shape { .. })));
+    }
+
+    #[test]
+    fn defaults_are_the_papers_and_an_empty_table_gives_them() {
+        let c: DismecConfig = toml::from_str("").unwrap();
+        assert_eq!(c, DismecConfig::default());
+        assert_eq!((c.c, c.eps0, c.max_iter, c.prune_threshold), (1.0, 0.01, 1000, 0.01));
+        assert_eq!((c.msi_s, c.msi_t, c.init), (1.0, -2.0, InitKind::Msi));
+        c.check().unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_and_unknown_inits_are_rejected() {
+        assert!(toml::from_str::<DismecConfig>("cee = 1.0").is_err());
+        assert!(toml::from_str::<DismecConfig>("init = \"ovap\"").is_err());
+        let c: DismecConfig = toml::from_str("init = \"zero\"\neps0 = 0.1").unwrap();
+        assert_eq!((c.init, c.eps0), (InitKind::Zero, 0.1));
+    }
+
+    #[test]
+    fn check_names_the_key_and_the_allowed_values() {
+        let cases: [(DismecConfig, &str); 6] = [
+            (DismecConfig { c: 0.0, ..Default::default() }, "`c` = 0: must be a finite number > 0"),
+            (DismecConfig { eps0: f64::NAN, ..Default::default() }, "`eps0` = NaN"),
+            (DismecConfig { max_iter: 0, ..Default::default() }, "`max_iter` = 0"),
+            (DismecConfig { prune_threshold: -1.0, ..Default::default() }, "`prune_threshold` = -1"),
+            (DismecConfig { init: InitKind::Bias, bias: false, ..Default::default() }, "`init`"),
+            (DismecConfig { msi_t: 2.0, ..Default::default() }, "`msi_t` = 2"),
+        ];
+        for (c, expect) in cases {
+            let msg = c.check().unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} should contain {expect:?}");
+        }
     }
 }

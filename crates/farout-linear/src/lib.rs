@@ -14,10 +14,12 @@
 //!   preconditioned CG and line search, exactly as LIBLINEAR's `newton.cpp`.
 //! - [`init`]: the [`WeightInit`] trait and its implementations [`Zero`], [`Bias`] and [`Msi`]
 //!   (eqs. 21–24).
-//! - [`dismec`]: [`Dismec`], the label-parallel trainer (rayon, largest labels first), pruning.
+//! - [`dismec`]: [`DismecConfig`] (`solver = "dismec"`) and [`Dismec`], the label-parallel
+//!   trainer (rayon, largest labels first), pruning.
 //! - [`model`]: [`SparseModel`], its feature-major [`Predictor`], and a checked binary file
 //!   format.
-//! - [`config`]: [`DismecConfig`], the `[linear] solver = "dismec"` parameters, with `check()`.
+//! - [`solver`]: the [`LinearSolver`] trait every solver's parameter struct implements, and
+//!   the registry [`SolverConfig`] that `[linear] solver = "..."` selects from.
 //!
 //! What is reused rather than written here: CSR rows, the XMC reader, idf weights and row
 //! normalisation come from `farout-data` ([`farout_data::SparseRows`], [`farout_data::xmc`]);
@@ -46,16 +48,16 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod config;
 pub mod data;
 pub mod dismec;
 pub mod init;
 pub mod model;
 pub mod newton;
+pub mod solver;
 
-pub use config::{DismecConfig, InitKind};
 pub use data::{DataStats, FeatureTransform, FittedTransform, LabelIndex, TrainSet};
-pub use dismec::{Dismec, TrainReport, Trained};
+pub use dismec::{Dismec, DismecConfig, InitKind, TrainReport, Trained};
+pub use solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, SolverConfig};
 pub use init::{Bias, InitContext, Msi, WeightInit, Zero};
 pub use model::{ModelFileError, Predictor, SparseModel};
 pub use newton::LabelStats;
@@ -67,15 +69,8 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum Error {
     /// A parameter of `[linear]` is out of range.
-    #[error("invalid setting `{key}` = {found}: allowed values are {allowed}")]
-    Config {
-        /// The key, as written in the config file (`linear.c`).
-        key: &'static str,
-        /// The value that was given.
-        found: String,
-        /// What would have been accepted.
-        allowed: &'static str,
-    },
+    #[error(transparent)]
+    Param(#[from] farout_core::ParamError),
     /// Reading the data failed.
     #[error(transparent)]
     Data(#[from] farout_data::Error),

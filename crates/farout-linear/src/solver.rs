@@ -1,0 +1,140 @@
+//! The solvers of `[linear]`: one trait, one registry.
+//!
+//! A config selects a solver by name (`[linear] solver = "dismec"`); the other keys of the
+//! section are that solver's parameters, a serde struct with the papers' defaults that denies
+//! unknown keys. The parameter struct *is* the solver: it implements [`LinearSolver`], checks
+//! itself ([`LinearSolver::check`], the error names the key relative to `[linear]`) and trains
+//! ([`LinearSolver::fit`]) into a [`SparseModel`] with a [`FitSummary`].
+//!
+//! A new solver is one file (its parameter struct implementing [`LinearSolver`]) plus one line
+//! in [`SolverConfig`]'s list below and its `mod` line in lib.rs.
+//!
+//! ```toml
+//! [linear]
+//! solver = "dismec"   # "dismec" | "ppdsparse" | "memoir"
+//! init = "msi"        # the solver's own keys
+//! ```
+
+use crate::data::TrainSet;
+use crate::dismec::DismecConfig;
+use crate::model::SparseModel;
+use crate::Result;
+use farout_core::ParamError;
+use serde::Serialize;
+
+farout_core::plugin_registry! {
+    /// The solver of `[linear]` (tag `solver`) with its parameters.
+    pub enum SolverConfig: LinearSolver, tag = "solver" {
+        /// DiSMEC: squared-hinge one-vs-all by truncated Newton, MSI start, pruning (\[M\]).
+        Dismec(DismecConfig) = "dismec",
+    }
+}
+
+impl Default for SolverConfig {
+    fn default() -> Self {
+        Self::Dismec(DismecConfig::default())
+    }
+}
+
+/// A linear extreme classifier: its checked parameters, and training.
+pub trait LinearSolver: Send + Sync + std::fmt::Debug {
+    /// Checks every parameter; the error names the key relative to `[linear]` and what is
+    /// allowed.
+    fn check(&self) -> std::result::Result<(), ParamError>;
+
+    /// Trains on `data` (parameters already checked), reporting work done to `progress`.
+    fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted>;
+}
+
+/// Where a solver reports its progress (a progress bar, or nothing). Called from rayon
+/// workers, hence `Sync`.
+pub trait Progress: Sync {
+    /// Work is about to start: `total` units of `unit` (`"labels"`, `"batches"`).
+    fn begin(&self, total: u64, unit: &'static str);
+    /// `n` more units are done.
+    fn advance(&self, n: u64);
+}
+
+/// Progress that goes nowhere.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Silent;
+
+impl Progress for Silent {
+    fn begin(&self, _total: u64, _unit: &'static str) {}
+    fn advance(&self, _n: u64) {}
+}
+
+/// A trained model and how training went.
+#[derive(Debug)]
+pub struct Fitted {
+    /// The model.
+    pub model: SparseModel,
+    /// Totals and the solver's own statistics.
+    pub summary: FitSummary,
+}
+
+/// What every solver reports, plus its own statistics (`stats`: Newton and CG iterations for
+/// DiSMEC, active-set sizes and duality gaps for PPDSparse, oracle recall for MEMOIR).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FitSummary {
+    /// The solver's config name.
+    pub solver: String,
+    /// Wall time of [`LinearSolver::fit`].
+    pub seconds: f64,
+    /// Threads of the rayon pool it ran on.
+    pub threads: usize,
+    /// Non-zero weights (biases included) before pruning.
+    pub nnz_before_pruning: usize,
+    /// Non-zero weights (biases included) after pruning.
+    pub nnz_after_pruning: usize,
+    /// Solver-specific figures, by name.
+    pub stats: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Mean and 95% quantile of `values` (0 and 0 when empty), for summaries.
+pub fn mean_and_q95(values: impl IntoIterator<Item = f64>) -> (f64, f64) {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    v.sort_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let at = ((v.len() - 1) as f64 * 0.95).round() as usize;
+    (mean, v[at])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    struct Section {
+        linear: SolverConfig,
+    }
+
+    #[test]
+    fn the_tag_selects_the_solver_and_unknown_names_list_the_allowed_ones() {
+        let s: Section = toml::from_str("[linear]\nsolver = \"dismec\"\ninit = \"zero\"").unwrap();
+        assert_eq!(s.linear.name(), "dismec");
+        let e = toml::from_str::<Section>("[linear]\nsolver = \"tron\"").err().unwrap().to_string();
+        for name in SolverConfig::NAMES {
+            assert!(e.contains(name), "{e}");
+        }
+        assert!(toml::from_str::<Section>("[linear]\nsolver = \"dismec\"\ncee = 1").is_err());
+    }
+
+    #[test]
+    fn every_solver_default_passes_its_own_check() {
+        for name in SolverConfig::NAMES {
+            let s: Section = toml::from_str(&format!("[linear]\nsolver = \"{name}\"")).unwrap();
+            s.linear.params().check().unwrap();
+        }
+    }
+
+    #[test]
+    fn quantiles() {
+        assert_eq!(mean_and_q95([]), (0.0, 0.0));
+        let (m, q) = mean_and_q95((1..=100).map(f64::from));
+        assert_eq!((m, q), (50.5, 95.0));
+    }
+}
