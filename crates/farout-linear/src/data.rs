@@ -185,6 +185,24 @@ pub fn canonicalize_rows(rows: &mut SparseRows) {
     *rows = out;
 }
 
+/// The non-zero coordinates of each row of `m` as CSR rows.
+pub fn dense_to_rows(m: &farout_core::Matrix) -> SparseRows {
+    let mut x = SparseRows::new(m.cols());
+    let (mut cols, mut vals) = (Vec::with_capacity(m.cols()), Vec::with_capacity(m.cols()));
+    for i in 0..m.rows() {
+        cols.clear();
+        vals.clear();
+        for (j, &v) in m.row(i).iter().enumerate() {
+            if v != 0.0 {
+                cols.push(j as u32);
+                vals.push(v);
+            }
+        }
+        x.push_row(&cols, &vals);
+    }
+    x
+}
+
 /// Features and label index of a training set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainSet {
@@ -209,14 +227,12 @@ impl TrainSet {
         Ok(Self { labels: LabelIndex::new(labels), sample_labels: labels.clone(), features })
     }
 
-    /// From a data set with sparse features (dense features are not supported by DiSMEC here).
+    /// From a data set; dense features (face embeddings) become CSR rows holding every
+    /// non-zero coordinate.
     pub fn from_dataset(data: Dataset) -> Result<Self> {
         match data.features {
             Features::Sparse(x) => Self::new(x, &data.labels),
-            Features::Dense(m) => Err(Error::Shape {
-                what: "training set",
-                detail: format!("dense features ({} x {}): DiSMEC here reads sparse rows", m.rows(), m.cols()),
-            }),
+            Features::Dense(m) => Self::new(dense_to_rows(&m), &data.labels),
         }
     }
 
@@ -265,6 +281,14 @@ mod tests {
         assert_eq!(s.mean(3), 1.0);
         assert!((s.mean_norm_sq() - (0.25 + 9.0 + 1.0)).abs() < 1e-12);
         assert!((DataStats::new(&x, false).mean_norm_sq() - 9.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dense_rows_keep_their_non_zeros() {
+        let m = farout_core::Matrix::from_vec(2, 3, vec![1.0, 0.0, -2.0, 0.0, 0.0, 0.5]).unwrap();
+        let x = dense_to_rows(&m);
+        assert_eq!(x.row(0), (&[0u32, 2][..], &[1.0f32, -2.0][..]));
+        assert_eq!(x.row(1), (&[2u32][..], &[0.5f32][..]));
     }
 
     #[test]
