@@ -16,6 +16,14 @@
 //!   (eqs. 21–24).
 //! - [`dismec`]: [`DismecConfig`] (`solver = "dismec"`) and [`Dismec`], the label-parallel
 //!   trainer (rayon, largest labels first), pruning.
+//! - [`ppdsparse`]: [`PpdSparseConfig`] (`solver = "ppdsparse"`), PPDSparse's dual greedy
+//!   active-set solver of the elastic-net squared-hinge problem (Yen et al., KDD'17), with the
+//!   CSC transpose of X its search walks.
+//! - [`memoir`]: [`MemoirConfig`] (`solver = "memoir"`), the Crammer–Singer multiclass SVM by
+//!   stochastic subgradient steps with an inexact argmax (Belyy & Sholokhov, \[E\], Alg. 1–2),
+//!   lazily scaled dense W.
+//! - [`oracle`]: the [`oracle::ArgmaxOracle`] trait (top 2 per query, refresh of changed rows)
+//!   and [`oracle::MipsOracle`] over any farout-search index (exact, HNSW, SimpleLSH).
 //! - [`model`]: [`SparseModel`], its feature-major [`Predictor`], and a checked binary file
 //!   format.
 //! - [`solver`]: the [`LinearSolver`] trait every solver's parameter struct implements, and
@@ -51,16 +59,21 @@
 pub mod data;
 pub mod dismec;
 pub mod init;
+pub mod memoir;
 pub mod model;
 pub mod newton;
+pub mod oracle;
+pub mod ppdsparse;
 pub mod solver;
 
 pub use data::{DataStats, FeatureTransform, FittedTransform, LabelIndex, TrainSet};
 pub use dismec::{Dismec, DismecConfig, InitKind, TrainReport, Trained};
-pub use solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, SolverConfig};
 pub use init::{Bias, InitContext, Msi, WeightInit, Zero};
+pub use memoir::MemoirConfig;
 pub use model::{ModelFileError, Predictor, SparseModel};
 pub use newton::LabelStats;
+pub use ppdsparse::PpdSparseConfig;
+pub use solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, SolverConfig};
 
 use std::path::PathBuf;
 

@@ -15,10 +15,12 @@
 //! init = "msi"        # the solver's own keys
 //! ```
 
+use crate::Result;
 use crate::data::TrainSet;
 use crate::dismec::DismecConfig;
+use crate::memoir::MemoirConfig;
 use crate::model::SparseModel;
-use crate::Result;
+use crate::ppdsparse::PpdSparseConfig;
 use farout_core::ParamError;
 use serde::Serialize;
 
@@ -27,6 +29,10 @@ farout_core::plugin_registry! {
     pub enum SolverConfig: LinearSolver, tag = "solver" {
         /// DiSMEC: squared-hinge one-vs-all by truncated Newton, MSI start, pruning (\[M\]).
         Dismec(DismecConfig) = "dismec",
+        /// PPDSparse: primal-dual sparse active-set one-vs-all (\[P\]).
+        PpdSparse(PpdSparseConfig) = "ppdsparse",
+        /// MEMOIR: multiclass SVM by stochastic subgradient with an inexact argmax (\[E\]).
+        Memoir(MemoirConfig) = "memoir",
     }
 }
 

@@ -1,0 +1,1271 @@
+//! PPDSparse: every label's elastic-net squared-hinge problem solved in the dual by a greedy
+//! active-set method (Yen et al., KDD'17, \[P\]), in parallel over labels, then pruned.
+//!
+//! # The problem of one label
+//!
+//! With y_i = +1 on the label's positives and −1 elsewhere, x_i carrying the implicit bias
+//! feature x_{i,0} = 1 (stored as the *last* weight coordinate, index d, like everywhere in this
+//! crate), and the squared hinge of \[P\] Sect. 5.2:
+//!
+//! ```text
+//! F(w) = λ Σ_{j≠0} |w_j| + (τ/2)‖w‖² + Σ_i ½ max(1 − y_i wᵀx_i, 0)²          (eq. 9, Sect. 5.2)
+//! ```
+//!
+//! The bias is not ℓ1-penalised (\[P\] after eq. 10) but is ℓ2-regularised. τ multiplies the
+//! whole ℓ2 term (\[P\] Sect. 5.2 names τ without its form; project choice). The Fenchel dual
+//! (eq. 10 with the squared hinge's conjugate `ℓ*(−a) = −a + a²/2`, a ≥ 0, as in Hsieh et al.
+//! 2008, \[P\]'s ref. 13) is
+//!
+//! ```text
+//! G(α) = (τ/2)‖w(α)‖² + ½‖α‖² − Σ_i α_i,   α ≥ 0 (U = ∞),
+//! w(α) = prox_λ(v)/τ,   v = X̂ᵀα = Σ_i α_i y_i x_i,                                 (eq. 10, 13)
+//! prox_λ(v)_j = sign(v_j) max(|v_j| − λ, 0) for j ≠ 0,   prox_λ(v)_0 = v_0,
+//! ∇_i G = y_i w(α)ᵀx_i + α_i − 1,                                                 (eq. 12)
+//! H_ii  = (‖x_i‖² + 1)/τ + 1    (the +1 inside is the bias feature)
+//! ```
+//!
+//! and `F(w(α*)) = −G(α*)`, so `F(w(α)) + G(α) ≥ 0` is the duality gap reported per label.
+//! Since `(τ/2)‖w‖² + Σ ½φ = τ·(½‖w‖² + (1/(2τ)) Σ φ)`, λ = 0 gives DiSMEC's minimiser with
+//! C = 1/(2τ) (C = ½ at τ = 1); H_ii bounds the curvature of G along α_i (soft-thresholding
+//! only lowers it), so each coordinate step below decreases G.
+//!
+//! # The algorithm (\[P\] Algorithms 1–3)
+//!
+//! ```text
+//! α = 0, v = w = 0, A = P                                   (Alg. 1 step 0)
+//! for t = 1..=max_iter:
+//!   Alg. 2: S ≤ inner_sweeps·|A| draws i ~ U(A) (sweeps of |A| draws, done early after a
+//!           sweep whose drawn projected gradients are all ≤ tol):
+//!           α_i ← max(α_i − ∇_iG/H_ii, 0); v += Δα_i y_i x_i; w_j ← prox(v_j)/τ on x_i's features
+//!   Alg. 1 step 4: drop i ∈ A with α_i = 0 and y_i = −1 (positives stay)
+//!   PG = max_{i∈A} |projected ∇_iG|
+//!   search (Alg. 1 steps 1–2): z_i = Σ_j w̃_j x_ij by walking the CSC columns of the j with
+//!           w̃_j ≠ 0 (eq. 14), the bias w_0 added as a scalar; candidates i ∉ A by −∇_iG = 1 − y_i z_i
+//!   w̃ = RandomSparsify(w) (Alg. 3, R = ⌈2‖w‖₁²/δ²⌉, Thm 4.1) when R < nnz(w), else w̃ = w;
+//!   candidates of a sparsified search are kept only if their exact −∇_iG > tol (O(d̄) each);
+//!   if none is left and PG ≤ tol, search again with w̃ = w
+//!   exact search, no candidate with −∇_iG > tol, and PG ≤ tol: stop
+//!   A ∪= the κ candidates with the largest −∇_iG > tol
+//! ```
+//!
+//! At t = 1 every ∇_iG = −1 (all tied), so the first step 3 runs on A = P before any search
+//! (LINEAR.md §2). A row that shares no feature with w̃ has z_i = 0 and −∇_iG = 1 − y_i w_0: all
+//! such negatives tie, and the search takes the lowest indices among them. Columns are stored
+//! sorted by |x_ij| descending, so the two-level sparsification of \[P\] Sect. 5.3 stops a
+//! column's walk at the first |x_ij| < `column_threshold` (approximate searches only; the exact
+//! search that decides convergence walks every entry).
+//!
+//! # Project choices (\[P\] leaves them open)
+//!
+//! κ (`kappa`, 0 = |A| so the active set can at most double per iteration), T (`max_iter`),
+//! S (at most `inner_sweeps`·|A| uniform draws, fewer once a sweep's drawn projected gradients
+//! are all ≤ `tol`), δ (`delta`, 0 = always exact), the Sect. 5.3 threshold,
+//! the stopping rule and its `tol` (which also bounds what the search adds: only −∇_iG > tol),
+//! U = ∞ (squared hinge), Alg. 1's undefined "b = 1" is ignored. Weights with |w| below
+//! `prune_threshold` are then set to zero exactly like DiSMEC's ([`crate::dismec::prune`]; the
+//! bias is not exempt).
+//!
+//! # Parallelism and determinism
+//!
+//! The CSC transpose of X and ‖x_i‖² are built once per fit and shared read-only. Labels go to
+//! rayon largest |P| first; each worker keeps one scratch (dense f64 vectors of length n and
+//! d + 1) through `map_init`, reset after each label by walking only what the label touched, so
+//! a label costs O(its work), not O(n + d). Each label draws from its own generator
+//! `seeded(seed, label)`, so the model is bit-identical for any number of threads.
+//!
+//! Parameters (`[linear] solver = "ppdsparse"`), with their defaults:
+//!
+//! ```toml
+//! lambda = 0.01          # ℓ1 weight λ ([P] Sect. 6: best on most sets)
+//! tau = 1.0              # ℓ2 weight τ of (τ/2)‖w‖² ([P] Sect. 6)
+//! kappa = 0              # candidates added per search (0: |A|)
+//! max_iter = 100         # outer iterations T of Alg. 1
+//! inner_sweeps = 10      # Alg. 2 draws per outer iteration, in multiples of |A|
+//! delta = 1.0            # Alg. 3 precision δ, R = ceil(2‖w‖₁²/δ²) (0: exact search only)
+//! column_threshold = 0.0 # [P] Sect. 5.3: skip |x_ij| below this in approximate searches
+//! tol = 0.01             # stop: no violator −∇_iG > tol outside A, projected gradient ≤ tol on A
+//! bias = true
+//! prune_threshold = 0.01
+//! seed = 0
+//! ```
+
+use crate::data::{SparseRows, TrainSet};
+use crate::model::SparseModel;
+use crate::newton::Rows;
+use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, mean_and_q95};
+use crate::{Error, Result};
+use farout_core::ParamError;
+use farout_core::rng::{self, Rng, RngExt};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::time::Instant;
+
+/// PPDSparse parameters (see the module docs for the TOML form, defaults and project choices).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PpdSparseConfig {
+    /// ℓ1 weight λ of eq. 9 (not applied to the bias).
+    pub lambda: f64,
+    /// ℓ2 weight τ: the regulariser is `(τ/2)‖w‖²` (\[P\] Sect. 5.2).
+    pub tau: f64,
+    /// Candidates κ added to the active set per search (Alg. 1 step 2); 0 means |A|.
+    pub kappa: usize,
+    /// Outer iterations T of Alg. 1 per label.
+    pub max_iter: usize,
+    /// Coordinate steps S of Alg. 2 per outer iteration, in multiples of |A|.
+    pub inner_sweeps: usize,
+    /// Precision δ of the sparsified search: Alg. 3 with `R = ⌈2‖w‖₁²/δ²⌉` (Thm 4.1) when that
+    /// is below nnz(w); 0 always searches with w itself.
+    pub delta: f64,
+    /// \[P\] Sect. 5.3: approximate searches skip the entries with |x_ij| below this (0: none).
+    pub column_threshold: f64,
+    /// Stopping tolerance on −∇_iG outside A and on the projected gradient on A.
+    pub tol: f64,
+    /// Whether to add the constant feature x_0 = 1 (ℓ2- but not ℓ1-regularised).
+    pub bias: bool,
+    /// Weights with |w| below this are set to zero after training (as DiSMEC's).
+    pub prune_threshold: f64,
+    /// Seed of the per-label generators `seeded(seed, label)` (Alg. 2 draws, Alg. 3).
+    pub seed: u64,
+}
+
+impl Default for PpdSparseConfig {
+    fn default() -> Self {
+        Self {
+            lambda: 0.01,
+            tau: 1.0,
+            kappa: 0,
+            max_iter: 100,
+            inner_sweeps: 10,
+            delta: 1.0,
+            column_threshold: 0.0,
+            tol: 0.01,
+            bias: true,
+            prune_threshold: 0.01,
+            seed: 0,
+        }
+    }
+}
+
+fn bad(name: &'static str, value: impl std::fmt::Display, reason: &'static str) -> ParamError {
+    ParamError { name, value: value.to_string(), reason }
+}
+
+impl PpdSparseConfig {
+    /// Checks every value; the error names the key (relative to `[linear]`) and what is allowed.
+    pub fn check(&self) -> std::result::Result<(), ParamError> {
+        if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
+            return Err(bad("lambda", self.lambda, "must be a finite number >= 0 (0.01, 0.1 or 1 in [P])"));
+        }
+        if !(self.tau > 0.0 && self.tau.is_finite()) {
+            return Err(bad("tau", self.tau, "must be a finite number > 0 (0.1, 1 or 10 in [P])"));
+        }
+        if self.max_iter == 0 {
+            return Err(bad("max_iter", self.max_iter, "must be an integer >= 1"));
+        }
+        if self.inner_sweeps == 0 {
+            return Err(bad("inner_sweeps", self.inner_sweeps, "must be an integer >= 1"));
+        }
+        if !(self.delta >= 0.0 && self.delta.is_finite()) {
+            return Err(bad("delta", self.delta, "must be a finite number >= 0 (0 searches exactly)"));
+        }
+        if !(self.column_threshold >= 0.0 && self.column_threshold.is_finite()) {
+            return Err(bad(
+                "column_threshold",
+                self.column_threshold,
+                "must be a finite number >= 0 (0 walks every entry)",
+            ));
+        }
+        if !(self.tol > 0.0 && self.tol.is_finite()) {
+            return Err(bad("tol", self.tol, "must be a finite number > 0"));
+        }
+        if !(self.prune_threshold >= 0.0 && self.prune_threshold.is_finite()) {
+            return Err(bad(
+                "prune_threshold",
+                self.prune_threshold,
+                "must be a finite number >= 0 (0 keeps every weight)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Trains every label in parallel on the current rayon pool and prunes the weights,
+    /// advancing `progress` by one per finished label.
+    pub fn train(&self, data: &TrainSet, progress: &dyn Progress) -> Result<PpdTrained> {
+        self.check()?;
+        let start = Instant::now();
+        let (n, k) = (data.n_samples(), data.n_labels());
+        check_size(n)?;
+        let shared = Shared::new(&data.features, self.bias);
+        let mut order: Vec<usize> = (0..k).collect();
+        order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
+        progress.begin(k as u64, "labels");
+        let solved: Vec<(Vec<u32>, Vec<f32>, f32, PpdLabelStats)> = order
+            .par_iter()
+            .map_init(
+                || Scratch::new(shared.n_vars(), n),
+                |scratch, &j| {
+                    let start = Instant::now();
+                    let mut st = solve_label(self, &shared, data.labels.positives(j), j, scratch);
+                    let (f, w, b) = scratch.pruned(&shared, self.prune_threshold);
+                    scratch.reset(&shared);
+                    st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
+                    st.seconds = start.elapsed().as_secs_f64();
+                    progress.advance(1);
+                    (f, w, b, st)
+                },
+            )
+            .collect();
+        let mut slot = vec![0usize; k];
+        order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
+        let mut model = SparseModel::new(data.n_features(), self.bias);
+        let mut labels = Vec::with_capacity(k);
+        for &at in &slot {
+            let (f, w, b, st) = &solved[at];
+            model.push_label(f, w, *b);
+            labels.push(st.clone());
+        }
+        Ok(PpdTrained {
+            nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
+            nnz_after_pruning: model.nnz(),
+            model,
+            labels,
+            seconds: start.elapsed().as_secs_f64(),
+            threads: rayon::current_num_threads(),
+        })
+    }
+
+    /// Trains label `k` alone: its unpruned dense weights (bias last when `bias`) and stats.
+    pub fn train_label(&self, data: &TrainSet, k: usize) -> Result<(Vec<f64>, PpdLabelStats)> {
+        self.check()?;
+        check_size(data.n_samples())?;
+        if k >= data.n_labels() {
+            return Err(Error::Shape { what: "label", detail: format!("label {k} of {}", data.n_labels()) });
+        }
+        let shared = Shared::new(&data.features, self.bias);
+        let mut scratch = Scratch::new(shared.n_vars(), data.n_samples());
+        let st = solve_label(self, &shared, data.labels.positives(k), k, &mut scratch);
+        Ok((scratch.w.clone(), st))
+    }
+}
+
+fn check_size(n: usize) -> Result<()> {
+    if n == 0 {
+        return Err(Error::Shape { what: "training set", detail: "no samples".into() });
+    }
+    if n > u32::MAX as usize {
+        return Err(Error::Shape { what: "training set", detail: format!("{n} samples: ids are 32-bit") });
+    }
+    Ok(())
+}
+
+impl LinearSolver for PpdSparseConfig {
+    fn check(&self) -> std::result::Result<(), ParamError> {
+        PpdSparseConfig::check(self)
+    }
+
+    fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {
+        let t = self.train(data, progress)?;
+        let l = &t.labels;
+        let (outer_mean, outer_q95) = mean_and_q95(l.iter().map(|s| f64::from(s.outer_iters)));
+        let (active_mean, active_q95) = mean_and_q95(l.iter().map(|s| s.active_size as f64));
+        let (nnz_mean, nnz_q95) = mean_and_q95(l.iter().map(|s| s.nnz_before_pruning as f64));
+        let sparsified: Vec<&PpdLabelStats> = l.iter().filter(|s| s.sparsified_searches > 0).collect();
+        let (wtilde_mean, wtilde_q95) = mean_and_q95(sparsified.iter().map(|s| s.mean_nnz_wtilde));
+        let (gap_mean, gap_q95) = mean_and_q95(l.iter().map(|s| s.relative_gap()));
+        let stats = json!({
+            "lambda": self.lambda,
+            "tau": self.tau,
+            "tol": self.tol,
+            "outer_iters_mean": outer_mean,
+            "outer_iters_q95": outer_q95,
+            "active_size_mean": active_mean,
+            "active_size_q95": active_q95,
+            "nnz_w_mean": nnz_mean,
+            "nnz_w_q95": nnz_q95,
+            "sparsified_searches_total": l.iter().map(|s| u64::from(s.sparsified_searches)).sum::<u64>(),
+            "exact_searches_total": l.iter().map(|s| u64::from(s.exact_searches)).sum::<u64>(),
+            "nnz_wtilde_mean": wtilde_mean,
+            "nnz_wtilde_q95": wtilde_q95,
+            "cd_steps_total": l.iter().map(|s| s.cd_steps).sum::<u64>(),
+            "relative_gap_mean": gap_mean,
+            "relative_gap_q95": gap_q95,
+            "not_converged": l.iter().filter(|s| !s.converged).count(),
+        });
+        let summary = FitSummary {
+            solver: "ppdsparse".into(),
+            seconds: t.seconds,
+            threads: t.threads,
+            nnz_before_pruning: t.nnz_before_pruning,
+            nnz_after_pruning: t.nnz_after_pruning,
+            stats: stats.as_object().cloned().unwrap_or_default(),
+        };
+        Ok(Fitted { model: t.model, summary })
+    }
+}
+
+/// What training returns: the pruned model, per-label statistics and totals.
+#[derive(Debug)]
+pub struct PpdTrained {
+    /// The pruned model.
+    pub model: SparseModel,
+    /// One entry per label, in label order.
+    pub labels: Vec<PpdLabelStats>,
+    /// Wall time of [`PpdSparseConfig::train`].
+    pub seconds: f64,
+    /// rayon threads used.
+    pub threads: usize,
+    /// Non-zero weights (biases included) before pruning.
+    pub nnz_before_pruning: usize,
+    /// Non-zero weights (biases included) after pruning.
+    pub nnz_after_pruning: usize,
+}
+
+/// What the solver did for one label.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PpdLabelStats {
+    /// The label.
+    pub label: u32,
+    /// |P|.
+    pub n_positives: usize,
+    /// Outer iterations of Alg. 1.
+    pub outer_iters: u32,
+    /// Coordinate steps of Alg. 2 over all outer iterations.
+    pub cd_steps: u64,
+    /// |A| at the end.
+    pub active_size: usize,
+    /// Searches with the sparsified w̃ of Alg. 3.
+    pub sparsified_searches: u32,
+    /// Searches with w itself (including the final one).
+    pub exact_searches: u32,
+    /// Mean nnz(w̃) over the sparsified searches (0 without any).
+    pub mean_nnz_wtilde: f64,
+    /// Primal objective F(w(α)) at the end (eq. 9).
+    pub primal: f64,
+    /// Dual objective G(α) at the end (eq. 10); the duality gap is `primal + dual`.
+    pub dual: f64,
+    /// Whether the stopping rule held before `max_iter` ran out.
+    pub converged: bool,
+    /// Non-zero weights (bias included) before pruning.
+    pub nnz_before_pruning: usize,
+    /// Non-zero weights (bias included) after pruning.
+    pub nnz_after_pruning: usize,
+    /// Wall time of this label.
+    pub seconds: f64,
+}
+
+impl PpdLabelStats {
+    /// The duality gap F + G (≥ 0 up to rounding).
+    pub fn gap(&self) -> f64 {
+        self.primal + self.dual
+    }
+
+    /// The duality gap relative to F (F > 0 whenever there is a sample).
+    pub fn relative_gap(&self) -> f64 {
+        self.gap() / self.primal.abs().max(f64::MIN_POSITIVE)
+    }
+}
+
+/// The column-major copy of X (without the bias column), each column's entries sorted by
+/// |x_ij| descending (ties by row) so that a walk can stop at a magnitude threshold
+/// (\[P\] Sect. 5.3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Csc {
+    col_ptr: Vec<usize>,
+    rows: Vec<u32>,
+    values: Vec<f32>,
+}
+
+impl Csc {
+    /// Transposes canonical CSR rows.
+    pub fn new(x: &SparseRows) -> Self {
+        let d = x.n_cols;
+        let mut col_ptr = vec![0usize; d + 1];
+        x.indices.iter().for_each(|&c| col_ptr[c as usize + 1] += 1);
+        for j in 0..d {
+            col_ptr[j + 1] += col_ptr[j];
+        }
+        let mut fill = col_ptr.clone();
+        let mut entries = vec![(0u32, 0f32); x.indices.len()];
+        for i in 0..x.n_rows() {
+            for at in x.indptr[i]..x.indptr[i + 1] {
+                let c = x.indices[at] as usize;
+                entries[fill[c]] = (i as u32, x.values[at]);
+                fill[c] += 1;
+            }
+        }
+        for j in 0..d {
+            entries[col_ptr[j]..col_ptr[j + 1]].sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()).then(a.0.cmp(&b.0)));
+        }
+        let (rows, values) = entries.into_iter().unzip();
+        Self { col_ptr, rows, values }
+    }
+
+    /// Number of stored entries of column j.
+    #[inline]
+    pub fn col_len(&self, j: usize) -> usize {
+        self.col_ptr[j + 1] - self.col_ptr[j]
+    }
+
+    /// Column j: (rows, values), by |value| descending.
+    #[inline]
+    pub fn col(&self, j: usize) -> (&[u32], &[f32]) {
+        let r = self.col_ptr[j]..self.col_ptr[j + 1];
+        (&self.rows[r.clone()], &self.values[r])
+    }
+}
+
+/// Algorithm 3 (random sparsification): R draws of j with probability |w_j|/‖w‖₁, and
+/// `w̃ = (‖w‖₁/R) Σ_draws sign(w_j) e_j`, an unbiased estimate of w with at most R non-zeros.
+/// `w` holds the non-zero (feature, weight) pairs; the output keeps their order. `cumulative`
+/// and `counts` are scratch.
+pub fn random_sparsify(
+    w: &[(u32, f64)],
+    r: usize,
+    rng: &mut Rng,
+    cumulative: &mut Vec<f64>,
+    counts: &mut Vec<u32>,
+    out: &mut Vec<(u32, f64)>,
+) {
+    out.clear();
+    cumulative.clear();
+    let mut total = 0.0;
+    for &(_, v) in w {
+        total += v.abs();
+        cumulative.push(total);
+    }
+    if r == 0 || !(total > 0.0) {
+        return;
+    }
+    counts.clear();
+    counts.resize(w.len(), 0);
+    for _ in 0..r {
+        let u = rng.random::<f64>() * total;
+        // The first entry whose cumulative mass exceeds u; zero weights are never drawn.
+        let at = cumulative.partition_point(|&c| c <= u).min(w.len() - 1);
+        counts[at] += 1;
+    }
+    let scale = total / r as f64;
+    for (&(j, v), &c) in w.iter().zip(counts.iter()) {
+        if c > 0 {
+            out.push((j, v.signum() * c as f64 * scale));
+        }
+    }
+}
+
+/// The sample count R of Theorem 4.1, `⌈2‖w‖₁²/δ²⌉`, or `None` when it is not below `nnz`
+/// (then w itself is sparser than any w̃) or δ = 0.
+fn sparsify_draws(l1: f64, delta: f64, nnz: usize) -> Option<usize> {
+    if delta == 0.0 {
+        return None;
+    }
+    let r = (2.0 * l1 * l1 / (delta * delta)).ceil();
+    (r >= 1.0 && r < nnz as f64).then_some(r as usize)
+}
+
+/// `sign(v) max(|v| − λ, 0)`, without branches: the sign of v is data, so a branch on it is
+/// mispredicted about half the time (it was the costliest instruction of Alg. 2 on Bibtex).
+#[inline]
+fn soft_threshold(v: f64, lambda: f64) -> f64 {
+    (v.abs() - lambda).max(0.0).copysign(v)
+}
+
+/// Read-only data shared by every label of a fit.
+struct Shared<'a> {
+    x: &'a SparseRows,
+    rows: Rows<'a>,
+    csc: Csc,
+    /// ‖x_i‖², bias feature included.
+    sq_norms: Vec<f64>,
+    bias: bool,
+}
+
+impl<'a> Shared<'a> {
+    fn new(x: &'a SparseRows, bias: bool) -> Self {
+        let sq_norms = (0..x.n_rows())
+            .map(|i| {
+                let v = &x.values[x.indptr[i]..x.indptr[i + 1]];
+                v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() + bias as usize as f64
+            })
+            .collect();
+        Self { x, rows: Rows::new(x, bias), csc: Csc::new(x), sq_norms, bias }
+    }
+
+    fn n_features(&self) -> usize {
+        self.x.n_cols
+    }
+
+    fn n_vars(&self) -> usize {
+        self.x.n_cols + self.bias as usize
+    }
+}
+
+/// Per-thread state of one label's solve. Dense vectors are zero (labels −1, flags false)
+/// between labels; [`Scratch::reset`] restores that by walking the lists of what was touched.
+struct Scratch {
+    /// α, length n.
+    alpha: Vec<f64>,
+    /// y_i ∈ {−1, +1}, length n.
+    y: Vec<f64>,
+    /// i ∈ A, length n.
+    in_active: Vec<bool>,
+    /// A, in insertion order.
+    active: Vec<u32>,
+    /// v = X̂ᵀα, length d + bias.
+    v: Vec<f64>,
+    /// w(α) = prox_λ(v)/τ, length d + bias: the solution after a solve.
+    w: Vec<f64>,
+    /// Coordinates j < d whose v_j was ever changed (the support of w is inside).
+    touched_cols: Vec<u32>,
+    col_mark: Vec<bool>,
+    /// Σ_j w̃_j x_ij of the last search, for the rows in `touched_rows`.
+    score: Vec<f64>,
+    row_mark: Vec<bool>,
+    touched_rows: Vec<u32>,
+    /// The non-zero (j, w_j), j < d, then w̃ and Alg. 3's scratch.
+    w_list: Vec<(u32, f64)>,
+    w_tilde: Vec<(u32, f64)>,
+    cumulative: Vec<f64>,
+    counts: Vec<u32>,
+    /// Candidates (−∇_iG, i) of a search.
+    candidates: Vec<(f64, u32)>,
+    /// Rows outside A by class, [negatives, positives]: bounds the search's scan of untouched
+    /// rows (without it, every search would scan all n rows looking for positives outside A).
+    n_outside: [usize; 2],
+}
+
+impl Scratch {
+    fn new(n_vars: usize, n: usize) -> Self {
+        Self {
+            alpha: vec![0.0; n],
+            y: vec![-1.0; n],
+            in_active: vec![false; n],
+            active: Vec::new(),
+            v: vec![0.0; n_vars],
+            w: vec![0.0; n_vars],
+            touched_cols: Vec::new(),
+            col_mark: vec![false; n_vars],
+            score: vec![0.0; n],
+            row_mark: vec![false; n],
+            touched_rows: Vec::new(),
+            w_list: Vec::new(),
+            w_tilde: Vec::new(),
+            cumulative: Vec::new(),
+            counts: Vec::new(),
+            candidates: Vec::new(),
+            n_outside: [0, 0],
+        }
+    }
+
+    /// Puts i into A and its coordinates into `touched_cols` (the support of v, hence of w,
+    /// is inside the union of A's rows).
+    fn activate(&mut self, x: &SparseRows, i: u32) {
+        self.in_active[i as usize] = true;
+        self.n_outside[(self.y[i as usize] > 0.0) as usize] -= 1;
+        self.active.push(i);
+        for &j in &x.indices[x.indptr[i as usize]..x.indptr[i as usize + 1]] {
+            if !self.col_mark[j as usize] {
+                self.col_mark[j as usize] = true;
+                self.touched_cols.push(j);
+            }
+        }
+    }
+
+    /// Zeroes everything the last label touched (α lives only on A: no α_i > 0 leaves A).
+    fn reset(&mut self, shared: &Shared) {
+        for &i in &self.active {
+            self.alpha[i as usize] = 0.0;
+            self.in_active[i as usize] = false;
+            self.y[i as usize] = -1.0;
+        }
+        self.active.clear();
+        for &j in &self.touched_cols {
+            self.v[j as usize] = 0.0;
+            self.w[j as usize] = 0.0;
+            self.col_mark[j as usize] = false;
+        }
+        self.touched_cols.clear();
+        if shared.bias {
+            let b = shared.n_features();
+            self.v[b] = 0.0;
+            self.w[b] = 0.0;
+        }
+        self.clear_scores();
+    }
+
+    fn clear_scores(&mut self) {
+        for &i in &self.touched_rows {
+            self.score[i as usize] = 0.0;
+            self.row_mark[i as usize] = false;
+        }
+        self.touched_rows.clear();
+    }
+
+    /// The bias weight w_0 (0 without bias).
+    fn bias_weight(&self, shared: &Shared) -> f64 {
+        if shared.bias { self.w[shared.n_features()] } else { 0.0 }
+    }
+
+    /// The weights with |w| ≥ `threshold` as sorted (feature, weight) pairs and the bias, the
+    /// same as [`crate::dismec::prune`] on the dense w but O(touched) instead of O(d).
+    fn pruned(&self, shared: &Shared, threshold: f64) -> (Vec<u32>, Vec<f32>, f32) {
+        let mut kept: Vec<u32> = self
+            .touched_cols
+            .iter()
+            .copied()
+            .filter(|&j| {
+                let v = self.w[j as usize];
+                v.abs() >= threshold && v != 0.0
+            })
+            .collect();
+        kept.sort_unstable();
+        let weights = kept.iter().map(|&j| self.w[j as usize] as f32).collect();
+        let b = self.bias_weight(shared);
+        (kept, weights, if shared.bias && b.abs() >= threshold { b as f32 } else { 0.0 })
+    }
+
+    /// Collects the non-zero (j, w_j), j < d, into `w_list`; returns ‖w_{≠0}‖₁.
+    fn collect_support(&mut self) -> f64 {
+        self.w_list.clear();
+        let mut l1 = 0.0;
+        for &j in &self.touched_cols {
+            let v = self.w[j as usize];
+            if v != 0.0 {
+                self.w_list.push((j, v));
+                l1 += v.abs();
+            }
+        }
+        l1
+    }
+}
+
+/// One label's problem: parameters, data and the label's scratch.
+struct Label<'s, 'a> {
+    lambda: f64,
+    tau: f64,
+    shared: &'s Shared<'a>,
+    s: &'s mut Scratch,
+}
+
+impl Label<'_, '_> {
+    /// ∇_iG = y_i wᵀx_i + α_i − 1 (eq. 12 plus the squared hinge's α_i).
+    #[inline]
+    fn gradient(&self, i: usize) -> f64 {
+        self.s.y[i] * self.shared.rows.dot(i, &self.s.w) + self.s.alpha[i] - 1.0
+    }
+
+    /// v += delta·x_i (delta = Δα_i y_i) and w_j = prox_λ(v_j)/τ on x_i's coordinates (eq. 13).
+    /// i is in A, so its coordinates are already in `touched_cols` ([`Scratch::activate`]).
+    fn update(&mut self, i: usize, delta: f64) {
+        let x = self.shared.x;
+        let (lambda, inv_tau) = (self.lambda, 1.0 / self.tau);
+        let s = &mut *self.s;
+        let r = x.indptr[i]..x.indptr[i + 1];
+        for (&j, &xij) in x.indices[r.clone()].iter().zip(&x.values[r]) {
+            let j = j as usize;
+            let v = s.v[j] + delta * xij as f64;
+            s.v[j] = v;
+            s.w[j] = soft_threshold(v, lambda) * inv_tau;
+        }
+        if self.shared.bias {
+            let b = x.n_cols;
+            s.v[b] += delta;
+            s.w[b] = s.v[b] * inv_tau;
+        }
+    }
+
+    /// Algorithm 2: up to `sweeps` sweeps of |A| coordinate steps on i ~ U(A),
+    /// `α_i ← max(α_i − ∇_iG/H_ii, 0)` with `H_ii = ‖x_i‖²/τ + 1`. Stops after a sweep in which
+    /// every drawn coordinate had a projected gradient ≤ `tol` (project choice: later sweeps
+    /// would barely move α). Returns the number of steps.
+    fn coordinate_descent(&mut self, sweeps: usize, tol: f64, rng: &mut Rng) -> u64 {
+        let n_active = self.s.active.len();
+        if n_active == 0 {
+            return 0;
+        }
+        let mut steps = 0u64;
+        for _ in 0..sweeps {
+            let mut max_pg = 0.0f64;
+            for _ in 0..n_active {
+                let i = self.s.active[rng.random_range(0..n_active)] as usize;
+                let g = self.gradient(i);
+                let old = self.s.alpha[i];
+                max_pg = max_pg.max(if old > 0.0 { g.abs() } else { -g });
+                let h = self.shared.sq_norms[i] / self.tau + 1.0;
+                let new = (old - g / h).max(0.0);
+                if new != old {
+                    self.s.alpha[i] = new;
+                    self.update(i, (new - old) * self.s.y[i]);
+                }
+            }
+            steps += n_active as u64;
+            if max_pg <= tol {
+                break;
+            }
+        }
+        steps
+    }
+
+    /// Alg. 1 step 4: drops the negatives with α_i = 0 from A.
+    fn shrink(&mut self) {
+        let s = &mut *self.s;
+        let (alpha, y, in_active, n_outside) = (&s.alpha, &s.y, &mut s.in_active, &mut s.n_outside);
+        s.active.retain(|&i| {
+            let keep = alpha[i as usize] > 0.0 || y[i as usize] > 0.0;
+            if !keep {
+                in_active[i as usize] = false;
+                n_outside[0] += 1;
+            }
+            keep
+        });
+    }
+
+    /// max over A of the projected gradient: |∇_iG| if α_i > 0, max(−∇_iG, 0) at the bound.
+    fn projected_gradient(&self) -> f64 {
+        self.s
+            .active
+            .iter()
+            .map(|&i| {
+                let g = self.gradient(i as usize);
+                if self.s.alpha[i as usize] > 0.0 { g.abs() } else { (-g).max(0.0) }
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Eq. 14 without the bias: `score_i = Σ_j w̃_j x_ij` by walking the columns of `w_tilde`
+    /// (the exact w when `exact`), each stopped at |x_ij| < `threshold`.
+    ///
+    /// When the walk covers at least n entries, every row is marked touched up front (O(n)) and
+    /// the walk runs without the per-entry mark test (the same sums in the same order).
+    fn margins(&mut self, exact: bool, threshold: f32) {
+        self.s.clear_scores();
+        let s = &mut *self.s;
+        let csc = &self.shared.csc;
+        let list = if exact { &s.w_list } else { &s.w_tilde };
+        let walk: usize = list.iter().map(|&(j, _)| csc.col_len(j as usize)).sum();
+        let score = &mut s.score[..];
+        let n = score.len();
+        if walk >= n {
+            s.row_mark.fill(true);
+            s.touched_rows.extend(0..n as u32);
+        }
+        for &(j, wj) in list {
+            let (rows, vals) = csc.col(j as usize);
+            // Entries are sorted by |x_ij| descending: the threshold cuts a prefix.
+            let len = if threshold > 0.0 { vals.partition_point(|x| x.abs() >= threshold) } else { vals.len() };
+            let (rows, vals) = (&rows[..len], &vals[..len]);
+            if walk >= n {
+                for (&i, &x) in rows.iter().zip(vals) {
+                    score[i as usize] += wj * x as f64;
+                }
+            } else {
+                for (&i, &x) in rows.iter().zip(vals) {
+                    let i = i as usize;
+                    if !s.row_mark[i] {
+                        s.row_mark[i] = true;
+                        s.touched_rows.push(i as u32);
+                    }
+                    score[i] += wj * x as f64;
+                }
+            }
+        }
+    }
+
+    /// Alg. 1 step 2 after [`Label::margins`]: the at most `kappa` indices i ∉ A with the largest
+    /// `−∇_iG = 1 − y_i(score_i + w_0)` above `min_violation`, into `candidates`, by violation
+    /// descending then index ascending. Untouched rows score w_0 alone; among them (all tied
+    /// within a class) the lowest indices are taken.
+    fn select(&mut self, kappa: usize, min_violation: f64) {
+        let b = self.s.bias_weight(self.shared);
+        let s = &mut *self.s;
+        s.candidates.clear();
+        // Touched rows outside A, by class [negatives, positives].
+        let mut touched_outside = [0usize; 2];
+        for &i in &s.touched_rows {
+            let i = i as usize;
+            if !s.in_active[i] {
+                touched_outside[(s.y[i] > 0.0) as usize] += 1;
+                let violation = 1.0 - s.y[i] * (s.score[i] + b);
+                if violation > min_violation {
+                    s.candidates.push((violation, i as u32));
+                }
+            }
+        }
+        // Untouched rows outside A score w_0 alone: −∇_iG = 1 + w_0 (negatives), 1 − w_0
+        // (positives). Up to κ of each violating class, lowest indices first.
+        let violation = [1.0 + b, 1.0 - b];
+        let mut wanted = [0usize; 2];
+        for c in 0..2 {
+            if violation[c] > min_violation {
+                wanted[c] = kappa.min(s.n_outside[c] - touched_outside[c]);
+            }
+        }
+        if wanted[0] + wanted[1] > 0 {
+            for i in 0..s.y.len() {
+                if s.row_mark[i] || s.in_active[i] {
+                    continue;
+                }
+                let c = (s.y[i] > 0.0) as usize;
+                if wanted[c] > 0 {
+                    wanted[c] -= 1;
+                    s.candidates.push((violation[c], i as u32));
+                    if wanted[0] + wanted[1] == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        let order = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if s.candidates.len() > kappa {
+            if kappa == 0 {
+                s.candidates.clear();
+            } else {
+                s.candidates.select_nth_unstable_by(kappa - 1, order);
+                s.candidates.truncate(kappa);
+            }
+        }
+        s.candidates.sort_unstable_by(order);
+    }
+
+    /// Keeps the candidates of an approximate search whose exact `−∇_iG = 1 − y_i wᵀx_i`
+    /// (α_i = 0 outside A) exceeds `min_violation`, O(d̄) each: without this, candidates that
+    /// only w̃ makes look violating are added, shrunk away, and proposed again.
+    fn verify_candidates(&mut self, min_violation: f64) {
+        let mut candidates = std::mem::take(&mut self.s.candidates);
+        candidates.retain_mut(|(violation, i)| {
+            *violation = -self.gradient(*i as usize);
+            *violation > min_violation
+        });
+        self.s.candidates = candidates;
+    }
+
+    /// F(w) (eq. 9) from the exact margins of the last [`Label::margins`] call with `exact`.
+    fn primal(&self, n_positives: usize) -> f64 {
+        let s = &*self.s;
+        let b = s.bias_weight(self.shared);
+        let hinge = |m: f64| 0.5 * (1.0 - m).max(0.0).powi(2);
+        let (mut loss, mut touched_pos) = (0.0, 0usize);
+        for &i in &s.touched_rows {
+            let i = i as usize;
+            loss += hinge(s.y[i] * (s.score[i] + b));
+            touched_pos += (s.y[i] > 0.0) as usize;
+        }
+        let n = s.y.len();
+        let untouched_pos = n_positives - touched_pos;
+        let untouched_neg = n - s.touched_rows.len() - untouched_pos;
+        loss += untouched_pos as f64 * hinge(b) + untouched_neg as f64 * hinge(-b);
+        let l1: f64 = s.w_list.iter().map(|&(_, v)| v.abs()).sum();
+        let sq: f64 = s.w_list.iter().map(|&(_, v)| v * v).sum::<f64>() + b * b;
+        self.lambda * l1 + 0.5 * self.tau * sq + loss
+    }
+
+    /// G(α) (eq. 10 with the squared hinge).
+    fn dual(&self) -> f64 {
+        let s = &*self.s;
+        let b = s.bias_weight(self.shared);
+        let sq: f64 = s.touched_cols.iter().map(|&j| s.w[j as usize].powi(2)).sum::<f64>() + b * b;
+        let (mut a_sq, mut a_sum) = (0.0, 0.0);
+        for &i in &s.active {
+            let a = s.alpha[i as usize];
+            a_sq += a * a;
+            a_sum += a;
+        }
+        0.5 * self.tau * sq + 0.5 * a_sq - a_sum
+    }
+}
+
+/// Algorithm 1 for label `k`: leaves w(α) in `scratch.w` (support in `scratch.touched_cols`)
+/// and returns the stats; the caller resets the scratch.
+fn solve_label(
+    config: &PpdSparseConfig,
+    shared: &Shared,
+    positives: &[u32],
+    k: usize,
+    scratch: &mut Scratch,
+) -> PpdLabelStats {
+    let start = Instant::now();
+    let mut rng = rng::seeded(config.seed, k as u64);
+    let n = scratch.y.len();
+    scratch.n_outside = [n - positives.len(), positives.len()];
+    for &i in positives {
+        scratch.y[i as usize] = 1.0;
+    }
+    for &i in positives {
+        scratch.activate(shared.x, i);
+    }
+    let mut st = PpdLabelStats { label: k as u32, n_positives: positives.len(), ..Default::default() };
+    let mut label = Label { lambda: config.lambda, tau: config.tau, shared, s: scratch };
+    let threshold = config.column_threshold as f32;
+    let mut wtilde_sum = 0.0;
+    // Whether the scores held by the scratch are the exact margins of the current w.
+    let mut exact_current = false;
+    for _ in 0..config.max_iter {
+        st.outer_iters += 1;
+        st.cd_steps += label.coordinate_descent(config.inner_sweeps, config.tol, &mut rng);
+        label.shrink();
+        let pg = label.projected_gradient();
+        let l1 = label.s.collect_support();
+        let kappa = if config.kappa == 0 { label.s.active.len().max(1) } else { config.kappa };
+        // The sparsified search (Alg. 3) proposes candidates; only when it finds none and A is
+        // solved does the exact search (w̃ = w) decide convergence.
+        let mut exact = true;
+        if let Some(r) = sparsify_draws(l1, config.delta, label.s.w_list.len()) {
+            let s = &mut *label.s;
+            random_sparsify(&s.w_list, r, &mut rng, &mut s.cumulative, &mut s.counts, &mut s.w_tilde);
+            st.sparsified_searches += 1;
+            wtilde_sum += s.w_tilde.len() as f64;
+            label.margins(false, threshold);
+            label.select(kappa, config.tol);
+            label.verify_candidates(config.tol);
+            exact = label.s.candidates.is_empty() && pg <= config.tol;
+            exact_current = false;
+        }
+        if exact {
+            st.exact_searches += 1;
+            label.margins(true, 0.0);
+            label.select(kappa, config.tol);
+            exact_current = true;
+            if label.s.candidates.is_empty() && pg <= config.tol {
+                st.converged = true;
+                break;
+            }
+        }
+        let s = &mut *label.s;
+        for at in 0..s.candidates.len() {
+            s.activate(shared.x, s.candidates[at].1);
+        }
+    }
+    if !exact_current || !st.converged {
+        // The last search ran before the last steps (or on w̃): margins of the final w for F.
+        label.s.collect_support();
+        label.margins(true, 0.0);
+    }
+    st.primal = label.primal(positives.len());
+    st.dual = label.dual();
+    st.active_size = label.s.active.len();
+    st.nnz_before_pruning = label.s.w_list.len() + (shared.bias && label.s.bias_weight(shared) != 0.0) as usize;
+    if st.sparsified_searches > 0 {
+        st.mean_nnz_wtilde = wtilde_sum / f64::from(st.sparsified_searches);
+    }
+    st.seconds = start.elapsed().as_secs_f64();
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dismec::{Dismec, DismecConfig, InitKind, prune};
+    use crate::testutil::{dense_rows, random_dataset};
+
+    fn train_set(seed: u64, n: usize, d: usize, k: usize) -> TrainSet {
+        let (x, labels) = random_dataset(seed, n, d, k);
+        TrainSet::new(x, &labels).unwrap()
+    }
+
+    /// Tight settings: every label solved to the stopping tolerance `tol`, no pruning.
+    fn tight(lambda: f64, tau: f64, tol: f64) -> PpdSparseConfig {
+        PpdSparseConfig { lambda, tau, tol, max_iter: 100_000, prune_threshold: 0.0, ..Default::default() }
+    }
+
+    fn dot(a: &[f64], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    fn labels_of(data: &TrainSet, k: usize) -> Vec<f64> {
+        let mut y = vec![-1.0; data.n_samples()];
+        data.labels.positives(k).iter().for_each(|&i| y[i as usize] = 1.0);
+        y
+    }
+
+    /// F(w) of eq. 9 straight from the definition over dense rows (bias last, not ℓ1-penalised).
+    fn slow_primal(xd: &[Vec<f64>], y: &[f64], w: &[f64], lambda: f64, tau: f64) -> f64 {
+        let d = w.len() - 1;
+        let loss: f64 = xd.iter().zip(y).map(|(x, &yi)| 0.5 * (1.0 - yi * dot(x, w)).max(0.0).powi(2)).sum();
+        lambda * w[..d].iter().map(|v| v.abs()).sum::<f64>() + 0.5 * tau * dot(w, w) + loss
+    }
+
+    #[test]
+    fn lambda_zero_equals_dismec_with_c_one_over_two_tau() {
+        // F = (τ/2)‖w‖² + ½Σ max(1 − y wᵀx, 0)² = τ·(½‖w‖² + (1/(2τ)) Σ max(...)²): DiSMEC's
+        // L with C = 1/(2τ) (C = ½ at τ = 1) has the same minimiser.
+        let data = train_set(1, 60, 10, 4);
+        for tau in [1.0, 2.0] {
+            let ppd = tight(0.0, tau, 1e-11);
+            let dismec_config = DismecConfig {
+                c: 0.5 / tau,
+                eps0: 1e-10,
+                prune_threshold: 0.0,
+                init: InitKind::Zero,
+                ..Default::default()
+            };
+            let dismec = Dismec::new(&dismec_config).unwrap();
+            let stats = dismec.stats(&data);
+            for k in 0..data.n_labels() {
+                let (w, st) = ppd.train_label(&data, k).unwrap();
+                assert!(st.converged, "{st:?}");
+                let (reference, _) = dismec.train_label(&data, &stats, k);
+                let err = w.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                assert!(err <= 1e-5, "tau {tau} label {k}: max |Δw| = {err:e}");
+            }
+        }
+    }
+
+    /// Proximal gradient (ISTA) on F: step 1/L with L = τ + Σ‖x_i‖² ≥ the Lipschitz constant of
+    /// the smooth part's gradient, then soft-thresholding by λ/L on every coordinate but the bias.
+    fn ista(xd: &[Vec<f64>], y: &[f64], lambda: f64, tau: f64) -> Vec<f64> {
+        let nv = xd[0].len();
+        let lipschitz = tau + xd.iter().map(|x| dot(x, x)).sum::<f64>();
+        let mut w = vec![0.0; nv];
+        for _ in 0..2_000_000 {
+            let mut g: Vec<f64> = w.iter().map(|v| tau * v).collect();
+            for (x, &yi) in xd.iter().zip(y) {
+                let slack = (1.0 - yi * dot(x, &w)).max(0.0);
+                g.iter_mut().zip(x).for_each(|(gj, xj)| *gj -= yi * slack * xj);
+            }
+            let mut change = 0.0f64;
+            for j in 0..nv {
+                let z = w[j] - g[j] / lipschitz;
+                let new = if j + 1 == nv { z } else { soft_threshold(z, lambda / lipschitz) };
+                change = change.max((new - w[j]).abs());
+                w[j] = new;
+            }
+            if change < 1e-15 {
+                return w;
+            }
+        }
+        panic!("ISTA did not converge");
+    }
+
+    #[test]
+    fn lambda_positive_equals_proximal_gradient_on_the_primal() {
+        let data = train_set(2, 50, 8, 3);
+        let xd = dense_rows(&data.features, true);
+        for (lambda, tau) in [(0.5, 1.0), (2.0, 0.5), (0.1, 3.0)] {
+            for k in 0..data.n_labels() {
+                let y = labels_of(&data, k);
+                let reference = ista(&xd, &y, lambda, tau);
+                let (w, st) = tight(lambda, tau, 1e-11).train_label(&data, k).unwrap();
+                assert!(st.converged);
+                let err = w.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+                let scale = reference.iter().map(|v| v.abs()).fold(0.0, f64::max);
+                assert!(err <= 1e-6 * scale.max(1.0), "λ {lambda} τ {tau} label {k}: max |Δw| = {err:e}");
+                // The ℓ1 term zeroes some features exactly, in both solutions.
+                let zeros = |v: &[f64]| v.iter().map(|x| x.abs() < 1e-9).collect::<Vec<_>>();
+                assert_eq!(zeros(&w), zeros(&reference), "λ {lambda} τ {tau} label {k}");
+                let f_slow = slow_primal(&xd, &y, &w, lambda, tau);
+                assert!((st.primal - f_slow).abs() <= 1e-9 * f_slow, "{} vs {f_slow}", st.primal);
+            }
+        }
+        assert!((0..3).any(|k| {
+            let (w, _) = tight(0.5, 1.0, 1e-11).train_label(&data, k).unwrap();
+            w[..8].contains(&0.0)
+        }));
+    }
+
+    #[test]
+    fn the_duality_gap_closes() {
+        let data = train_set(3, 80, 12, 5);
+        for (lambda, tau, delta) in [(0.01, 1.0, 1.0), (0.3, 0.5, 0.2), (0.0, 10.0, 0.0)] {
+            let config = PpdSparseConfig { delta, ..tight(lambda, tau, 1e-9) };
+            for k in 0..data.n_labels() {
+                let (_, st) = config.train_label(&data, k).unwrap();
+                assert!(st.converged, "{st:?}");
+                assert!(st.gap() >= -1e-9 * st.primal, "weak duality: {st:?}");
+                assert!(st.relative_gap() <= 1e-6, "λ {lambda} τ {tau} label {k}: {st:?}");
+            }
+        }
+        // A loose tolerance stops early with a visibly larger gap.
+        let (_, loose) = tight(0.01, 1.0, 0.5).train_label(&data, 0).unwrap();
+        assert!(loose.relative_gap() > 1e-6, "{loose:?}");
+    }
+
+    #[test]
+    fn random_sparsification_is_unbiased_with_at_most_r_non_zeros() {
+        let w: Vec<(u32, f64)> = vec![(0, 0.5), (3, -1.5), (4, 0.05), (7, 2.0), (9, -0.2), (11, 0.75)];
+        let l1: f64 = w.iter().map(|p| p.1.abs()).sum();
+        let (r, trials) = (8usize, 20_000usize);
+        let (mut sum, mut cumulative, mut counts, mut out) = (vec![0.0; w.len()], vec![], vec![], vec![]);
+        for seed in 0..trials as u64 {
+            let mut rng = rng::seeded(seed, 17);
+            random_sparsify(&w, r, &mut rng, &mut cumulative, &mut counts, &mut out);
+            assert!(out.len() <= r);
+            for &(j, v) in &out {
+                let at = w.iter().position(|p| p.0 == j).unwrap();
+                assert_eq!(v.signum(), w[at].1.signum());
+                sum[at] += v;
+            }
+        }
+        for (at, &(j, wj)) in w.iter().enumerate() {
+            // w̃_j = sign(w_j)(‖w‖₁/R)·Binomial(R, p_j): variance (‖w‖₁/R)² R p_j (1 − p_j).
+            let p = wj.abs() / l1;
+            let se = ((l1 / r as f64).powi(2) * r as f64 * p * (1.0 - p) / trials as f64).sqrt();
+            let mean = sum[at] / trials as f64;
+            assert!((mean - wj).abs() <= 5.0 * se, "feature {j}: mean {mean} vs {wj} (se {se})");
+        }
+        // R of Theorem 4.1, and the exact search when R would not be sparser than w.
+        assert_eq!(sparsify_draws(3.0, 1.0, 100), Some(18));
+        assert_eq!(sparsify_draws(3.0, 1.0, 18), None);
+        assert_eq!(sparsify_draws(3.0, 0.0, 100), None);
+    }
+
+    #[test]
+    fn exact_greedy_search_returns_the_brute_force_most_violating_samples() {
+        let data = train_set(4, 70, 15, 2);
+        let xd = dense_rows(&data.features, true);
+        let shared = Shared::new(&data.features, true);
+        let mut scratch = Scratch::new(shared.n_vars(), data.n_samples());
+        let mut r = rng::seeded(9, 0);
+        // A sparse w (some features exactly zero, so some rows are untouched) and an arbitrary A.
+        let nv = shared.n_vars();
+        let positives = data.labels.positives(0);
+        for case in 0..6 {
+            let w: Vec<f64> = (0..nv)
+                .map(|j| if j + 1 < nv && j % 3 != case % 3 { 0.0 } else { r.random_range(-1.0..1.0) })
+                .collect();
+            for &i in positives {
+                scratch.y[i as usize] = 1.0;
+            }
+            for i in (0..data.n_samples() as u32).filter(|i| i % (case as u32 + 2) == 0) {
+                scratch.in_active[i as usize] = true;
+                scratch.active.push(i);
+            }
+            scratch.n_outside = [0, 0];
+            for i in (0..data.n_samples()).filter(|&i| !scratch.in_active[i]) {
+                scratch.n_outside[(scratch.y[i] > 0.0) as usize] += 1;
+            }
+            scratch.w.copy_from_slice(&w);
+            for (j, &v) in w[..nv - 1].iter().enumerate() {
+                if v != 0.0 {
+                    scratch.col_mark[j] = true;
+                    scratch.touched_cols.push(j as u32);
+                }
+            }
+            let y = labels_of(&data, 0);
+            let mut expected: Vec<(f64, u32)> = (0..data.n_samples())
+                .filter(|&i| !scratch.in_active[i])
+                .map(|i| (1.0 - y[i] * dot(&xd[i], &w), i as u32))
+                .filter(|&(v, _)| v > 0.05)
+                .collect();
+            expected.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            for kappa in [1, 5, 1000] {
+                let mut label = Label { lambda: 0.0, tau: 1.0, shared: &shared, s: &mut scratch };
+                label.s.collect_support();
+                label.margins(true, 0.0);
+                label.select(kappa, 0.05);
+                let got = &label.s.candidates;
+                let want = &expected[..kappa.min(expected.len())];
+                assert_eq!(got.len(), want.len(), "case {case} κ {kappa}");
+                for (g, e) in got.iter().zip(want) {
+                    assert_eq!(g.1, e.1, "case {case} κ {kappa}");
+                    assert!((g.0 - e.0).abs() <= 1e-12, "case {case}: {g:?} vs {e:?}");
+                }
+            }
+            scratch.reset(&shared);
+            // Positives outside A (only this test builds such an A) are not reset by `reset`.
+            positives.iter().for_each(|&i| scratch.y[i as usize] = -1.0);
+            assert!(scratch.w.iter().chain(&scratch.score).all(|&v| v == 0.0));
+            assert!(scratch.y.iter().all(|&v| v == -1.0) && !scratch.in_active.iter().any(|&a| a));
+        }
+    }
+
+    #[test]
+    fn the_model_does_not_depend_on_the_thread_count() {
+        let data = train_set(5, 300, 40, 12);
+        let config = PpdSparseConfig { delta: 5.0, ..Default::default() };
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| config.train(&data, &crate::Silent).unwrap())
+        };
+        let one = run(1);
+        assert_eq!(one.threads, 1);
+        assert!(one.labels.iter().any(|s| s.sparsified_searches > 0), "the test should exercise Alg. 3");
+        let iters = |t: &PpdTrained| t.labels.iter().map(|s| (s.outer_iters, s.cd_steps)).collect::<Vec<_>>();
+        for threads in [2, 4] {
+            let other = run(threads);
+            assert_eq!(other.threads, threads);
+            assert_eq!(one.model.to_bytes(), other.model.to_bytes(), "{threads} threads");
+            assert_eq!(iters(&one), iters(&other));
+        }
+        // Another seed changes the random draws but not the (converged) solution much.
+        let reseeded = PpdSparseConfig { seed: 7, ..config.clone() }.train(&data, &crate::Silent).unwrap();
+        assert_ne!(iters(&one), iters(&reseeded));
+    }
+
+    #[test]
+    fn pruning_equals_dismec_prune_on_the_dense_weights_and_fit_reports_stats() {
+        let data = train_set(6, 200, 30, 8);
+        let config = PpdSparseConfig { lambda: 0.0, ..Default::default() };
+        let trained = config.train(&data, &crate::Silent).unwrap();
+        for k in 0..data.n_labels() {
+            let (dense, _) = config.train_label(&data, k).unwrap();
+            let (f, w, b) = prune(&dense, true, config.prune_threshold);
+            assert_eq!(trained.model.label(k), (&f[..], &w[..], b), "label {k}");
+        }
+        assert!(trained.nnz_after_pruning < trained.nnz_before_pruning);
+        let fitted = LinearSolver::fit(&config, &data, &crate::Silent).unwrap();
+        assert_eq!(fitted.model, trained.model);
+        assert_eq!(fitted.summary.solver, "ppdsparse");
+        for key in ["outer_iters_mean", "active_size_q95", "nnz_w_mean", "relative_gap_q95", "not_converged"] {
+            assert!(fitted.summary.stats.contains_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn without_bias_the_solution_still_closes_its_gap() {
+        let data = train_set(7, 60, 10, 3);
+        let config = PpdSparseConfig { bias: false, ..tight(0.1, 1.0, 1e-9) };
+        let xd = dense_rows(&data.features, false);
+        for k in 0..data.n_labels() {
+            let (w, st) = config.train_label(&data, k).unwrap();
+            assert_eq!(w.len(), data.n_features());
+            assert!(st.converged && st.relative_gap() <= 1e-6, "{st:?}");
+            let y = labels_of(&data, k);
+            let loss: f64 = xd.iter().zip(&y).map(|(x, &yi)| 0.5 * (1.0 - yi * dot(x, &w)).max(0.0).powi(2)).sum();
+            let f = 0.1 * w.iter().map(|v| v.abs()).sum::<f64>() + 0.5 * dot(&w, &w) + loss;
+            assert!((f - st.primal).abs() <= 1e-9 * f);
+        }
+    }
+
+    #[test]
+    fn a_training_set_without_samples_is_an_error() {
+        let data = TrainSet::new(farout_data::SparseRows::new(3), &farout_data::LabelSets::new(2)).unwrap();
+        let config = PpdSparseConfig::default();
+        assert!(matches!(config.train(&data, &crate::Silent), Err(Error::Shape { .. })));
+        let data = train_set(8, 10, 3, 2);
+        assert!(matches!(config.train_label(&data, 2), Err(Error::Shape { .. })));
+    }
+
+    #[test]
+    fn defaults_pass_check_and_an_empty_table_gives_them() {
+        let c: PpdSparseConfig = toml::from_str("").unwrap();
+        assert_eq!(c, PpdSparseConfig::default());
+        assert_eq!((c.lambda, c.tau, c.bias, c.prune_threshold), (0.01, 1.0, true, 0.01));
+        c.check().unwrap();
+        assert!(toml::from_str::<PpdSparseConfig>("lamda = 0.1").is_err());
+        let c: PpdSparseConfig = toml::from_str("lambda = 0.1\ntau = 10.0").unwrap();
+        assert_eq!((c.lambda, c.tau), (0.1, 10.0));
+    }
+
+    #[test]
+    fn check_names_the_key_of_each_bad_value() {
+        let d = PpdSparseConfig::default;
+        let cases: [(PpdSparseConfig, &str); 9] = [
+            (PpdSparseConfig { lambda: -0.1, ..d() }, "`lambda` = -0.1: must be"),
+            (PpdSparseConfig { tau: 0.0, ..d() }, "`tau` = 0: must be"),
+            (PpdSparseConfig { max_iter: 0, ..d() }, "`max_iter` = 0: must be"),
+            (PpdSparseConfig { inner_sweeps: 0, ..d() }, "`inner_sweeps` = 0: must be"),
+            (PpdSparseConfig { delta: f64::NAN, ..d() }, "`delta` = NaN: must be"),
+            (PpdSparseConfig { column_threshold: -1.0, ..d() }, "`column_threshold` = -1: must be"),
+            (PpdSparseConfig { tol: 0.0, ..d() }, "`tol` = 0: must be"),
+            (PpdSparseConfig { tol: f64::INFINITY, ..d() }, "`tol` = inf: must be"),
+            (PpdSparseConfig { prune_threshold: -0.5, ..d() }, "`prune_threshold` = -0.5: must be"),
+        ];
+        for (c, expect) in cases {
+            let msg = c.check().unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} should contain {expect:?}");
+            let data = train_set(9, 10, 3, 1);
+            assert!(matches!(c.train(&data, &crate::Silent), Err(Error::Param(_))));
+        }
+    }
+}
