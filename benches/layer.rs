@@ -29,7 +29,14 @@ fn layer_step(c: &mut Criterion) {
         group.throughput(Throughput::Elements(BATCH as u64));
         for (name, est) in &estimators {
             let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
-            let mut layer = OutputLayer::new(k, D, &OutputLayerConfig { bias: true, init_std: 0.01 }, &opt, 1).unwrap();
+            let mut layer = OutputLayer::new(
+                k,
+                D,
+                &OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() },
+                &opt,
+                1,
+            )
+            .unwrap();
             group.bench_with_input(BenchmarkId::new(*name, k), &k, |b, _| {
                 b.iter(|| layer.train_step(est.as_ref(), Batch::new(&phi, &positives), &mut r, true))
             });

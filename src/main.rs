@@ -6,8 +6,13 @@ mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use farout_core::topk::Hit;
+use farout_data::Dataset;
+use farout_linear::SparseModel;
+use farout_train::linear::{self, LinearRun};
 use farout_train::report::StderrLogger;
 use farout_train::{CompareOptions, Config, TrainOptions, Trainer};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -195,11 +200,52 @@ fn load_config(path: &Path, set: &[String]) -> Result<Config> {
     Ok(config)
 }
 
-fn trainer_from_checkpoint(config: Config, checkpoint: Option<PathBuf>) -> Result<Trainer> {
-    let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
-    let mut t = Trainer::new(config)?;
-    t.load_checkpoint(&dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
-    Ok(t)
+/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`.
+enum Trained {
+    Network(Box<Trainer>),
+    Linear(LinearRun, SparseModel),
+}
+
+impl Trained {
+    fn load(config: Config, checkpoint: Option<PathBuf>) -> Result<Self> {
+        if config.is_linear() {
+            let run = LinearRun::new(config)?;
+            let model = run.load_model(checkpoint.as_deref())?;
+            return Ok(Self::Linear(run, model));
+        }
+        let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
+        let mut t = Trainer::new(config)?;
+        t.load_checkpoint(&dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
+        Ok(Self::Network(Box::new(t)))
+    }
+
+    fn test(&self) -> Option<&Dataset> {
+        match self {
+            Self::Network(t) => t.data().test.as_ref(),
+            Self::Linear(run, _) => run.data().test.as_ref(),
+        }
+    }
+
+    fn evaluate(&self, ds: &Dataset) -> BTreeMap<String, f64> {
+        match self {
+            Self::Network(t) => t.evaluate(ds, 0),
+            Self::Linear(_, model) => linear::evaluate(model, ds, 0),
+        }
+    }
+
+    fn load_input(&self, path: &Path, labels: Option<&Path>) -> Result<Dataset> {
+        Ok(match self {
+            Self::Network(t) => t.load_input(path, labels)?,
+            Self::Linear(run, _) => run.load_input(path, labels)?,
+        })
+    }
+
+    fn predict(&self, ds: &Dataset, k: usize) -> Vec<Vec<Hit>> {
+        match self {
+            Self::Network(t) => t.predict(ds, k),
+            Self::Linear(_, model) => linear::predict(model, ds, k),
+        }
+    }
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -226,19 +272,19 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
             let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-            let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
-            let test = t.data().test.as_ref().context("the config names no test set (data.test)")?;
-            println!("{}", serde_json::to_string_pretty(&t.evaluate(test, 0))?);
+            let t = Trained::load(load_config(&config, &set)?, checkpoint)?;
+            let test = t.test().context("the config names no test set (data.test)")?;
+            println!("{}", serde_json::to_string_pretty(&t.evaluate(test))?);
         }
         Command::Predict { config, set, checkpoint, input, labels, top_k, out } => {
-            let t = trainer_from_checkpoint(load_config(&config, &set)?, checkpoint)?;
+            let t = Trained::load(load_config(&config, &set)?, checkpoint)?;
             let owned;
             let ds = match &input {
                 Some(p) => {
                     owned = t.load_input(p, labels.as_deref())?;
                     &owned
                 }
-                None => t.data().test.as_ref().context("no --input and the config names no test set")?,
+                None => t.test().context("no --input and the config names no test set")?,
             };
             let preds = t.predict(ds, top_k);
             let mut w: Box<dyn Write> = match &out {

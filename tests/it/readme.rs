@@ -28,6 +28,14 @@ use std::path::{Path, PathBuf};
 const MINIMAL: &str =
     "[data]\nformat = \"synthetic_face\"\n[model]\nencoder = \"face_head\"\n[output]\nestimator = \"softmax\"\n";
 
+/// The minimal linear config (a `[linear]` config has no `[model]` or `[output]`).
+const MINIMAL_LINEAR: &str = "[data]\nformat = \"synthetic_xmc\"\n[linear]\nsolver = \"dismec\"\n";
+
+/// The minimal config `sets` apply to: the linear one when they set a `linear.` key.
+fn minimal(sets: &[String]) -> &'static str {
+    if sets.iter().any(|s| s.starts_with("linear.")) { MINIMAL_LINEAR } else { MINIMAL }
+}
+
 /// A value of `--set` that no enum takes.
 const NOT_A_VARIANT: &str = "\"no_such_value\"";
 
@@ -110,9 +118,13 @@ fn parse_reference(text: &str) -> Vec<Table> {
                 .and_then(|(_, rest)| rest.split_once("]`"))
                 .map(|(s, _)| s.to_string())
                 .unwrap_or_default();
-            let selector = [("estimator = ", "output.estimator".to_string()), ("kind = ", format!("{section}.kind"))]
-                .into_iter()
-                .find_map(|(marker, path)| heading.split_once(marker).map(|(_, rest)| (path, quoted(rest))));
+            let selector = [
+                ("estimator = ", "output.estimator".to_string()),
+                ("kind = ", format!("{section}.kind")),
+                ("solver = ", "linear.solver".to_string()),
+            ]
+            .into_iter()
+            .find_map(|(marker, path)| heading.split_once(marker).map(|(_, rest)| (path, quoted(rest))));
             tables.push(Table { heading: heading.to_string(), section, selector, rows: Vec::new() });
             continue;
         }
@@ -168,9 +180,11 @@ fn serialized(c: &Config) -> toml::Value {
     toml::Value::try_from(c).expect("the config serializes")
 }
 
-/// Loads the minimal config (a file in `dir`) with `sets` as `--set` arguments.
+/// Loads the minimal config (a file in `dir`, linear or not, see [`minimal`]) with `sets` as
+/// `--set` arguments.
 fn load(dir: &Path, sets: &[String]) -> Result<Config, String> {
-    Config::load(&dir.join("minimal.toml"), sets).map_err(|e| e.to_string())
+    let file = if minimal(sets) == MINIMAL_LINEAR { "minimal-linear.toml" } else { "minimal.toml" };
+    Config::load(&dir.join(file), sets).map_err(|e| e.to_string())
 }
 
 /// The config a table's keys are tried on: the data and model its section needs, the heading's
@@ -231,6 +245,7 @@ fn with(sets: &[String], extra: String) -> Vec<String> {
 fn minimal_dir() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("minimal.toml"), MINIMAL).unwrap();
+    std::fs::write(dir.path().join("minimal-linear.toml"), MINIMAL_LINEAR).unwrap();
     let path = dir.path().to_path_buf();
     (dir, path)
 }
@@ -285,7 +300,8 @@ fn every_documented_key_loads_with_its_documented_default() {
                     problems.push(format!("{at}: the misspelled key `{typo}` is accepted"));
                 }
                 for a in &row.allowed {
-                    if let Err(e) = Config::parse(MINIMAL, &with(&ctx, format!("{}={a}", row.key))) {
+                    let sets = with(&ctx, format!("{}={a}", row.key));
+                    if let Err(e) = Config::parse(minimal(&sets), &sets) {
                         problems.push(format!("{at}: the allowed value `{a}` is rejected: {e}"));
                     }
                 }
@@ -295,7 +311,8 @@ fn every_documented_key_loads_with_its_documented_default() {
                     .filter_map(|a| a.strip_prefix('"').and_then(|a| a.strip_suffix('"')))
                     .map(str::to_string)
                     .collect();
-                if let Err(e) = Config::parse(MINIMAL, &with(&ctx, format!("{}={NOT_A_VARIANT}", row.key)))
+                let not_a_variant = with(&ctx, format!("{}={NOT_A_VARIANT}", row.key));
+                if let Err(e) = Config::parse(minimal(&not_a_variant), &not_a_variant)
                     && let Some(variants) = variants(&e.to_string())
                     && variants != strings
                 {
@@ -325,6 +342,9 @@ fn every_key_of_the_config_types_is_documented() {
     for i in farout_search::IndexConfig::NAMES {
         contexts.push(vec![format!("index.kind=\"{i}\"")]);
     }
+    for s in farout_linear::SolverConfig::NAMES {
+        contexts.push(vec![format!("linear.solver=\"{s}\"")]);
+    }
     let e = Config::parse(MINIMAL, &[format!("output.optimizer.kind={NOT_A_VARIANT}")]).unwrap_err().to_string();
     let kinds = variants(&e).unwrap_or_else(|| panic!("the optimiser kinds are not listed in: {e}"));
     assert!(kinds.len() >= 3, "{kinds:?}");
@@ -344,7 +364,7 @@ fn every_key_of_the_config_types_is_documented() {
 
     let mut problems = Vec::new();
     for sets in contexts {
-        let c = Config::parse(MINIMAL, &sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
+        let c = Config::parse(minimal(&sets), &sets).unwrap_or_else(|e| panic!("{sets:?}: {e}"));
         let tree = serialized(&c);
         let found: BTreeSet<String> = leaves(&tree)
             .into_iter()

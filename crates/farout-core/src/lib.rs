@@ -4,6 +4,7 @@
 //! - [`kernels`]: dot, axpy and friends written for auto-vectorisation, with scalar references;
 //! - [`gemm`]: multi-threaded matrix products (the `gemm` crate) over row-major slices;
 //! - [`topk`]: top-k selection of scores;
+//! - [`metrics`]: the ranking metrics of extreme classification (P@k, nDCG@k, accuracy);
 //! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`].
 #![warn(missing_docs)]
 
@@ -12,6 +13,7 @@ pub mod binio;
 pub mod gemm;
 pub mod kernels;
 mod matrix;
+pub mod metrics;
 mod registry;
 pub mod rng;
 mod sparse;

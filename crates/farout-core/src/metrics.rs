@@ -8,8 +8,8 @@
 //! Samples without labels are skipped (they carry no ranking signal), as in the Extreme
 //! Classification Repository's evaluation scripts.
 
-use farout_core::ClassId;
-use farout_core::topk::Hit;
+use crate::ClassId;
+use crate::topk::Hit;
 use std::collections::BTreeMap;
 
 /// The cut-offs reported.

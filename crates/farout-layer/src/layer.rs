@@ -20,11 +20,32 @@ pub struct OutputLayerConfig {
     /// Standard deviation of the normal initialisation of W (0 = zeros, which is fine for a
     /// frozen encoder and for convex losses).
     pub init_std: f32,
+    /// How W and the bias start: `normal` (N(0, init_std²), zero bias) or `msi`, the
+    /// mean-separating initialisation from one pass over the training features (the trainer
+    /// computes it; see `farout_linear::init::msi_output_layer`).
+    pub init: LayerInit,
+    /// MSI: score asked of each class's mean feature vector.
+    pub msi_s: f32,
+    /// MSI: score asked of the mean of the other classes' samples.
+    pub msi_t: f32,
+}
+
+/// The initialisation of W (`output.layer.init`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerInit {
+    /// Normal with standard deviation `init_std` (zeros when 0), zero bias.
+    #[default]
+    Normal,
+    /// Mean-separating: `W_k = u_k p̄_k + v_k x̄` with the class means p̄_k and the overall
+    /// mean x̄ of the training features, so that p̄_k scores `msi_s` and the other samples'
+    /// mean `msi_t` (Schultheis & Babbar, eqs. 21–24, applied to φ).
+    Msi,
 }
 
 impl Default for OutputLayerConfig {
     fn default() -> Self {
-        Self { bias: true, init_std: 0.0 }
+        Self { bias: true, init_std: 0.0, init: LayerInit::Normal, msi_s: 1.0, msi_t: -2.0 }
     }
 }
 
@@ -106,6 +127,17 @@ impl OutputLayer {
                 msg: format!("{} must be >= 0", config.init_std),
             });
         }
+        if config.init == LayerInit::Msi
+            && !(config.msi_t < config.msi_s && config.msi_s.is_finite() && config.msi_t.is_finite())
+        {
+            return Err(Error::Config {
+                key: "output.layer.msi_t",
+                msg: format!(
+                    "{} must be a finite number less than output.layer.msi_s = {}",
+                    config.msi_t, config.msi_s
+                ),
+            });
+        }
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
             w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
@@ -167,6 +199,20 @@ impl OutputLayer {
     /// The biases, if any.
     pub fn bias(&self) -> Option<&[f32]> {
         self.bias.as_deref()
+    }
+
+    /// Replaces the biases by `b` (one per class; the layer must have biases).
+    pub fn set_bias(&mut self, b: Vec<f32>) -> Result<(), Error> {
+        match &mut self.bias {
+            Some(old) if old.len() == b.len() => {
+                *old = b;
+                Ok(())
+            }
+            Some(old) => {
+                Err(Error::Config { key: "output", msg: format!("{} biases for {} classes", b.len(), old.len()) })
+            }
+            None => Err(Error::Config { key: "output.layer.bias", msg: "the layer has no bias to set".into() }),
+        }
     }
 
     /// The view estimators score against (with the index, once built).
@@ -595,7 +641,7 @@ mod tests {
     fn check_step(est: &dyn GradientEstimator, opt: OptimizerConfig) {
         let (phi, pos) = setup(1);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let cfg = OutputLayerConfig { bias: true, init_std: 0.3 };
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3, ..Default::default() };
         let mut layer = OutputLayer::new(10, 6, &cfg, &opt, 5).unwrap();
         let (dw, dphi, db) = reference(&layer, est, &phi, &pos);
         let w0 = layer.weights().clone();
@@ -638,7 +684,7 @@ mod tests {
         use farout_estimators::{Mips, SmoothedMargin};
         let (phi, pos) = setup(4);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.3, ..Default::default() };
         // Small steps keep every row within the index's norm bound (10% headroom), so the one
         // build is followed by refreshes only; a larger step would trigger a rebuild.
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
@@ -661,7 +707,9 @@ mod tests {
         let (phi, pos) = setup(4);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
-        let mut layer = OutputLayer::new(10, 6, &OutputLayerConfig { bias: false, init_std: 0.3 }, &opt, 5).unwrap();
+        let mut layer =
+            OutputLayer::new(10, 6, &OutputLayerConfig { bias: false, init_std: 0.3, ..Default::default() }, &opt, 5)
+                .unwrap();
         let index = IndexConfig::default();
         layer.attach_index(index, 1, IndexUpkeep { refresh_every: 1, rebuild_every: 2 }).unwrap();
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 10).unwrap();
@@ -682,7 +730,7 @@ mod tests {
         use farout_search::Hit;
         let (phi, pos) = setup(6);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        let cfg = OutputLayerConfig { bias: false, init_std: 0.3 };
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.3, ..Default::default() };
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(300, 6, &cfg, &opt, 5).unwrap();
         let index = IndexConfig::default();

@@ -23,7 +23,7 @@
 mod layer;
 mod optim;
 
-pub use layer::{IndexUpkeep, OutputLayer, OutputLayerConfig, StepStats};
+pub use layer::{IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
 
 use std::path::PathBuf;

@@ -149,7 +149,6 @@ impl DismecConfig {
     }
 }
 
-
 impl LinearSolver for DismecConfig {
     fn check(&self) -> std::result::Result<(), ParamError> {
         DismecConfig::check(self)

@@ -127,6 +127,66 @@ impl WeightInit for Msi {
     }
 }
 
+/// MSI for a dense output layer over fixed features φ (one row per training sample): every
+/// class k gets `W_k = u_k p̄_k + v_k x̄` and, with `bias`, `b_k = u_k + v_k` — [`Msi`]
+/// applied to φ with the bias as the appended constant feature (a_k = 1 + ‖p̄_k‖²,
+/// b_k = 1 + p̄_kᵀx̄, c = 1 + ‖x̄‖²). Without a bias and with (nearly) centred features
+/// (‖x̄‖² ≤ 1e-6 · ‖p̄_k‖²) the system is singular and the class gets `W_k = s p̄_k/‖p̄_k‖²`,
+/// which scores its own mean s (project choice). Classes without samples stay zero.
+///
+/// Returns W (K × D, row-major) and the biases (empty without `bias`). Cost: one pass over
+/// the rows of each class, then O(KD), in parallel over classes.
+pub fn msi_output_layer(
+    phi: &SparseRows,
+    labels: &crate::data::LabelIndex,
+    bias: bool,
+    msi: Msi,
+) -> (Vec<f32>, Vec<f32>) {
+    use rayon::prelude::*;
+    let d = phi.n_cols;
+    let stats = DataStats::new(phi, bias);
+    let rows: Vec<(Vec<f32>, f32)> = (0..labels.n_labels())
+        .into_par_iter()
+        .map_init(
+            || vec![0.0f64; stats.n_vars()],
+            |w, k| {
+                w.iter_mut().for_each(|v| *v = 0.0);
+                let positives = labels.positives(k);
+                if positives.is_empty() {
+                    return (vec![0.0; d], 0.0);
+                }
+                let ctx = InitContext { features: phi, positives, stats: &stats };
+                if !bias {
+                    // p̄_k, to detect centred features.
+                    for &i in positives {
+                        let (cols, vals) = phi.row(i as usize);
+                        cols.iter().zip(vals).for_each(|(&j, &x)| w[j as usize] += x as f64);
+                    }
+                    let inv = 1.0 / positives.len() as f64;
+                    w.iter_mut().for_each(|v| *v *= inv);
+                    let a: f64 = w.iter().map(|v| v * v).sum();
+                    if a > 0.0 && stats.mean_norm_sq() <= MSI_DEGENERATE * a {
+                        let row = w.iter().map(|v| (msi.s * v / a) as f32).collect();
+                        return (row, 0.0);
+                    }
+                    w.iter_mut().for_each(|v| *v = 0.0);
+                }
+                msi.init(&ctx, w);
+                (w[..d].iter().map(|&v| v as f32).collect(), if bias { w[d] as f32 } else { 0.0 })
+            },
+        )
+        .collect();
+    let mut weights = Vec::with_capacity(rows.len() * d);
+    let mut biases = Vec::with_capacity(if bias { rows.len() } else { 0 });
+    for (row, b) in rows {
+        weights.extend_from_slice(&row);
+        if bias {
+            biases.push(b);
+        }
+    }
+    (weights, biases)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +270,76 @@ mod tests {
             let (alpha, beta) = ((c * wp - b * wx) / det, (a * wx - b * wp) / det);
             let residual: f64 = (0..nv).map(|j| (w[j] - alpha * p_bar[j] - beta * x_bar[j]).powi(2)).sum::<f64>().sqrt();
             prop_assert!(residual < 1e-9 * scale, "residual {}", residual);
+        }
+    }
+
+    /// Scores of the mean of the positives and of the negatives of class `k` under row `w`, `b`.
+    fn mean_scores(phi: &[Vec<f64>], labels: &[usize], k: usize, w: &[f32], b: f32) -> (f64, f64) {
+        let score = |x: &Vec<f64>| x.iter().zip(w).map(|(x, w)| x * *w as f64).sum::<f64>() + b as f64;
+        let (mut pos, mut neg) = ((0.0, 0usize), (0.0, 0usize));
+        for (x, &y) in phi.iter().zip(labels) {
+            let slot = if y == k { &mut pos } else { &mut neg };
+            slot.0 += score(x);
+            slot.1 += 1;
+        }
+        (pos.0 / pos.1 as f64, neg.0 / neg.1 as f64)
+    }
+
+    fn layer_data(seed: u64, shift: f64) -> (Vec<Vec<f64>>, Vec<usize>, SparseRows, crate::data::LabelIndex) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let (n, d, k) = (60, 5, 4);
+        let labels: Vec<usize> = (0..n).map(|i| i % k).collect();
+        let phi: Vec<Vec<f64>> = labels
+            .iter()
+            .map(|&y| (0..d).map(|j| if j == y { 2.0 } else { 0.0 } + shift + rng.random_range(-0.5..0.5)).collect())
+            .collect();
+        let mut x = SparseRows::new(d);
+        let mut sets = farout_data::LabelSets::new(k);
+        for (row, &y) in phi.iter().zip(&labels) {
+            let vals: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+            x.push_row(&(0..d as u32).collect::<Vec<_>>(), &vals);
+            sets.push(&[y as u32]);
+        }
+        // The f32 rows, as the layer sees them.
+        let phi = phi.iter().map(|r| r.iter().map(|&v| v as f32 as f64).collect()).collect();
+        (phi, labels, x, crate::data::LabelIndex::new(&sets))
+    }
+
+    #[test]
+    fn output_layer_msi_puts_each_class_mean_at_s_and_the_rest_at_t() {
+        let msi = Msi { s: 1.0, t: -2.0 };
+        for bias in [true, false] {
+            let (phi, labels, x, index) = layer_data(7, 0.3);
+            let (w, b) = msi_output_layer(&x, &index, bias, msi);
+            assert_eq!((w.len(), b.len()), (4 * 5, if bias { 4 } else { 0 }));
+            for k in 0..4 {
+                let bk = if bias { b[k] } else { 0.0 };
+                let (p, n) = mean_scores(&phi, &labels, k, &w[k * 5..(k + 1) * 5], bk);
+                assert!((p - 1.0).abs() < 1e-4 && (n + 2.0).abs() < 1e-4, "bias {bias}, class {k}: {p} {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn output_layer_msi_without_bias_on_centred_features_scores_each_class_mean_s() {
+        let (phi, labels, _, _) = layer_data(8, 0.0);
+        // Centre exactly.
+        let d = 5;
+        let mean: Vec<f64> = (0..d).map(|j| phi.iter().map(|r| r[j]).sum::<f64>() / phi.len() as f64).collect();
+        let mut x = SparseRows::new(d);
+        let mut sets = farout_data::LabelSets::new(4);
+        let mut centred = Vec::new();
+        for (row, &y) in phi.iter().zip(&labels) {
+            let r: Vec<f32> = row.iter().zip(&mean).map(|(v, m)| (v - m) as f32).collect();
+            centred.push(r.iter().map(|&v| v as f64).collect::<Vec<f64>>());
+            x.push_row(&(0..d as u32).collect::<Vec<_>>(), &r);
+            sets.push(&[y as u32]);
+        }
+        let (w, _) = msi_output_layer(&x, &crate::data::LabelIndex::new(&sets), false, Msi { s: 1.0, t: -2.0 });
+        for k in 0..4 {
+            let (p, _) = mean_scores(&centred, &labels, k, &w[k * 5..(k + 1) * 5], 0.0);
+            assert!((p - 1.0).abs() < 1e-4, "class {k}: {p}");
         }
     }
 }

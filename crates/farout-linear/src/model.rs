@@ -249,12 +249,20 @@ impl SparseModel {
         Ok(Self { n_features: n_features as usize, bias, label_ptr, features, weights, biases })
     }
 
-    /// Writes the model to `path`.
+    /// Writes the model to `path`, atomically (a temporary file renamed over it).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let io = |source| Error::Io { path: path.to_path_buf(), source };
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-        f.write_all(&self.to_bytes()).map_err(io)?;
-        f.flush().map_err(io)
+        // Written beside the target and renamed over it: a crash leaves the old model whole.
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = std::path::PathBuf::from(tmp);
+        let io = |p: &Path, source| Error::Io { path: p.to_path_buf(), source };
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            f.write_all(&self.to_bytes())?;
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()
+        };
+        write().map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
     }
 
     /// Reads and checks a model file.

@@ -276,7 +276,8 @@ mod tests {
     }
 
     fn layer(k: usize, d: usize, lr: f32) -> OutputLayer {
-        OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0 }, &sgd(lr), 1).unwrap()
+        OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0, ..Default::default() }, &sgd(lr), 1)
+            .unwrap()
     }
 
     fn random(rows: usize, cols: usize, seed: u64) -> Matrix {

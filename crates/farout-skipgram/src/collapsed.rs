@@ -525,7 +525,9 @@ mod tests {
     ) -> (Vec<f64>, Matrix, Matrix) {
         let (k, d) = (v.rows(), v.cols());
         let opt = OptimizerConfig::Sgd { lr, decay: 0.0, l2: 0.0 };
-        let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0 }, &opt, 1).unwrap();
+        let mut layer =
+            OutputLayer::new(k, d, &OutputLayerConfig { bias: false, init_std: 0.0, ..Default::default() }, &opt, 1)
+                .unwrap();
         layer.set_weights(v.clone()).unwrap();
         if index {
             let config = IndexConfig::exact();

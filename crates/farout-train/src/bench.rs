@@ -111,7 +111,8 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
     }
     let est = built.estimator;
     let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
-    let mut layer = OutputLayer::new(k, d, &OutputLayerConfig { bias: true, init_std: 0.01 }, &opt, 1)?;
+    let mut layer =
+        OutputLayer::new(k, d, &OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() }, &opt, 1)?;
     let phi = random_matrix(batch, d, 2, true);
     let mut r = rng::seeded(3, 0);
     let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();

@@ -13,6 +13,7 @@ use farout_data::synth::{FaceSpec, XmcSpec};
 use farout_data::synth_text::TextGenSpec;
 use farout_estimators::EstimatorConfig;
 use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayerConfig};
+use farout_linear::SolverConfig;
 use farout_models::{DocEncoderConfig, FaceHeadConfig};
 use farout_search::IndexConfig;
 use farout_skipgram::SkipGramConfig;
@@ -50,6 +51,11 @@ pub struct Config {
     /// The MIPS index of search-based estimators.
     #[serde(default)]
     pub index: IndexSection,
+    /// A linear extreme classifier (`[linear] solver = "dismec" | "ppdsparse" | "memoir"` and
+    /// that solver's keys) trained on the data's features instead of a network: such a config
+    /// has no `[model]`, `[output]` or `[index]`, and of `[train]` only `threads` applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear: Option<SolverConfig>,
 }
 
 fn default_seed() -> u64 {
@@ -429,11 +435,58 @@ impl Config {
         for o in overrides {
             apply_override(&mut table, o)?;
         }
+        if table.contains_key("linear") {
+            // The solver is the model: the network sections do not apply. They are filled with
+            // defaults that nothing reads, so the rest of the schema stays one struct.
+            for section in ["model", "output", "index"] {
+                if table.contains_key(section) {
+                    return Err(ConfigError::key(
+                        section,
+                        "a linear config ([linear]) has no [model], [output] or [index]: the solver is the model",
+                    ));
+                }
+            }
+            let mut model = toml::Table::new();
+            model.insert("encoder".into(), "doc_encoder".into());
+            let mut output = toml::Table::new();
+            output.insert("estimator".into(), "softmax".into());
+            table.insert("model".into(), model.into());
+            table.insert("output".into(), output.into());
+        }
         deserialize_at(toml::Value::Table(table))
     }
 
-    /// Checks values serde cannot (ranges, required files per format).
-    pub fn check(&self) -> Result<(), ConfigError> {
+    /// Whether the config trains a linear solver (`[linear]`) rather than a network.
+    pub fn is_linear(&self) -> bool {
+        self.linear.is_some()
+    }
+
+    /// Checks of a linear config: the solver's parameters, data a linear model can read, and
+    /// no `[train]` key but `threads`.
+    fn check_linear(&self, solver: &SolverConfig) -> Result<(), ConfigError> {
+        solver.params().check().map_err(|e| {
+            let (key, msg) = e.key_and_message();
+            ConfigError::key(format!("linear.{key}"), msg)
+        })?;
+        if self.data.format == DataFormat::Text {
+            return Err(ConfigError::key(
+                "data.format",
+                "a linear solver needs labelled features (xmc, npy, raw, synthetic_face or synthetic_xmc), not text",
+            ));
+        }
+        let train = TrainConfig { threads: self.train.threads, ..TrainConfig::default() };
+        if let Some(key) = first_difference_key(&self.train, &train) {
+            return Err(ConfigError::key(
+                format!("train.{key}"),
+                "does not apply to a linear solver (of [train], only `threads` does)",
+            ));
+        }
+        at_least_one("eval.batch_size", self.eval.batch_size)?;
+        Ok(())
+    }
+
+    /// The files `data.format` needs are named; the synthetic corpus's parameters are valid.
+    fn check_format(&self) -> Result<(), ConfigError> {
         let d = &self.data;
         let need = |field: &Option<PathBuf>, key: &str| -> Result<(), ConfigError> {
             match field {
@@ -469,6 +522,21 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Checks values serde cannot (ranges, required files per format).
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let d = &self.data;
+        if let Some(solver) = &self.linear {
+            self.check_format()?;
+            return self.check_linear(solver);
+        }
+        self.check_format()?;
+        let data_param = |e: farout_data::Error| match e {
+            farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
+            e => ConfigError::key("data", e.to_string()),
+        };
         if (d.format == DataFormat::Text) != (self.model.encoder == EncoderKind::SkipGram) {
             return Err(ConfigError::key(
                 "model.encoder",
@@ -635,6 +703,30 @@ fn finite_at_least<T: Copy + Into<f64> + std::fmt::Display>(key: &str, value: T,
     }
 }
 
+/// The first key (dotted path) where two TOML trees differ.
+pub(crate) fn first_difference(a: &toml::Value, b: &toml::Value, path: &str) -> Option<String> {
+    match (a, b) {
+        (toml::Value::Table(x), toml::Value::Table(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            keys.into_iter().find_map(|k| {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                match (x.get(k), y.get(k)) {
+                    (Some(u), Some(v)) => first_difference(u, v, &p),
+                    _ => Some(p),
+                }
+            })
+        }
+        _ if a == b => None,
+        _ => Some(path.to_string()),
+    }
+}
+
+/// The first key (dotted path) where two values of a config section differ.
+fn first_difference_key<T: Serialize>(a: &T, b: &T) -> Option<String> {
+    let (a, b) = (toml::Value::try_from(a).ok()?, toml::Value::try_from(b).ok()?);
+    first_difference(&a, &b, "")
+}
+
 /// Checks that the count of config key `key` is at least one.
 fn at_least_one(key: &str, value: usize) -> Result<(), ConfigError> {
     if value == 0 { Err(ConfigError::key(key, " must be > 0")) } else { Ok(()) }
@@ -657,6 +749,9 @@ fn deserialize_at<T: serde::de::DeserializeOwned>(mut value: toml::Value) -> Res
             }),
             "index" => variant_error(&value, "index", "kind", &IndexSection::OWN_KEYS, |tag, de| {
                 IndexConfig::deserialize_variant(tag, de).map(|_| ())
+            }),
+            "linear" => variant_error(&value, "linear", "solver", &[], |tag, de| {
+                SolverConfig::deserialize_variant(tag, de).map(|_| ())
             }),
             _ => None,
         };
@@ -734,6 +829,7 @@ fn variant_error(
     if path == "." {
         return Some(ConfigError::key(format!("{section}.{tag}"), msg));
     }
+    let msg = msg.trim_end_matches(&format!(" in `{path}`")).to_string();
     Some(ConfigError::key(format!("{section}.{path}"), msg))
 }
 

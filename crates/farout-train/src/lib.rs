@@ -5,6 +5,8 @@
 //! - [`metrics`]: P@k, nDCG@k, accuracy and the exact test loss;
 //! - [`sinks`]: TensorBoard and JSONL scalar sinks behind one small trait;
 //! - [`report`]: progress bars and messages for the user (library code never prints);
+//! - [`linear`]: linear extreme classifiers (`[linear]`: DiSMEC, PPDSparse, MEMOIR) with the
+//!   same logs and summaries;
 //! - [`skipgram`]: skip-gram word embeddings from a config (vocabulary, training, evaluation,
 //!   checkpoints, export);
 //! - [`checkpoint`]: atomically replaced checkpoint directories;
@@ -22,7 +24,8 @@ pub mod compare;
 pub mod config;
 pub mod data;
 pub mod estimators;
-pub mod metrics;
+pub mod linear;
+pub use farout_core::metrics;
 pub mod report;
 pub mod repro;
 mod run;
@@ -91,6 +94,9 @@ pub enum Error {
     /// The encoder rejected its config or weights.
     #[error(transparent)]
     Model(#[from] farout_models::Error),
+    /// A linear solver failed, or its model file is invalid.
+    #[error(transparent)]
+    Linear(#[from] farout_linear::Error),
     /// An estimator parameter is invalid.
     #[error(transparent)]
     Estimator(#[from] farout_estimators::Error),

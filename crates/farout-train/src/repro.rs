@@ -105,7 +105,7 @@ fn train_biases(
     opts: &ArSyntheticOptions,
     name: &str,
 ) -> Result<(Vec<f32>, f64), Error> {
-    let cfg = OutputLayerConfig { bias: true, init_std: 0.0 };
+    let cfg = OutputLayerConfig { bias: true, init_std: 0.0, ..Default::default() };
     let mut layer = OutputLayer::new(k, 1, &cfg, &paper_schedule(labels.len(), opts.batch), opts.seed)?;
     let mut phi = Matrix::zeros(opts.batch, 1);
     let run = PaperRun { batch: opts.batch, iterations: opts.iterations, seed: opts.seed, salt: 0xA5 };
@@ -391,7 +391,7 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
     ];
     let mut results = Vec::new();
     for (est, model) in &methods {
-        let cfg = OutputLayerConfig { bias: true, init_std: 0.1 };
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.1, ..Default::default() };
         let mut layer = OutputLayer::new(k, d, &cfg, &paper_schedule(n, opts.batch), opts.seed)?;
         let mut phi = Matrix::zeros(opts.batch, d);
         let run = PaperRun { batch: opts.batch, iterations: opts.iterations, seed: opts.seed, salt: 0xB1B };

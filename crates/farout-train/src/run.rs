@@ -1,6 +1,6 @@
-//! One entry for training: [`train`] takes a loaded config and runs the trainer its model asks
-//! for — the classifier loop ([`Trainer`]) or skip-gram ([`crate::skipgram`]) — and returns
-//! what the run reports.
+//! One entry for training: [`train`] takes a loaded config and runs the trainer it asks for —
+//! a linear solver ([`crate::linear`]), the classifier loop ([`Trainer`]) or skip-gram
+//! ([`crate::skipgram`]) — and returns what the run reports.
 
 use crate::config::EncoderKind;
 use crate::skipgram::SkipGramSummary;
@@ -22,7 +22,7 @@ pub struct TrainOptions<'a> {
 #[derive(Clone, Debug, Serialize)]
 #[serde(untagged)]
 pub enum RunSummary {
-    /// A classifier (face head or document encoder with an output layer).
+    /// A classifier (face head or document encoder with an output layer, or a linear solver).
     Classifier(Summary),
     /// Word vectors.
     SkipGram(SkipGramSummary),
@@ -48,6 +48,18 @@ impl RunSummary {
 
 /// Trains the model `config` describes, with its logs, checkpoints and progress bar.
 pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Error> {
+    if config.is_linear() {
+        if options.resume {
+            return Err(Error::Option {
+                name: "resume",
+                msg: "a linear solver trains in one go; there is nothing to resume".into(),
+            });
+        }
+        if options.export_vectors.is_some() {
+            return Err(Error::Option { name: "export-vectors", msg: "is for skip-gram configs".into() });
+        }
+        return Ok(RunSummary::Classifier(crate::linear::LinearRun::new(config.clone())?.train()?));
+    }
     if config.model.encoder == EncoderKind::SkipGram {
         let summary = crate::skipgram::train(config, options.resume, options.export_vectors)?;
         return Ok(RunSummary::SkipGram(summary));

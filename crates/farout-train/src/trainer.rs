@@ -8,7 +8,7 @@ use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
 use farout_estimators::{Batch, Built, GradientEstimator, Loss, LossScratch, Problem};
-use farout_layer::OutputLayer;
+use farout_layer::{LayerInit, OutputLayer};
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -81,6 +81,10 @@ pub struct Summary {
     pub seed: u64,
     /// Where logs were written.
     pub log_dir: PathBuf,
+    /// A linear solver's totals and own figures (`[linear]` runs; see
+    /// [`farout_linear::FitSummary`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear: Option<serde_json::Value>,
 }
 
 /// The training loop of one config.
@@ -204,7 +208,7 @@ impl Trainer {
                 )));
             }
         }
-        Ok(Self {
+        let mut trainer = Self {
             config,
             data,
             encoder,
@@ -217,7 +221,38 @@ impl Trainer {
             loss,
             state: State::default(),
             phi: Matrix::default(),
-        })
+        };
+        if trainer.config.output.layer.init == LayerInit::Msi {
+            trainer.init_msi()?;
+        }
+        Ok(trainer)
+    }
+
+    /// Sets W (and the bias) by the mean-separating initialisation over the features of the
+    /// training set as the encoder computes them now (one pass).
+    fn init_msi(&mut self) -> Result<(), Error> {
+        let start = Instant::now();
+        let (train, batch) = (&self.data.train, self.config.eval.batch_size);
+        let mut phi = farout_data::SparseRows::new(self.layer.d_model());
+        for start in (0..train.len()).step_by(batch) {
+            let idx: Vec<usize> = (start..(start + batch).min(train.len())).collect();
+            let rows = farout_linear::data::dense_to_rows(&self.features(train, &idx));
+            for i in 0..rows.n_rows() {
+                let (c, v) = rows.row(i);
+                phi.push_row(c, v);
+            }
+        }
+        let labels = farout_linear::LabelIndex::new(&train.labels);
+        let cfg = &self.config.output.layer;
+        let msi = farout_linear::Msi { s: cfg.msi_s as f64, t: cfg.msi_t as f64 };
+        let (w, b) = farout_linear::init::msi_output_layer(&phi, &labels, cfg.bias, msi);
+        let (k, d) = (self.layer.n_classes(), self.layer.d_model());
+        self.layer.set_weights(Matrix::from_vec(k, d, w).expect("K x D weights"))?;
+        if cfg.bias {
+            self.layer.set_bias(b)?;
+        }
+        log::info!("output layer: mean-separating initialisation in {:.2} s", start.elapsed().as_secs_f64());
+        Ok(())
     }
 
     /// The config.
@@ -608,6 +643,7 @@ impl Trainer {
             n_test: self.data.test.as_ref().map_or(0, |t| t.len()),
             seed: self.config.seed,
             log_dir: self.config.log_dir(),
+            linear: None,
         }
     }
 

@@ -5,7 +5,7 @@
 
 mod plot;
 
-use crate::config::EncoderKind;
+use crate::config::{EncoderKind, first_difference};
 use crate::skipgram::SkipGramSummary;
 use crate::{Config, Error, RunSummary, Summary, io_err};
 use std::collections::BTreeMap;
@@ -225,31 +225,18 @@ pub fn compare(args: &CompareOptions) -> Result<CompareReport, Error> {
 }
 
 /// The config as a TOML tree without the blocks a comparison may vary (and the run's name,
-/// logs and checkpoints, which are per run).
-fn comparable(c: &Config) -> toml::Table {
+/// logs and checkpoints, which are per run). When linear and network configs are compared
+/// (`any_linear`), the learner is what varies: only the data, evaluation and seed remain.
+fn comparable(c: &Config, any_linear: bool) -> toml::Table {
     let mut t = toml::Table::try_from(c).expect("a loaded config serialises");
-    for key in ["name", "output", "index", "log", "checkpoint"] {
+    for key in ["name", "output", "index", "log", "checkpoint", "linear"] {
         t.remove(key);
     }
-    t
-}
-
-/// The first key (dotted path) where two TOML trees differ.
-fn first_difference(a: &toml::Value, b: &toml::Value, path: &str) -> Option<String> {
-    match (a, b) {
-        (toml::Value::Table(x), toml::Value::Table(y)) => {
-            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-            keys.into_iter().find_map(|k| {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                match (x.get(k), y.get(k)) {
-                    (Some(u), Some(v)) => first_difference(u, v, &p),
-                    _ => Some(p),
-                }
-            })
-        }
-        _ if a == b => None,
-        _ => Some(path.to_string()),
+    if any_linear {
+        t.remove("model");
+        t.remove("train");
     }
+    t
 }
 
 fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
@@ -271,9 +258,10 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
         }
     }
     if !args.allow_diff {
-        let base = toml::Value::Table(comparable(&configs[0]));
+        let any_linear = configs.iter().any(Config::is_linear);
+        let base = toml::Value::Table(comparable(&configs[0], any_linear));
         for (c, p) in configs.iter().zip(&args.configs).skip(1) {
-            if let Some(key) = first_difference(&base, &toml::Value::Table(comparable(c)), "") {
+            if let Some(key) = first_difference(&base, &toml::Value::Table(comparable(c, any_linear)), "") {
                 let (first, other) = (args.configs[0].clone(), p.clone());
                 return Err(CompareError::ConfigsDiffer { first, other, key }.into());
             }
@@ -289,7 +277,8 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
             c.log.dir = Some(dir.clone());
             c.checkpoint.enabled = false;
             let is_skip_gram = skip_gram(&c);
-            if let Some(b) = args.budget {
+            // A linear solver runs to convergence: a time budget does not apply to it.
+            if let Some(b) = args.budget.filter(|_| !c.is_linear()) {
                 c.train.max_seconds = b;
                 // The budget ends the run; skip-gram keeps its epochs, on which its step-size
                 // schedule depends.
@@ -297,8 +286,11 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
                     c.train.epochs = c.train.epochs.max(1_000_000);
                 }
             }
-            let estimator = c.output.estimator.name();
-            log::info!("[{}/{total}] {} (estimator {estimator}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
+            let method = match &c.linear {
+                Some(solver) => format!("solver {}", solver.name()),
+                None => format!("estimator {}", c.output.estimator.name()),
+            };
+            log::info!("[{}/{total}] {} ({method}, seed {})", i * args.repeats + r + 1, c.name, c.seed);
             // Runs share this process: restart the peak-RSS count so each summary has its own
             // (Linux >= 4.0; elsewhere the peak accumulates over runs).
             let _ = std::fs::write("/proc/self/clear_refs", "5");
