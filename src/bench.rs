@@ -1,6 +1,7 @@
 //! `farout bench ...`: micro-benchmarks printing one JSON object each.
 
 use anyhow::Result;
+use std::path::PathBuf;
 use clap::Subcommand;
 use farout_train::bench::{self, EstimatorBench, LayerBench, SearchBench};
 
@@ -95,6 +96,22 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// DiSMEC from several initialisations on one config's data (loaded once), interleaved:
+    /// median train seconds, Newton iterations, CG steps, P@k, model size per init, and the
+    /// time ratios to the last init named (`zero/msi`).
+    Linear {
+        /// A DiSMEC config (`[linear] solver = "dismec"`), e.g. configs/bibtex-dismec.toml.
+        config: PathBuf,
+        /// Initialisations, comma-separated: zero, bias, msi.
+        #[arg(long, default_value = "zero,msi", value_delimiter = ',')]
+        inits: Vec<String>,
+        /// Runs per initialisation.
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Overrides of config keys, `key.path=value` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 /// How the generator's class means are arranged (see `FaceSpec`): FaceNet-like (near a
@@ -168,6 +185,17 @@ impl IndexParams {
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
+        BenchCommand::Linear { config, inits, repeats, set } => {
+            let config = crate::load_config(&config, &set)?;
+            let inits = inits
+                .iter()
+                .map(|s| {
+                    serde_json::from_value(serde_json::Value::String(s.trim().to_string()))
+                        .map_err(|_| anyhow::anyhow!("--inits: `{s}` is not one of zero, bias, msi"))
+                })
+                .collect::<Result<Vec<farout_linear::InitKind>>>()?;
+            println!("{:#}", bench::bench_linear(&bench::LinearBench { config, inits, repeats })?);
+        }
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             println!("{}", bench::bench_layer(&LayerBench { estimator, k, d, batch, steps })?);
         }

@@ -411,3 +411,84 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
         "index_bytes": block_index.as_ref().map_or(0, |b| b.memory_bytes()),
     }))
 }
+
+/// `bench linear`'s choices.
+#[derive(Clone, Debug)]
+pub struct LinearBench {
+    /// A DiSMEC config (`[linear] solver = "dismec"`); its data are loaded once.
+    pub config: crate::Config,
+    /// The initialisations compared (each run from the config's parameters with `init` set).
+    pub inits: Vec<farout_linear::InitKind>,
+    /// Runs per initialisation, interleaved (init 1, init 2, ..., init 1, ...).
+    pub repeats: usize,
+}
+
+/// DiSMEC from each initialisation on the same data, interleaved runs in one process: per
+/// init the median train seconds, Newton iterations and CG steps (mean, 95% quantile, total),
+/// test P@1/3/5 and model size; and the time ratio of every init to the last one named
+/// (`zero/msi` for `--inits zero,msi`), per run and of the medians.
+pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
+    use farout_linear::{LinearSolver, Silent, SolverConfig, TrainSet};
+    let Some(SolverConfig::Dismec(dismec)) = &b.config.linear else {
+        return Err(option("config", "must be a DiSMEC config ([linear] solver = \"dismec\")"));
+    };
+    if b.inits.is_empty() || b.repeats == 0 {
+        return Err(option("inits", "name at least one initialisation, and --repeats must be >= 1"));
+    }
+    let run = crate::linear::LinearRun::new(b.config.clone())?;
+    let data = run.data();
+    let train = TrainSet::from_dataset(data.train.clone())?;
+    let test = data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&data.train);
+    let mut runs: Vec<Vec<Value>> = vec![Vec::new(); b.inits.len()];
+    for _ in 0..b.repeats {
+        for (i, &init) in b.inits.iter().enumerate() {
+            let config = farout_linear::DismecConfig { init, ..dismec.clone() };
+            let fitted = config.fit(&train, &Silent)?;
+            let metrics = crate::linear::evaluate(&fitted.model, test, 0);
+            let s = &fitted.summary;
+            runs[i].push(serde_json::json!({
+                "seconds": s.seconds,
+                "p@1": metrics["p@1"], "p@3": metrics["p@3"], "p@5": metrics["p@5"],
+                "nnz_after_pruning": s.nnz_after_pruning,
+                "model_bytes": fitted.model.to_bytes().len(),
+                "stats": s.stats,
+            }));
+        }
+    }
+    let median = |v: &[Value], key: &str| {
+        let mut x: Vec<f64> = v.iter().filter_map(|r| r[key].as_f64()).collect();
+        x.sort_by(f64::total_cmp);
+        x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let name = |init: farout_linear::InitKind| serde_json::to_value(init).ok().and_then(|v| v.as_str().map(String::from));
+    let last = b.inits.len() - 1;
+    let mut by_init = serde_json::Map::new();
+    let mut ratios = serde_json::Map::new();
+    for (i, &init) in b.inits.iter().enumerate() {
+        let key = name(init).unwrap_or_default();
+        by_init.insert(
+            key.clone(),
+            serde_json::json!({ "median_seconds": median(&runs[i], "seconds"), "runs": runs[i] }),
+        );
+        if i != last {
+            let per_run: Vec<f64> = runs[i]
+                .iter()
+                .zip(&runs[last])
+                .map(|(a, z)| a["seconds"].as_f64().unwrap_or(f64::NAN) / z["seconds"].as_f64().unwrap_or(f64::NAN))
+                .collect();
+            let of_medians = median(&runs[i], "seconds") / median(&runs[last], "seconds");
+            let other = name(b.inits[last]).unwrap_or_default();
+            ratios.insert(format!("{key}/{other}"), serde_json::json!({ "per_run": per_run, "of_medians": of_medians }));
+        }
+    }
+    Ok(serde_json::json!({
+        "bench": "linear",
+        "task": b.config.task(),
+        "threads": rayon::current_num_threads(),
+        "n_train": train.n_samples(),
+        "n_features": train.n_features(),
+        "n_labels": train.n_labels(),
+        "by_init": by_init,
+        "time_ratio": ratios,
+    }))
+}
