@@ -1,9 +1,9 @@
 //! `farout bench ...`: micro-benchmarks printing one JSON object each.
 
 use anyhow::Result;
-use std::path::PathBuf;
 use clap::Subcommand;
 use farout_train::bench::{self, EstimatorBench, LayerBench, SearchBench};
+use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {

@@ -460,16 +460,15 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
         x.sort_by(f64::total_cmp);
         x.get(x.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let name = |init: farout_linear::InitKind| serde_json::to_value(init).ok().and_then(|v| v.as_str().map(String::from));
+    let name =
+        |init: farout_linear::InitKind| serde_json::to_value(init).ok().and_then(|v| v.as_str().map(String::from));
     let last = b.inits.len() - 1;
     let mut by_init = serde_json::Map::new();
     let mut ratios = serde_json::Map::new();
     for (i, &init) in b.inits.iter().enumerate() {
         let key = name(init).unwrap_or_default();
-        by_init.insert(
-            key.clone(),
-            serde_json::json!({ "median_seconds": median(&runs[i], "seconds"), "runs": runs[i] }),
-        );
+        by_init
+            .insert(key.clone(), serde_json::json!({ "median_seconds": median(&runs[i], "seconds"), "runs": runs[i] }));
         if i != last {
             let per_run: Vec<f64> = runs[i]
                 .iter()
@@ -478,7 +477,8 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
                 .collect();
             let of_medians = median(&runs[i], "seconds") / median(&runs[last], "seconds");
             let other = name(b.inits[last]).unwrap_or_default();
-            ratios.insert(format!("{key}/{other}"), serde_json::json!({ "per_run": per_run, "of_medians": of_medians }));
+            ratios
+                .insert(format!("{key}/{other}"), serde_json::json!({ "per_run": per_run, "of_medians": of_medians }));
         }
     }
     Ok(serde_json::json!({
