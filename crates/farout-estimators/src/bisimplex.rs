@@ -57,12 +57,14 @@ pub(crate) fn project_bisimplex_into(v: &mut [f32], is_pos: &[bool], s: &mut Bis
     }
     s.neg.clear();
     s.pos.clear();
+    // `>=`, not `>`: at magnitudes beyond 2^24 `max - 1.0` rounds to `max` itself, and the top
+    // element must always be kept (a diverging run's scores reach such values).
     for (&x, &p) in v.iter().zip(is_pos) {
         if p {
-            if -x > max_p - 1.0 {
+            if -x >= max_p - 1.0 {
                 s.pos.push(-x);
             }
-        } else if x > max_n - 1.0 {
+        } else if x >= max_n - 1.0 {
             s.neg.push(x);
         }
     }
@@ -117,6 +119,18 @@ fn prefix_sums(u: &[f32], prefix: &mut Vec<f64>) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn scores_beyond_f32_integer_precision_project_without_panicking() {
+        // max - 1.0 == max for these: the top elements must still be kept.
+        for scale in [1e8f32, 1e20, 3e38] {
+            let v = [scale, -scale, 0.5 * scale, 0.0];
+            let a = project_bisimplex(&v, &[1]);
+            let (sum_n, sum_p): (f32, f32) = (a[0] + a[2] + a[3], a[1]);
+            assert!(a.iter().all(|x| x.is_finite()), "{scale}: {a:?}");
+            assert!((sum_n + sum_p).abs() <= 1e-6 && (0.0..=1.0 + 1e-6).contains(&sum_n), "{scale}: {a:?}");
+        }
+    }
 
     /// Reference simplex projection onto {x >= 0, sum x = s} (Duchi et al. 2008), in f64.
     fn simplex(u: &[f64], s: f64) -> Vec<f64> {

@@ -157,8 +157,15 @@ impl Loss for SmoothedMargin {
         }
         let inv_mu = 1.0 / self.mu;
         // v = (z + 1_N) / mu, written into grad and projected in place.
+        let mut finite = true;
         for ((g, &v), &pos) in grad.iter_mut().zip(z).zip(is_pos.iter()) {
             *g = (v + if pos { 0.0 } else { 1.0 }) * inv_mu;
+            finite &= g.is_finite();
+        }
+        if !finite {
+            // Scores of a diverged model: the loss is undefined; NaN lets the trainer stop.
+            grad.fill(0.0);
+            return f32::NAN;
         }
         project_bisimplex_into(grad, is_pos, &mut scratch.bisimplex);
         let mut lin = 0.0f64;
@@ -180,6 +187,18 @@ impl Loss for SmoothedMargin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_scores_give_a_nan_margin_loss_and_no_gradient() {
+        let loss = SmoothedMargin::new(1.0).unwrap();
+        let mut scratch = LossScratch::default();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let z = [0.5, bad, -1.0];
+            let mut grad = vec![1.0; 3];
+            assert!(loss.value_and_grad(&z, &[0], &mut grad, &mut scratch).is_nan());
+            assert_eq!(grad, vec![0.0; 3]);
+        }
+    }
 
     /// Central finite differences in f64 arithmetic on the f32 loss.
     fn check_gradient(loss: &dyn Loss, z: &[f32], positives: &[ClassId], tol: f32) {
