@@ -1,10 +1,8 @@
 //! DiSMEC: every label's binary problem trained independently, in parallel, then pruned.
 //!
-//! Labels are handed to rayon sorted by |P|, largest first, so the long problems start early
-//! and the small ones fill the gaps at the end. Each worker keeps one [`Scratch`] (dense f64
-//! vectors of length d + 1 and n) through `map_init`, so the label loop allocates only the
-//! pruned result. A label's computation never depends on the thread that runs it, so the model
-//! is bit-identical for any number of threads.
+//! Labels run through [`crate::ova::one_vs_all`] (largest first, one [`Scratch`] of dense f64
+//! vectors of length d + 1 and n per worker); a label's computation never depends on the thread
+//! that runs it, so the model is bit-identical for any number of threads.
 //!
 //! Pruning (\[M\] Sect. 5): after training, weights with |w| < threshold become 0; the bias is
 //! not exempt (the paper does not exempt it).
@@ -28,10 +26,10 @@ use crate::data::{DataStats, TrainSet};
 use crate::init::{Bias, Msi, WeightInit, Zero};
 use crate::model::SparseModel;
 use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
+use crate::ova::one_vs_all;
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Instant;
@@ -284,7 +282,7 @@ impl Dismec {
     /// As [`Dismec::train`], advancing `progress` by one per finished label.
     pub fn train_with(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Trained> {
         let start = Instant::now();
-        let (n, k) = (data.n_samples(), data.n_labels());
+        let n = data.n_samples();
         if n == 0 {
             return Err(Error::Shape { what: "training set", detail: "no samples".into() });
         }
@@ -292,34 +290,21 @@ impl Dismec {
             return Err(Error::Shape { what: "training set", detail: format!("{n} samples: ids are 32-bit") });
         }
         let stats = self.stats(data);
-        let mut order: Vec<usize> = (0..k).collect();
-        order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
         let n_vars = stats.n_vars();
-        progress.begin(k as u64, "labels");
-        let solved: Vec<(Vec<u32>, Vec<f32>, f32, LabelStats)> = order
-            .par_iter()
-            .map_init(
-                || Scratch::new(n_vars, n),
-                |scratch, &j| {
-                    let start = Instant::now();
-                    let mut st = self.solve(data, &stats, j, scratch);
-                    let (f, w, b) = prune(&scratch.w, self.bias, self.prune_threshold);
-                    st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
-                    st.seconds = start.elapsed().as_secs_f64();
-                    progress.advance(1);
-                    (f, w, b, st)
-                },
-            )
-            .collect();
-        let mut slot = vec![0usize; k];
-        order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
-        let mut model = SparseModel::new(data.n_features(), self.bias);
-        let mut labels = Vec::with_capacity(k);
-        for &at in &slot {
-            let (f, w, b, st) = &solved[at];
-            model.push_label(f, w, *b);
-            labels.push(st.clone());
-        }
+        let (model, labels) = one_vs_all(
+            data,
+            self.bias,
+            progress,
+            || Scratch::new(n_vars, n),
+            |scratch, j| {
+                let start = Instant::now();
+                let mut st = self.solve(data, &stats, j, scratch);
+                let (f, w, b) = prune(&scratch.w, self.bias, self.prune_threshold);
+                st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
+                st.seconds = start.elapsed().as_secs_f64();
+                (f, w, b, st)
+            },
+        );
         let report = TrainReport {
             nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
             nnz_after_pruning: model.nnz(),

@@ -63,6 +63,7 @@ pub mod memoir;
 pub mod model;
 pub mod newton;
 pub mod oracle;
+pub mod ova;
 pub mod ppdsparse;
 pub mod solver;
 

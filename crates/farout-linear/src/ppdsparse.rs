@@ -92,11 +92,11 @@
 use crate::data::{SparseRows, TrainSet};
 use crate::model::SparseModel;
 use crate::newton::Rows;
+use crate::ova::one_vs_all;
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use farout_core::rng::{self, Rng, RngExt};
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Instant;
@@ -195,37 +195,24 @@ impl PpdSparseConfig {
     pub fn train(&self, data: &TrainSet, progress: &dyn Progress) -> Result<PpdTrained> {
         self.check()?;
         let start = Instant::now();
-        let (n, k) = (data.n_samples(), data.n_labels());
+        let n = data.n_samples();
         check_size(n)?;
         let shared = Shared::new(&data.features, self.bias);
-        let mut order: Vec<usize> = (0..k).collect();
-        order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
-        progress.begin(k as u64, "labels");
-        let solved: Vec<(Vec<u32>, Vec<f32>, f32, PpdLabelStats)> = order
-            .par_iter()
-            .map_init(
-                || Scratch::new(shared.n_vars(), n),
-                |scratch, &j| {
-                    let start = Instant::now();
-                    let mut st = solve_label(self, &shared, data.labels.positives(j), j, scratch);
-                    let (f, w, b) = scratch.pruned(&shared, self.prune_threshold);
-                    scratch.reset(&shared);
-                    st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
-                    st.seconds = start.elapsed().as_secs_f64();
-                    progress.advance(1);
-                    (f, w, b, st)
-                },
-            )
-            .collect();
-        let mut slot = vec![0usize; k];
-        order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
-        let mut model = SparseModel::new(data.n_features(), self.bias);
-        let mut labels = Vec::with_capacity(k);
-        for &at in &slot {
-            let (f, w, b, st) = &solved[at];
-            model.push_label(f, w, *b);
-            labels.push(st.clone());
-        }
+        let (model, labels) = one_vs_all(
+            data,
+            self.bias,
+            progress,
+            || Scratch::new(shared.n_vars(), n),
+            |scratch, j| {
+                let start = Instant::now();
+                let mut st = solve_label(self, &shared, data.labels.positives(j), j, scratch);
+                let (f, w, b) = scratch.pruned(&shared, self.prune_threshold);
+                scratch.reset(&shared);
+                st.nnz_after_pruning = f.len() + (b != 0.0) as usize;
+                st.seconds = start.elapsed().as_secs_f64();
+                (f, w, b, st)
+            },
+        );
         Ok(PpdTrained {
             nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
             nnz_after_pruning: model.nnz(),

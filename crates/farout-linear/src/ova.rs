@@ -1,0 +1,49 @@
+//! The one-vs-all driver shared by the per-label solvers (DiSMEC, PPDSparse).
+//!
+//! Labels are handed to rayon sorted by |P|, largest first, so the long problems start early
+//! and the small ones fill the gaps at the end. Each worker keeps one scratch value through
+//! `map_init`, so the label loop allocates only the pruned result. A label's computation never
+//! depends on the thread that runs it, so the model is bit-identical for any number of threads.
+
+use crate::data::TrainSet;
+use crate::model::SparseModel;
+use crate::solver::Progress;
+use rayon::prelude::*;
+
+/// One label's pruned weights: sorted features, their weights, the bias, and the solver's
+/// statistics of the label.
+pub type LabelResult<S> = (Vec<u32>, Vec<f32>, f32, S);
+
+/// Solves every label of `data` with `solve(scratch, label)` on the current rayon pool
+/// (`scratch()` makes one scratch per worker), advancing `progress` by one per label, and
+/// assembles the model and the per-label statistics in label order.
+pub fn one_vs_all<T, S: Clone + Send>(
+    data: &TrainSet,
+    bias: bool,
+    progress: &dyn Progress,
+    scratch: impl Fn() -> T + Sync + Send,
+    solve: impl Fn(&mut T, usize) -> LabelResult<S> + Sync + Send,
+) -> (SparseModel, Vec<S>) {
+    let k = data.n_labels();
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
+    progress.begin(k as u64, "labels");
+    let solved: Vec<LabelResult<S>> = order
+        .par_iter()
+        .map_init(&scratch, |t, &j| {
+            let out = solve(t, j);
+            progress.advance(1);
+            out
+        })
+        .collect();
+    let mut slot = vec![0usize; k];
+    order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
+    let mut model = SparseModel::new(data.n_features(), bias);
+    let mut stats = Vec::with_capacity(k);
+    for &at in &slot {
+        let (f, w, b, st) = &solved[at];
+        model.push_label(f, w, *b);
+        stats.push(st.clone());
+    }
+    (model, stats)
+}
