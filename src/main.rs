@@ -184,8 +184,18 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let msg: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("error: {}", msg.join(": "));
+            // Errors that show their cause in their own message also return it as their
+            // source: print each cause once.
+            let mut msg = String::new();
+            for cause in e.chain().map(|c| c.to_string()) {
+                if !msg.contains(&cause) {
+                    if !msg.is_empty() {
+                        msg.push_str(": ");
+                    }
+                    msg.push_str(&cause);
+                }
+            }
+            eprintln!("error: {msg}");
             ExitCode::FAILURE
         }
     }

@@ -9,6 +9,9 @@ fn fails_with(args: &[&str], expect: &[&str]) {
     assert!(!o.status.success(), "expected failure for {args:?}");
     assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic for {args:?}: {err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
+    // A cause printed twice ("path: cause: cause") reads as two errors.
+    let parts: Vec<&str> = err.trim_end().split(": ").collect();
+    assert!(parts.windows(2).all(|w| w[0] != w[1]), "a cause is repeated: {err}");
     for e in expect {
         assert!(err.contains(e), "{err:?} should contain {e:?}");
     }
@@ -62,7 +65,7 @@ fn unknown_config_key_is_named() {
 #[test]
 fn missing_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    fails_with(&["train", "configs/nope.toml"], &["configs/nope.toml"]);
+    fails_with(&["train", "configs/nope.toml"], &["configs/nope.toml", "No such file"]);
     let args = xmc_run(dir.path(), &dir.path().join("missing.txt"));
     fails_with(&args.iter().map(String::as_str).collect::<Vec<_>>(), &["missing.txt", "No such file"]);
 }
@@ -158,4 +161,15 @@ fn index_bench_and_compare_errors_name_their_key_option_or_file() {
         &["compare", "--from", "/nonexistent", "--out", out.to_str().unwrap()],
         &["/nonexistent", "not a `farout compare` output directory"],
     );
+}
+
+#[test]
+fn a_truncated_linear_model_is_named_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("linear.model"), b"FOLINMDL\x01\x00\x00\x00").unwrap();
+    let sets =
+        ["--set", "data.format=\"synthetic_xmc\"", "--set", "data.xmc.n_samples=200", "--set", "data.xmc.n_labels=10"];
+    let checkpoint = dir.path().to_string_lossy().into_owned();
+    let args = [&["eval", "configs/bibtex-dismec.toml", "--checkpoint", checkpoint.as_str()][..], &sets[..]].concat();
+    fails_with(&args, &["linear.model", "not a valid farout-linear model", "truncated"]);
 }
