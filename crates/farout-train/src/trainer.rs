@@ -519,6 +519,8 @@ impl Trainer {
                 ("train/epoch", epoch),
             ],
         )?;
+        // Every record reaches the file now: a killed run keeps its log up to its last window.
+        run.sinks.flush()?;
         run.bar.set_message(format!("loss {loss:.4} | {samples_per_s:.0} samples/s{}", run.last_eval));
         run.window = Window::default();
         run.window_start = self.state.step;
