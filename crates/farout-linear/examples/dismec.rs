@@ -8,10 +8,11 @@
 //!          --eps0 X  --c X  --prune X  --bias-init X  --msi-t X  --save PATH
 //! ```
 //!
-//! P@k and nDCG@k follow farout-train's `metrics.rs` (samples without labels are skipped); it
-//! is computed here because farout-train depends on Burn.
+//! P@k and nDCG@k are `farout_core::metrics` (samples without labels are skipped), as in
+//! `farout train`; they are printed in percent.
 
 use anyhow::{Context, Result, bail};
+use farout_core::metrics::RankingSums;
 use farout_core::topk::Hit;
 use farout_data::{Features, LabelSets, xmc};
 use farout_linear::{Dismec, DismecConfig, FeatureTransform, InitKind, TrainSet};
@@ -74,29 +75,11 @@ fn mean_p95(mut v: Vec<f64>) -> (f64, f64) {
 
 /// P@1,3,5 and nDCG@1,3,5 in percent over samples with at least one label.
 fn ranking_metrics(predicted: &[Vec<Hit>], labels: &LabelSets) -> ([f64; 3], [f64; 3]) {
-    let ks = [1usize, 3, 5];
-    let (mut p, mut nd, mut n) = ([0.0; 3], [0.0; 3], 0usize);
-    for (i, hits) in predicted.iter().enumerate() {
-        let pos = labels.get(i);
-        if pos.is_empty() {
-            continue;
-        }
-        n += 1;
-        let (mut hit, mut dcg) = (0usize, 0.0);
-        for r in 0..5 {
-            if hits.get(r).is_some_and(|h| pos.contains(&h.class)) {
-                hit += 1;
-                dcg += 1.0 / ((r + 2) as f64).log2();
-            }
-            if let Some(at) = ks.iter().position(|&k| k == r + 1) {
-                let idcg: f64 = (0..ks[at].min(pos.len())).map(|j| 1.0 / ((j + 2) as f64).log2()).sum();
-                p[at] += hit as f64 / ks[at] as f64;
-                nd[at] += dcg / idcg;
-            }
-        }
-    }
-    let pct = |v: [f64; 3]| v.map(|x| 100.0 * x / n.max(1) as f64);
-    (pct(p), pct(nd))
+    let mut sums = RankingSums::default();
+    predicted.iter().enumerate().for_each(|(i, hits)| sums.add(hits, labels.get(i), 0.0));
+    let m = sums.finish(false);
+    let pct = |name: &str| [1, 3, 5].map(|k| 100.0 * m[&format!("{name}@{k}")]);
+    (pct("p"), pct("ndcg"))
 }
 
 /// User + system CPU seconds of this process so far (from /proc; the clock tick is 1/100 s on

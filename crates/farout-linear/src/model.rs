@@ -166,10 +166,18 @@ impl SparseModel {
         Predictor { biases: self.biases.clone(), feature_ptr: counts, labels, weights }
     }
 
+    /// Length of the model file, without writing it.
+    pub fn file_len(&self) -> usize {
+        HEADER_LEN + self.payload_len()
+    }
+
+    fn payload_len(&self) -> usize {
+        8 * self.label_ptr.len() + 4 * self.biases.len() + 8 * self.features.len()
+    }
+
     /// The file's bytes (see the module docs).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut payload =
-            Vec::with_capacity(8 * self.label_ptr.len() + 4 * self.biases.len() + 8 * self.features.len());
+        let mut payload = Vec::with_capacity(self.payload_len());
         self.label_ptr.iter().for_each(|&p| payload.extend_from_slice(&(p as u64).to_le_bytes()));
         self.biases.iter().for_each(|b| payload.extend_from_slice(&b.to_le_bytes()));
         self.features.iter().for_each(|f| payload.extend_from_slice(&f.to_le_bytes()));
@@ -353,6 +361,15 @@ mod tests {
         m.push_label(&[], &[], -0.5);
         m.push_label(&[1, 3, 4], &[2.0, 0.75, -0.125], 0.0);
         m
+    }
+
+    #[test]
+    fn file_len_is_the_length_of_the_written_bytes() {
+        let mut m = SparseModel::new(7, true);
+        assert_eq!(m.file_len(), m.to_bytes().len());
+        m.push_label(&[1, 4], &[0.5, -2.0], 0.25);
+        m.push_label(&[], &[], 0.0);
+        assert_eq!(m.file_len(), m.to_bytes().len());
     }
 
     #[test]

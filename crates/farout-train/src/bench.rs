@@ -450,7 +450,7 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
                 "seconds": s.seconds,
                 "p@1": metrics["p@1"], "p@3": metrics["p@3"], "p@5": metrics["p@5"],
                 "nnz_after_pruning": s.nnz_after_pruning,
-                "model_bytes": fitted.model.to_bytes().len(),
+                "model_bytes": fitted.model.file_len(),
                 "stats": s.stats,
             }));
         }

@@ -124,7 +124,7 @@ impl LinearRun {
             classes_scored_per_sample: self.data.n_classes as f64,
             index_recall: None,
             grad_cosine: None,
-            model_bytes: fitted.model.to_bytes().len(),
+            model_bytes: fitted.model.file_len(),
             peak_rss_bytes: peak_rss_bytes(),
             n_classes: self.data.n_classes,
             d_model: self.data.n_features,

@@ -149,7 +149,7 @@ struct RunLog {
     window: Window,
     /// The step of the last log record.
     window_start: u64,
-    /// The last test P@1, shown on the bar.
+    /// The last test P@1, shown on the progress bar.
     last_eval: String,
 }
 
@@ -500,7 +500,7 @@ impl Trainer {
         Ok(())
     }
 
-    /// Records the means over the steps since the last record and shows them on the bar.
+    /// Records the means over the steps since the last record and shows them on the progress bar.
     fn log_window(&self, run: &mut RunLog) -> Result<(), Error> {
         let w = &run.window;
         let loss = w.loss_sum / w.samples as f64;
