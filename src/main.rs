@@ -43,6 +43,9 @@ enum Command {
         /// Continue from the config's checkpoint.
         #[arg(long)]
         resume: bool,
+        /// Replace the run already in the config's log and checkpoint directories.
+        #[arg(long)]
+        overwrite: bool,
         /// Skip-gram: write the input vectors here at the end (word2vec binary for `.bin`,
         /// else word2vec text).
         #[arg(long, value_name = "PATH")]
@@ -119,6 +122,9 @@ struct CompareArgs {
     /// Accept configs that differ outside [output] and [index].
     #[arg(long)]
     allow_diff: bool,
+    /// Replace an earlier comparison in --out.
+    #[arg(long)]
+    overwrite: bool,
     /// Override a key in every config, e.g. --set train.epochs=1 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -129,8 +135,8 @@ struct CompareArgs {
 
 impl From<CompareArgs> for CompareOptions {
     fn from(a: CompareArgs) -> Self {
-        let CompareArgs { configs, out, budget, repeats, allow_diff, set, from } = a;
-        Self { configs, out, budget, repeats, allow_diff, set, from }
+        let CompareArgs { configs, out, budget, repeats, allow_diff, overwrite, set, from } = a;
+        Self { configs, out, budget, repeats, allow_diff, set, from, overwrite }
     }
 }
 
@@ -213,7 +219,7 @@ fn load_config(path: &Path, set: &[String]) -> Result<Config> {
 /// A trained model of either kind, read back from its checkpoint for `eval` and `predict`.
 enum Trained {
     Network(Box<Trainer>),
-    Linear(LinearRun, SparseModel),
+    Linear(Box<LinearRun>, SparseModel),
 }
 
 impl Trained {
@@ -221,7 +227,7 @@ impl Trained {
         if config.is_linear() {
             let run = LinearRun::new(config)?;
             let model = run.load_model(checkpoint.as_deref())?;
-            return Ok(Self::Linear(run, model));
+            return Ok(Self::Linear(Box::new(run), model));
         }
         let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
         let mut t = Trainer::new(config)?;
@@ -260,9 +266,9 @@ impl Trained {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config, set, summary, resume, export_vectors } => {
+        Command::Train { config, set, summary, resume, overwrite, export_vectors } => {
             let config = load_config(&config, &set)?;
-            let options = TrainOptions { resume, export_vectors: export_vectors.as_deref() };
+            let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
             let json = farout_train::train(&config, &options)?.to_json();
             println!("{json}");
             if let Some(p) = summary {

@@ -41,8 +41,9 @@ fn final_evaluation_can_be_capped() {
     let base: Vec<&str> =
         ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).chain(q.iter().map(String::as_str)).collect();
     let all = summary(&farout(&[&base[..], &["--set", "train.epochs=1"]].concat()));
-    let capped =
-        summary(&farout(&[&base[..], &["--set", "train.epochs=1", "--set", "eval.final_max_samples=100"]].concat()));
+    let capped = summary(&farout(
+        &[&base[..], &["--overwrite", "--set", "train.epochs=1", "--set", "eval.final_max_samples=100"]].concat(),
+    ));
     assert!(all["metrics"]["samples"].as_f64().unwrap() > 500.0, "{all}");
     assert_eq!(capped["metrics"]["samples"].as_f64().unwrap(), 100.0);
 }
@@ -278,7 +279,7 @@ fn ldgs_trains_with_block_indexes() {
     assert_eq!(s["estimator"], "ldgs");
     assert!(s["metrics"]["accuracy"].as_f64().unwrap() >= 0.9, "{s}");
     assert!(s["index_recall"].as_f64().is_some());
-    let bad = farout(&[&args[..], &["--set", "output.blocks=5"]].concat());
+    let bad = farout(&[&args[..], &["--overwrite", "--set", "output.blocks=5"]].concat());
     assert!(!bad.status.success());
     assert!(crate::stderr(&bad).contains("output.blocks"), "{}", crate::stderr(&bad));
 }

@@ -3,7 +3,7 @@
 use crate::{farout, quiet_in, stderr, tiny_xmc};
 use std::path::Path;
 
-fn fails_with(args: &[&str], expect: &[&str]) {
+pub fn fails_with(args: &[&str], expect: &[&str]) {
     let o = farout(args);
     let err = stderr(&o);
     assert!(!o.status.success(), "expected failure for {args:?}");

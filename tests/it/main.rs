@@ -5,6 +5,7 @@ mod configs;
 mod errors;
 mod quality;
 mod readme;
+mod robustness;
 mod skipgram;
 
 use std::io::Write as _;

@@ -24,6 +24,7 @@ pub mod compare;
 pub mod config;
 pub mod data;
 pub mod estimators;
+pub mod guard;
 pub mod linear;
 pub use farout_core::metrics;
 pub mod report;
@@ -100,15 +101,34 @@ pub enum Error {
     /// An estimator parameter is invalid.
     #[error(transparent)]
     Estimator(#[from] farout_estimators::Error),
-    /// Training produced a non-finite loss.
-    #[error("training diverged at step {step} (loss = {loss}); {kept}")]
+    /// The run's directory already holds a run.
+    #[error(
+        "{} already holds a run ({what}); pass --resume to continue it, --overwrite to replace it, or set log.dir (and checkpoint.dir) to another directory",
+        dir.display()
+    )]
+    RunExists {
+        /// The log directory.
+        dir: PathBuf,
+        /// What is there.
+        what: String,
+    },
+    /// Another process holds the run's lock.
+    #[error("{}: another farout run is writing to this directory; wait for it to end or set log.dir (and checkpoint.dir) to another directory", path.display())]
+    Locked {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Training diverged: a non-finite loss or weights, or a loss blown far above its best.
+    #[error("training diverged at step {step} ({why}); {kept}; lower the learning rate ({keys})")]
     Diverged {
-        /// The step whose loss was not finite.
+        /// The step at which it was detected.
         step: u64,
-        /// The loss value.
-        loss: f64,
+        /// What was seen.
+        why: String,
         /// What was kept.
         kept: String,
+        /// The config keys to change.
+        keys: String,
     },
     /// A comparison could not be made.
     #[error(transparent)]

@@ -21,6 +21,9 @@ use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// The model's file name in the checkpoint directory.
+pub const MODEL_FILE: &str = "linear.model";
+
 /// A linear config with its data loaded (train, test and the training set's idf).
 pub struct LinearRun {
     config: Config,
@@ -66,7 +69,7 @@ impl LinearRun {
 
     /// Where the model of this config is saved: `<checkpoint dir>/linear.model`, or in `dir`.
     pub fn model_path(&self, dir: Option<&Path>) -> PathBuf {
-        dir.map_or_else(|| self.config.checkpoint_dir(), Path::to_path_buf).join("linear.model")
+        dir.map_or_else(|| self.config.checkpoint_dir(), Path::to_path_buf).join(MODEL_FILE)
     }
 
     /// Trains, evaluates on the test set (the training set when there is none), logs, saves

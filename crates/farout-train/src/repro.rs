@@ -169,8 +169,9 @@ impl PaperRun {
             if !stats.loss_sum.is_finite() {
                 return Err(Error::Diverged {
                     step: it,
-                    loss: stats.loss_sum,
-                    kept: "nothing (a reproduction)".into(),
+                    why: format!("loss = {}", stats.loss_sum),
+                    kept: "a reproduction keeps no checkpoint".into(),
+                    keys: "--lr".into(),
                 });
             }
             if it % 50 == 0 {

@@ -3,6 +3,7 @@
 //! ([`crate::skipgram`]) — and returns what the run reports.
 
 use crate::config::EncoderKind;
+use crate::guard::{RunGuard, Start};
 use crate::skipgram::SkipGramSummary;
 use crate::{Config, Error, Summary, Trainer};
 use serde::Serialize;
@@ -13,6 +14,8 @@ use std::path::Path;
 pub struct TrainOptions<'a> {
     /// Continue from the config's checkpoint.
     pub resume: bool,
+    /// Replace a run already in the config's directories (without it, such a run is an error).
+    pub overwrite: bool,
     /// Skip-gram: write the input vectors here at the end (word2vec binary for `.bin`, else
     /// word2vec text).
     pub export_vectors: Option<&'a Path>,
@@ -47,20 +50,33 @@ impl RunSummary {
 }
 
 /// Trains the model `config` describes, with its logs, checkpoints and progress bar.
+/// The run's directories are locked while it runs (see [`crate::guard`]).
 pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Error> {
-    if config.is_linear() {
-        if options.resume {
-            return Err(Error::Option {
-                name: "resume",
-                msg: "a linear solver trains in one go; there is nothing to resume".into(),
-            });
+    let start = match (options.resume, options.overwrite) {
+        (true, true) => {
+            return Err(Error::Option { name: "overwrite", msg: "cannot be combined with --resume".into() });
         }
+        (true, false) => Start::Resume,
+        (false, true) => Start::Overwrite,
+        (false, false) => Start::Fresh,
+    };
+    if config.is_linear() && options.resume {
+        return Err(Error::Option {
+            name: "resume",
+            msg: "a linear solver trains in one go; there is nothing to resume".into(),
+        });
+    }
+    let mut guard = RunGuard::acquire(config, start)?;
+    if config.is_linear() {
         if options.export_vectors.is_some() {
             return Err(Error::Option { name: "export-vectors", msg: "is for skip-gram configs".into() });
         }
-        return Ok(RunSummary::Classifier(crate::linear::LinearRun::new(config.clone())?.train()?));
+        let run = crate::linear::LinearRun::new(config.clone())?;
+        guard.clear_previous()?;
+        return Ok(RunSummary::Classifier(run.train()?));
     }
     if config.model.encoder == EncoderKind::SkipGram {
+        guard.clear_previous()?;
         let summary = crate::skipgram::train(config, options.resume, options.export_vectors)?;
         return Ok(RunSummary::SkipGram(summary));
     }
@@ -71,6 +87,7 @@ pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Erro
         });
     }
     let mut trainer = Trainer::new(config.clone())?;
+    guard.clear_previous()?;
     if options.resume {
         trainer.resume()?;
         log::info!("resuming at step {}", trainer.step());

@@ -6,7 +6,7 @@
 //! resumed run keeps the output vectors) and `state.json`; the step size continues from where
 //! the schedule stopped because it is a function of the words read.
 
-use crate::checkpoint::{read_f32_file, replace_dir, write_f32_file};
+use crate::checkpoint::{check_finite, read_f32_file, replace_dir, write_f32_file};
 use crate::config::Config;
 use crate::report::progress_bar;
 use crate::sinks::{MetricsSink, Sinks};
@@ -115,7 +115,18 @@ pub fn evaluate(config: &Config, v: &Vectors) -> Result<(Option<AnalogyReport>, 
     Ok((analogy, similarity))
 }
 
+/// Loads the newest complete checkpoint in (or, after an interrupted save, beside) `dir`,
+/// checked against its manifest; NaN or infinite vectors are refused.
 fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State), Error> {
+    let found = crate::checkpoint::latest(dir)?;
+    if found.dir != dir {
+        log::warn!(
+            "{} holds no complete checkpoint; loading {}, left by an interrupted save",
+            dir.display(),
+            found.dir.display()
+        );
+    }
+    let dir = found.dir.as_path();
     let state_path = dir.join("state.json");
     let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
     let state: State = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
@@ -126,6 +137,8 @@ fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State),
     let mut emb = Embeddings::init(vocab.len(), dim, 0.0, 0);
     read_f32_file(&dir.join("input.bin"), emb.input.as_mut_slice())?;
     read_f32_file(&dir.join("output.bin"), emb.output.as_mut_slice())?;
+    check_finite(&dir.join("input.bin"), "input vectors", emb.input.as_slice())?;
+    check_finite(&dir.join("output.bin"), "output vectors", emb.output.as_slice())?;
     Ok((vocab, emb, state))
 }
 
@@ -402,7 +415,15 @@ impl<'a> Session<'a> {
         }
         log::info!("{line}");
         if self.config.checkpoint.enabled {
-            replace_dir(&self.config.checkpoint_dir(), |tmp| {
+            let dir = self.config.checkpoint_dir();
+            for (name, m) in [("input.bin", input), ("output.bin", output)] {
+                if let Err(e) = check_finite(&dir.join(name), "vectors", m.as_slice()) {
+                    let kept = format!("the previous checkpoint is kept at {}", dir.display());
+                    let why = format!("non-finite vectors ({e})");
+                    return Err(Error::Diverged { step: words, why, kept, keys: "model.skip_gram.lr".into() });
+                }
+            }
+            replace_dir(&dir, words, |tmp| {
                 self.vocab.save(&tmp.join("vocab.txt"))?;
                 write_f32_file(&tmp.join("input.bin"), input.as_slice())?;
                 write_f32_file(&tmp.join("output.bin"), output.as_slice())?;
@@ -432,9 +453,10 @@ impl<'a> Session<'a> {
                         self.config.checkpoint_dir().display()
                     )
                 } else {
-                    "no checkpoint had been written yet; lower the step size".into()
+                    "no checkpoint had been written yet".into()
                 };
-                Err(Error::Diverged { step: words, loss: f64::NAN, kept })
+                let why = "non-finite vectors".into();
+                Err(Error::Diverged { step: words, why, kept, keys: "model.skip_gram.lr".into() })
             }
             Err(e) => Err(e.into()),
         }

@@ -34,7 +34,15 @@ struct State {
     train_seconds: f64,
     samples: u64,
     classes_scored: u64,
+    /// Mean loss per sample of the first step, the reference of [`BLOWUP`].
+    #[serde(default)]
+    initial_loss: f64,
 }
+
+/// A step whose mean loss per sample exceeds this many times the first step's, and at least
+/// this many times 1 (the scale of a margin), has blown up: its loss is finite but its weights
+/// are ruined. The run stops as on a NaN.
+const BLOWUP: f64 = 100.0;
 
 /// What a run reports at the end (printed as JSON, written by `--summary`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -452,12 +460,18 @@ impl Trainer {
             _ => unreachable!("config check pairs encoders with their data"),
         };
         if !stats.loss_sum.is_finite() {
-            let dir = self.config.checkpoint_dir();
-            let kept = match read_state(&dir) {
-                Some(s) => format!("the last good checkpoint (step {}) is kept at {}", s.step, dir.display()),
-                None => "no checkpoint had been written yet; lower the learning rate (output.optimizer.lr)".into(),
-            };
-            return Err(Error::Diverged { step: self.state.step, loss: stats.loss_sum, kept });
+            return Err(self.diverged(format!("loss = {}", stats.loss_sum)));
+        }
+        let mean = stats.loss_sum / idx.len().max(1) as f64;
+        if self.state.step == 0 {
+            self.state.initial_loss = mean;
+        }
+        let reference = self.state.initial_loss.max(1.0);
+        if mean > BLOWUP * reference {
+            return Err(self.diverged(format!(
+                "mean loss {mean:.4e} is more than {BLOWUP} times the first step's {:.4}, or {BLOWUP}",
+                self.state.initial_loss
+            )));
         }
         Ok(StepResult {
             loss_sum: stats.loss_sum,
@@ -649,9 +663,14 @@ impl Trainer {
         }
     }
 
-    /// Writes the checkpoint atomically (see [`crate::checkpoint`]).
+    /// Writes the checkpoint atomically (see [`crate::checkpoint`]), after checking that the
+    /// weights are finite: a checkpoint is never written from a diverged model.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
-        crate::checkpoint::replace_dir(&self.config.checkpoint_dir(), |tmp| {
+        let dir = self.config.checkpoint_dir();
+        if let Err(e) = self.check_weights_finite(&dir) {
+            return Err(self.diverged(format!("non-finite weights ({e})")));
+        }
+        crate::checkpoint::replace_dir(&dir, self.state.step, |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
             if let Encoder::Doc(e) = &self.encoder {
                 e.save(tmp)?;
@@ -665,15 +684,55 @@ impl Trainer {
         })
     }
 
-    /// Restores layer, encoder and progress from the checkpoint in `dir`.
+    /// An error naming the first non-finite weight of the layer (W, bias) or of the document
+    /// encoder's embedding table, as if they were files in `dir`.
+    fn check_weights_finite(&self, dir: &Path) -> Result<(), Error> {
+        let layer = dir.join("layer.bin");
+        crate::checkpoint::check_finite(&layer, "output layer W", self.layer.weights().as_slice())?;
+        if let Some(b) = self.layer.bias() {
+            crate::checkpoint::check_finite(&layer, "output layer bias", b)?;
+        }
+        if let Encoder::Doc(e) = &self.encoder {
+            crate::checkpoint::check_finite(&dir.join("table.bin"), "encoder embedding table", e.table().as_slice())?;
+        }
+        Ok(())
+    }
+
+    /// The error that stops a diverged run: what went wrong, the checkpoint that is kept and
+    /// the keys to change.
+    fn diverged(&self, why: String) -> Error {
+        let dir = self.config.checkpoint_dir();
+        let kept = match crate::checkpoint::latest(&dir) {
+            Ok(found) => {
+                format!("the last good checkpoint (step {}) is kept at {}", found.progress, found.dir.display())
+            }
+            Err(_) => "no checkpoint had been written yet".into(),
+        };
+        let keys = match self.encoder {
+            Encoder::Doc(_) => "output.optimizer.lr, model.doc_encoder.optimizer.lr",
+            Encoder::Face(_) => "output.optimizer.lr",
+        };
+        Error::Diverged { step: self.state.step, why, kept, keys: keys.into() }
+    }
+
+    /// Restores layer, encoder and progress from the newest complete checkpoint in `dir` (or,
+    /// after a save was interrupted, beside it: see [`crate::checkpoint`]). Files are checked
+    /// against the checkpoint's manifest, and NaN or infinite weights are refused.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
-        let state = read_state(dir).ok_or_else(|| Error::Io {
-            path: dir.join("state.json"),
-            source: std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no checkpoint here (state.json missing or unreadable)",
-            ),
-        })?;
+        let found = crate::checkpoint::latest(dir)?;
+        if found.dir != dir {
+            log::warn!(
+                "{} holds no complete checkpoint; loading {} (step {}), left by an interrupted save",
+                dir.display(),
+                found.dir.display(),
+                found.progress
+            );
+        }
+        let dir = found.dir.as_path();
+        let state_path = dir.join("state.json");
+        let text = std::fs::read_to_string(&state_path).map_err(crate::io_err(&state_path))?;
+        let state: State = serde_json::from_str(&text)
+            .map_err(|e| Error::Checkpoint { path: state_path.clone(), msg: format!("not a training state: {e}") })?;
         self.layer.load(&dir.join("layer.bin"))?;
         if let Encoder::Doc(e) = &mut self.encoder {
             e.load(dir)?;
@@ -681,9 +740,12 @@ impl Trainer {
         if let Some(st) = self.estimator.sample_state() {
             // Per-sample variational state (A&R): its length is fixed by the training set.
             let mut vals = vec![0.0f32; st.len() * st.width()];
-            crate::checkpoint::read_f32_file(&dir.join("estimator_state.bin"), &mut vals)?;
+            let path = dir.join("estimator_state.bin");
+            crate::checkpoint::read_f32_file(&path, &mut vals)?;
+            crate::checkpoint::check_finite(&path, "estimator state", &vals)?;
             st.restore(&vals);
         }
+        self.check_weights_finite(dir)?;
         self.state = state;
         Ok(())
     }
@@ -698,11 +760,6 @@ impl Trainer {
     pub fn step(&self) -> u64 {
         self.state.step
     }
-}
-
-/// The progress saved in the checkpoint in `dir`, if there is one.
-fn read_state(dir: &Path) -> Option<State> {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).ok()?).ok()
 }
 
 fn embed_in_place(head: &FaceHead, ds: &mut Dataset, batch: usize) {

@@ -30,6 +30,8 @@ pub struct CompareOptions {
     pub set: Vec<String>,
     /// Redraw tables and plots from earlier `compare` output directories, without training.
     pub from: Vec<PathBuf>,
+    /// Replace an earlier comparison in `out` (without it, that is an error).
+    pub overwrite: bool,
 }
 
 impl Default for CompareOptions {
@@ -42,6 +44,7 @@ impl Default for CompareOptions {
             allow_diff: false,
             set: Vec::new(),
             from: Vec::new(),
+            overwrite: false,
         }
     }
 }
@@ -73,6 +76,12 @@ pub enum CompareError {
     /// `--repeats 0`.
     #[error("--repeats must be >= 1")]
     NoRepeats,
+    /// `--budget` is not a positive number of seconds.
+    #[error("--budget {0}: give a positive, finite number of seconds")]
+    BadBudget(f64),
+    /// `--out` holds an earlier comparison.
+    #[error("{}: holds an earlier comparison; pass --overwrite to replace it or choose another --out", .0.display())]
+    OutExists(PathBuf),
     /// Skip-gram and classifier runs were mixed.
     #[error("skip-gram runs and classifier runs cannot be compared with each other")]
     MixedKinds,
@@ -246,6 +255,18 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
     if args.repeats == 0 {
         return Err(CompareError::NoRepeats.into());
     }
+    if let Some(b) = args.budget.filter(|b| !(b.is_finite() && *b > 0.0)) {
+        return Err(CompareError::BadBudget(b).into());
+    }
+    let runs_dir = args.out.join("runs");
+    if runs_dir.exists() || args.out.join("summary.csv").exists() {
+        if !args.overwrite {
+            return Err(CompareError::OutExists(args.out.clone()).into());
+        }
+        if runs_dir.exists() {
+            std::fs::remove_dir_all(&runs_dir).map_err(io_err(&runs_dir))?;
+        }
+    }
     let configs: Vec<Config> = args.configs.iter().map(|p| Config::load(p, &args.set)).collect::<Result<_, _>>()?;
     let skip_gram = |c: &Config| c.model.encoder == EncoderKind::SkipGram;
     if configs.iter().any(|c| skip_gram(c) != skip_gram(&configs[0])) {
@@ -295,7 +316,9 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
             // (Linux >= 4.0; elsewhere the peak accumulates over runs).
             let _ = std::fs::write("/proc/self/clear_refs", "5");
             let failed = |e: Error| CompareError::Run { config: args.configs[i].clone(), source: Box::new(e) };
-            let summary = crate::train(&c, &crate::TrainOptions::default()).map_err(failed)?;
+            // The comparison owns its run directories (`--overwrite` was checked on `--out`).
+            let options = crate::TrainOptions { overwrite: true, ..Default::default() };
+            let summary = crate::train(&c, &options).map_err(failed)?;
             let path = dir.join("summary.json");
             std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
             runs.push(read_run(&dir)?);

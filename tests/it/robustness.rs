@@ -1,0 +1,155 @@
+//! Nothing lost, nothing silent: divergence, corrupt or half-written checkpoints, runs that
+//! would replace other runs and absurd requests end with a clear error, and the last good state
+//! stays loadable.
+
+use crate::errors::fails_with;
+use crate::{farout, quiet_in, stderr, summary, tiny_xmc};
+use std::path::Path;
+
+/// `farout <command> <config>` on the tiny XMC data with logs and checkpoints in `dir`.
+fn tiny(command: &str, config: &str, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![command.into(), config.into()];
+    v.extend(tiny_xmc());
+    v.extend(quiet_in(dir));
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run(args: &[String]) -> std::process::Output {
+    farout(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Like [`fails_with`], but after the run's own log lines: the error is the last line.
+fn fails(args: &[String], expect: &[&str]) {
+    let o = run(args);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "expected failure for {args:?}");
+    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
+    let last = err.trim_end().lines().last().unwrap_or_default();
+    assert!(last.starts_with("error: "), "the error is the last line: {err}");
+    for e in expect {
+        assert!(last.contains(e), "{last:?} should contain {e:?}");
+    }
+}
+
+const SOFTMAX: &str = "configs/bibtex-softmax.toml";
+const PLAIN_SGD: [&str; 4] = [
+    "--set",
+    "output.optimizer={kind=\"sgd\",lr=0.02,decay=0.0}",
+    "--set",
+    "model.doc_encoder.optimizer={kind=\"sgd\",lr=0.02,decay=0.0}",
+];
+const BLOW_UP: [&str; 4] = [
+    "--set",
+    "output.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}",
+    "--set",
+    "model.doc_encoder.optimizer={kind=\"sgd\",lr=1000.0,decay=0.0}",
+];
+
+/// Test P@1 of the checkpoint in `dir` by `farout eval`.
+fn eval_p1(dir: &Path, config: &str, extra: &[&str]) -> f64 {
+    let o = run(&tiny("eval", config, dir, extra));
+    assert!(o.status.success(), "eval failed: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["loss"].as_f64().is_some_and(f64::is_finite), "{v}");
+    v["p@1"].as_f64().unwrap()
+}
+
+#[test]
+fn margin_mips_and_ldgs_stop_on_divergence_and_name_the_keys() {
+    let mips =
+        ["--set", "output.estimator=\"mips\"", "--set", "index.kind=\"exact\"", "--set", "output.layer.bias=false"];
+    for (config, extra) in [("margin", &[][..]), ("margin", &mips[..]), ("ldgs", &[][..])] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = tiny("train", &format!("configs/bibtex-{config}.toml"), dir.path(), &BLOW_UP);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        fails(&args, &["training diverged at step", "output.optimizer.lr", "model.doc_encoder.optimizer.lr"]);
+    }
+}
+
+#[test]
+fn a_diverged_resume_keeps_the_last_good_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut good = tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"]);
+    good.extend(PLAIN_SGD.map(String::from));
+    summary(&run(&good));
+    let before = eval_p1(dir.path(), SOFTMAX, &PLAIN_SGD);
+    let mut args = tiny("train", SOFTMAX, dir.path(), &["--resume", "--set", "train.epochs=3"]);
+    args.extend(BLOW_UP.map(String::from));
+    fails(&args, &["training diverged at step", "the last good checkpoint (step 8) is kept at"]);
+    assert_eq!(eval_p1(dir.path(), SOFTMAX, &PLAIN_SGD), before, "the kept checkpoint is the one of the good run");
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_refused_by_eval_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let layer = dir.path().join("ckpt/layer.bin");
+    let mut bytes = std::fs::read(&layer).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&layer, &bytes).unwrap();
+    fails(&tiny("eval", SOFTMAX, dir.path(), &[]), &["layer.bin", "the file is corrupt"]);
+    fails(&tiny("train", SOFTMAX, dir.path(), &["--resume"]), &["layer.bin", "the file is corrupt"]);
+    std::fs::write(&layer, &bytes[..mid]).unwrap();
+    fails(&tiny("eval", SOFTMAX, dir.path(), &[]), &["layer.bin", "truncated"]);
+}
+
+#[test]
+fn a_save_interrupted_between_its_renames_is_found_and_resumed() {
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let before = eval_p1(dir.path(), SOFTMAX, &[]);
+    // The state a kill leaves after `ckpt` was renamed to `ckpt.old` and before `ckpt.tmp`
+    // became `ckpt` (the old one, complete, beside the new one, complete).
+    let (ck, tmp, old) = (dir.path().join("ckpt"), dir.path().join("ckpt.tmp"), dir.path().join("ckpt.old"));
+    std::fs::rename(&ck, &tmp).unwrap();
+    let o = run(&tiny("eval", SOFTMAX, dir.path(), &[]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ckpt.tmp"), "says which checkpoint it loaded: {}", stderr(&o));
+    assert_eq!(eval_p1(dir.path(), SOFTMAX, &[]), before);
+    // An incomplete older directory next to it changes nothing.
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::write(old.join("layer.bin"), b"half").unwrap();
+    let s = summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--resume", "--set", "train.epochs=2"])));
+    assert_eq!(s["steps"].as_u64(), Some(16), "resumed at step 8: {s}");
+    assert!(ck.join("manifest.json").exists() && !tmp.exists() && !old.exists());
+}
+
+#[test]
+fn a_run_is_never_replaced_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let before = eval_p1(dir.path(), SOFTMAX, &[]);
+    fails(&tiny("train", SOFTMAX, dir.path(), &[]), &["already holds a run", "--resume", "--overwrite"]);
+    assert_eq!(eval_p1(dir.path(), SOFTMAX, &[]), before, "the refused run changed nothing");
+    fails(&tiny("train", SOFTMAX, dir.path(), &["--resume", "--overwrite"]), &["--overwrite", "--resume"]);
+    let s = summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--overwrite", "--set", "train.epochs=2"])));
+    assert_eq!(s["steps"].as_u64(), Some(16), "a fresh run from step 0: {s}");
+}
+
+#[test]
+fn a_directory_in_use_by_another_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    std::fs::create_dir_all(&log).unwrap();
+    let lock = std::fs::File::create(log.join("farout.lock")).unwrap();
+    lock.lock().unwrap();
+    fails(&tiny("train", SOFTMAX, dir.path(), &[]), &["farout.lock", "another farout run is writing"]);
+    lock.unlock().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+}
+
+#[test]
+fn compare_refuses_a_useless_budget_and_an_earlier_comparison() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    for budget in ["0", "nan", "-1", "inf"] {
+        fails_with(
+            &["compare", SOFTMAX, "configs/bibtex-sampled-softmax.toml", "--out", out, &format!("--budget={budget}")],
+            &["--budget", "positive, finite number of seconds"],
+        );
+    }
+    std::fs::write(dir.path().join("summary.csv"), "method\n").unwrap();
+    fails_with(&["compare", SOFTMAX, "--out", out], &["holds an earlier comparison", "--overwrite"]);
+}
