@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
+use farout_core::resources;
 use farout_train::bench::{self, EstimatorBench, LayerBench, SearchBench};
 use std::path::PathBuf;
 
@@ -183,6 +184,14 @@ impl IndexParams {
     }
 }
 
+/// An error, before anything is allocated, if `copies` K x D f32 matrices and `extra` bytes do
+/// not fit in the memory available.
+fn check_classes(k: usize, d: usize, copies: u64, extra: u128, change: &str) -> Result<()> {
+    let needed = resources::array_bytes(&[k as u64, d as u64, copies], 4) + extra;
+    let what = format!("a {k} x {d} class matrix ({copies} copies) and its scores");
+    Ok(resources::check_memory(needed, what, format!("lower {change}"))?)
+}
+
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Linear { config, inits, repeats, set } => {
@@ -197,9 +206,20 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             println!("{:#}", bench::bench_linear(&bench::LinearBench { config, inits, repeats })?);
         }
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
+            // W, its optimiser state, the reference product's copy of it, and the scores.
+            let scores = resources::array_bytes(&[k as u64, batch as u64], 4);
+            check_classes(k, d, 3, scores, "--k, --d or --batch")?;
             println!("{}", bench::bench_layer(&LayerBench { estimator, k, d, batch, steps })?);
         }
         BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
+            // W, the index's copy of it, and the brute-force reference's scores.
+            check_classes(
+                k,
+                d,
+                2,
+                resources::array_bytes(&[k as u64, queries.min(256) as u64], 4),
+                "--k, --d or --queries",
+            )?;
             let b = SearchBench { index: params.config(&index)?, k, d, top, queries, means: means.into() };
             println!("{}", bench::bench_search(&b)?);
         }
@@ -229,6 +249,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     set.insert(0, format!("{key}={v}"));
                 }
             }
+            check_classes(k, d, 3, resources::array_bytes(&[k as u64, samples as u64], 4), "--k, --d or --samples")?;
             let index = params.config(&index)?;
             let b = EstimatorBench { name: estimator, settings: set, top, k, d, samples, index, means: means.into() };
             println!("{}", bench::bench_estimator(&b)?);

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::Subcommand;
+use farout_core::resources;
 use farout_data::synth::{FaceGenerator, FaceSpec, XmcGenerator, XmcSpec};
 use indicatif::ProgressBar;
 use std::path::PathBuf;
@@ -88,6 +89,15 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                 seed,
                 ..FaceSpec::default()
             };
+            let change = "lower --classes, --samples or --dim";
+            resources::check_memory(spec.generator_bytes(), "generating the class means and labels", change)?;
+            let files = spec.features_bytes() + spec.generator_bytes();
+            resources::check_disk(
+                &out,
+                files,
+                format!("{samples} x {dim} features and {classes} means as f32"),
+                change,
+            )?;
             let g = FaceGenerator::new(spec)?;
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;
@@ -114,6 +124,9 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                 seed,
                 ..XmcSpec::default()
             };
+            let change = "lower --samples, --features, --labels or --features-per-sample";
+            resources::check_memory(spec.generator_bytes(), "the label and feature distributions", change)?;
+            resources::check_disk(&out, spec.data_bytes(), format!("{samples} documents as text"), change)?;
             let g = XmcGenerator::new(spec)?;
             let b = bar(samples as u64);
             g.write(&out, |n| b.inc(n as u64))?;

@@ -179,9 +179,23 @@ enum EvalVectors {
     },
 }
 
+/// Word vectors for `eval analogy` / `eval similarity`; a NaN or infinite vector is an error
+/// (it would otherwise drop out of every nearest-neighbour search and bias the score silently).
 fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
     use farout_skipgram::vectors::{Format, Vectors};
-    Ok(Vectors::load(path, Format::from_path(path))?)
+    let v = Vectors::load(path, Format::from_path(path))?;
+    let m = v.matrix();
+    let bad = (0..m.rows()).filter(|&i| m.row(i).iter().any(|x| !x.is_finite())).collect::<Vec<_>>();
+    if let Some(&first) = bad.first() {
+        anyhow::bail!(
+            "{}: {} of {} vectors hold NaN or infinite values (the first: `{}`); the model diverged or the file is corrupt",
+            path.display(),
+            bad.len(),
+            m.rows(),
+            v.words()[first]
+        );
+    }
+    Ok(v)
 }
 
 fn main() -> ExitCode {

@@ -119,7 +119,8 @@ fn single_label_estimator_on_multi_label_data_names_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
     let tiny = tiny_xmc();
-    let mut args = vec!["train", "configs/bibtex-ove.toml", "--set", "data.first_label=false"];
+    let mut args =
+        vec!["train", "configs/bibtex-ove.toml", "--set", "data.first_label=false", "--set", "output.n_samples=5"];
     args.extend(tiny.iter().map(String::as_str));
     args.extend(q.iter().map(String::as_str));
     fails_with(&args, &["ove", "data.first_label = true"]);

@@ -153,3 +153,79 @@ fn compare_refuses_a_useless_budget_and_an_earlier_comparison() {
     std::fs::write(dir.path().join("summary.csv"), "method\n").unwrap();
     fails_with(&["compare", SOFTMAX, "--out", out], &["holds an earlier comparison", "--overwrite"]);
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_anything_is_allocated_or_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gen");
+    let out = out.to_str().unwrap();
+    let memory = "of memory are available";
+    fails_with(&["bench", "search", "--index", "exact", "--k", "1000000000000", "--d", "128"], &["--k", memory]);
+    fails_with(&["bench", "layer", "--k", "1000000000000"], &["--k", memory]);
+    fails_with(
+        &["data", "gen", "xmc", "--samples", "100", "--features", "100", "--labels", "1000000000000", "--out", out],
+        &["--labels", memory],
+    );
+    fails_with(
+        &["data", "gen", "face", "--classes", "1000", "--samples", "100000000000", "--out", out],
+        &["--samples", memory],
+    );
+    assert!(!Path::new(out).exists(), "nothing was written");
+    fails(
+        &tiny("train", "configs/quickstart.toml", dir.path(), &["--set", "data.face.n_samples=100000000000"]),
+        &["data.face.n_samples", memory],
+    );
+    fails(
+        &tiny(
+            "train",
+            "configs/skipgram-quickstart.toml",
+            dir.path(),
+            &["--set", "data.synthetic.tokens=100000000000000"],
+        ),
+        &["data.synthetic.tokens", "are free on the disk holding"],
+    );
+    // A header's feature count is not bounded by the file's length: the model it implies is.
+    let huge = dir.path().join("huge.txt");
+    std::fs::write(&huge, "2 1000000000 20\n1 0:1 3:1\n2 4:1\n").unwrap();
+    let path = format!("\"{}\"", huge.display());
+    fails(
+        &tiny(
+            "train",
+            SOFTMAX,
+            dir.path(),
+            &["--set", &format!("data.train={path}"), "--set", &format!("data.test={path}")],
+        ),
+        &["1000000000 input features", memory],
+    );
+}
+
+#[test]
+fn settings_that_would_give_a_silently_wrong_result_are_errors_or_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        format!("\"{}\"", p.display())
+    };
+    let empty = file("empty.txt", "0 200 20\n");
+    let unlabelled = file("unlabelled.txt", "2 200 20\n 0:1 3:1\n 4:1\n");
+    let set = |kv: &str| tiny("train", SOFTMAX, dir.path(), &["--set", kv]);
+    fails(&set(&format!("data.test={empty}")), &["empty.txt", "holds no samples"]);
+    fails(&set(&format!("data.train={unlabelled}")), &["unlabelled.txt", "none of its 2 samples has a label"]);
+    fails(&set("train.epochs=0"), &["train.epochs", "must be >= 1"]);
+    fails(
+        &tiny("train", "configs/bibtex-sampled-softmax.toml", dir.path(), &["--set", "output.n_samples=20"]),
+        &["output.n_samples", "K = 20 classes", "must be smaller than K"],
+    );
+    let o = run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.threads=100000", "--set", "train.epochs=1"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("train.threads = 100000 is more than the"), "{}", stderr(&o));
+    let vectors = dir.path().join("v.txt");
+    std::fs::write(&vectors, "3 2\nthe 0.1 0.2\ncat nan 0.3\ndog 0.2 0.1\n").unwrap();
+    let pairs = dir.path().join("pairs.tsv");
+    std::fs::write(&pairs, "the cat 5.0\ncat dog 7.0\nthe dog 2.0\n").unwrap();
+    fails_with(
+        &["eval", "similarity", "--vectors", vectors.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()],
+        &["v.txt", "1 of 3 vectors hold NaN or infinite values (the first: `cat`)"],
+    );
+}

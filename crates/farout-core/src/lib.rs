@@ -5,16 +5,20 @@
 //! - [`gemm`]: multi-threaded matrix products (the `gemm` crate) over row-major slices;
 //! - [`topk`]: top-k selection of scores;
 //! - [`metrics`]: the ranking metrics of extreme classification (P@k, nDCG@k, accuracy);
-//! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`].
+//! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`];
+//! - [`fuzz`]: what the readers' fuzz tests share (a peak-counting allocator, file mutations);
+//! - [`resources`]: the memory and disk space available, to check sizes before allocating.
 #![warn(missing_docs)]
 
 pub mod alias;
 pub mod binio;
+pub mod fuzz;
 pub mod gemm;
 pub mod kernels;
 mod matrix;
 pub mod metrics;
 mod registry;
+pub mod resources;
 pub mod rng;
 mod sparse;
 pub mod topk;

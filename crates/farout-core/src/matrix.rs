@@ -19,7 +19,7 @@ impl Matrix {
 
     /// Wraps `data` (row-major); fails when its length is not `rows * cols`.
     pub fn from_vec(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self, crate::Error> {
-        if data.len() != rows * cols {
+        if rows.checked_mul(cols) != Some(data.len()) {
             return Err(crate::Error::Shape {
                 op: "Matrix::from_vec",
                 detail: format!("{} values for a {rows} x {cols} matrix", data.len()),

@@ -137,7 +137,8 @@ pub fn for_each_line(
 ) -> Result<usize> {
     let mut file = File::open(path).map_err(io_err(path))?;
     file.seek(SeekFrom::Start(range.start)).map_err(io_err(path))?;
-    let mut r = BufReader::with_capacity(1 << 20, file.take(range.end - range.start));
+    let mut r =
+        BufReader::with_capacity(crate::buffer_len(range.end - range.start), file.take(range.end - range.start));
     let mut buf = Vec::with_capacity(4096);
     let mut lower = String::new();
     let mut line = 0;

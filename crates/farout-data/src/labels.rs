@@ -8,7 +8,8 @@ use std::path::Path;
 /// Reads labels from `path` (`.npy` by extension, text otherwise), checking ids `< n_labels`
 /// when given; otherwise K is one more than the largest id.
 pub fn read(path: &Path, n_labels: Option<usize>) -> Result<LabelSets> {
-    let sets = if path.extension().is_some_and(|e| e == "npy") {
+    let npy = path.extension().is_some_and(|e| e == "npy");
+    let sets = if npy {
         let ids = crate::npy::read_ids(path)?;
         let k = ids.iter().map(|&i| i as usize + 1).max().unwrap_or(0);
         LabelSets::from_single(ids, k)
@@ -18,11 +19,14 @@ pub fn read(path: &Path, n_labels: Option<usize>) -> Result<LabelSets> {
     match n_labels {
         Some(k) => {
             if let Some((i, &l)) = sets.labels.iter().enumerate().find(|(_, l)| **l as usize >= k) {
+                // The sample (1-based): the line of a text file.
                 let sample = sets.indptr.partition_point(|&p| p <= i);
-                return Err(Error::Parse {
-                    path: path.to_path_buf(),
-                    line: sample,
-                    msg: format!("label {l} out of range: n_classes is {k}"),
+                let msg = format!("label {l} out of range: n_classes is {k}");
+                let path = path.to_path_buf();
+                return Err(if npy {
+                    Error::Format { path, msg: format!("{msg} (sample {sample})") }
+                } else {
+                    Error::Parse { path, line: sample, msg }
                 });
             }
             Ok(LabelSets { n_labels: k, ..sets })
@@ -79,5 +83,23 @@ mod tests {
         std::fs::write(&p, "1\nx\n").unwrap();
         let e = read(&p, None).unwrap_err().to_string();
         assert!(e.contains("l.txt:2: label `x`"), "{e}");
+    }
+
+    #[test]
+    fn huge_and_out_of_range_ids_name_the_file_and_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l.txt");
+        std::fs::write(&p, "1\n4294967295\n").unwrap();
+        // Without a declared K the largest id decides it; nothing is allocated for it here.
+        assert_eq!(read(&p, None).unwrap().n_labels, 1 << 32);
+        let e = read(&p, Some(10)).unwrap_err().to_string();
+        assert!(e.ends_with("l.txt:2: label 4294967295 out of range: n_classes is 10"), "{e}");
+        std::fs::write(&p, "4294967296\n").unwrap();
+        let e = read(&p, None).unwrap_err().to_string();
+        assert!(e.ends_with("l.txt:1: label `4294967296` is not a non-negative integer"), "{e}");
+        let q = dir.path().join("l.npy");
+        crate::npy::write_ids(&q, &[0, 3_000_000_000]).unwrap();
+        let e = read(&q, Some(10)).unwrap_err().to_string();
+        assert!(e.ends_with("l.npy: label 3000000000 out of range: n_classes is 10 (sample 2)"), "{e}");
     }
 }

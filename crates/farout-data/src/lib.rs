@@ -7,7 +7,10 @@
 //!   [`labels`]: text label files (comma-separated ids per line);
 //! - [`synth`]: FaceNet-like clustered embeddings and power-law sparse XMC data.
 //!
-//! Every reader reports errors with the file and, for text formats, the 1-based line.
+//! Every reader reports errors with the file and, for text formats, the 1-based line, and never
+//! panics. Sizes read from a file (a header's counts, a `.npy` shape) are checked against the
+//! file's length with [`check_len`] before anything is sized by them, so a corrupt header is an
+//! error rather than an allocation of terabytes; `tests/fuzz_readers.rs` checks both promises.
 #![warn(missing_docs)]
 
 pub mod corpus;
@@ -21,7 +24,7 @@ pub mod xmc;
 
 pub use dataset::{Dataset, Features, LabelSets, SparseRows};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Errors of the data readers and writers.
 #[derive(Debug, thiserror::Error)]
@@ -70,3 +73,36 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io { path: path.to_path_buf(), source }
 }
+
+/// Checks that a file of `have` bytes holds the `needed` bytes its header implies (`None`: the
+/// size overflowed u64), before anything is sized by the header. `what` names what needs them,
+/// e.g. "a header of 1000 samples (a line each)"; `line` is the header's line in a text file.
+///
+/// ```
+/// # use std::path::Path;
+/// let e = farout_data::check_len(Path::new("x.txt"), Some(1), Some(1000), 12, "a header of 1000 samples");
+/// assert_eq!(e.unwrap_err().to_string(), "x.txt:1: a header of 1000 samples needs at least 1000 bytes but the file has 12");
+/// ```
+pub fn check_len(path: &Path, line: Option<usize>, needed: Option<u64>, have: u64, what: &str) -> Result<()> {
+    if needed.is_some_and(|n| n <= have) {
+        return Ok(());
+    }
+    let needed = match needed {
+        Some(n) => format!("at least {n}"),
+        None => format!("more than {}", u64::MAX),
+    };
+    let msg = format!("{what} needs {needed} bytes but the file has {have}");
+    let path = path.to_path_buf();
+    Err(match line {
+        Some(line) => Error::Parse { path, line, msg },
+        None => Error::Format { path, msg },
+    })
+}
+
+/// Capacity of a read buffer for `len` bytes: [`READ_BUFFER`] or less for a smaller file.
+pub(crate) fn buffer_len(len: u64) -> usize {
+    len.clamp(1, READ_BUFFER as u64) as usize
+}
+
+/// Size of the readers' buffers (large reads keep the disk streaming).
+pub(crate) const READ_BUFFER: usize = 1 << 20;

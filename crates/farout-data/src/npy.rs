@@ -5,9 +5,9 @@
 //! page, and owning it lets every error name the file and say exactly what shape or type was
 //! expected. Writers stream rows, so generated data sets larger than memory can be written.
 
-use crate::{Error, Result, io_err};
+use crate::{Error, Result, buffer_len, check_len, io_err};
 use farout_core::Matrix;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read, Seek, Write};
 use std::path::Path;
 
 const MAGIC: &[u8] = b"\x93NUMPY";
@@ -37,18 +37,23 @@ pub fn read_header(r: &mut impl Read, path: &Path) -> Result<Header> {
     let len = match pre[6] {
         1 => {
             let mut b = [0u8; 2];
-            r.read_exact(&mut b).map_err(io_err(path))?;
-            u16::from_le_bytes(b) as usize
+            r.read_exact(&mut b).map_err(|_| format_err(path, "truncated .npy header"))?;
+            u16::from_le_bytes(b) as u64
         }
         2 | 3 => {
             let mut b = [0u8; 4];
-            r.read_exact(&mut b).map_err(io_err(path))?;
-            u32::from_le_bytes(b) as usize
+            r.read_exact(&mut b).map_err(|_| format_err(path, "truncated .npy header"))?;
+            u32::from_le_bytes(b) as u64
         }
         v => return Err(format_err(path, format!("unsupported .npy version {v}"))),
     };
-    let mut text = vec![0u8; len];
-    r.read_exact(&mut text).map_err(|_| format_err(path, "truncated .npy header"))?;
+    // Read through `take`, not into a buffer of the announced size: the length field of a
+    // corrupt file may announce 4 GB.
+    let mut text = Vec::new();
+    r.take(len).read_to_end(&mut text).map_err(io_err(path))?;
+    if text.len() as u64 != len {
+        return Err(format_err(path, format!("truncated .npy header: {len} bytes announced, {} present", text.len())));
+    }
     let text = String::from_utf8_lossy(&text);
     parse_header(&text).ok_or_else(|| format_err(path, format!("unreadable .npy header `{}`", text.trim())))
 }
@@ -61,7 +66,7 @@ fn parse_header(text: &str) -> Option<Header> {
     };
     let descr_rest = field("descr")?;
     let quote = descr_rest.chars().next()?;
-    let descr = descr_rest[1..].split(quote).next()?.to_string();
+    let descr = descr_rest[quote.len_utf8()..].split(quote).next()?.to_string();
     let fortran_order = field("fortran_order")?.starts_with("True");
     let shape_rest = field("shape")?.strip_prefix('(')?;
     let shape_text = &shape_rest[..shape_rest.find(')')?];
@@ -74,39 +79,67 @@ fn parse_header(text: &str) -> Option<Header> {
     Some(Header { descr, fortran_order, shape })
 }
 
-fn open(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, Header)> {
+/// An open `.npy` file after its header, with the header's and the file's lengths in bytes.
+struct Opened {
+    r: std::io::BufReader<std::fs::File>,
+    header: Header,
+    header_len: u64,
+    file_len: u64,
+}
+
+fn open(path: &Path) -> Result<Opened> {
     let file = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut r = std::io::BufReader::with_capacity(1 << 20, file);
-    let h = read_header(&mut r, path)?;
-    if h.fortran_order {
+    let file_len = file.metadata().map_err(io_err(path))?.len();
+    let mut r = std::io::BufReader::with_capacity(buffer_len(file_len), file);
+    let header = read_header(&mut r, path)?;
+    if header.fortran_order {
         return Err(format_err(path, "Fortran-order arrays are not supported: save with np.ascontiguousarray"));
     }
-    Ok((r, h))
+    let header_len = r.stream_position().map_err(io_err(path))?;
+    Ok(Opened { r, header, header_len, file_len })
+}
+
+impl Opened {
+    /// Number of values of `width` bytes the shape holds, checked against the file's length
+    /// (exactly: the header, then the data, then nothing) before anything is allocated for them.
+    fn count(&self, path: &Path, width: u64) -> Result<usize> {
+        let h = &self.header;
+        let data = h.shape.iter().try_fold(width, |n, &d| n.checked_mul(d as u64));
+        let what = format!("shape {} of '{}' after a {}-byte header", shape_text(&h.shape), h.descr, self.header_len);
+        let total = data.and_then(|d| d.checked_add(self.header_len));
+        check_len(path, None, total, self.file_len, &what)?;
+        match (data, total) {
+            (Some(data), Some(total)) if total == self.file_len => Ok((data / width) as usize),
+            _ => Err(format_err(
+                path,
+                format!("{what} needs {} bytes but the file has {}: trailing data", total.unwrap_or(0), self.file_len),
+            )),
+        }
+    }
 }
 
 /// Reads a 2-D little-endian f32 array (`descr '<f4'`).
 pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
-    let (mut r, h) = open(path)?;
+    let mut f = open(path)?;
+    let h = &f.header;
     if h.descr != "<f4" {
         return Err(format_err(path, format!("expected float32 data ('<f4'), found '{}'", h.descr)));
     }
     let [rows, cols] = h.shape[..] else {
         return Err(format_err(path, format!("expected a 2-D array [samples, dim], found shape {:?}", h.shape)));
     };
-    let mut bytes = vec![0u8; rows * cols * 4];
-    r.read_exact(&mut bytes).map_err(|_| {
-        format_err(path, format!("truncated: shape {rows} x {cols} needs {} data bytes", rows * cols * 4))
-    })?;
-    let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let mut data = vec![0f32; f.count(path, 4)?];
+    farout_core::binio::read_f32s(&mut f.r, &mut data).map_err(io_err(path))?;
     Ok(Matrix::from_vec(rows, cols, data).expect("length checked above"))
 }
 
 /// Reads a 1-D integer array (`<i4 <i8 <u4 <u8`) as non-negative ids.
 pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
-    let (mut r, h) = open(path)?;
-    let [n] = h.shape[..] else {
+    let mut f = open(path)?;
+    let h = &f.header;
+    if h.shape.len() != 1 {
         return Err(format_err(path, format!("expected a 1-D array of labels, found shape {:?}", h.shape)));
-    };
+    }
     let width = match h.descr.as_str() {
         "<i4" | "<u4" => 4,
         "<i8" | "<u8" => 8,
@@ -118,9 +151,9 @@ pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
         }
     };
     let signed = h.descr.starts_with("<i");
+    let n = f.count(path, width as u64)?;
     let mut bytes = vec![0u8; n * width];
-    r.read_exact(&mut bytes)
-        .map_err(|_| format_err(path, format!("truncated: {n} labels need {} data bytes", n * width)))?;
+    f.r.read_exact(&mut bytes).map_err(io_err(path))?;
     bytes
         .chunks_exact(width)
         .enumerate()
@@ -136,12 +169,16 @@ pub fn read_ids(path: &Path) -> Result<Vec<u32>> {
         .collect()
 }
 
-fn header_bytes(descr: &str, shape: &[usize]) -> Vec<u8> {
-    let shape_text = match shape {
+/// numpy's spelling of a shape: `(3, 2)`, `(7,)`.
+fn shape_text(shape: &[usize]) -> String {
+    match shape {
         [n] => format!("({n},)"),
         s => format!("({})", s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
-    };
-    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape_text}, }}");
+    }
+}
+
+fn header_bytes(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {}, }}", shape_text(shape));
     // Pad so that magic + version + length + dict + '\n' is a multiple of 64 (numpy's alignment).
     let total = MAGIC.len() + 2 + 2 + dict.len() + 1;
     dict.extend(std::iter::repeat_n(' ', (64 - total % 64) % 64));
@@ -233,6 +270,72 @@ mod tests {
         assert_eq!(h, Header { descr: "<f4".into(), fortran_order: false, shape: vec![100, 128] });
         let h = parse_header("{'descr': '<i8', 'fortran_order': False, 'shape': (7,), }").unwrap();
         assert_eq!(h.shape, vec![7]);
+    }
+
+    /// A file written by [`write_f32_matrix`] or [`write_ids`] with its header's `from` replaced
+    /// by the longer `to`, taken from the header's padding so that the length stays the same.
+    fn with_shape(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+        let end = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        let dict = std::str::from_utf8(&bytes[10..end]).unwrap();
+        let replaced = dict.replacen(from, to, 1);
+        let mut out = bytes[..10].to_vec();
+        out.extend_from_slice(&replaced.as_bytes()[..dict.len() - 1]);
+        out.push(b'\n');
+        out.extend_from_slice(&bytes[end..]);
+        out
+    }
+
+    #[test]
+    fn huge_shapes_and_headers_are_errors_not_allocations() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.npy");
+        write_f32_matrix(&p, &Matrix::zeros(3, 2)).unwrap();
+        let valid = std::fs::read(&p).unwrap();
+        std::fs::write(&p, with_shape(&valid, "(3, 2)", "(1000000000000, 8)")).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        let want = "x.npy: shape (1000000000000, 8) of '<f4' after a 128-byte header needs at least 32000000000128 \
+                    bytes but the file has 152";
+        assert_eq!(e, format!("{}/{want}", dir.path().display()));
+        std::fs::write(&p, with_shape(&valid, "(3, 2)", "(4611686018427387904, 8)")).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        assert!(e.contains("x.npy: shape (4611686018427387904, 8) of '<f4'") && e.contains("needs more than"), "{e}");
+        let mut longer = valid.clone();
+        longer.extend_from_slice(&[0; 4]);
+        std::fs::write(&p, &longer).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        assert!(e.ends_with("x.npy: shape (3, 2) of '<f4' after a 128-byte header needs 152 bytes but the file has 156: trailing data"), "{e}");
+        // A version-2 header announcing 4 GB of header text.
+        let mut v2 = valid[..8].to_vec();
+        v2[6] = 2;
+        v2.extend_from_slice(&u32::MAX.to_le_bytes());
+        v2.extend_from_slice(b"{'descr'");
+        std::fs::write(&p, &v2).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        assert!(e.ends_with("x.npy: truncated .npy header: 4294967295 bytes announced, 8 present"), "{e}");
+        let q = dir.path().join("y.npy");
+        write_ids(&q, &[1, 2]).unwrap();
+        let ids = std::fs::read(&q).unwrap();
+        std::fs::write(&q, with_shape(&ids, "(2,)", "(1000000000000,)")).unwrap();
+        let e = read_ids(&q).unwrap_err().to_string();
+        assert!(
+            e.contains("y.npy: shape (1000000000000,) of '<i8' after a 128-byte header needs at least 8000000000128"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_multibyte_quote_in_the_header_is_an_error_not_a_panic() {
+        let h = parse_header("{'descr': \u{e9}<f4', 'fortran_order': False, 'shape': (1,), }").unwrap();
+        assert!(h.descr.starts_with("<f4'"), "{h:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("q.npy");
+        write_ids(&p, &[1]).unwrap();
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.windows(3).position(|w| w == b"'<i").unwrap();
+        b[at] = 0xe9; // not UTF-8: read lossily as U+FFFD, three bytes
+        std::fs::write(&p, &b).unwrap();
+        let e = read_ids(&p).unwrap_err().to_string();
+        assert!(e.contains("q.npy") && e.contains("expected integer labels"), "{e}");
     }
 
     #[test]

@@ -6,22 +6,21 @@ use std::path::Path;
 
 /// Reads `path` as rows of `dim` little-endian f32 values.
 pub fn read_f32(path: &Path, dim: usize) -> Result<Matrix> {
-    if dim == 0 {
-        return Err(Error::Param { name: "data.dim", msg: "raw f32 features need dim > 0".into() });
-    }
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
-    if bytes.len() % (4 * dim) != 0 {
+    let row_bytes = dim.checked_mul(4).filter(|&b| b > 0).ok_or_else(|| Error::Param {
+        name: "data.dim",
+        msg: format!("raw f32 features need 0 < dim <= {}, got {dim}", usize::MAX / 4),
+    })?;
+    let mut file = std::fs::File::open(path).map_err(io_err(path))?;
+    let len = file.metadata().map_err(io_err(path))?.len();
+    if len % row_bytes as u64 != 0 {
         return Err(Error::Format {
             path: path.to_path_buf(),
-            msg: format!(
-                "{} bytes is not a whole number of rows of {dim} f32 values ({} bytes each)",
-                bytes.len(),
-                4 * dim
-            ),
+            msg: format!("{len} bytes is not a whole number of rows of {dim} f32 values ({row_bytes} bytes each)"),
         });
     }
-    let data = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    Ok(Matrix::from_vec(bytes.len() / (4 * dim), dim, data).expect("length checked above"))
+    let mut data = vec![0f32; (len / 4) as usize];
+    farout_core::binio::read_f32s(&mut file, &mut data).map_err(io_err(path))?;
+    Ok(Matrix::from_vec(data.len() / dim, dim, data).expect("length checked above"))
 }
 
 #[cfg(test)]
@@ -38,5 +37,18 @@ mod tests {
         assert_eq!((m.rows(), m.row(1)), (2, &[4.0, 5.0, 6.0][..]));
         let e = read_f32(&p, 4).unwrap_err().to_string();
         assert!(e.contains("x.f32") && e.contains("not a whole number of rows"), "{e}");
+    }
+
+    #[test]
+    fn a_dimension_whose_rows_overflow_is_a_parameter_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.f32");
+        std::fs::write(&p, [0u8; 8]).unwrap();
+        for dim in [0, usize::MAX / 2] {
+            let e = read_f32(&p, dim).unwrap_err().to_string();
+            assert!(e.starts_with("invalid data.dim: raw f32 features need 0 < dim"), "{e}");
+        }
+        let e = read_f32(&p, usize::MAX / 4).unwrap_err().to_string();
+        assert!(e.contains("x.f32: 8 bytes is not a whole number of rows"), "{e}");
     }
 }

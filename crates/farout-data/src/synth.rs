@@ -87,6 +87,16 @@ impl Default for FaceSpec {
 }
 
 impl FaceSpec {
+    /// Bytes the generator holds: the class means and the label lists of both splits.
+    pub fn generator_bytes(&self) -> u128 {
+        4 * self.n_classes as u128 * self.dim as u128 + 16 * self.n_classes as u128 + 8 * self.n_samples as u128
+    }
+
+    /// Bytes of all samples' features as f32 (in memory, or in the `.npy` files).
+    pub fn features_bytes(&self) -> u128 {
+        4 * self.n_samples as u128 * self.dim as u128
+    }
+
     /// A tightly clustered task: `k` class means of dimension `d` in `k / 50` clusters (spread
     /// 0.7) and `2k` samples with noise 0.5 — what the index and LDGS tests search.
     pub fn clustered(k: usize, d: usize) -> Self {
@@ -333,6 +343,20 @@ impl Default for XmcSpec {
             test_fraction: 0.2,
             seed: 1,
         }
+    }
+}
+
+impl XmcSpec {
+    /// Bytes the generator holds: the cumulative distributions of labels and features.
+    pub fn generator_bytes(&self) -> u128 {
+        8 * (self.n_labels as u128 + self.n_features as u128)
+    }
+
+    /// Bytes of the documents, in memory as sparse rows (8 bytes per feature, 4 per label) or as
+    /// text (at most 12 characters per `index:value`, 8 per label).
+    pub fn data_bytes(&self) -> u128 {
+        let per_doc = 12.0 * self.features_per_sample as f64 + 8.0 * self.labels_per_sample.ceil() + 2.0;
+        self.n_samples as u128 * per_doc as u128
     }
 }
 

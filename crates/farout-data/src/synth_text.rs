@@ -49,6 +49,17 @@ impl Default for TextGenSpec {
 const PART: u64 = 1 << 14;
 
 impl TextGenSpec {
+    /// Bytes of the corpus file, from above: every token written as `w<rank>` and a separator.
+    pub fn text_bytes(&self) -> u128 {
+        let digits = (self.words.max(1) as f64).log10().floor() as u128 + 1;
+        self.tokens as u128 * (digits + 2)
+    }
+
+    /// Bytes the generator holds: its alias tables (16 bytes per entry).
+    pub fn generator_bytes(&self) -> u128 {
+        16 * (self.words as u128 + self.words.div_ceil(self.topics.max(1)) as u128)
+    }
+
     /// Checks the values.
     pub fn check(&self) -> Result<()> {
         let bad = |name, msg: String| Err(Error::Param { name, msg });

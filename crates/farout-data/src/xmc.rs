@@ -1,25 +1,41 @@
-//! The Extreme Classification Repository sparse format.
+//! The Extreme Classification Repository sparse format, and LIBSVM's (the same lines without
+//! the header).
 //!
 //! ```text
-//! N D K                      <- samples, features, labels
+//! N D K                      <- samples, features, labels (optional)
 //! 3,23,61 0:1 5:0.5 20:1     <- labels (comma separated), then feature:value pairs (0-based)
 //!  4:1 9:1                   <- a sample without labels starts with a space
 //! ```
-//! The reader streams lines, checks every id against the header and the sample count at the end,
-//! and names the file and 1-based line of the first problem.
+//! A first line of exactly three integers is the header; otherwise the file has none and D and
+//! K are one more than the largest feature and label ids found (ids are taken as they are, so
+//! LIBSVM's 1-based features leave column 0 empty). A sample's labels and features must be
+//! distinct, its values finite. The reader checks the header's sample count against the file's length (a line, so at least a
+//! byte, per sample) before reserving for it, streams lines, checks every id against the header
+//! and the sample count at the end, and names the file and 1-based line of the first problem.
 
-use crate::{Dataset, Error, Features, LabelSets, Result, SparseRows, io_err};
+use crate::{Dataset, Error, Features, LabelSets, Result, SparseRows, buffer_len, check_len, io_err};
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
 
 /// Reads an XMC file.
 pub fn read(path: &Path) -> Result<Dataset> {
     let file = std::fs::File::open(path).map_err(io_err(path))?;
-    read_from(BufReader::with_capacity(1 << 20, file), path)
+    let len = file.metadata().map_err(io_err(path))?.len();
+    read_checked(BufReader::with_capacity(buffer_len(len), file), path, Some(len))
 }
 
-/// Reads XMC data from `reader`; `path` is only used in error messages.
-pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
+/// Reads XMC data from `reader`; `path` is only used in error messages. Without the file's
+/// length nothing is reserved from the header's sample count: memory grows with the data read.
+pub fn read_from(reader: impl BufRead, path: &Path) -> Result<Dataset> {
+    read_checked(reader, path, None)
+}
+
+/// Ids are `u32`: a header declaring more features or labels than that cannot be right.
+const MAX_IDS: u64 = 1 << 32;
+
+/// [`read_from`], checking the header's sample count against the input's length `len` (a line,
+/// so at least a byte, per sample) before reserving for it.
+fn read_checked(mut reader: impl BufRead, path: &Path, len: Option<u64>) -> Result<Dataset> {
     let parse_err = |line: usize, msg: String| Error::Parse { path: path.to_path_buf(), line, msg };
     let mut line = String::new();
     let n = reader.read_line(&mut line).map_err(io_err(path))?;
@@ -28,36 +44,50 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
     }
     let header: Vec<&str> = line.split_whitespace().collect();
     let nums: Vec<usize> = header.iter().filter_map(|s| s.parse().ok()).collect();
-    if header.len() != 3 || nums.len() != 3 {
-        return Err(parse_err(
-            1,
-            format!("expected a header `N D K` (samples, features, labels), found `{}`", line.trim_end()),
-        ));
+    let has_header = header.len() == 3 && nums.len() == 3;
+    // Without a header, the first line is a sample and the sizes are found from the ids.
+    let (n_samples, n_features, n_labels) =
+        if has_header { (nums[0], nums[1], nums[2]) } else { (usize::MAX, MAX_IDS as usize, MAX_IDS as usize) };
+    for (n, what) in [(n_features, "features"), (n_labels, "labels")] {
+        if n as u64 > MAX_IDS {
+            return Err(parse_err(1, format!("the header declares {n} {what}, more than 32-bit ids address")));
+        }
     }
-    let (n_samples, n_features, n_labels) = (nums[0], nums[1], nums[2]);
     let mut features = SparseRows::new(n_features);
     let mut labels = LabelSets::new(n_labels);
-    features.indptr.reserve(n_samples);
-    labels.indptr.reserve(n_samples);
-    let mut line_no = 1;
+    if let Some(len) = len.filter(|_| has_header) {
+        let needed = (n as u64).checked_add(n_samples as u64);
+        check_len(path, Some(1), needed, len, &format!("a header of {n_samples} samples (a line each)"))?;
+        features.indptr.reserve(n_samples);
+        labels.indptr.reserve(n_samples);
+    }
+    let mut line_no = if has_header { 1 } else { 0 };
     let mut label_buf = Vec::new();
+    let mut scratch = Vec::new();
+    let mut first_sample = (!has_header).then(|| std::mem::take(&mut line));
     loop {
         line.clear();
-        let n = reader.read_line(&mut line).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::InvalidData {
-                parse_err(line_no + 1, "invalid UTF-8".into())
-            } else {
-                Error::Io { path: path.to_path_buf(), source: e }
-            }
-        })?;
+        let n = if let Some(first) = first_sample.take() {
+            line = first;
+            line.len()
+        } else {
+            reader.read_line(&mut line).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    parse_err(line_no + 1, "invalid UTF-8".into())
+                } else {
+                    Error::Io { path: path.to_path_buf(), source: e }
+                }
+            })?
+        };
         if n == 0 {
             break;
         }
         line_no += 1;
         let text = line.trim_end_matches(['\n', '\r']);
-        // A blank line is a sample with neither labels nor features; blank lines after the
-        // announced samples (a trailing newline too many) are ignored.
-        if labels.len() == n_samples && text.trim().is_empty() {
+        // With a header, a blank line is a sample with neither labels nor features; blank lines
+        // after the announced samples (a trailing newline too many), or in a file without a
+        // header, are ignored.
+        if (labels.len() == n_samples || !has_header) && text.trim().is_empty() {
             continue;
         }
         if labels.len() == n_samples {
@@ -89,7 +119,11 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
                 label_buf.push(l);
             }
         }
+        if let Some(l) = first_duplicate(&label_buf, &mut scratch) {
+            return Err(parse_err(line_no, format!("label {l} appears twice")));
+        }
         labels.push(&label_buf);
+        let row_start = features.indices.len();
         for tok in rest.split_whitespace() {
             let Some((f, v)) = tok.split_once(':') else {
                 return Err(parse_err(line_no, format!("expected `feature:value`, found `{tok}`")));
@@ -109,15 +143,33 @@ pub fn read_from(mut reader: impl BufRead, path: &Path) -> Result<Dataset> {
             features.indices.push(f);
             features.values.push(v);
         }
+        if let Some(f) = first_duplicate(&features.indices[row_start..], &mut scratch) {
+            return Err(parse_err(line_no, format!("feature {f} appears twice (a sample's features are distinct)")));
+        }
         features.indptr.push(features.indices.len());
     }
-    if labels.len() != n_samples {
+    if !has_header {
+        features.n_cols = features.indices.iter().max().map_or(0, |&f| f as usize + 1);
+        labels.n_labels = labels.labels.iter().max().map_or(0, |&l| l as usize + 1);
+    } else if labels.len() != n_samples {
         return Err(parse_err(
             line_no,
             format!("the header announces {n_samples} samples but the file has {}", labels.len()),
         ));
     }
     Ok(Dataset { features: Features::Sparse(features), labels })
+}
+
+/// The smallest id that occurs more than once in `ids`, if any; O(n) for ascending ids (the
+/// usual order), else sorted in `scratch`.
+fn first_duplicate(ids: &[u32], scratch: &mut Vec<u32>) -> Option<u32> {
+    if ids.windows(2).all(|w| w[0] < w[1]) {
+        return None;
+    }
+    scratch.clear();
+    scratch.extend_from_slice(ids);
+    scratch.sort_unstable();
+    scratch.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// Writes sparse features and labels in XMC format.
@@ -173,6 +225,17 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_headerless_libsvm_form_with_sizes_from_the_ids() {
+        let d = parse("1,4 1:1 9:0.5\n 2:1\n0 3:2\n").unwrap();
+        assert_eq!((d.labels.len(), d.labels.n_labels, d.features.n_cols()), (3, 5, 10));
+        assert_eq!(d.labels.get(0), &[1, 4]);
+        let Features::Sparse(f) = &d.features else { panic!() };
+        assert_eq!(f.row(2), (&[3u32][..], &[2.0f32][..]));
+        let with_header = parse("3 10 5\n1,4 1:1 9:0.5\n 2:1\n0 3:2\n").unwrap();
+        assert_eq!(with_header.labels.labels, d.labels.labels);
+    }
+
+    #[test]
     fn errors_name_the_file_and_line() {
         let cases = [
             ("2 10 5\n1 0:1\n7 0:1\n", "t.txt:3: label 7 out of range"),
@@ -181,13 +244,32 @@ mod tests {
             ("2 10 5\n1 0:x\n", "t.txt:2: feature value `x` is not a number"),
             ("3 10 5\n1 0:1\n", "t.txt:2: the header announces 3 samples but the file has 1"),
             ("1 10 5\n1 0:1\n1 0:1\n", "t.txt:3: more samples"),
-            ("1 10\n", "t.txt:1: expected a header"),
+            ("1 10\n", "t.txt:1: expected `feature:value`, found `10`"),
+            ("1 0:1 0:2\n", "t.txt:1: feature 0 appears twice"),
+            ("2 10 5\n1,3,1 0:1\n", "t.txt:2: label 1 appears twice"),
+            ("2 10 5\n1 3:1 0:1 3:1\n", "t.txt:2: feature 3 appears twice"),
             ("2 10 5\na,1 0:1\n", "t.txt:2: label `a` is not"),
         ];
         for (text, expect) in cases {
             let msg = parse(text).unwrap_err().to_string();
             assert!(msg.starts_with(expect), "{msg:?} should start with {expect:?}");
         }
+    }
+
+    #[test]
+    fn header_sizes_are_checked_against_the_file_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("huge.txt");
+        std::fs::write(&p, "1000000000000 10 5\n1 0:1\n").unwrap();
+        let msg = read(&p).unwrap_err().to_string();
+        let want = "huge.txt:1: a header of 1000000000000 samples (a line each) needs at least 1000000000019 bytes \
+                    but the file has 25";
+        assert!(msg.ends_with(want), "{msg}");
+        std::fs::write(&p, "1 10 1099511627776\n1 0:1\n").unwrap();
+        let msg = read(&p).unwrap_err().to_string();
+        assert!(msg.ends_with("huge.txt:1: the header declares 1099511627776 labels, more than 32-bit ids address"));
+        // Without a length to check against, the count is not trusted for reserving either.
+        assert!(parse("1000000000000 10 5\n1 0:1\n").unwrap_err().to_string().contains("announces 1000000000000"));
     }
 
     proptest! {

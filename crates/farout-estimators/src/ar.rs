@@ -490,7 +490,7 @@ macro_rules! negatives_config {
             }
 
             fn build(&self, $problem: &Problem) -> Result<Built, crate::Error> {
-                let $n = self.0.count($problem.n_classes);
+                let $n = self.0.count($problem.n_classes)?;
                 Ok(Built::sampling(Box::new($build), ExactLoss::Softmax))
             }
         }

@@ -195,9 +195,22 @@ impl Negatives {
         Ok(())
     }
 
-    /// The number of negatives for `n_classes` classes (at least one).
-    pub fn count(&self, n_classes: usize) -> usize {
-        if self.n_samples > 0 { self.n_samples } else { ((self.sample_fraction * n_classes as f64) as usize).max(1) }
+    /// The number of negatives for `n_classes` classes (at least one); an error when
+    /// `n_samples` is not below K: drawing as many negatives as there are classes costs more
+    /// than the exact loss and estimates it worse.
+    pub fn count(&self, n_classes: usize) -> Result<usize, Error> {
+        if self.n_samples >= n_classes.max(2) {
+            return Err(Error::Param(farout_core::ParamError {
+                name: "n_samples",
+                value: format!("{} (K = {n_classes} classes)", self.n_samples),
+                reason: "must be smaller than K; with that many negatives use the exact estimator \"softmax\"",
+            }));
+        }
+        Ok(if self.n_samples > 0 {
+            self.n_samples
+        } else {
+            ((self.sample_fraction * n_classes as f64) as usize).max(1)
+        })
     }
 }
 

@@ -247,7 +247,7 @@ impl EstimatorParams for SampledSoftmaxConfig {
     fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
         let k = problem.n_classes;
         let proposal = self.proposal.build(k, self.alpha, problem.label_counts)?;
-        let n = self.negatives().count(k);
+        let n = self.negatives().count(k)?;
         let estimator = SampledSoftmax::with_proposal(n, proposal, self.unique, self.shared_samples)?;
         Ok(Built::sampling(Box::new(estimator), ExactLoss::Softmax))
     }
@@ -292,7 +292,7 @@ impl EstimatorParams for NegativeSamplingConfig {
     fn build(&self, problem: &Problem) -> Result<Built, crate::Error> {
         let k = problem.n_classes;
         let proposal = self.proposal.build(k, self.alpha, problem.label_counts)?;
-        let n = Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.count(k);
+        let n = Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.count(k)?;
         Ok(Built::sampling(Box::new(NegativeSampling::new(n, proposal)?), ExactLoss::Softmax))
     }
 }

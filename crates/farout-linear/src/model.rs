@@ -439,6 +439,23 @@ mod tests {
         assert!(matches!(SparseModel::load(&dir.path().join("missing")), Err(Error::Io { .. })));
     }
 
+    #[test]
+    fn huge_header_sizes_and_truncation_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.bin");
+        let bytes = small_model().to_bytes();
+        let mut huge = bytes.clone();
+        huge[24..32].copy_from_slice(&1_000_000_000_000u64.to_le_bytes());
+        std::fs::write(&p, &huge).unwrap();
+        let e = SparseModel::load(&p).unwrap_err().to_string();
+        let want =
+            format!("{}: not a valid farout-linear model: truncated: 128 bytes, 12000000000092 expected", p.display());
+        assert_eq!(e, want);
+        std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
+        let e = SparseModel::load(&p).unwrap_err().to_string();
+        assert!(e.ends_with("m.bin: not a valid farout-linear model: truncated: 125 bytes, 128 expected"), "{e}");
+    }
+
     proptest::proptest! {
         #[test]
         fn any_model_round_trips_through_its_bytes(

@@ -313,8 +313,8 @@ mod tests {
             let z: Vec<f32> = (0..k).map(|c| kernels::dot(u0.row(x as usize), v0.row(c))).collect();
             let lse = kernels::log_sum_exp(&z);
             want_loss += (lse - z[y as usize]) as f64;
-            for c in 0..k {
-                let g = (z[c] - lse).exp() - if c == y as usize { 1.0 } else { 0.0 };
+            for (c, &zc) in z.iter().enumerate() {
+                let g = (zc - lse).exp() - if c == y as usize { 1.0 } else { 0.0 };
                 kernels::axpy(-lr * g, u0.row(x as usize), v.row_mut(c));
                 kernels::axpy(-lr * g, v0.row(c), u.row_mut(x as usize));
             }

@@ -109,7 +109,9 @@ impl Vectors {
 
     /// Reads a file in `format` (see [`Format::from_path`]).
     pub fn load(path: &Path, format: Format) -> Result<Self, Error> {
-        let mut r = BufReader::new(File::open(path).map_err(io(path))?);
+        let file = File::open(path).map_err(io(path))?;
+        let file_len = file.metadata().map_err(io(path))?.len();
+        let mut r = BufReader::new(file);
         let mut header = String::new();
         r.read_line(&mut header).map_err(io(path))?;
         let mut it = header.split_whitespace().map(str::parse::<usize>);
@@ -119,6 +121,16 @@ impl Vectors {
         if dim == 0 {
             return Err(parse_err(path, 1, "dimension 0"));
         }
+        // The fewest bytes a vector takes: a one-byte word and `dim` one-digit values, each after
+        // a space (text), or a one-byte word, a space and `dim` f32 (binary).
+        let per_vector = match format {
+            Format::Text => (dim as u64).checked_mul(2).and_then(|b| b.checked_add(1)),
+            Format::Binary => (dim as u64).checked_mul(4).and_then(|b| b.checked_add(2)),
+        };
+        let needed = per_vector.and_then(|b| b.checked_mul(n as u64)).and_then(|b| b.checked_add(header.len() as u64));
+        let what = format!("a header of {n} vectors of dimension {dim}");
+        farout_data::check_len(path, Some(1), needed, file_len, &what)?;
+        // Both fit in the file now: n * dim < file_len / 2.
         let mut words = Vec::with_capacity(n);
         let mut data = Vec::with_capacity(n * dim);
         match format {
@@ -200,7 +212,11 @@ mod tests {
         let cases = [
             ("2 2\na 1 2\nb 1\n", ":3: 1 values, expected 2"),
             ("2 2\na 1 2\nb 1 zz\n", ":3: \"zz\" is not a number"),
-            ("3 2\na 1 2\nb 1 2\n", ":4: the file ends after 2 of 3"),
+            ("3 2\na 1.5 2.5\nb 1.5 2.5\n", ":4: the file ends after 2 of 3"),
+            (
+                "3 2\na 1 2\nb 1 2\n",
+                ":1: a header of 3 vectors of dimension 2 needs at least 19 bytes but the file has 16",
+            ),
             ("two 2\n", ":1: expected `count dim`"),
             ("2 2\na 1 2\na 3 4\n", "appears twice"),
         ];
@@ -209,8 +225,45 @@ mod tests {
             let msg = Vectors::load(&p, Format::Text).unwrap_err().to_string();
             assert!(msg.contains(want), "{text:?}: {msg}");
         }
-        std::fs::write(&p, b"1 2\nab \x00\x00").unwrap();
+        std::fs::write(&p, b"1 2\nabcdefgh \x00\x00").unwrap();
         let msg = Vectors::load(&p, Format::Binary).unwrap_err().to_string();
         assert!(msg.contains("ends inside vector 1"), "{msg}");
+    }
+
+    #[test]
+    fn huge_counts_and_truncated_files_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.bin");
+        let cases: [(&[u8], Format, &str); 6] = [
+            (
+                b"1000000000000 100\nab \x00\x00",
+                Format::Binary,
+                "v.bin:1: a header of 1000000000000 vectors of dimension 100 needs at least 402000000000018 bytes \
+                 but the file has 23",
+            ),
+            (
+                b"1000000000000 100\na 1\n",
+                Format::Text,
+                "v.bin:1: a header of 1000000000000 vectors of dimension 100 needs at least 201000000000018 bytes \
+                 but the file has 22",
+            ),
+            (
+                b"4 4611686018427387904\nab\n",
+                Format::Binary,
+                "v.bin:1: a header of 4 vectors of dimension 4611686018427387904 needs more than",
+            ),
+            (b"2 1\nab \x00\x00\x00\x00\ncd \x00\x00", Format::Binary, "v.bin: the file ends inside vector 2 (\"cd\")"),
+            (b"2 1\nabcdefgh \x00\x00\x00\x00\ncdefgh", Format::Binary, "v.bin: the file ends after 1 of 2 vectors"),
+            (
+                b"2 1\nab \x00\x00\x00\x00\ncd",
+                Format::Binary,
+                "v.bin:1: a header of 2 vectors of dimension 1 needs at least 16 bytes but the file has 14",
+            ),
+        ];
+        for (bytes, format, want) in cases {
+            std::fs::write(&p, bytes).unwrap();
+            let msg = Vectors::load(&p, format).unwrap_err().to_string();
+            assert!(msg.starts_with(&format!("{}/{want}", dir.path().display())), "{msg}");
+        }
     }
 }

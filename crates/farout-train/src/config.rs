@@ -425,7 +425,21 @@ impl Config {
             config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
         }
         config.check().map_err(at)?;
+        config.limit_threads();
         Ok(config)
+    }
+
+    /// More threads than cores only adds contention (and hogwild skip-gram more conflicting
+    /// writes): `train.threads` above the core count is lowered to it, with a warning.
+    fn limit_threads(&mut self) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if self.train.threads > cores {
+            log::warn!(
+                "train.threads = {} is more than the {cores} cores of this machine; using {cores}",
+                self.train.threads
+            );
+            self.train.threads = cores;
+        }
     }
 
     /// Parses config text with overrides; the error names the offending key.
@@ -595,6 +609,12 @@ impl Config {
                 ));
             }
             _ => {}
+        }
+        if self.train.epochs == 0 {
+            return Err(ConfigError::key(
+                "train.epochs",
+                "must be >= 1 (0 would write an untrained model; `farout eval` scores a checkpoint)",
+            ));
         }
         at_least_one("train.batch_size", self.train.batch_size)?;
         at_least_one("eval.batch_size", self.eval.batch_size)?;

@@ -2,6 +2,7 @@
 
 use crate::Error;
 use crate::config::{Config, ConfigError, DataFormat};
+use farout_core::resources;
 use farout_data::synth::{FaceGenerator, Split, XmcGenerator};
 use farout_data::{Dataset, Features, LabelSets, labels, npy, raw, xmc};
 use std::path::Path;
@@ -26,10 +27,16 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     let d = &config.data;
     let (mut train, mut test) = match d.format {
         DataFormat::SyntheticFace => {
+            let bytes = d.face.generator_bytes() + d.face.features_bytes();
+            let what = format!("the synthetic faces ({} x {} features)", d.face.n_samples, d.face.dim);
+            resources::check_memory(bytes, what, "lower data.face.n_samples, n_classes or dim")?;
             let g = FaceGenerator::new(d.face.clone())?;
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
         DataFormat::SyntheticXmc => {
+            let bytes = d.xmc.generator_bytes() + d.xmc.data_bytes();
+            let what = format!("the synthetic documents ({} of them)", d.xmc.n_samples);
+            resources::check_memory(bytes, what, "lower data.xmc.n_samples, n_features or n_labels")?;
             let g = XmcGenerator::new(d.xmc.clone())?;
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
@@ -42,8 +49,13 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
         _ => {
             let train_path = d.train.as_deref().expect("config check requires data.train");
             let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
+            require_labelled(&train, train_path, "data.train_labels")?;
             let test = match &d.test {
-                Some(p) => Some(load_split(config, p, d.test_labels.as_deref(), Some(&train))?),
+                Some(p) => {
+                    let test = load_split(config, p, d.test_labels.as_deref(), Some(&train))?;
+                    require_labelled(&test, p, "data.test_labels")?;
+                    Some(test)
+                }
                 None => None,
             };
             (train, test)
@@ -81,6 +93,19 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     }
     let n_features = train.features.n_cols();
     Ok(TaskData { train, test, n_classes, n_features, idf })
+}
+
+/// An error unless `ds` (read from `path`) has samples and at least one label: an empty test
+/// set would leave the final metrics to the training set, and unlabelled data train nothing.
+fn require_labelled(ds: &Dataset, path: &Path, labels_key: &str) -> Result<(), Error> {
+    let msg = if ds.is_empty() {
+        "holds no samples".to_string()
+    } else if ds.labels.labels.is_empty() {
+        format!("none of its {} samples has a label (npy/raw features take theirs from {labels_key})", ds.len())
+    } else {
+        return Ok(());
+    };
+    Err(Error::DataMismatch { path: path.to_path_buf(), msg })
 }
 
 /// Applies the configured feature transforms to sparse rows: tf-idf weighting (with the

@@ -101,6 +101,9 @@ pub enum Error {
     /// An estimator parameter is invalid.
     #[error(transparent)]
     Estimator(#[from] farout_estimators::Error),
+    /// The run needs more memory or disk than the machine has (checked before allocating).
+    #[error(transparent)]
+    TooLarge(#[from] farout_core::resources::TooLarge),
     /// The run's directory already holds a run.
     #[error(
         "{} already holds a run ({what}); pass --resume to continue it, --overwrite to replace it, or set log.dir (and checkpoint.dir) to another directory",

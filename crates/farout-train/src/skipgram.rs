@@ -169,6 +169,10 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
         return Ok(path.to_path_buf());
     }
     let _ = std::fs::remove_file(&spec_path);
+    let change = "lower data.synthetic.tokens or words, or set data.corpus";
+    let what = format!("a synthetic corpus of {} tokens", spec.tokens);
+    farout_core::resources::check_memory(spec.generator_bytes(), "the synthetic corpus generator", change)?;
+    farout_core::resources::check_disk(path, spec.text_bytes(), what, change)?;
     let bar = progress_bar(
         config.log.progress,
         spec.tokens,

@@ -171,6 +171,7 @@ impl Trainer {
         if data.n_classes == 0 {
             return Err(Error::NoData("the data have no classes (K = 0)"));
         }
+        check_model_memory(&config, &data)?;
         let encoder = match config.model.encoder {
             EncoderKind::FaceHead => {
                 let head = FaceHead::new(&config.model.face_head, data.n_features)?;
@@ -760,6 +761,24 @@ impl Trainer {
     pub fn step(&self) -> u64 {
         self.state.step
     }
+}
+
+/// An error, before the model is allocated, if the output layer (W, its optimiser state and an
+/// index's copy) and the document encoder's table (with its optimiser state) do not fit in the
+/// memory available.
+fn check_model_memory(config: &Config, data: &TaskData) -> Result<(), Error> {
+    let (k, v) = (data.n_classes as u64, data.n_features as u64);
+    let (d, table) = match config.model.encoder {
+        EncoderKind::DocEncoder => {
+            let d = config.model.doc_encoder.d_model as u64;
+            (d, farout_core::resources::array_bytes(&[v, d, 2], 4))
+        }
+        _ => (v, 0),
+    };
+    let layer = farout_core::resources::array_bytes(&[k, d, 3], 4);
+    let what = format!("the model ({k} classes x {d} output layer, {v} input features)");
+    let change = "lower model.doc_encoder.d_model or the data's classes and features";
+    Ok(farout_core::resources::check_memory(layer + table, what, change)?)
 }
 
 fn embed_in_place(head: &FaceHead, ds: &mut Dataset, batch: usize) {
