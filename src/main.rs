@@ -221,6 +221,39 @@ fn main() -> ExitCode {
     }
 }
 
+/// An error if the output file `out` (named by `option`) is the config file or one of the files
+/// the config reads: writing there would destroy an input.
+fn refuse_to_overwrite(option: &str, out: &Path, config_path: &Path, config: &Config) -> Result<()> {
+    let d = &config.data;
+    let synthetic_corpus = d.corpus.is_none().then(|| config.log_dir().join("corpus.txt"));
+    let e = &config.eval;
+    let inputs = [
+        ("config", Some(config_path.to_path_buf())),
+        ("data.train", d.train.clone()),
+        ("data.test", d.test.clone()),
+        ("data.train_labels", d.train_labels.clone()),
+        ("data.test_labels", d.test_labels.clone()),
+        ("data.corpus", d.corpus.clone().or(synthetic_corpus)),
+        ("eval.heldout", e.heldout.clone()),
+        ("eval.analogy", e.analogy.clone()),
+        ("eval.similarity", e.similarity.clone()),
+    ];
+    for (what, p) in inputs {
+        if p.as_deref().is_some_and(|p| same_file(out, p)) {
+            anyhow::bail!("{option} {} is the {what} file: writing there would destroy it", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` name the same existing file (through links and relative paths).
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 fn load_config(path: &Path, set: &[String]) -> Result<Config> {
     let config = Config::load(path, set)?;
     if config.train.threads > 0 {
@@ -280,8 +313,11 @@ impl Trained {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train { config, set, summary, resume, overwrite, export_vectors } => {
-            let config = load_config(&config, &set)?;
+        Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
+            let config = load_config(&path, &set)?;
+            if let Some(out) = &export_vectors {
+                refuse_to_overwrite("--export-vectors", out, &path, &config)?;
+            }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
             let json = farout_train::train(&config, &options)?.to_json();
             println!("{json}");
@@ -306,8 +342,17 @@ fn run(cli: Cli) -> Result<()> {
             let test = t.test().context("the config names no test set (data.test)")?;
             println!("{}", serde_json::to_string_pretty(&t.evaluate(test))?);
         }
-        Command::Predict { config, set, checkpoint, input, labels, top_k, out } => {
-            let t = Trained::load(load_config(&config, &set)?, checkpoint)?;
+        Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
+            let config = load_config(&path, &set)?;
+            if let Some(o) = &out {
+                refuse_to_overwrite("--out", o, &path, &config)?;
+                for (what, p) in [("--input", &input), ("--labels", &labels)] {
+                    if p.as_deref().is_some_and(|p| same_file(o, p)) {
+                        anyhow::bail!("--out {} is the {what} file: writing there would destroy it", o.display());
+                    }
+                }
+            }
+            let t = Trained::load(config, checkpoint)?;
             let owned;
             let ds = match &input {
                 Some(p) => {
@@ -329,8 +374,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             w.flush()?;
         }
-        Command::Export { config, set, out } => {
-            let config = load_config(&config, &set)?;
+        Command::Export { config: path, set, out } => {
+            let config = load_config(&path, &set)?;
+            refuse_to_overwrite("--out", &out, &path, &config)?;
             let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
             log::info!("wrote {n} vectors to {}", out.display());
         }

@@ -229,3 +229,31 @@ fn settings_that_would_give_a_silently_wrong_result_are_errors_or_warnings() {
         &["v.txt", "1 of 3 vectors hold NaN or infinite values (the first: `cat`)"],
     );
 }
+
+#[test]
+fn outputs_never_overwrite_the_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let input = dir.path().join("input.txt");
+    std::fs::copy("tests/data/xmc-tiny/test.txt", &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let input = input.to_str().unwrap();
+    fails(
+        &tiny("predict", SOFTMAX, dir.path(), &["--input", input, "--out", input]),
+        &["--out", "is the --input file"],
+    );
+    fails(&tiny("predict", SOFTMAX, dir.path(), &["--out", SOFTMAX]), &["--out", "is the config file"]);
+    fails(
+        &tiny("predict", SOFTMAX, dir.path(), &["--out", "tests/data/xmc-tiny/train.txt"]),
+        &["--out", "is the data.train file"],
+    );
+    assert_eq!(std::fs::read(input).unwrap(), before);
+    let corpus = dir.path().join("corpus.txt");
+    std::fs::write(&corpus, "a b c a b c a b\n".repeat(50)).unwrap();
+    let c = format!("data.corpus=\"{}\"", corpus.display());
+    let mut args: Vec<String> =
+        ["train", "configs/skipgram-quickstart.toml", "--set", &c, "--export-vectors"].map(String::from).to_vec();
+    args.push(corpus.display().to_string());
+    args.extend(quiet_in(dir.path()));
+    fails(&args, &["--export-vectors", "is the data.corpus file"]);
+}
