@@ -41,12 +41,17 @@
 //!   PG = max_{i∈A} |projected ∇_iG|
 //!   search (Alg. 1 steps 1–2): z_i = Σ_j w̃_j x_ij by walking the CSC columns of the j with
 //!           w̃_j ≠ 0 (eq. 14), the bias w_0 added as a scalar; candidates i ∉ A by −∇_iG = 1 − y_i z_i
-//!   w̃ = RandomSparsify(w) (Alg. 3, R = ⌈2‖w‖₁²/δ²⌉, Thm 4.1) when R < nnz(w), else w̃ = w;
-//!   candidates of a sparsified search are kept only if their exact −∇_iG > tol (O(d̄) each);
+//!   w̃ = RandomSparsify(w) (Alg. 3, R = ⌈2‖w‖₁²/δ²⌉, Thm 4.1) when R < nnz(w), else
+//!   w̃ = Truncate(w, δ/2) when that halves the walk, else w̃ = w;
+//!   candidates of an approximate search are kept only if their exact −∇_iG > tol (O(d̄) each);
 //!   if none is left and PG ≤ tol, search again with w̃ = w
 //!   exact search, no candidate with −∇_iG > tol, and PG ≤ tol: stop
-//!   A ∪= the κ candidates with the largest −∇_iG > tol
+//!   A ∪= the κ candidates with the largest −∇_iG > tol, κ = max(|A|, min_kappa) by default
 //! ```
+//!
+//! Truncate(w, β) (project choice, below) drops from w the columns j that cost the most walk
+//! per unit of their bound |w_j|·max_i |x_ij|, while the dropped bounds sum to at most β, so every
+//! z_i of the truncated search is within β of the exact one.
 //!
 //! At t = 1 every ∇_iG = −1 (all tied), so the first step 3 runs on A = P before any search
 //! (LINEAR.md §2). A row that shares no feature with w̃ has z_i = 0 and −∇_iG = 1 − y_i w_0: all
@@ -57,7 +62,8 @@
 //!
 //! # Project choices (\[P\] leaves them open)
 //!
-//! κ (`kappa`, 0 = |A| so the active set can at most double per iteration), T (`max_iter`),
+//! κ (`kappa`; 0 = max(|A|, `min_kappa`), so the active set can at most double per iteration
+//! once it holds `min_kappa` samples), T (`max_iter`),
 //! S (at most `inner_sweeps`·|A| uniform draws, fewer once a sweep's drawn projected gradients
 //! are all ≤ `tol`), δ (`delta`, 0 = always exact), the Sect. 5.3 threshold,
 //! the stopping rule and its `tol` (which also bounds what the search adds: only −∇_iG > tol),
@@ -65,20 +71,53 @@
 //! `prune_threshold` are then set to zero exactly like DiSMEC's ([`crate::dismec::prune`]; the
 //! bias is not exempt).
 //!
+//! Two of them were set by profiling a synthetic tagging set (`farout data gen xmc --samples
+//! 65000 --features 75000 --labels 17000`, 52,000 training rows, tf-idf, the defaults otherwise),
+//! where every search walks the few dozen columns of the commonest features (a fifth of nnz(X)),
+//! because every active row has them and their weights survive the ℓ1 threshold:
+//!
+//! - **`min_kappa` = 256.** With κ = |A| alone, a label with a handful of positives starts from
+//!   a tiny A and needs about ten doublings (with shrinking in between) to reach its final
+//!   ~300 support vectors, each paying a search that costs O(n) plus the walk of those columns.
+//!   The floor cut the outer iterations from 10.7 to 5.7 per label and the walked column entries
+//!   by 35 %, for 39 % more coordinate steps (1,000 random labels), and the CPU time by 25 %
+//!   (2,000 random labels, with and without the floor run side by side on one thread each;
+//!   128 cost the same, 512 8 % more, 64 walks more). The stopping rule is unchanged, so the
+//!   solution is the same within `tol` (with the truncated search below, the test P@1/3/5
+//!   moved by at most 0.01).
+//! - **The truncated search.** When R ≥ nnz(w), Alg. 3 cannot sparsify, and the search used w
+//!   itself: a third of all searches were such exact searches, and exact searches walked 80 %
+//!   of all entries. The long columns of common features have small entries after tf-idf and row
+//!   normalisation (low idf), so most of that walk adds little to any z_i: dropping columns whose
+//!   bounds sum to at most δ/2 keeps every truncated z_i within δ/2 of the exact one (for sure,
+//!   where Thm 4.1 gives Alg. 3's w̃ precision δ with high probability) and removes about three
+//!   quarters of the walk. Like Alg. 3's, its candidates are checked against the exact
+//!   gradient, and only the exact search decides convergence. It cut the exact searches by a
+//!   third and the walked entries by 14 %, for 4 % more coordinate steps.
+//!
 //! # Parallelism and determinism
 //!
-//! The CSC transpose of X and ‖x_i‖² are built once per fit and shared read-only. Labels go to
-//! rayon largest |P| first; each worker keeps one scratch (dense f64 vectors of length n and
-//! d + 1) through `map_init`, reset after each label by walking only what the label touched, so
-//! a label costs O(its work), not O(n + d). Each label draws from its own generator
-//! `seeded(seed, label)`, so the model is bit-identical for any number of threads.
+//! The CSC transpose of X, ‖x_i‖² and the column maxima are built once per fit and shared
+//! read-only. Labels go to rayon largest |P| first; each worker keeps one scratch (dense f64
+//! vectors of length n and d + 1) through `map_init`, reset after each label by walking only
+//! what the label touched, so a label costs O(its work), not O(n + d). Each label draws from its
+//! own generator `seeded(seed, label)`, so the model is bit-identical for any number of threads.
+//!
+//! Implementation choices that do not change any result bit (measured on the set above):
+//! Alg. 2 reads only v (`w_j = prox(v_j)/τ` recomputed per entry, w written back once per call),
+//! which halves its random memory traffic (about a fifth less time in Alg. 2); a search whose
+//! walk covers at least n entries scores every row without marking any; and the top-κ selection
+//! keeps a bounded buffer ([`TopK`]) instead of collecting and partially sorting all violators,
+//! which early in a label are half of the n rows (selection went from 14 % of the run time to
+//! about 5 %).
 //!
 //! Parameters (`[linear] solver = "ppdsparse"`), with their defaults:
 //!
 //! ```toml
 //! lambda = 0.01          # ℓ1 weight λ ([P] Sect. 6: best on most sets)
 //! tau = 1.0              # ℓ2 weight τ of (τ/2)‖w‖² ([P] Sect. 6)
-//! kappa = 0              # candidates added per search (0: |A|)
+//! kappa = 0              # candidates added per search (0: max(|A|, min_kappa))
+//! min_kappa = 256        # with kappa = 0, the fewest candidates a search adds
 //! max_iter = 100         # outer iterations T of Alg. 1
 //! inner_sweeps = 10      # Alg. 2 draws per outer iteration, in multiples of |A|
 //! delta = 1.0            # Alg. 3 precision δ, R = ceil(2‖w‖₁²/δ²) (0: exact search only)
@@ -109,8 +148,11 @@ pub struct PpdSparseConfig {
     pub lambda: f64,
     /// ℓ2 weight τ: the regulariser is `(τ/2)‖w‖²` (\[P\] Sect. 5.2).
     pub tau: f64,
-    /// Candidates κ added to the active set per search (Alg. 1 step 2); 0 means |A|.
+    /// Candidates κ added to the active set per search (Alg. 1 step 2); 0 means
+    /// max(|A|, `min_kappa`).
     pub kappa: usize,
+    /// With `kappa` = 0, the fewest candidates a search adds (if that many violate).
+    pub min_kappa: usize,
     /// Outer iterations T of Alg. 1 per label.
     pub max_iter: usize,
     /// Coordinate steps S of Alg. 2 per outer iteration, in multiples of |A|.
@@ -136,6 +178,7 @@ impl Default for PpdSparseConfig {
             lambda: 0.01,
             tau: 1.0,
             kappa: 0,
+            min_kappa: 256,
             max_iter: 100,
             inner_sweeps: 10,
             delta: 1.0,
@@ -273,6 +316,7 @@ impl LinearSolver for PpdSparseConfig {
             "nnz_w_q95": nnz_q95,
             "sparsified_searches_total": l.iter().map(|s| u64::from(s.sparsified_searches)).sum::<u64>(),
             "exact_searches_total": l.iter().map(|s| u64::from(s.exact_searches)).sum::<u64>(),
+            "truncated_searches_total": l.iter().map(|s| u64::from(s.truncated_searches)).sum::<u64>(),
             "nnz_wtilde_mean": wtilde_mean,
             "nnz_wtilde_q95": wtilde_q95,
             "cd_steps_total": l.iter().map(|s| s.cd_steps).sum::<u64>(),
@@ -326,6 +370,8 @@ pub struct PpdLabelStats {
     pub sparsified_searches: u32,
     /// Searches with w itself (including the final one).
     pub exact_searches: u32,
+    /// Searches with the truncated w (when Alg. 3 would not sparsify).
+    pub truncated_searches: u32,
     /// Mean nnz(w̃) over the sparsified searches (0 without any).
     pub mean_nnz_wtilde: f64,
     /// Primal objective F(w(α)) at the end (eq. 9).
@@ -465,6 +511,8 @@ struct Shared<'a> {
     csc: Csc,
     /// ‖x_i‖², bias feature included.
     sq_norms: Vec<f64>,
+    /// max_i |x_ij| of each column j (0 for empty columns).
+    col_max: Vec<f64>,
     bias: bool,
 }
 
@@ -476,7 +524,9 @@ impl<'a> Shared<'a> {
                 v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() + bias as usize as f64
             })
             .collect();
-        Self { x, rows: Rows::new(x, bias), csc: Csc::new(x), sq_norms, bias }
+        let csc = Csc::new(x);
+        let col_max = (0..x.n_cols).map(|j| csc.col(j).1.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64).collect();
+        Self { x, rows: Rows::new(x, bias), csc, sq_norms, col_max, bias }
     }
 
     fn n_features(&self) -> usize {
@@ -506,8 +556,10 @@ struct Scratch {
     /// Coordinates j < d whose v_j was ever changed (the support of w is inside).
     touched_cols: Vec<u32>,
     col_mark: Vec<bool>,
-    /// Σ_j w̃_j x_ij of the last search, for the rows in `touched_rows`.
+    /// Σ_j w̃_j x_ij of the last search, for every row when `dense`, else for the rows in
+    /// `touched_rows` (zero elsewhere).
     score: Vec<f64>,
+    dense: bool,
     row_mark: Vec<bool>,
     touched_rows: Vec<u32>,
     /// The non-zero (j, w_j), j < d, then w̃ and Alg. 3's scratch.
@@ -515,6 +567,8 @@ struct Scratch {
     w_tilde: Vec<(u32, f64)>,
     cumulative: Vec<f64>,
     counts: Vec<u32>,
+    /// [`Label::truncate`]'s (walk per unit of bound, position in `w_list`).
+    by_cost: Vec<(f64, u32)>,
     /// Candidates (−∇_iG, i) of a search.
     candidates: Vec<(f64, u32)>,
     /// Rows outside A by class, [negatives, positives]: bounds the search's scan of untouched
@@ -534,12 +588,14 @@ impl Scratch {
             touched_cols: Vec::new(),
             col_mark: vec![false; n_vars],
             score: vec![0.0; n],
+            dense: false,
             row_mark: vec![false; n],
             touched_rows: Vec::new(),
             w_list: Vec::new(),
             w_tilde: Vec::new(),
             cumulative: Vec::new(),
             counts: Vec::new(),
+            by_cost: Vec::new(),
             candidates: Vec::new(),
             n_outside: [0, 0],
         }
@@ -582,6 +638,10 @@ impl Scratch {
     }
 
     fn clear_scores(&mut self) {
+        if self.dense {
+            self.score.fill(0.0);
+            self.dense = false;
+        }
         for &i in &self.touched_rows {
             self.score[i as usize] = 0.0;
             self.row_mark[i as usize] = false;
@@ -627,6 +687,49 @@ impl Scratch {
     }
 }
 
+/// Bounded top-κ collection of search candidates by (−∇_iG descending, index ascending):
+/// the buffer is cut back to its κ best whenever it reaches 2κ + 64 entries, and later entries
+/// below the κ-th best so far are not kept (they cannot be in the top κ). Without the cut, an
+/// early search of a label proposes half of the n rows and sorting them dominated the search.
+struct TopK {
+    kappa: usize,
+    cut: f64,
+}
+
+impl TopK {
+    fn order(a: &(f64, u32), b: &(f64, u32)) -> std::cmp::Ordering {
+        b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+    }
+
+    /// `kappa` ≥ 1.
+    fn new(kappa: usize) -> Self {
+        Self { kappa, cut: f64::NEG_INFINITY }
+    }
+
+    #[inline]
+    fn push(&mut self, buf: &mut Vec<(f64, u32)>, item: (f64, u32)) {
+        if item.0 < self.cut {
+            return;
+        }
+        buf.push(item);
+        if buf.len() >= 2 * self.kappa + 64 {
+            buf.select_nth_unstable_by(self.kappa - 1, Self::order);
+            buf.truncate(self.kappa);
+            // The κ-th best violation: everything kept is at least this.
+            self.cut = buf.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+        }
+    }
+
+    /// The κ best of `buf`, sorted.
+    fn finish(&self, buf: &mut Vec<(f64, u32)>) {
+        if buf.len() > self.kappa {
+            buf.select_nth_unstable_by(self.kappa - 1, Self::order);
+            buf.truncate(self.kappa);
+        }
+        buf.sort_unstable_by(Self::order);
+    }
+}
+
 /// One label's problem: parameters, data and the label's scratch.
 struct Label<'s, 'a> {
     lambda: f64,
@@ -642,22 +745,59 @@ impl Label<'_, '_> {
         self.s.y[i] * self.shared.rows.dot(i, &self.s.w) + self.s.alpha[i] - 1.0
     }
 
-    /// v += delta·x_i (delta = Δα_i y_i) and w_j = prox_λ(v_j)/τ on x_i's coordinates (eq. 13).
+    /// ∇_iG during Alg. 2, reading v instead of w: `w_j = prox_λ(v_j)/τ` is recomputed per
+    /// entry (the same expression [`Label::sync_w`] stores, so the same value bit for bit as
+    /// [`Label::gradient`] after a sync, summed in the same order as [`Rows::dot`]). Alg. 2 then
+    /// touches one dense vector instead of two: the random reads of w and v were its cost.
+    #[inline]
+    fn gradient_from_v(&self, i: usize) -> f64 {
+        let x = self.shared.x;
+        let (lambda, inv_tau) = (self.lambda, 1.0 / self.tau);
+        let v = &self.s.v;
+        let r = x.indptr[i]..x.indptr[i + 1];
+        let (cols, vals) = (&x.indices[r.clone()], &x.values[r]);
+        let w = |j: u32| soft_threshold(v[j as usize], lambda) * inv_tau;
+        let mut acc = [0.0f64; 4];
+        let (cc, vc) = (cols.chunks_exact(4), vals.chunks_exact(4));
+        let (c_rest, v_rest) = (cc.remainder(), vc.remainder());
+        for (c, xv) in cc.zip(vc) {
+            for l in 0..4 {
+                acc[l] += xv[l] as f64 * w(c[l]);
+            }
+        }
+        let mut tail = if self.shared.bias { v[x.n_cols] * inv_tau } else { 0.0 };
+        for (&c, &xv) in c_rest.iter().zip(v_rest) {
+            tail += xv as f64 * w(c);
+        }
+        let dot = (acc[0] + acc[1]) + (acc[2] + acc[3]) + tail;
+        self.s.y[i] * dot + self.s.alpha[i] - 1.0
+    }
+
+    /// v += delta·x_i (delta = Δα_i y_i), eq. 13; w is brought up to date by [`Label::sync_w`].
     /// i is in A, so its coordinates are already in `touched_cols` ([`Scratch::activate`]).
     fn update(&mut self, i: usize, delta: f64) {
         let x = self.shared.x;
-        let (lambda, inv_tau) = (self.lambda, 1.0 / self.tau);
         let s = &mut *self.s;
         let r = x.indptr[i]..x.indptr[i + 1];
         for (&j, &xij) in x.indices[r.clone()].iter().zip(&x.values[r]) {
-            let j = j as usize;
-            let v = s.v[j] + delta * xij as f64;
-            s.v[j] = v;
-            s.w[j] = soft_threshold(v, lambda) * inv_tau;
+            s.v[j as usize] += delta * xij as f64;
         }
         if self.shared.bias {
-            let b = x.n_cols;
-            s.v[b] += delta;
+            s.v[x.n_cols] += delta;
+        }
+    }
+
+    /// w_j = prox_λ(v_j)/τ (eq. 13) on every coordinate v may have changed on (`touched_cols`
+    /// and the bias): O(|touched_cols|) once per Alg. 2 call.
+    fn sync_w(&mut self) {
+        let (lambda, inv_tau) = (self.lambda, 1.0 / self.tau);
+        let s = &mut *self.s;
+        for &j in &s.touched_cols {
+            let j = j as usize;
+            s.w[j] = soft_threshold(s.v[j], lambda) * inv_tau;
+        }
+        if self.shared.bias {
+            let b = self.shared.n_features();
             s.w[b] = s.v[b] * inv_tau;
         }
     }
@@ -665,7 +805,8 @@ impl Label<'_, '_> {
     /// Algorithm 2: up to `sweeps` sweeps of |A| coordinate steps on i ~ U(A),
     /// `α_i ← max(α_i − ∇_iG/H_ii, 0)` with `H_ii = ‖x_i‖²/τ + 1`. Stops after a sweep in which
     /// every drawn coordinate had a projected gradient ≤ `tol` (project choice: later sweeps
-    /// would barely move α). Returns the number of steps.
+    /// would barely move α). Steps read v ([`Label::gradient_from_v`]); w is synced at the end.
+    /// Returns the number of steps.
     fn coordinate_descent(&mut self, sweeps: usize, tol: f64, rng: &mut Rng) -> u64 {
         let n_active = self.s.active.len();
         if n_active == 0 {
@@ -676,7 +817,7 @@ impl Label<'_, '_> {
             let mut max_pg = 0.0f64;
             for _ in 0..n_active {
                 let i = self.s.active[rng.random_range(0..n_active)] as usize;
-                let g = self.gradient(i);
+                let g = self.gradient_from_v(i);
                 let old = self.s.alpha[i];
                 max_pg = max_pg.max(if old > 0.0 { g.abs() } else { -g });
                 let h = self.shared.sq_norms[i] / self.tau + 1.0;
@@ -691,7 +832,46 @@ impl Label<'_, '_> {
                 break;
             }
         }
+        self.sync_w();
         steps
+    }
+
+    /// The truncated search list (used when Alg. 3 would not sparsify, see the module doc):
+    /// `w_tilde` = the entries of `w_list` without the columns dropped greedily by walk length
+    /// per unit of their bound `|w_j| max_i |x_ij|`, as long as the dropped bounds sum to at most
+    /// `budget`, so that no row's score is off by more than `budget`. Returns whether this at
+    /// least halves the walk (otherwise the exact search costs little more).
+    fn truncate(&mut self, budget: f64) -> bool {
+        let (csc, col_max) = (&self.shared.csc, &self.shared.col_max);
+        let s = &mut *self.s;
+        s.by_cost.clear();
+        let mut full = 0usize;
+        for (at, &(j, wj)) in s.w_list.iter().enumerate() {
+            let len = csc.col_len(j as usize);
+            full += len;
+            s.by_cost.push((len as f64 / (wj.abs() * col_max[j as usize]), at as u32));
+        }
+        s.by_cost.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        s.counts.clear();
+        s.counts.resize(s.w_list.len(), 1);
+        let mut used = 0.0;
+        for &(_, at) in &s.by_cost {
+            let (j, wj) = s.w_list[at as usize];
+            let bound = wj.abs() * col_max[j as usize];
+            if used + bound <= budget {
+                used += bound;
+                s.counts[at as usize] = 0;
+            }
+        }
+        s.w_tilde.clear();
+        let mut kept = 0usize;
+        for (&(j, wj), &keep) in s.w_list.iter().zip(&s.counts) {
+            if keep != 0 {
+                s.w_tilde.push((j, wj));
+                kept += csc.col_len(j as usize);
+            }
+        }
+        2 * kept <= full
     }
 
     /// Alg. 1 step 4: drops the negatives with α_i = 0 from A.
@@ -723,26 +903,23 @@ impl Label<'_, '_> {
     /// Eq. 14 without the bias: `score_i = Σ_j w̃_j x_ij` by walking the columns of `w_tilde`
     /// (the exact w when `exact`), each stopped at |x_ij| < `threshold`.
     ///
-    /// When the walk covers at least n entries, every row is marked touched up front (O(n)) and
-    /// the walk runs without the per-entry mark test (the same sums in the same order).
+    /// When the walk covers at least n entries the scores are dense: every row is scored and
+    /// none is marked (zero-filling n scores costs less than the walk). Otherwise the rows met
+    /// are marked in `touched_rows`, and the others score 0.
     fn margins(&mut self, exact: bool, threshold: f32) {
         self.s.clear_scores();
-        let s = &mut *self.s;
         let csc = &self.shared.csc;
+        let s = &mut *self.s;
         let list = if exact { &s.w_list } else { &s.w_tilde };
         let walk: usize = list.iter().map(|&(j, _)| csc.col_len(j as usize)).sum();
         let score = &mut s.score[..];
-        let n = score.len();
-        if walk >= n {
-            s.row_mark.fill(true);
-            s.touched_rows.extend(0..n as u32);
-        }
+        s.dense = walk >= score.len();
         for &(j, wj) in list {
             let (rows, vals) = csc.col(j as usize);
             // Entries are sorted by |x_ij| descending: the threshold cuts a prefix.
             let len = if threshold > 0.0 { vals.partition_point(|x| x.abs() >= threshold) } else { vals.len() };
             let (rows, vals) = (&rows[..len], &vals[..len]);
-            if walk >= n {
+            if s.dense {
                 for (&i, &x) in rows.iter().zip(vals) {
                     score[i as usize] += wj * x as f64;
                 }
@@ -767,52 +944,56 @@ impl Label<'_, '_> {
         let b = self.s.bias_weight(self.shared);
         let s = &mut *self.s;
         s.candidates.clear();
-        // Touched rows outside A, by class [negatives, positives].
-        let mut touched_outside = [0usize; 2];
-        for &i in &s.touched_rows {
-            let i = i as usize;
-            if !s.in_active[i] {
-                touched_outside[(s.y[i] > 0.0) as usize] += 1;
-                let violation = 1.0 - s.y[i] * (s.score[i] + b);
-                if violation > min_violation {
-                    s.candidates.push((violation, i as u32));
+        if kappa == 0 {
+            return;
+        }
+        let mut top = TopK::new(kappa);
+        if s.dense {
+            for (i, (&score, &y)) in s.score.iter().zip(&s.y).enumerate() {
+                let violation = 1.0 - y * (score + b);
+                if violation > min_violation && !s.in_active[i] {
+                    top.push(&mut s.candidates, (violation, i as u32));
                 }
             }
-        }
-        // Untouched rows outside A score w_0 alone: −∇_iG = 1 + w_0 (negatives), 1 − w_0
-        // (positives). Up to κ of each violating class, lowest indices first.
-        let violation = [1.0 + b, 1.0 - b];
-        let mut wanted = [0usize; 2];
-        for c in 0..2 {
-            if violation[c] > min_violation {
-                wanted[c] = kappa.min(s.n_outside[c] - touched_outside[c]);
-            }
-        }
-        if wanted[0] + wanted[1] > 0 {
-            for i in 0..s.y.len() {
-                if s.row_mark[i] || s.in_active[i] {
-                    continue;
+        } else {
+            // Touched rows outside A, by class [negatives, positives].
+            let mut touched_outside = [0usize; 2];
+            for &i in &s.touched_rows {
+                let i = i as usize;
+                if !s.in_active[i] {
+                    touched_outside[(s.y[i] > 0.0) as usize] += 1;
+                    let violation = 1.0 - s.y[i] * (s.score[i] + b);
+                    if violation > min_violation {
+                        top.push(&mut s.candidates, (violation, i as u32));
+                    }
                 }
-                let c = (s.y[i] > 0.0) as usize;
-                if wanted[c] > 0 {
-                    wanted[c] -= 1;
-                    s.candidates.push((violation[c], i as u32));
-                    if wanted[0] + wanted[1] == 0 {
-                        break;
+            }
+            // Untouched rows outside A score w_0 alone: −∇_iG = 1 + w_0 (negatives), 1 − w_0
+            // (positives). Up to κ of each violating class, lowest indices first.
+            let violation = [1.0 + b, 1.0 - b];
+            let mut wanted = [0usize; 2];
+            for c in 0..2 {
+                if violation[c] > min_violation {
+                    wanted[c] = kappa.min(s.n_outside[c] - touched_outside[c]);
+                }
+            }
+            if wanted[0] + wanted[1] > 0 {
+                for i in 0..s.y.len() {
+                    if s.row_mark[i] || s.in_active[i] {
+                        continue;
+                    }
+                    let c = (s.y[i] > 0.0) as usize;
+                    if wanted[c] > 0 {
+                        wanted[c] -= 1;
+                        top.push(&mut s.candidates, (violation[c], i as u32));
+                        if wanted[0] + wanted[1] == 0 {
+                            break;
+                        }
                     }
                 }
             }
         }
-        let order = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if s.candidates.len() > kappa {
-            if kappa == 0 {
-                s.candidates.clear();
-            } else {
-                s.candidates.select_nth_unstable_by(kappa - 1, order);
-                s.candidates.truncate(kappa);
-            }
-        }
-        s.candidates.sort_unstable_by(order);
+        top.finish(&mut s.candidates);
     }
 
     /// Keeps the candidates of an approximate search whose exact `−∇_iG = 1 − y_i wᵀx_i`
@@ -832,6 +1013,12 @@ impl Label<'_, '_> {
         let s = &*self.s;
         let b = s.bias_weight(self.shared);
         let hinge = |m: f64| 0.5 * (1.0 - m).max(0.0).powi(2);
+        if s.dense {
+            let loss: f64 = s.score.iter().zip(&s.y).map(|(&z, &y)| hinge(y * (z + b))).sum();
+            let l1: f64 = s.w_list.iter().map(|&(_, v)| v.abs()).sum();
+            let sq: f64 = s.w_list.iter().map(|&(_, v)| v * v).sum::<f64>() + b * b;
+            return self.lambda * l1 + 0.5 * self.tau * sq + loss;
+        }
         let (mut loss, mut touched_pos) = (0.0, 0usize);
         for &i in &s.touched_rows {
             let i = i as usize;
@@ -893,15 +1080,24 @@ fn solve_label(
         label.shrink();
         let pg = label.projected_gradient();
         let l1 = label.s.collect_support();
-        let kappa = if config.kappa == 0 { label.s.active.len().max(1) } else { config.kappa };
-        // The sparsified search (Alg. 3) proposes candidates; only when it finds none and A is
-        // solved does the exact search (w̃ = w) decide convergence.
-        let mut exact = true;
-        if let Some(r) = sparsify_draws(l1, config.delta, label.s.w_list.len()) {
+        let kappa = if config.kappa == 0 { label.s.active.len().max(config.min_kappa).max(1) } else { config.kappa };
+        // An approximate search (Alg. 3's w̃, or the truncated w when Alg. 3 would not
+        // sparsify) proposes candidates; only when it finds none and A is solved does the exact
+        // search (w̃ = w) decide convergence.
+        let approximate = if let Some(r) = sparsify_draws(l1, config.delta, label.s.w_list.len()) {
             let s = &mut *label.s;
             random_sparsify(&s.w_list, r, &mut rng, &mut s.cumulative, &mut s.counts, &mut s.w_tilde);
             st.sparsified_searches += 1;
             wtilde_sum += s.w_tilde.len() as f64;
+            true
+        } else if config.delta > 0.0 && label.truncate(0.5 * config.delta) {
+            st.truncated_searches += 1;
+            true
+        } else {
+            false
+        };
+        let mut exact = true;
+        if approximate {
             label.margins(false, threshold);
             label.select(kappa, config.tol);
             label.verify_candidates(config.tol);
@@ -1157,6 +1353,109 @@ mod tests {
     }
 
     #[test]
+    fn coordinate_steps_read_the_same_gradient_from_v_as_from_w() {
+        // gradient_from_v recomputes w_j = prox(v_j)/τ per entry: bit for bit the gradient of
+        // the synced w, at any λ (some coordinates thresholded to zero) and τ.
+        let data = train_set(10, 90, 14, 3);
+        let shared = Shared::new(&data.features, true);
+        let mut scratch = Scratch::new(shared.n_vars(), data.n_samples());
+        let mut r = rng::seeded(3, 0);
+        for (lambda, tau) in [(0.0, 1.0), (0.3, 1.0), (1.5, 0.5), (0.05, 4.0)] {
+            data.labels.positives(1).iter().for_each(|&i| scratch.y[i as usize] = 1.0);
+            scratch.n_outside = [data.n_samples(), data.n_samples()];
+            for i in (0..data.n_samples() as u32).filter(|i| i % 3 != 0) {
+                scratch.activate(shared.x, i);
+            }
+            let mut label = Label { lambda, tau, shared: &shared, s: &mut scratch };
+            for _ in 0..40 {
+                let i = label.s.active[r.random_range(0..label.s.active.len())] as usize;
+                let delta = r.random_range(-1.0..1.0);
+                label.s.alpha[i] = r.random_range(0.0..1.0);
+                label.update(i, delta);
+            }
+            label.sync_w();
+            for i in 0..data.n_samples() {
+                assert_eq!(label.gradient_from_v(i).to_bits(), label.gradient(i).to_bits(), "λ {lambda} row {i}");
+            }
+            for &i in &label.s.active {
+                label.s.alpha[i as usize] = 0.0;
+            }
+            scratch.reset(&shared);
+            scratch.y.iter_mut().for_each(|y| *y = -1.0);
+        }
+    }
+
+    #[test]
+    fn bounded_top_k_equals_a_full_sort() {
+        let mut r = rng::seeded(11, 0);
+        for case in 0..200 {
+            let n = r.random_range(0..400usize);
+            let kappa = r.random_range(1..60usize);
+            // Few distinct violations, so that ties (broken by index) are common.
+            let items: Vec<(f64, u32)> =
+                (0..n as u32).map(|i| (f64::from(r.random_range(0..(case % 7 + 2) as u32)), i)).collect();
+            let mut shuffled = items.clone();
+            for at in (1..shuffled.len()).rev() {
+                shuffled.swap(at, r.random_range(0..=at));
+            }
+            let (mut top, mut buf) = (TopK::new(kappa), Vec::new());
+            shuffled.iter().for_each(|&c| top.push(&mut buf, c));
+            top.finish(&mut buf);
+            let mut want = items;
+            want.sort_by(TopK::order);
+            want.truncate(kappa);
+            assert_eq!(buf, want, "case {case}");
+        }
+    }
+
+    #[test]
+    fn the_truncated_search_is_within_its_bound_of_the_exact_one() {
+        let data = train_set(12, 120, 30, 2);
+        let xd = dense_rows(&data.features, false);
+        let shared = Shared::new(&data.features, true);
+        let mut scratch = Scratch::new(shared.n_vars(), data.n_samples());
+        let mut r = rng::seeded(5, 0);
+        let d = data.n_features();
+        for budget in [0.0, 0.05, 0.5, 3.0, 1e9] {
+            let w: Vec<f64> = (0..d).map(|j| if j % 4 == 1 { 0.0 } else { r.random_range(-1.0..1.0) }).collect();
+            scratch.w[..d].copy_from_slice(&w);
+            for (j, &v) in w.iter().enumerate() {
+                if v != 0.0 {
+                    scratch.col_mark[j] = true;
+                    scratch.touched_cols.push(j as u32);
+                }
+            }
+            let mut label = Label { lambda: 0.0, tau: 1.0, shared: &shared, s: &mut scratch };
+            label.s.collect_support();
+            let halves = label.truncate(budget);
+            let kept = label.s.w_tilde.clone();
+            let dropped: f64 = label
+                .s
+                .w_list
+                .iter()
+                .filter(|p| !kept.contains(p))
+                .map(|&(j, v)| v.abs() * shared.col_max[j as usize])
+                .sum();
+            assert!(dropped <= budget * (1.0 + 1e-12), "budget {budget}: dropped {dropped}");
+            assert!(kept.iter().all(|p| label.s.w_list.contains(p)));
+            if budget == 0.0 {
+                assert_eq!(kept, label.s.w_list);
+                assert!(!halves);
+            }
+            if budget == 1e9 {
+                assert!(kept.is_empty() && halves);
+            }
+            label.margins(false, 0.0);
+            for (i, x) in xd.iter().enumerate() {
+                let exact = dot(&x[..d], &w);
+                let err = (label.s.score[i] - exact).abs();
+                assert!(err <= budget + 1e-9, "budget {budget} row {i}: {err}");
+            }
+            scratch.reset(&shared);
+        }
+    }
+
+    #[test]
     fn the_model_does_not_depend_on_the_thread_count() {
         let data = train_set(5, 300, 40, 12);
         let config = PpdSparseConfig { delta: 5.0, ..Default::default() };
@@ -1174,6 +1473,26 @@ mod tests {
             assert_eq!(one.model.to_bytes(), other.model.to_bytes(), "{threads} threads");
             assert_eq!(iters(&one), iters(&other));
         }
+        // Tagging-like unit rows (a few common features with small values in every row, as
+        // after tf-idf) and the default δ: the truncated search runs too.
+        let (rare, labels) = random_dataset(5, 300, 40, 12);
+        let mut x = farout_data::SparseRows::new(48);
+        for i in 0..rare.n_rows() {
+            let (c, v) = rare.row(i);
+            let cols: Vec<u32> = (0..8).chain(c.iter().map(|&c| c + 8)).collect();
+            let vals: Vec<f32> = [0.05; 8].iter().chain(v).copied().collect();
+            x.push_row(&cols, &vals);
+        }
+        x.normalize_rows();
+        let unit = TrainSet::new(x, &labels).unwrap();
+        let default = PpdSparseConfig::default();
+        let run = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            pool.install(|| default.train(&unit, &crate::Silent).unwrap())
+        };
+        let one = run(1);
+        assert!(one.labels.iter().any(|s| s.truncated_searches > 0), "the test should exercise truncation");
+        assert_eq!(one.model.to_bytes(), run(2).model.to_bytes());
         // Another seed changes the random draws but not the (converged) solution much.
         let reseeded = PpdSparseConfig { seed: 7, ..config.clone() }.train(&data, &crate::Silent).unwrap();
         assert_ne!(iters(&one), iters(&reseeded));
