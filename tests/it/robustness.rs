@@ -257,3 +257,60 @@ fn outputs_never_overwrite_the_inputs() {
     args.extend(quiet_in(dir.path()));
     fails(&args, &["--export-vectors", "is the data.corpus file"]);
 }
+
+/// Kills (SIGKILL) a training run at several moments, checkpointing every few steps: every
+/// line of `metrics.jsonl` written so far is whole JSON, the newest complete checkpoint loads,
+/// and `--resume` finishes the run.
+#[test]
+fn a_run_killed_at_any_moment_keeps_its_log_and_a_checkpoint_that_resumes() {
+    let face = [
+        "--set",
+        "data.face.n_classes=200",
+        "--set",
+        "data.face.n_samples=3000",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "checkpoint.every_steps=3",
+        "--set",
+        "train.epochs=30",
+    ];
+    let mut resumed = 0;
+    for delay_ms in [700, 1100, 1500, 1900, 2300] {
+        let dir = tempfile::tempdir().unwrap();
+        let args = tiny("train", "configs/quickstart.toml", dir.path(), &face);
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_farout"))
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        if child.try_wait().unwrap().is_some() {
+            continue; // finished before the kill: nothing to check
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let log = std::fs::read_to_string(dir.path().join("log/metrics.jsonl")).unwrap_or_default();
+        for line in log.lines() {
+            assert!(serde_json::from_str::<serde_json::Value>(line).is_ok(), "a torn log line: {line:?}");
+        }
+        let ck = dir.path().join("ckpt");
+        let any = ["", ".tmp", ".old"].iter().any(|s| Path::new(&format!("{}{s}", ck.display())).exists());
+        if !any {
+            continue; // killed before the first checkpoint
+        }
+        let o = run(&tiny("eval", "configs/quickstart.toml", dir.path(), &face));
+        assert!(o.status.success(), "killed after {delay_ms} ms, eval: {}", stderr(&o));
+        let mut resume = tiny("train", "configs/quickstart.toml", dir.path(), &face);
+        resume.extend(["--resume".into(), "--set".into(), "train.epochs=1".into()]);
+        let o = run(&resume);
+        // Resuming a run past its (now shorter) end is fine: it stops at once and evaluates.
+        assert!(o.status.success(), "killed after {delay_ms} ms, resume: {}", stderr(&o));
+        resumed += 1;
+    }
+    assert!(resumed >= 2, "only {resumed} of 5 kills came after a checkpoint and before the end");
+}
