@@ -142,6 +142,11 @@ impl DocEncoder {
         self.table.bytes() * if self.table_opt.is_adaptive() { 2 } else { 1 }
     }
 
+    /// The hidden layer's bias (D values).
+    pub fn hidden_bias(&self) -> Vec<f32> {
+        bridge::to_matrix(self.hidden().bias.val().unsqueeze::<2>()).into_vec()
+    }
+
     fn hidden(&self) -> &Hidden {
         self.hidden.as_ref().expect("hidden module is present between steps")
     }
@@ -290,7 +295,7 @@ mod tests {
 
     /// Reference forward on the host: act(sum_f x_f E_f + b).
     fn host_forward(enc: &DocEncoder, cols: &[u32], vals: &[f32]) -> Vec<f32> {
-        let mut h = bridge::to_matrix(enc.hidden().bias.val().unsqueeze::<2>()).into_vec();
+        let mut h = enc.hidden_bias();
         for (c, v) in cols.iter().zip(vals) {
             farout_core::kernels::axpy(*v, enc.table.row(*c as usize), &mut h);
         }

@@ -686,7 +686,7 @@ impl Trainer {
     }
 
     /// An error naming the first non-finite weight of the layer (W, bias) or of the document
-    /// encoder's embedding table, as if they were files in `dir`.
+    /// encoder (embedding table, hidden bias), as if they were files in `dir`.
     fn check_weights_finite(&self, dir: &Path) -> Result<(), Error> {
         let layer = dir.join("layer.bin");
         crate::checkpoint::check_finite(&layer, "output layer W", self.layer.weights().as_slice())?;
@@ -695,6 +695,7 @@ impl Trainer {
         }
         if let Encoder::Doc(e) = &self.encoder {
             crate::checkpoint::check_finite(&dir.join("table.bin"), "encoder embedding table", e.table().as_slice())?;
+            crate::checkpoint::check_finite(&dir.join("hidden.bpk"), "encoder hidden bias", &e.hidden_bias())?;
         }
         Ok(())
     }
