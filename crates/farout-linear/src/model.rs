@@ -144,11 +144,13 @@ impl SparseModel {
         (&self.features[r.clone()], &self.weights[r], self.biases[k])
     }
 
-    /// The feature-major copy used for prediction.
+    /// The feature-major copy used for prediction, sized by the largest feature that has a
+    /// weight (not by the header's feature count, which a file does not bound).
     pub fn predictor(&self) -> Predictor {
-        let mut counts = vec![0usize; self.n_features + 1];
+        let n_features = self.features.iter().max().map_or(0, |&f| f as usize + 1);
+        let mut counts = vec![0usize; n_features + 1];
         self.features.iter().for_each(|&f| counts[f as usize + 1] += 1);
-        for j in 0..self.n_features {
+        for j in 0..n_features {
             counts[j + 1] += counts[j];
         }
         let mut fill = counts.clone();
@@ -354,6 +356,17 @@ impl Predictor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_predictor_is_sized_by_the_features_that_have_weights() {
+        let mut m = SparseModel::new(u32::MAX as usize, false);
+        m.push_label(&[2], &[0.5], 0.0);
+        let p = m.predictor();
+        assert_eq!(p.feature_ptr.len(), 4);
+        let mut scores = Vec::new();
+        p.scores_into(&[2, 4_000_000_000], &[2.0, 7.0], &mut scores);
+        assert_eq!(scores, [1.0]);
+    }
 
     fn small_model() -> SparseModel {
         let mut m = SparseModel::new(5, true);
