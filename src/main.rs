@@ -200,6 +200,25 @@ fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every command runs in one process: under `mpirun -np P` (P > 1), P copies would each run
+    // the whole job on the same files. Only rank 0 says so.
+    match farout_dist::detect() {
+        Ok(Some(launch)) if launch.size > 1 => {
+            if launch.rank == 0 {
+                eprintln!(
+                    "error: started by an MPI launcher with {} ranks ({}), but farout's commands run in one \
+                     process: every rank would run the whole job; run farout without mpirun",
+                    launch.size, launch.var
+                );
+            }
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+        _ => {}
+    }
     StderrLogger::install(log::LevelFilter::Info);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

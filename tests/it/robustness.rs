@@ -314,3 +314,20 @@ fn a_run_killed_at_any_moment_keeps_its_log_and_a_checkpoint_that_resumes() {
     }
     assert!(resumed >= 2, "only {resumed} of 5 kills came after a checkpoint and before the end");
 }
+
+#[test]
+fn several_mpi_ranks_are_refused_and_only_rank_0_says_why() {
+    let launched = |rank: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_farout"))
+            .args(["train", "configs/quickstart.toml"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .env("OMPI_COMM_WORLD_SIZE", "2")
+            .env("OMPI_COMM_WORLD_RANK", rank)
+            .output()
+            .unwrap()
+    };
+    let (root, other) = (launched("0"), launched("1"));
+    assert!(!root.status.success() && !other.status.success());
+    assert!(stderr(&root).contains("MPI launcher with 2 ranks (OMPI_COMM_WORLD_SIZE)"), "{}", stderr(&root));
+    assert!(stderr(&other).is_empty(), "{}", stderr(&other));
+}
