@@ -203,13 +203,13 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                         .map_err(|_| anyhow::anyhow!("--inits: `{s}` is not one of zero, bias, msi"))
                 })
                 .collect::<Result<Vec<farout_linear::InitKind>>>()?;
-            println!("{:#}", bench::bench_linear(&bench::LinearBench { config, inits, repeats })?);
+            crate::emit(format!("{:#}", bench::bench_linear(&bench::LinearBench { config, inits, repeats })?))?;
         }
         BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
             // W, its optimiser state, the reference product's copy of it, and the scores.
             let scores = resources::array_bytes(&[k as u64, batch as u64], 4);
             check_classes(k, d, 3, scores, "--k, --d or --batch")?;
-            println!("{}", bench::bench_layer(&LayerBench { estimator, k, d, batch, steps })?);
+            crate::emit(bench::bench_layer(&LayerBench { estimator, k, d, batch, steps })?)?;
         }
         BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
             // W, the index's copy of it, and the brute-force reference's scores.
@@ -221,7 +221,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 "--k, --d or --queries",
             )?;
             let b = SearchBench { index: params.config(&index)?, k, d, top, queries, means: means.into() };
-            println!("{}", bench::bench_search(&b)?);
+            crate::emit(bench::bench_search(&b)?)?;
         }
         BenchCommand::Estimator {
             estimator,
@@ -252,7 +252,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             check_classes(k, d, 3, resources::array_bytes(&[k as u64, samples as u64], 4), "--k, --d or --samples")?;
             let index = params.config(&index)?;
             let b = EstimatorBench { name: estimator, settings: set, top, k, d, samples, index, means: means.into() };
-            println!("{}", bench::bench_estimator(&b)?);
+            crate::emit(bench::bench_estimator(&b)?)?;
         }
     }
     Ok(())

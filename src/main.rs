@@ -222,6 +222,14 @@ fn main() -> ExitCode {
     StderrLogger::install(log::LevelFilter::Info);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of standard output went away (`farout ... | head`): nothing is left to say.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             // Errors that show their cause in their own message also return it as their
             // source: print each cause once.
@@ -238,6 +246,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes `text` and a newline to standard output; unlike `println!`, a closed pipe is an
+/// error (which `main` turns into a quiet exit), not a panic.
+pub fn emit(text: impl std::fmt::Display) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}").and_then(|_| out.flush())?;
+    Ok(())
 }
 
 /// An error if the output file `out` (named by `option`) is the config file or one of the files
@@ -339,7 +355,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
             let json = farout_train::train(&config, &options)?.to_json();
-            println!("{json}");
+            emit(&json)?;
             if let Some(p) = summary {
                 std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
             }
@@ -353,13 +369,13 @@ fn run(cli: Cli) -> Result<()> {
                     serde_json::to_string_pretty(&farout_skipgram::eval::similarity(&load_vectors(&vectors)?, &pairs)?)?
                 }
             };
-            println!("{json}");
+            emit(&json)?;
         }
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
             let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
             let t = Trained::load(load_config(&config, &set)?, checkpoint)?;
             let test = t.test().context("the config names no test set (data.test)")?;
-            println!("{}", serde_json::to_string_pretty(&t.evaluate(test))?);
+            emit(serde_json::to_string_pretty(&t.evaluate(test))?)?;
         }
         Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
             let config = load_config(&path, &set)?;
@@ -402,7 +418,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command)?,
         Command::Repro { command } => repro::run(command)?,
-        Command::Compare(args) => print!("{}", farout_train::compare(&args.into())?.table),
+        Command::Compare(args) => emit(farout_train::compare(&args.into())?.table.trim_end())?,
     }
     Ok(())
 }

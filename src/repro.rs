@@ -67,6 +67,5 @@ pub fn run(command: ReproCommand) -> Result<()> {
             serde_json::to_string_pretty(&report)?
         }
     };
-    println!("{json}");
-    Ok(())
+    crate::emit(json)
 }

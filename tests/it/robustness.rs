@@ -331,3 +331,27 @@ fn several_mpi_ranks_are_refused_and_only_rank_0_says_why() {
     assert!(stderr(&root).contains("MPI launcher with 2 ranks (OMPI_COMM_WORLD_SIZE)"), "{}", stderr(&root));
     assert!(stderr(&other).is_empty(), "{}", stderr(&other));
 }
+
+#[test]
+fn a_closed_output_pipe_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let input = dir.path().join("many.txt");
+    std::fs::write(&input, format!("5000 200 20\n{}", "1 0:1 3:0.5\n".repeat(5000))).unwrap();
+    let args = tiny("predict", SOFTMAX, dir.path(), &["--input", input.to_str().unwrap(), "--top-k", "20"]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_farout"))
+        .args(&args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut first).unwrap();
+    assert!(first.contains(':'), "{first}");
+    // The reader is gone (like `farout predict ... | head -1`): ~1 MB more output must not panic.
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.status.success(), "exit {:?}: {err}", o.status);
+}
