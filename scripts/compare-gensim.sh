@@ -9,7 +9,7 @@ seeds=${2:-5}
 python=${3:-/tmp/peers/bin/python}
 farout=${FAROUT:-target/release/farout}
 for seed in $(seq 1 "$seeds"); do
-  $farout train configs/skipgram-gcide.toml --set data.corpus="\"$corpus\"" --set log.progress=false \
+  $farout train configs/skipgram-gcide.toml --overwrite --set data.corpus="\"$corpus\"" --set log.progress=false \
     --set seed=$seed --set name=gcide-s$seed --summary /tmp/farout-gcide-s$seed.json > /dev/null
   python3 -c "import json; s=json.load(open('/tmp/farout-gcide-s$seed.json')); print(json.dumps({'peer': 'farout', 'seed': $seed, 'seconds': round(s['train_seconds'], 2), 'analogy': round(s['analogy']['accuracy'], 4), 'asked': s['analogy']['asked'], 'wordsim_spearman': round(s['similarity']['spearman'], 4)}))"
   $python scripts/gensim-skipgram.py "$corpus" --seed $seed --order runs/gcide-s$seed/checkpoint/vocab.txt

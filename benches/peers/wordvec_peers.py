@@ -138,7 +138,7 @@ def main():
         row = {"tool": tool + ("-subword" if subwords else ""), "seed": seed}
         if tool == "farout":
             vec = f"{out}/{name}.bin"
-            cmd = [a.farout, "train", os.path.join(ROOT, "configs/skipgram-gcide.toml"),
+            cmd = [a.farout, "train", os.path.join(ROOT, "configs/skipgram-gcide.toml"), "--overwrite",
                    "--set", f'data.corpus="{corpus}"', "--set", f'log.dir="{out}/{name}"',
                    "--set", f"seed={seed}", "--set", "log.progress=false",
                    "--summary", f"{out}/{name}.json", "--export-vectors", vec]
