@@ -12,7 +12,7 @@ Run (from anywhere; the venv's python must be the interpreter, it imports fastte
         [--seeds 3] [--farout target/release/farout] [--data ../shared/data] [--subword-reference]
 
 Settings (like for like): skip-gram, dim 100, window 5, 5 negatives, t = 1e-4, min_count 5,
-5 epochs, 2 threads. farout: configs/skipgram-gcide.toml (its lr 0.025). fastText:
+5 epochs, 2 threads. farout: configs/skipgram-gcide.toml (lr 0.05; `--farout-lr` sets another). fastText:
 train_unsupervised(model="skipgram", minn=0, maxn=0), its default lr 0.05 and other defaults
 (lrUpdateRate 100, bucket 0 without subwords); its Python API (fasttext-wheel 0.9.2) has no
 seed, and two threads make it non-deterministic anyway: the "seeds" are repetitions. gensim: Word2Vec(sg=1, hs=0, negative=5,
@@ -126,6 +126,8 @@ def main():
     p.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared/data"))
     p.add_argument("--tools", default="farout,fasttext,gensim")
     p.add_argument("--subword-reference", action="store_true")
+    p.add_argument("--farout-lr", type=float, default=None,
+                   help="farout's model.skip_gram.lr (default: the config's)")
     a = p.parse_args()
     corpus, out, data = os.path.abspath(a.corpus), os.path.abspath(a.outdir), os.path.abspath(a.data)
     os.makedirs(out, exist_ok=True)
@@ -142,6 +144,8 @@ def main():
                    "--set", f'data.corpus="{corpus}"', "--set", f'log.dir="{out}/{name}"',
                    "--set", f"seed={seed}", "--set", "log.progress=false",
                    "--summary", f"{out}/{name}.json", "--export-vectors", vec]
+            if a.farout_lr is not None:
+                cmd += ["--set", f"model.skip_gram.lr={a.farout_lr}"]
             load = os.getloadavg()[0]
             _, err, wall, rss, cpu = timed(cmd, env)
             s = json.load(open(f"{out}/{name}.json"))
