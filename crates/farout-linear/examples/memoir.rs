@@ -177,7 +177,7 @@ fn main() -> Result<()> {
     let t0 = Instant::now();
     let (train, test, source) = pool.install(|| load(&a))?;
     let (test_x, test_y) = dense_sample(&test.features, &test.labels, a.test_sample);
-    let data = TrainSet::from_dataset(train)?;
+    let data = TrainSet::from_dataset(&train)?;
     let load_s = t0.elapsed().as_secs_f64();
     let memoir = Memoir::new(&a.config)?;
     let mut curve = Vec::new();

@@ -158,6 +158,12 @@ impl FittedTransform {
 
 /// Sorts each row's columns and merges repeated columns by adding their values.
 pub fn canonicalize_rows(rows: &mut SparseRows) {
+    *rows = canonical_rows(rows);
+}
+
+/// A copy of `rows` with each row's columns sorted and duplicates added (see
+/// [`canonicalize_rows`]); the input is only read.
+pub fn canonical_rows(rows: &SparseRows) -> SparseRows {
     let mut out = SparseRows::new(rows.n_cols);
     out.indices.reserve(rows.indices.len());
     out.values.reserve(rows.values.len());
@@ -182,7 +188,7 @@ pub fn canonicalize_rows(rows: &mut SparseRows) {
         }
         out.indptr.push(out.indices.len());
     }
-    *rows = out;
+    out
 }
 
 /// The non-zero coordinates of each row of `m` as CSR rows.
@@ -216,23 +222,27 @@ pub struct TrainSet {
 
 impl TrainSet {
     /// Checks that there is one label set per row, canonicalises the rows, transposes labels.
-    pub fn new(mut features: SparseRows, labels: &LabelSets) -> Result<Self> {
+    pub fn new(features: SparseRows, labels: &LabelSets) -> Result<Self> {
+        Self::from_rows(&features, labels)
+    }
+
+    /// [`Self::new`] from borrowed rows (the canonical copy is the only one made).
+    pub fn from_rows(features: &SparseRows, labels: &LabelSets) -> Result<Self> {
         if features.n_rows() != labels.len() {
             return Err(Error::Shape {
                 what: "training set",
                 detail: format!("{} feature rows but {} label sets", features.n_rows(), labels.len()),
             });
         }
-        canonicalize_rows(&mut features);
-        Ok(Self { labels: LabelIndex::new(labels), sample_labels: labels.clone(), features })
+        Ok(Self { labels: LabelIndex::new(labels), sample_labels: labels.clone(), features: canonical_rows(features) })
     }
 
-    /// From a data set; dense features (face embeddings) become CSR rows holding every
-    /// non-zero coordinate.
-    pub fn from_dataset(data: Dataset) -> Result<Self> {
-        match data.features {
-            Features::Sparse(x) => Self::new(x, &data.labels),
-            Features::Dense(m) => Self::new(dense_to_rows(&m), &data.labels),
+    /// From a data set, which is only read; dense features (face embeddings) become CSR rows
+    /// holding every non-zero coordinate.
+    pub fn from_dataset(data: &Dataset) -> Result<Self> {
+        match &data.features {
+            Features::Sparse(x) => Self::from_rows(x, &data.labels),
+            Features::Dense(m) => Self::new(dense_to_rows(m), &data.labels),
         }
     }
 

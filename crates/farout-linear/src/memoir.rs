@@ -1035,8 +1035,8 @@ mod tests {
         let spec =
             FaceSpec { n_classes: k, n_samples: 12 * k, dim: 16, noise: 0.8, min_per_class: 12, ..Default::default() };
         let g = FaceGenerator::new(spec).unwrap();
-        let train = TrainSet::from_dataset(g.dataset(Split::Train)).unwrap();
-        let test = TrainSet::from_dataset(g.dataset(Split::Test)).unwrap();
+        let train = TrainSet::from_dataset(&g.dataset(Split::Train)).unwrap();
+        let test = TrainSet::from_dataset(&g.dataset(Split::Test)).unwrap();
         let y = (0..test.n_samples()).map(|i| test.sample_labels.get(i)[0]).collect();
         (train, test.features, y)
     }

@@ -437,7 +437,7 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
     }
     let run = crate::linear::LinearRun::new(b.config.clone())?;
     let data = run.data();
-    let train = TrainSet::from_dataset(data.train.clone())?;
+    let train = TrainSet::from_dataset(&data.train)?;
     let test = data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&data.train);
     let mut runs: Vec<Vec<Value>> = vec![Vec::new(); b.inits.len()];
     for _ in 0..b.repeats {

@@ -80,7 +80,7 @@ impl LinearRun {
         let log_dir = cfg.log_dir();
         std::fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
         let mut sinks = Sinks::open(&log_dir, &cfg.log, true)?;
-        let train = TrainSet::from_dataset(self.data.train.clone())?;
+        let train = TrainSet::from_dataset(&self.data.train)?;
         log::info!(
             "{}: {} on {} samples, {} features, {} labels, {} threads",
             cfg.name,
