@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::Subcommand;
 use farout_core::resources;
 use farout_data::synth::{FaceGenerator, FaceSpec, XmcGenerator, XmcSpec};
+use farout_data::synth_text::TextGenSpec;
 use indicatif::ProgressBar;
 use std::path::PathBuf;
 
@@ -66,6 +67,28 @@ pub enum GenKind {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Output directory.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// A Zipfian corpus with topics as text, one sentence per line: the synthetic corpus of the
+    /// skip-gram configs (`[data.synthetic]`), written once so other tools (gensim, fastText,
+    /// word2vec) train on the very same words.
+    Corpus {
+        /// Tokens in total (whole sentences: about this many).
+        #[arg(long, default_value_t = 2_000_000)]
+        tokens: u64,
+        /// Distinct words.
+        #[arg(long, default_value_t = 5_000)]
+        vocab: usize,
+        /// Zipf exponent of word frequencies.
+        #[arg(long, default_value_t = 1.0)]
+        exponent: f64,
+        /// Topics (a sentence draws most of its words from one).
+        #[arg(long, default_value_t = 50)]
+        topics: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Output file.
         #[arg(long)]
         out: PathBuf,
     },
@@ -132,6 +155,21 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             g.write(&out, |n| b.inc(n as u64))?;
             b.finish();
             log::info!("wrote {} (K = {labels}, N = {samples}, V = {features})", out.display());
+        }
+        GenKind::Corpus { tokens, vocab, exponent, topics, seed, out } => {
+            let spec = TextGenSpec { words: vocab, tokens, exponent, topics, seed, ..TextGenSpec::default() };
+            spec.check()?;
+            let change = "lower --tokens or --vocab";
+            resources::check_memory(spec.generator_bytes(), "the word distributions", change)?;
+            resources::check_disk(&out, spec.text_bytes(), format!("a corpus of {tokens} tokens"), change)?;
+            let b = farout_train::report::progress_bar(
+                true,
+                tokens,
+                "[{elapsed_precise}] {bar:30} {pos}/{len} tokens, ETA {eta}",
+            );
+            let written = spec.write(&out, &|n| b.set_position(n))?;
+            b.finish();
+            log::info!("wrote {} ({written} tokens, {vocab} words)", out.display());
         }
     }
     Ok(())

@@ -170,7 +170,12 @@ fn absurd_sizes_are_refused_before_anything_is_allocated_or_written() {
         &["data", "gen", "face", "--classes", "1000", "--samples", "100000000000", "--out", out],
         &["--samples", memory],
     );
-    assert!(!Path::new(out).exists(), "nothing was written");
+    let corpus = dir.path().join("corpus.txt");
+    fails_with(
+        &["data", "gen", "corpus", "--tokens", "100000000000000", "--out", corpus.to_str().unwrap()],
+        &["--tokens", "are free on the disk holding"],
+    );
+    assert!(!Path::new(out).exists() && !corpus.exists(), "nothing was written");
     fails(
         &tiny("train", "configs/quickstart.toml", dir.path(), &["--set", "data.face.n_samples=100000000000"]),
         &["data.face.n_samples", memory],

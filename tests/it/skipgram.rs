@@ -213,3 +213,33 @@ fn compare_takes_skip_gram_runs_and_plots_the_heldout_objective() {
     ]);
     assert!(stderr(&o).contains("cannot be compared"), "{}", stderr(&o));
 }
+
+/// `farout data gen corpus` writes the synthetic corpus as text, which skip-gram then trains on
+/// (as other tools can).
+#[test]
+fn a_generated_corpus_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.txt");
+    let o = crate::farout(&[
+        "data",
+        "gen",
+        "corpus",
+        "--tokens",
+        "200000",
+        "--vocab",
+        "2000",
+        "--out",
+        corpus.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", crate::stderr(&o));
+    let text = std::fs::read_to_string(&corpus).unwrap();
+    let tokens = text.split_whitespace().count();
+    // Whole sentences of random length: about the tokens asked for.
+    assert!(tokens.abs_diff(200_000) < 2_000, "{tokens} tokens");
+    let mut args: Vec<String> = ["train", "configs/skipgram-quickstart.toml", "--set"].map(String::from).to_vec();
+    args.push(format!("data.corpus=\"{}\"", corpus.display()));
+    args.extend(["--set".into(), "train.epochs=1".into()]);
+    args.extend(crate::quiet_in(dir.path()));
+    let s = crate::summary(&crate::farout(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+    assert!(s["vocab"].as_u64().unwrap() > 1000, "{s}");
+}
