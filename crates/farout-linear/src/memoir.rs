@@ -1062,13 +1062,20 @@ mod tests {
         let hnsw = IndexConfig::Hnsw(HnswConfig { norm_headroom: 1.0, ef_construction: 64, ..Default::default() });
         let lsh = IndexConfig::SimpleLsh(farout_search::SimpleLshConfig { norm_headroom: 1.0, ..Default::default() });
         // SimpleLSH finds the exact r for about 37% of the pairs here (rows of small norm share the
-        // pole's buckets), HNSW for about all; both train as well as brute force.
-        for (oracle, min_recall) in [(hnsw, 0.9), (lsh, 0.25)] {
+        // pole's buckets), HNSW for about all; both train as well as brute force. hnsw_rs draws
+        // its graph's levels from an unseeded generator, so an HNSW run's accuracy is random
+        // (0.655 to 0.686 in 9 runs, exact 0.691): its mean over 5 runs is what is checked
+        // (standard error about 0.004); SimpleLSH is seeded, one run is its accuracy.
+        for (oracle, min_recall, runs) in [(hnsw, 0.9, 5), (lsh, 0.25, 1)] {
             let name = oracle.name();
-            let (acc, report) = run(oracle);
-            let last = report.epochs.last().unwrap();
-            assert!(acc >= exact_acc - 0.03, "{name}: accuracy {acc} vs exact {exact_acc}");
-            assert!(last.recall >= min_recall, "{name}: {last:?}");
+            let mut acc = 0.0;
+            for _ in 0..runs {
+                let (a, report) = run(oracle.clone());
+                let last = report.epochs.last().unwrap();
+                assert!(last.recall >= min_recall, "{name}: {last:?}");
+                acc += a / runs as f64;
+            }
+            assert!(acc >= exact_acc - 0.03, "{name}: mean accuracy {acc} vs exact {exact_acc}");
         }
     }
 
