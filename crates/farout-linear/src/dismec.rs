@@ -172,14 +172,7 @@ impl LinearSolver for DismecConfig {
             "mean_line_search_step": step,
             "line_search_failures": labels.iter().filter(|s| s.line_search_failed).count(),
         });
-        let summary = FitSummary {
-            solver: "dismec".into(),
-            seconds: r.seconds,
-            threads: r.threads,
-            nnz_before_pruning: r.nnz_before_pruning,
-            nnz_after_pruning: r.nnz_after_pruning,
-            stats: stats.as_object().cloned().unwrap_or_default(),
-        };
+        let summary = FitSummary::new("dismec", r.seconds, r.threads, r.nnz_before_pruning, r.nnz_after_pruning, stats);
         Ok(Fitted { model: trained.model, summary })
     }
 }

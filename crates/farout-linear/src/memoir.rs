@@ -218,14 +218,7 @@ impl LinearSolver for MemoirConfig {
             "recall_mean": recall,
             "epochs": r.epochs,
         });
-        let summary = FitSummary {
-            solver: "memoir".into(),
-            seconds: r.seconds,
-            threads: r.threads,
-            nnz_before_pruning: r.nnz_before_pruning,
-            nnz_after_pruning: r.nnz_after_pruning,
-            stats: stats.as_object().cloned().unwrap_or_default(),
-        };
+        let summary = FitSummary::new("memoir", r.seconds, r.threads, r.nnz_before_pruning, r.nnz_after_pruning, stats);
         Ok(Fitted { model: trained.model, summary })
     }
 }

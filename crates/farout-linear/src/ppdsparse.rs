@@ -324,14 +324,8 @@ impl LinearSolver for PpdSparseConfig {
             "relative_gap_q95": gap_q95,
             "not_converged": l.iter().filter(|s| !s.converged).count(),
         });
-        let summary = FitSummary {
-            solver: "ppdsparse".into(),
-            seconds: t.seconds,
-            threads: t.threads,
-            nnz_before_pruning: t.nnz_before_pruning,
-            nnz_after_pruning: t.nnz_after_pruning,
-            stats: stats.as_object().cloned().unwrap_or_default(),
-        };
+        let summary =
+            FitSummary::new("ppdsparse", t.seconds, t.threads, t.nnz_before_pruning, t.nnz_after_pruning, stats);
         Ok(Fitted { model: t.model, summary })
     }
 }

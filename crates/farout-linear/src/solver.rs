@@ -97,6 +97,24 @@ pub struct FitSummary {
     pub stats: serde_json::Map<String, serde_json::Value>,
 }
 
+impl FitSummary {
+    /// A summary whose solver-specific figures are the fields of the JSON object `stats`.
+    pub fn new(
+        solver: &str,
+        seconds: f64,
+        threads: usize,
+        nnz_before_pruning: usize,
+        nnz_after_pruning: usize,
+        stats: serde_json::Value,
+    ) -> Self {
+        let stats = match stats {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        Self { solver: solver.into(), seconds, threads, nnz_before_pruning, nnz_after_pruning, stats }
+    }
+}
+
 /// Mean and 95% quantile of `values` (0 and 0 when empty), for summaries.
 pub fn mean_and_q95(values: impl IntoIterator<Item = f64>) -> (f64, f64) {
     let mut v: Vec<f64> = values.into_iter().collect();
