@@ -139,6 +139,28 @@ pub fn latest(dir: &Path) -> Result<Found, Error> {
     })
 }
 
+/// The directory to load the checkpoint of `dir` from: the newest complete one ([`latest`]),
+/// with a warning when an interrupted save left it beside `dir`.
+pub fn open(dir: &Path) -> Result<PathBuf, Error> {
+    let found = latest(dir)?;
+    if found.dir != dir {
+        log::warn!(
+            "{} holds no complete checkpoint; loading {} (progress {}), left by an interrupted save",
+            dir.display(),
+            found.dir.display(),
+            found.progress
+        );
+    }
+    Ok(found.dir)
+}
+
+/// The run state `state.json` of the checkpoint in `dir`; `what` names the state in the error.
+pub fn read_state<T: serde::de::DeserializeOwned>(dir: &Path, what: &str) -> Result<T, Error> {
+    let path = dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    serde_json::from_str(&text).map_err(|e| Error::Checkpoint { path, msg: format!("not a {what}: {e}") })
+}
+
 /// Reads `dir`'s manifest and checks every file it lists against its size and CRC-32.
 pub fn verify(dir: &Path) -> Result<Manifest, Error> {
     let path = dir.join(MANIFEST);

@@ -118,21 +118,8 @@ pub fn evaluate(config: &Config, v: &Vectors) -> Result<(Option<AnalogyReport>, 
 /// Loads the newest complete checkpoint in (or, after an interrupted save, beside) `dir`,
 /// checked against its manifest; NaN or infinite vectors are refused.
 fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State), Error> {
-    let found = crate::checkpoint::latest(dir)?;
-    if found.dir != dir {
-        log::warn!(
-            "{} holds no complete checkpoint; loading {}, left by an interrupted save",
-            dir.display(),
-            found.dir.display()
-        );
-    }
-    let dir = found.dir.as_path();
-    let state_path = dir.join("state.json");
-    let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
-    let state: State = serde_json::from_str(&text).map_err(|e| Error::Checkpoint {
-        path: state_path.clone(),
-        msg: format!("not a skip-gram checkpoint state: {e}"),
-    })?;
+    let dir = &crate::checkpoint::open(dir)?;
+    let state: State = crate::checkpoint::read_state(dir, "skip-gram checkpoint state")?;
     let vocab = Vocab::load(&dir.join("vocab.txt"))?;
     let mut emb = Embeddings::init(vocab.len(), dim, 0.0, 0);
     read_f32_file(&dir.join("input.bin"), emb.input.as_mut_slice())?;

@@ -721,20 +721,8 @@ impl Trainer {
     /// after a save was interrupted, beside it: see [`crate::checkpoint`]). Files are checked
     /// against the checkpoint's manifest, and NaN or infinite weights are refused.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
-        let found = crate::checkpoint::latest(dir)?;
-        if found.dir != dir {
-            log::warn!(
-                "{} holds no complete checkpoint; loading {} (step {}), left by an interrupted save",
-                dir.display(),
-                found.dir.display(),
-                found.progress
-            );
-        }
-        let dir = found.dir.as_path();
-        let state_path = dir.join("state.json");
-        let text = std::fs::read_to_string(&state_path).map_err(crate::io_err(&state_path))?;
-        let state: State = serde_json::from_str(&text)
-            .map_err(|e| Error::Checkpoint { path: state_path.clone(), msg: format!("not a training state: {e}") })?;
+        let dir = &crate::checkpoint::open(dir)?;
+        let state: State = crate::checkpoint::read_state(dir, "training state")?;
         self.layer.load(&dir.join("layer.bin"))?;
         if let Encoder::Doc(e) = &mut self.encoder {
             e.load(dir)?;
