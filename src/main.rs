@@ -256,9 +256,15 @@ pub fn emit(text: impl std::fmt::Display) -> Result<()> {
     Ok(())
 }
 
-/// An error if the output file `out` (named by `option`) is the config file or one of the files
-/// the config reads: writing there would destroy an input.
-fn refuse_to_overwrite(option: &str, out: &Path, config_path: &Path, config: &Config) -> Result<()> {
+/// An error if the output file `out` (named by `option`) is the config file, one of the files
+/// the config reads or one of the command's `other` inputs: writing there would destroy it.
+fn refuse_to_overwrite(
+    option: &str,
+    out: &Path,
+    config_path: &Path,
+    config: &Config,
+    other: &[(&str, Option<&Path>)],
+) -> Result<()> {
     let d = &config.data;
     let synthetic_corpus = d.corpus.is_none().then(|| config.log_dir().join("corpus.txt"));
     let e = &config.eval;
@@ -273,8 +279,9 @@ fn refuse_to_overwrite(option: &str, out: &Path, config_path: &Path, config: &Co
         ("eval.analogy", e.analogy.clone()),
         ("eval.similarity", e.similarity.clone()),
     ];
-    for (what, p) in inputs {
-        if p.as_deref().is_some_and(|p| same_file(out, p)) {
+    let named = inputs.iter().map(|(what, p)| (*what, p.as_deref()));
+    for (what, p) in named.chain(other.iter().copied()) {
+        if p.is_some_and(|p| same_file(out, p)) {
             anyhow::bail!("{option} {} is the {what} file: writing there would destroy it", out.display());
         }
     }
@@ -351,7 +358,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
             let config = load_config(&path, &set)?;
             if let Some(out) = &export_vectors {
-                refuse_to_overwrite("--export-vectors", out, &path, &config)?;
+                refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
             }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
             let json = farout_train::train(&config, &options)?.to_json();
@@ -380,12 +387,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
             let config = load_config(&path, &set)?;
             if let Some(o) = &out {
-                refuse_to_overwrite("--out", o, &path, &config)?;
-                for (what, p) in [("--input", &input), ("--labels", &labels)] {
-                    if p.as_deref().is_some_and(|p| same_file(o, p)) {
-                        anyhow::bail!("--out {} is the {what} file: writing there would destroy it", o.display());
-                    }
-                }
+                let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
+                refuse_to_overwrite("--out", o, &path, &config, &other)?;
             }
             let t = Trained::load(config, checkpoint)?;
             let owned;
@@ -411,7 +414,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Export { config: path, set, out } => {
             let config = load_config(&path, &set)?;
-            refuse_to_overwrite("--out", &out, &path, &config)?;
+            refuse_to_overwrite("--out", &out, &path, &config, &[])?;
             let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
             log::info!("wrote {n} vectors to {}", out.display());
         }
