@@ -162,6 +162,14 @@ fn skipgram_evaluates_the_heldout_objective_within_long_epochs() {
     assert!(points.iter().all(|p| p.1 >= 1.0), "the NS warm-up epoch evaluates at its end only: {log}");
     assert!(points.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1), "{log}");
     assert!(points.last().unwrap().2 < points[0].2, "{log}");
+    // A progress record never repeats the position of the one before (an empty window).
+    let steps: Vec<u64> = log
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("train/loss").is_some())
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{log}");
     // Negative sampling evaluates after each epoch only, and says so.
     let o = farout(&args(&["--set", "eval.every_seconds=10"], &q));
     assert!(stderr(&o).contains("key `eval.every_seconds`"), "{}", stderr(&o));

@@ -158,10 +158,10 @@ impl EpochMeter {
         self.window_pairs += pairs;
     }
 
-    /// The progress report at `words` of `total_words` (mean pair loss over the window); starts
-    /// a new window.
+    /// The progress report at `words` of `total_words` (mean pair loss over the window, NaN for
+    /// an empty window); starts a new window.
     pub(crate) fn report(&mut self, epoch: usize, words: u64, total_words: u64, input: &InputTable) -> Progress {
-        let loss = self.window_loss / self.window_pairs.max(1) as f64;
+        let loss = if self.window_pairs > 0 { self.window_loss / self.window_pairs as f64 } else { f64::NAN };
         (self.window_loss, self.window_pairs) = (0.0, 0);
         Progress { epoch, words, total_words, loss, lr: input.optimizer.lr(), closes_epoch: false }
     }

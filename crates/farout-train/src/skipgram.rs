@@ -200,6 +200,8 @@ struct Session<'a> {
     last_heldout: Cell<Option<f64>>,
     /// Training seconds at which the next mid-epoch evaluation is due (`eval.every_seconds`).
     next_eval: Cell<f64>,
+    /// Words at the last progress record (a report at the same position adds nothing to the log).
+    last_record: Cell<Option<u64>>,
     /// Analogy and similarity after the last epoch (the summary reports them).
     last_eval: RefCell<Option<(Option<AnalogyReport>, Option<SimilarityReport>)>>,
     /// The first error of a callback (training stops; the error is returned).
@@ -237,6 +239,7 @@ impl<'a> Session<'a> {
             base_words: state.words,
             eval_seconds: Cell::new(0.0),
             next_eval: Cell::new(state.train_seconds + config.eval.every_seconds),
+            last_record: Cell::new(None),
             state: RefCell::new(state),
             sinks: RefCell::new(sinks),
             last_loss: Cell::new(f64::NAN),
@@ -305,6 +308,11 @@ impl<'a> Session<'a> {
         let rate = (p.words - self.base_words) as f64 / (self.train_seconds() - self.base_seconds).max(1e-9);
         self.bar.set_position(p.words);
         self.bar.set_message(format!("{:.0}k words/s, loss {:.4}, lr {:.5}", rate / 1e3, p.loss, p.lr));
+        // The report closing an epoch repeats the position of the last one when that fell on the
+        // epoch's last line: its window is empty.
+        if self.last_record.replace(Some(p.words)) == Some(p.words) {
+            return;
+        }
         let values = [("train/loss", p.loss), ("train/lr", p.lr as f64), ("train/words_per_s", rate)];
         let r = self.sinks.borrow_mut().record(p.words, self.train_seconds(), &values);
         self.keep(r);
@@ -315,7 +323,10 @@ impl<'a> Session<'a> {
     fn progress_and_eval(&self, p: &Progress, input: &Matrix, output: &Matrix) {
         self.progress(p);
         let (every, train_seconds) = (self.config.eval.every_seconds, self.train_seconds());
-        if every <= 0.0 || p.closes_epoch || self.heldout.is_empty() || train_seconds < self.next_eval.get() {
+        // A report at the epoch's last word is followed by the epoch's own evaluation.
+        let epoch_end = (p.epoch as u64 + 1) * self.vocab.train_tokens();
+        let due = train_seconds >= self.next_eval.get();
+        if every <= 0.0 || p.closes_epoch || p.words >= epoch_end || self.heldout.is_empty() || !due {
             return;
         }
         let t_eval = Instant::now();
