@@ -8,8 +8,9 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use farout_core::topk::Hit;
 use farout_data::Dataset;
-use farout_linear::SparseModel;
-use farout_train::linear::{self, LinearRun};
+use farout_dist::Collective;
+use farout_train::dist::agree;
+use farout_train::linear::{self, LinearModel, LinearRun};
 use farout_train::report::StderrLogger;
 use farout_train::{CompareOptions, Config, TrainOptions, Trainer};
 use std::collections::BTreeMap;
@@ -200,27 +201,20 @@ fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Every command runs in one process: under `mpirun -np P` (P > 1), P copies would each run
-    // the whole job on the same files. Only rank 0 says so.
-    match farout_dist::detect() {
-        Ok(Some(launch)) if launch.size > 1 => {
-            if launch.rank == 0 {
-                eprintln!(
-                    "error: started by an MPI launcher with {} ranks ({}), but farout's commands run in one \
-                     process: every rank would run the whole job; run farout without mpirun",
-                    launch.size, launch.var
-                );
+    // Under `mpirun -np P`, P ranks run this same command; `connect` initialises MPI (builds with
+    // `--features mpi`) or says how to rebuild. Only rank 0 prints.
+    let comm = match farout_dist::connect() {
+        Ok(comm) => comm,
+        Err(e) => {
+            if farout_dist::detect().ok().flatten().is_none_or(|l| l.rank == 0) {
+                eprintln!("error: {e}");
             }
             return ExitCode::FAILURE;
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-        _ => {}
-    }
-    StderrLogger::install(log::LevelFilter::Info);
-    match run(cli) {
+    };
+    let rank = comm.rank();
+    StderrLogger::install(if rank == 0 { log::LevelFilter::Info } else { log::LevelFilter::Off });
+    match run(cli, comm.as_ref()) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader of standard output went away (`farout ... | head`): nothing is left to say.
         Err(e)
@@ -230,13 +224,17 @@ fn main() -> ExitCode {
         {
             ExitCode::SUCCESS
         }
+        // Of several ranks, rank 0 prints an error every rank shares; another rank only its own.
+        Err(e) if !e.downcast_ref::<farout_train::Error>().map_or(rank == 0, |t| t.printed_by(rank)) => {
+            ExitCode::FAILURE
+        }
         Err(e) => {
             // Errors that show their cause in their own message also return it as their
             // source: print each cause once.
-            let mut msg = String::new();
+            let mut msg = if rank > 0 { format!("(rank {rank}) ") } else { String::new() };
             for cause in e.chain().map(|c| c.to_string()) {
                 if !msg.contains(&cause) {
-                    if !msg.is_empty() {
+                    if !msg.is_empty() && !msg.ends_with(' ') {
                         msg.push_str(": ");
                     }
                     msg.push_str(&cause);
@@ -296,28 +294,46 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// rayon threads for each of several ranks: the cores shared by the ranks on this node
+/// (`OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`), at least one.
+fn threads_per_rank() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+        .unwrap_or(1);
+    (cores / local.max(1)).max(1)
+}
+
 fn load_config(path: &Path, set: &[String]) -> Result<Config> {
     let config = Config::load(path, set)?;
-    if config.train.threads > 0 {
+    let several_ranks = farout_dist::detect().ok().flatten().is_some_and(|l| l.size > 1);
+    let threads = match config.train.threads {
+        0 if several_ranks => threads_per_rank(),
+        n => n,
+    };
+    if threads > 0 {
         // Ignore the error of a second initialisation (only possible in tests).
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(config.train.threads).build_global();
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
     }
     Ok(config)
 }
 
-/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`.
-enum Trained {
+/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
+/// (a linear model: this rank's labels of it).
+enum Trained<'c> {
     Network(Box<Trainer>),
-    Linear(Box<LinearRun>, SparseModel),
+    Linear(Box<LinearRun>, LinearModel, &'c dyn Collective),
 }
 
-impl Trained {
-    fn load(config: Config, checkpoint: Option<PathBuf>) -> Result<Self> {
+impl<'c> Trained<'c> {
+    fn load(config: Config, checkpoint: Option<PathBuf>, comm: &'c dyn Collective) -> Result<Self> {
         if config.is_linear() {
-            let run = LinearRun::new(config)?;
-            let model = run.load_model(checkpoint.as_deref())?;
-            return Ok(Self::Linear(Box::new(run), model));
+            let run = agree(comm, LinearRun::new(config))?;
+            let model = run.load_model(checkpoint.as_deref(), comm)?;
+            return Ok(Self::Linear(Box::new(run), model, comm));
         }
+        one_process(comm, "a network's eval and predict")?;
         let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
         let mut t = Trainer::new(config)?;
         t.load_checkpoint(&dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
@@ -327,33 +343,47 @@ impl Trained {
     fn test(&self) -> Option<&Dataset> {
         match self {
             Self::Network(t) => t.data().test.as_ref(),
-            Self::Linear(run, _) => run.data().test.as_ref(),
+            Self::Linear(run, ..) => run.data().test.as_ref(),
         }
     }
 
-    fn evaluate(&self, ds: &Dataset) -> BTreeMap<String, f64> {
-        match self {
+    fn evaluate(&self, ds: &Dataset) -> Result<BTreeMap<String, f64>> {
+        Ok(match self {
             Self::Network(t) => t.evaluate(ds, 0),
-            Self::Linear(_, model) => linear::evaluate(model, ds, 0),
-        }
+            Self::Linear(_, model, comm) => linear::evaluate(model, ds, 0, *comm)?,
+        })
     }
 
     fn load_input(&self, path: &Path, labels: Option<&Path>) -> Result<Dataset> {
         Ok(match self {
             Self::Network(t) => t.load_input(path, labels)?,
-            Self::Linear(run, _) => run.load_input(path, labels)?,
+            Self::Linear(run, _, comm) => agree(*comm, run.load_input(path, labels))?,
         })
     }
 
-    fn predict(&self, ds: &Dataset, k: usize) -> Vec<Vec<Hit>> {
-        match self {
+    fn predict(&self, ds: &Dataset, k: usize) -> Result<Vec<Vec<Hit>>> {
+        Ok(match self {
             Self::Network(t) => t.predict(ds, k),
-            Self::Linear(_, model) => linear::predict(model, ds, k),
-        }
+            Self::Linear(_, model, comm) => linear::predict(model, ds, ds.len(), k, *comm)?,
+        })
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// Refuses to run `what` as several MPI ranks (each would do the whole job).
+fn one_process(comm: &dyn Collective, what: &str) -> Result<()> {
+    if comm.size() > 1 {
+        anyhow::bail!(
+            "{what} runs in one process, but mpirun started {} ranks (each would do the whole job); run it \
+             without mpirun. Under mpirun, farout trains, evaluates and predicts with linear configs whose \
+             solver is label-parallel (dismec, ppdsparse)",
+            comm.size()
+        );
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
+    let root = comm.is_root();
     match cli.command {
         Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
             let config = load_config(&path, &set)?;
@@ -361,13 +391,16 @@ fn run(cli: Cli) -> Result<()> {
                 refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
             }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
-            let json = farout_train::train(&config, &options)?.to_json();
-            emit(&json)?;
-            if let Some(p) = summary {
-                std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+            let json = farout_train::train_on(&config, &options, comm)?.to_json();
+            if root {
+                emit(&json)?;
+                if let Some(p) = summary {
+                    std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+                }
             }
         }
         Command::Eval(EvalArgs { vectors: Some(what), .. }) => {
+            one_process(comm, "farout eval analogy|similarity")?;
             let json = match what {
                 EvalVectors::Analogy { vectors, questions, restrict } => serde_json::to_string_pretty(
                     &farout_skipgram::eval::analogy(&load_vectors(&vectors)?, &questions, restrict)?,
@@ -380,9 +413,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
             let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-            let t = Trained::load(load_config(&config, &set)?, checkpoint)?;
+            let t = Trained::load(load_config(&config, &set)?, checkpoint, comm)?;
             let test = t.test().context("the config names no test set (data.test)")?;
-            emit(serde_json::to_string_pretty(&t.evaluate(test))?)?;
+            let metrics = t.evaluate(test)?;
+            if root {
+                emit(serde_json::to_string_pretty(&metrics)?)?;
+            }
         }
         Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
             let config = load_config(&path, &set)?;
@@ -390,7 +426,7 @@ fn run(cli: Cli) -> Result<()> {
                 let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
                 refuse_to_overwrite("--out", o, &path, &config, &other)?;
             }
-            let t = Trained::load(config, checkpoint)?;
+            let t = Trained::load(config, checkpoint, comm)?;
             let owned;
             let ds = match &input {
                 Some(p) => {
@@ -399,7 +435,10 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 None => t.test().context("no --input and the config names no test set")?,
             };
-            let preds = t.predict(ds, top_k);
+            let preds = t.predict(ds, top_k)?;
+            if !root {
+                return Ok(());
+            }
             let mut w: Box<dyn Write> = match &out {
                 Some(p) => Box::new(std::io::BufWriter::new(
                     std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
@@ -412,6 +451,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             w.flush()?;
         }
+        _ if comm.size() > 1 => one_process(comm, "this command")?,
         Command::Export { config: path, set, out } => {
             let config = load_config(&path, &set)?;
             refuse_to_overwrite("--out", &out, &path, &config, &[])?;

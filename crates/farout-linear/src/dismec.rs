@@ -26,12 +26,13 @@ use crate::data::{DataStats, TrainSet};
 use crate::init::{Bias, Msi, WeightInit, Zero};
 use crate::model::SparseModel;
 use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
-use crate::ova::one_vs_all;
+use crate::ova::{check_label_range, one_vs_all};
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Which initial weights the Newton solver starts from.
@@ -153,7 +154,15 @@ impl LinearSolver for DismecConfig {
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {
-        let trained = Dismec::with_init(self, self.weight_init()).train_with(data, progress)?;
+        self.fit_labels(data, 0..data.n_labels(), progress)
+    }
+
+    fn label_parallel(&self) -> bool {
+        true
+    }
+
+    fn fit_labels(&self, data: &TrainSet, labels: Range<usize>, progress: &dyn Progress) -> Result<Fitted> {
+        let trained = Dismec::with_init(self, self.weight_init()).train_labels(data, labels, progress)?;
         let r = &trained.report;
         let labels = &r.labels;
         let (newton_mean, newton_q95) = mean_and_q95(labels.iter().map(|s| f64::from(s.newton_iters)));
@@ -274,6 +283,13 @@ impl Dismec {
 
     /// As [`Dismec::train`], advancing `progress` by one per finished label.
     pub fn train_with(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Trained> {
+        self.train_labels(data, 0..data.n_labels(), progress)
+    }
+
+    /// As [`Dismec::train_with`] for the labels `labels` only (one rank's shard): the model's
+    /// label `i` is label `labels.start + i`, identical to that label of the whole model.
+    pub fn train_labels(&self, data: &TrainSet, labels: Range<usize>, progress: &dyn Progress) -> Result<Trained> {
+        check_label_range(&labels, data.n_labels())?;
         let start = Instant::now();
         let n = data.n_samples();
         if n == 0 {
@@ -286,6 +302,7 @@ impl Dismec {
         let n_vars = stats.n_vars();
         let (model, labels) = one_vs_all(
             data,
+            labels,
             self.bias,
             progress,
             || Scratch::new(n_vars, n),

@@ -144,6 +144,37 @@ impl SparseModel {
         (&self.features[r.clone()], &self.weights[r], self.biases[k])
     }
 
+    /// The labels `labels` as a model of their own (one rank's shard of a label-parallel model);
+    /// `None` when the range is not within `0..n_labels()`.
+    pub fn slice(&self, labels: std::ops::Range<usize>) -> Option<Self> {
+        if labels.start > labels.end || labels.end > self.n_labels() {
+            return None;
+        }
+        let mut out = Self::new(self.n_features, self.bias);
+        for k in labels {
+            let (f, w, b) = self.label(k);
+            out.push_label(f, w, b);
+        }
+        Some(out)
+    }
+
+    /// The labels of `parts` one after the other (the shards of a label-parallel model, in rank
+    /// order); `None` unless every part has the same feature count and bias as the first.
+    pub fn concat(parts: &[Self]) -> Option<Self> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.n_features != first.n_features || p.bias != first.bias) {
+            return None;
+        }
+        let mut out = Self::new(first.n_features, first.bias);
+        for p in parts {
+            for k in 0..p.n_labels() {
+                let (f, w, b) = p.label(k);
+                out.push_label(f, w, b);
+            }
+        }
+        Some(out)
+    }
+
     /// The feature-major copy used for prediction, sized by the largest feature that has a
     /// weight (not by the header's feature count, which a file does not bound).
     pub fn predictor(&self) -> Predictor {
@@ -374,6 +405,21 @@ mod tests {
         m.push_label(&[], &[], -0.5);
         m.push_label(&[1, 3, 4], &[2.0, 0.75, -0.125], 0.0);
         m
+    }
+
+    #[test]
+    fn slices_concatenate_back_to_the_model() {
+        let m = small_model();
+        for cut in 0..=3 {
+            let parts = [m.slice(0..cut).unwrap(), m.slice(cut..3).unwrap()];
+            assert_eq!((parts[0].n_labels(), parts[1].n_labels()), (cut, 3 - cut));
+            assert_eq!(SparseModel::concat(&parts).unwrap(), m);
+        }
+        assert_eq!(m.slice(1..2).unwrap().label(0), m.label(1));
+        assert!(m.slice(2..4).is_none());
+        assert!(SparseModel::concat(&[]).is_none());
+        assert!(SparseModel::concat(&[m.clone(), SparseModel::new(4, true)]).is_none());
+        assert!(SparseModel::concat(&[m, SparseModel::new(5, false)]).is_none());
     }
 
     #[test]

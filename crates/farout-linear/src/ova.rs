@@ -9,23 +9,35 @@ use crate::data::TrainSet;
 use crate::model::SparseModel;
 use crate::solver::Progress;
 use rayon::prelude::*;
+use std::ops::Range;
+
+/// Checks that `labels` is a range of the `n_labels` labels (a shard may be empty).
+pub fn check_label_range(labels: &Range<usize>, n_labels: usize) -> crate::Result<()> {
+    if labels.start > labels.end || labels.end > n_labels {
+        return Err(crate::Error::Shape { what: "label shard", detail: format!("labels {labels:?} of {n_labels}") });
+    }
+    Ok(())
+}
 
 /// One label's pruned weights: sorted features, their weights, the bias, and the solver's
 /// statistics of the label.
 pub type LabelResult<S> = (Vec<u32>, Vec<f32>, f32, S);
 
-/// Solves every label of `data` with `solve(scratch, label)` on the current rayon pool
-/// (`scratch()` makes one scratch per worker), advancing `progress` by one per label, and
-/// assembles the model and the per-label statistics in label order.
+/// Solves the labels `labels` of `data` (all of them, or one rank's shard) with
+/// `solve(scratch, label)` on the current rayon pool (`scratch()` makes one scratch per worker),
+/// advancing `progress` by one per label, and assembles the model of those labels (its label
+/// `i` is label `labels.start + i` of `data`) and their statistics, in label order.
 pub fn one_vs_all<T, S: Clone + Send>(
     data: &TrainSet,
+    labels: Range<usize>,
     bias: bool,
     progress: &dyn Progress,
     scratch: impl Fn() -> T + Sync + Send,
     solve: impl Fn(&mut T, usize) -> LabelResult<S> + Sync + Send,
 ) -> (SparseModel, Vec<S>) {
-    let k = data.n_labels();
-    let mut order: Vec<usize> = (0..k).collect();
+    debug_assert!(labels.end <= data.n_labels());
+    let (first, k) = (labels.start, labels.len());
+    let mut order: Vec<usize> = labels.collect();
     order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
     progress.begin(k as u64, "labels");
     let solved: Vec<LabelResult<S>> = order
@@ -37,7 +49,7 @@ pub fn one_vs_all<T, S: Clone + Send>(
         })
         .collect();
     let mut slot = vec![0usize; k];
-    order.iter().enumerate().for_each(|(at, &j)| slot[j] = at);
+    order.iter().enumerate().for_each(|(at, &j)| slot[j - first] = at);
     let mut model = SparseModel::new(data.n_features(), bias);
     let mut stats = Vec::with_capacity(k);
     for &at in &slot {

@@ -131,13 +131,14 @@
 use crate::data::{SparseRows, TrainSet};
 use crate::model::SparseModel;
 use crate::newton::Rows;
-use crate::ova::one_vs_all;
+use crate::ova::{check_label_range, one_vs_all};
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use farout_core::rng::{self, Rng, RngExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::ops::Range;
 use std::time::Instant;
 
 /// PPDSparse parameters (see the module docs for the TOML form, defaults and project choices).
@@ -236,13 +237,22 @@ impl PpdSparseConfig {
     /// Trains every label in parallel on the current rayon pool and prunes the weights,
     /// advancing `progress` by one per finished label.
     pub fn train(&self, data: &TrainSet, progress: &dyn Progress) -> Result<PpdTrained> {
+        self.train_labels(data, 0..data.n_labels(), progress)
+    }
+
+    /// As [`PpdSparseConfig::train`] for the labels `labels` only (one rank's shard): the
+    /// model's label `i` is label `labels.start + i`, identical to that label of the whole model
+    /// (each label draws from its own generator).
+    pub fn train_labels(&self, data: &TrainSet, labels: Range<usize>, progress: &dyn Progress) -> Result<PpdTrained> {
         self.check()?;
+        check_label_range(&labels, data.n_labels())?;
         let start = Instant::now();
         let n = data.n_samples();
         check_size(n)?;
         let shared = Shared::new(&data.features, self.bias);
         let (model, labels) = one_vs_all(
             data,
+            labels,
             self.bias,
             progress,
             || Scratch::new(shared.n_vars(), n),
@@ -296,7 +306,15 @@ impl LinearSolver for PpdSparseConfig {
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {
-        let t = self.train(data, progress)?;
+        self.fit_labels(data, 0..data.n_labels(), progress)
+    }
+
+    fn label_parallel(&self) -> bool {
+        true
+    }
+
+    fn fit_labels(&self, data: &TrainSet, labels: Range<usize>, progress: &dyn Progress) -> Result<Fitted> {
+        let t = self.train_labels(data, labels, progress)?;
         let l = &t.labels;
         let (outer_mean, outer_q95) = mean_and_q95(l.iter().map(|s| f64::from(s.outer_iters)));
         let (active_mean, active_q95) = mean_and_q95(l.iter().map(|s| s.active_size as f64));

@@ -23,6 +23,7 @@ use crate::model::SparseModel;
 use crate::ppdsparse::PpdSparseConfig;
 use farout_core::ParamError;
 use serde::Serialize;
+use std::ops::Range;
 
 farout_core::plugin_registry! {
     /// The solver of `[linear]` (tag `solver`) with its parameters.
@@ -50,6 +51,28 @@ pub trait LinearSolver: Send + Sync + std::fmt::Debug {
 
     /// Trains on `data` (parameters already checked), reporting work done to `progress`.
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted>;
+
+    /// Whether every label is a problem of its own (one-vs-all), so that the labels can be
+    /// split over processes and trained by [`LinearSolver::fit_labels`].
+    fn label_parallel(&self) -> bool {
+        false
+    }
+
+    /// Trains only the labels `labels` of `data` (one rank's shard): the model's label `i` is
+    /// label `labels.start + i`, and it equals that label of [`LinearSolver::fit`]'s model.
+    /// Solvers that train all labels jointly refuse a proper subset.
+    fn fit_labels(&self, data: &TrainSet, labels: Range<usize>, progress: &dyn Progress) -> Result<Fitted> {
+        if labels == (0..data.n_labels()) {
+            return self.fit(data, progress);
+        }
+        Err(crate::Error::Shape {
+            what: "label shard",
+            detail: format!(
+                "labels {labels:?} of {}: this solver trains all labels jointly, not a subset",
+                data.n_labels()
+            ),
+        })
+    }
 }
 
 /// Where a solver reports its progress (a progress bar, or nothing). Called from rayon

@@ -444,13 +444,15 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
         for (i, &init) in b.inits.iter().enumerate() {
             let config = farout_linear::DismecConfig { init, ..dismec.clone() };
             let fitted = config.fit(&train, &Silent)?;
-            let metrics = crate::linear::evaluate(&fitted.model, test, 0);
             let s = &fitted.summary;
+            let model_bytes = fitted.model.file_len();
+            let model = crate::linear::LinearModel::whole(fitted.model);
+            let metrics = crate::linear::evaluate(&model, test, 0, &farout_dist::Local)?;
             runs[i].push(serde_json::json!({
                 "seconds": s.seconds,
                 "p@1": metrics["p@1"], "p@3": metrics["p@3"], "p@5": metrics["p@5"],
                 "nnz_after_pruning": s.nnz_after_pruning,
-                "model_bytes": fitted.model.file_len(),
+                "model_bytes": model_bytes,
                 "stats": s.stats,
             }));
         }

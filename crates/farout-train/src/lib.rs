@@ -11,6 +11,7 @@
 //!   checkpoints, export);
 //! - [`checkpoint`]: atomically replaced checkpoint directories;
 //! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
+//! - [`dist`]: one job on several MPI ranks: agreeing on failures and on the config;
 //! - [`train`]: the one entry of `farout train`: the config decides the trainer;
 //! - [`bench`]: micro-benchmarks against same-run references (`farout bench ...`);
 //! - [`compare`]: several configs trained side by side, with a table and curves;
@@ -23,6 +24,7 @@ pub mod checkpoint;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod estimators;
 pub mod guard;
 pub mod linear;
@@ -36,7 +38,7 @@ mod trainer;
 
 pub use compare::{CompareOptions, CompareReport, compare};
 pub use config::Config;
-pub use run::{RunSummary, TrainOptions, train};
+pub use run::{RunSummary, TrainOptions, train, train_on};
 pub use trainer::{Summary, Trainer};
 
 use std::path::PathBuf;
@@ -136,6 +138,25 @@ pub enum Error {
     /// A comparison could not be made.
     #[error(transparent)]
     Compare(#[from] compare::CompareError),
+    /// Communication between the ranks of an MPI job failed.
+    #[error(transparent)]
+    Dist(#[from] farout_dist::DistError),
+    /// Some ranks of an MPI job failed (`own`: this rank's error, if it is one of them).
+    #[error("{}", other_ranks(failed, own.as_deref()))]
+    OtherRanks {
+        /// The ranks that failed.
+        failed: Vec<usize>,
+        /// This rank's error.
+        own: Option<Box<Error>>,
+    },
+    /// The ranks of an MPI job loaded different configs.
+    #[error(
+        "rank 0 and ranks {ranks:?} loaded different configs (file or --set overrides): every rank must run the same command"
+    )]
+    ConfigMismatch {
+        /// The ranks whose config differs from rank 0's.
+        ranks: Vec<usize>,
+    },
     /// A log, checkpoint or output file could not be written or read.
     #[error("{}: {source}", path.display())]
     Io {
@@ -145,6 +166,31 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl Error {
+    /// Whether rank `rank` of an MPI job should print this error: rank 0 always; another rank
+    /// only its own error from a step that can fail on one rank alone ([`dist::agree`]), and
+    /// only when rank 0 did not fail too.
+    pub fn printed_by(&self, rank: usize) -> bool {
+        match self {
+            _ if rank == 0 => true,
+            Error::OtherRanks { failed, own } => own.is_some() && !failed.contains(&0),
+            // Errors outside `dist::agree` come from steps every rank takes alike (the config,
+            // the command line): rank 0 has said it.
+            _ => false,
+        }
+    }
+}
+
+fn other_ranks(failed: &[usize], own: Option<&Error>) -> String {
+    let ranks = failed.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+    match own {
+        Some(e) if failed.len() == 1 => e.to_string(),
+        Some(e) => format!("{e} (ranks {ranks} failed)"),
+        None if failed.len() == 1 => format!("rank {ranks} failed (it prints why)"),
+        None => format!("ranks {ranks} failed (each prints why)"),
+    }
 }
 
 /// The error of an I/O failure on `path`.

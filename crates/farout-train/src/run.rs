@@ -3,9 +3,11 @@
 //! ([`crate::skipgram`]) — and returns what the run reports.
 
 use crate::config::EncoderKind;
+use crate::dist::{agree, check_same_config};
 use crate::guard::{RunGuard, Start};
 use crate::skipgram::SkipGramSummary;
 use crate::{Config, Error, Summary, Trainer};
+use farout_dist::{Collective, Local};
 use serde::Serialize;
 use std::path::Path;
 
@@ -52,6 +54,20 @@ impl RunSummary {
 /// Trains the model `config` describes, with its logs, checkpoints and progress bar.
 /// The run's directories are locked while it runs (see [`crate::guard`]).
 pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Error> {
+    train_on(config, options, &Local)
+}
+
+/// [`train`] as one of the ranks of `comm`. With several ranks, only the label-parallel linear
+/// solvers (DiSMEC, PPDSparse) run: every rank must have loaded the same config, rank 0 locks
+/// the run's directories and writes logs, each rank trains its share of the labels.
+pub fn train_on(config: &Config, options: &TrainOptions, comm: &dyn Collective) -> Result<RunSummary, Error> {
+    check_same_config(comm, config)?;
+    if comm.size() > 1 && !config.is_linear() {
+        return Err(Error::NoData(
+            "under mpirun, farout trains linear configs with a label-parallel solver ([linear] solver = \"dismec\" \
+             or \"ppdsparse\"); other configs run in one process: run them without mpirun",
+        ));
+    }
     let start = match (options.resume, options.overwrite) {
         (true, true) => {
             return Err(Error::Option { name: "overwrite", msg: "cannot be combined with --resume".into() });
@@ -66,15 +82,19 @@ pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Erro
             msg: "a linear solver trains in one go; there is nothing to resume".into(),
         });
     }
-    let mut guard = RunGuard::acquire(config, start)?;
     if config.is_linear() {
         if options.export_vectors.is_some() {
             return Err(Error::Option { name: "export-vectors", msg: "is for skip-gram configs".into() });
         }
-        let run = crate::linear::LinearRun::new(config.clone())?;
-        guard.clear_previous()?;
-        return Ok(RunSummary::Classifier(run.train()?));
+        // Rank 0 holds the lock and replaces a previous run; every rank learns if it failed.
+        let guard = if comm.is_root() { RunGuard::acquire(config, start).map(Some) } else { Ok(None) };
+        let mut guard = agree(comm, guard)?;
+        let run = agree(comm, crate::linear::LinearRun::new(config.clone()))?;
+        let cleared = guard.as_mut().map_or(Ok(()), RunGuard::clear_previous);
+        agree(comm, cleared)?;
+        return Ok(RunSummary::Classifier(run.train(comm)?));
     }
+    let mut guard = RunGuard::acquire(config, start)?;
     if config.model.encoder == EncoderKind::SkipGram {
         guard.clear_previous()?;
         let summary = crate::skipgram::train(config, options.resume, options.export_vectors)?;

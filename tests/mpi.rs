@@ -1,0 +1,203 @@
+//! `farout` under `mpirun -np 1/2/4` (feature `mpi`): label-parallel DiSMEC and PPDSparse give
+//! the model of one process, a sharded model evaluates and predicts at any rank count, and what
+//! cannot run on several ranks says so once.
+//!
+//! Run with `cargo test --release --features mpi --test mpi` (needs `mpirun`; Open MPI from
+//! `openmpi-bin`). Each launch is bounded by a timeout, so a hung collective fails the test.
+#![cfg(feature = "mpi")]
+
+use farout_linear::SparseModel;
+use farout_train::linear::{MODEL_FILE, SHARDS_FILE, ShardManifest};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const FAROUT: &str = env!("CARGO_BIN_EXE_farout");
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One mpirun at a time: 4 oversubscribed ranks already fill a 2-core machine.
+static MPIRUN: Mutex<()> = Mutex::new(());
+
+/// `mpirun` with one app context per entry of `apps` (`-np ranks farout args... : ...`), from the
+/// project root; waits at most `TIMEOUT`.
+fn mpirun_apps(apps: &[(usize, Vec<String>)]) -> Output {
+    let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cmd = Command::new("mpirun");
+    // --allow-run-as-root: CI runs as root; --oversubscribe: 4 ranks on 2 cores.
+    cmd.args(["--allow-run-as-root", "--oversubscribe"]);
+    for (i, (ranks, args)) in apps.iter().enumerate() {
+        if i > 0 {
+            cmd.arg(":");
+        }
+        cmd.args(["-np", &ranks.to_string(), FAROUT]).args(args);
+    }
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR")).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("mpirun runs (apt-get install openmpi-bin)");
+    while child.try_wait().expect("wait for mpirun").is_none() {
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect mpirun output");
+            panic!("mpirun did not finish within {TIMEOUT:?}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect mpirun output")
+}
+
+fn mpirun(ranks: usize, args: &[String]) -> Output {
+    mpirun_apps(&[(ranks, args.to_vec())])
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn ok(o: &Output) -> &Output {
+    assert!(o.status.success(), "farout failed under mpirun:\n{}", stderr(o));
+    o
+}
+
+/// A linear config on a generated multi-label problem (the same on every rank: seeded).
+fn config(dir: &Path, solver: &str) -> PathBuf {
+    let path = dir.join(format!("{solver}.toml"));
+    let text = format!(
+        "name = \"mpi-{solver}\"\n\
+         [data]\nformat = \"synthetic_xmc\"\n\
+         [data.xmc]\nn_samples = 1500\nn_features = 800\nn_labels = 57\n\
+         [linear]\nsolver = \"{solver}\"\n\
+         [log]\nprogress = false\ntensorboard = false\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `train|eval|predict CONFIG` with the run's directories in `run`, plus `extra`.
+fn args(command: &str, config: &Path, run: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = vec![command.to_string(), config.display().to_string()];
+    for set in [format!("log.dir=\"{}\"", run.display()), format!("checkpoint.dir=\"{}\"", run.join("ckpt").display())]
+    {
+        a.extend(["--set".to_string(), set]);
+    }
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// The whole model a run saved: `linear.model`, or its shards joined in manifest order.
+fn saved_model(run: &Path) -> SparseModel {
+    let ck = run.join("ckpt");
+    if ck.join(MODEL_FILE).exists() {
+        return SparseModel::load(&ck.join(MODEL_FILE)).unwrap();
+    }
+    let m: ShardManifest = serde_json::from_str(&std::fs::read_to_string(ck.join(SHARDS_FILE)).unwrap()).unwrap();
+    let parts: Vec<SparseModel> = m.shards.iter().map(|s| SparseModel::load(&ck.join(&s.file)).unwrap()).collect();
+    SparseModel::concat(&parts).unwrap()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&ok(o).stdout)
+        .unwrap_or_else(|e| panic!("not one JSON document ({e}): {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+#[test]
+fn label_parallel_models_equal_the_one_process_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for solver in ["dismec", "ppdsparse"] {
+        let cfg = config(dir.path(), solver);
+        let mut reference: Option<(SparseModel, serde_json::Value)> = None;
+        let mut totals1 = serde_json::Value::Null;
+        for ranks in [1, 2, 4] {
+            let run = dir.path().join(format!("{solver}-np{ranks}"));
+            let out = mpirun(ranks, &args("train", &cfg, &run, &[]));
+            // One summary on standard output and one rank's log lines on standard error.
+            let summary = json(&out);
+            let err = stderr(&out);
+            assert_eq!(err.matches("saved the model").count(), 1, "{err}");
+            assert!(!err.contains("(rank "), "{err}");
+            let model = saved_model(&run);
+            assert_eq!(model.n_labels(), 57);
+            if ranks > 1 {
+                let stats = &summary["linear"]["stats"];
+                assert_eq!(stats["ranks"], ranks, "{summary}");
+                let labels: Vec<u64> =
+                    stats["rank_labels"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+                assert_eq!((labels.len(), labels.iter().sum::<u64>()), (ranks, 57), "{summary}");
+                assert!(labels.iter().all(|&n| n > 0), "{summary}");
+                assert!(run.join("ckpt").join(SHARDS_FILE).exists());
+                // Counters add up over the ranks' own statistics.
+                let per_rank = stats["per_rank"].as_array().unwrap();
+                assert_eq!(per_rank.len(), ranks);
+                for key in ["cg_steps_total", "newton_iters_total", "cd_steps_total"] {
+                    if let Some(total) = stats[key].as_u64() {
+                        assert_eq!(total, per_rank.iter().map(|r| r[key].as_u64().unwrap()).sum::<u64>());
+                        assert!(total > 0, "{key}: {summary}");
+                    }
+                }
+            }
+            match &reference {
+                None => {
+                    totals1 = summary["linear"]["stats"].clone();
+                    reference = Some((model, summary["metrics"].clone()));
+                }
+                Some((m1, metrics1)) => {
+                    // Every label trains exactly as in one process (its own generator, the same
+                    // data statistics), and the merged top-k breaks ties as one process does.
+                    assert!(&model == m1, "{solver}: the model of {ranks} ranks differs from one process's");
+                    assert_eq!(&summary["metrics"], metrics1, "{solver}, {ranks} ranks");
+                    let nnz = summary["linear"]["nnz_after_pruning"].as_u64().unwrap();
+                    assert_eq!(nnz as usize, m1.nnz(), "{summary}");
+                    for key in ["cg_steps_total", "newton_iters_total", "cd_steps_total"] {
+                        assert_eq!(summary["linear"]["stats"][key], totals1[key], "{key}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_sharded_model_evaluates_and_predicts_at_any_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "dismec");
+    let run = dir.path().join("np4");
+    let trained = json(&mpirun(4, &args("train", &cfg, &run, &[])));
+    for ranks in [1, 2, 4] {
+        let metrics = json(&mpirun(ranks, &args("eval", &cfg, &run, &[])));
+        assert_eq!(metrics, trained["metrics"], "eval at {ranks} ranks");
+    }
+    let predict = |ranks| ok(&mpirun(ranks, &args("predict", &cfg, &run, &["--top-k", "7"]))).stdout.clone();
+    let one = predict(1);
+    let n_test = trained["n_test"].as_u64().unwrap() as usize;
+    assert!(n_test > 100, "{trained}");
+    assert_eq!(String::from_utf8_lossy(&one).lines().count(), n_test, "one line per test sample");
+    for ranks in [2, 4] {
+        assert!(predict(ranks) == one, "predictions at {ranks} ranks differ from one process's");
+    }
+}
+
+#[test]
+fn what_cannot_run_on_several_ranks_says_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let once = |o: &Output, needle: &str| {
+        assert!(!o.status.success());
+        let err = stderr(o);
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+        assert!(err.contains(needle), "{err}");
+    };
+    let memoir = config(dir.path(), "memoir");
+    once(&mpirun(2, &args("train", &memoir, &dir.path().join("m"), &[])), "key `linear.solver`");
+    let quick = PathBuf::from("configs/quickstart.toml");
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &[])), "run them without mpirun");
+    let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
+    let mut corpus: Vec<String> = corpus.iter().map(|s| s.to_string()).collect();
+    corpus.push(dir.path().join("c.txt").display().to_string());
+    once(&mpirun(2, &corpus), "run it without mpirun");
+    assert!(!dir.path().join("c.txt").exists());
+    // Ranks started with different overrides.
+    let dismec = config(dir.path(), "dismec");
+    let run = dir.path().join("d");
+    let a = args("train", &dismec, &run, &["--set", "linear.c=1.0"]);
+    let b = args("train", &dismec, &run, &["--set", "linear.c=2.0"]);
+    once(&mpirun_apps(&[(1, a), (1, b)]), "loaded different configs");
+}
