@@ -3,13 +3,16 @@
 use anyhow::Result;
 use clap::Subcommand;
 use farout_core::resources;
+use farout_dist::Collective;
 use farout_train::bench::{self, EstimatorBench, LayerBench, SearchBench};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates),
-    /// against a plain matrix product of the same shape measured in the same run.
+    /// against a plain matrix product of the same shape measured in the same run. Under
+    /// `mpirun -np P`: exact softmax with the classes split over the ranks, with the time spent
+    /// in collectives and the bytes sent per step.
     Layer {
         /// The gradient estimator: an exact one (`softmax`, `margin`) or a sampling one, with
         /// its config defaults (`output.estimator`).
@@ -192,7 +195,7 @@ fn check_classes(k: usize, d: usize, copies: u64, extra: u128, change: &str) -> 
     Ok(resources::check_memory(needed, what, format!("lower {change}"))?)
 }
 
-pub fn run(cmd: BenchCommand) -> Result<()> {
+pub fn run(cmd: BenchCommand, comm: &dyn Collective) -> Result<()> {
     match cmd {
         BenchCommand::Linear { config, inits, repeats, set } => {
             let config = crate::load_config(&config, &set)?;
@@ -209,7 +212,15 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             // W, its optimiser state, the reference product's copy of it, and the scores.
             let scores = resources::array_bytes(&[k as u64, batch as u64], 4);
             check_classes(k, d, 3, scores, "--k, --d or --batch")?;
-            crate::emit(bench::bench_layer(&LayerBench { estimator, k, d, batch, steps })?)?;
+            let b = LayerBench { estimator, k, d, batch, steps };
+            if comm.size() > 1 {
+                let json = bench::bench_layer_sharded(&b, comm)?;
+                if comm.is_root() {
+                    crate::emit(json)?;
+                }
+            } else {
+                crate::emit(bench::bench_layer(&b)?)?;
+            }
         }
         BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
             // W, the index's copy of it, and the brute-force reference's scores.

@@ -451,6 +451,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             }
             w.flush()?;
         }
+        Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => bench::run(command, comm)?,
         _ if comm.size() > 1 => one_process(comm, "this command")?,
         Command::Export { config: path, set, out } => {
             let config = load_config(&path, &set)?;
@@ -459,7 +460,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             log::info!("wrote {n} vectors to {}", out.display());
         }
         Command::Data { command } => datagen::run(command)?,
-        Command::Bench { command } => bench::run(command)?,
+        Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,
         Command::Compare(args) => emit(farout_train::compare(&args.into())?.table.trim_end())?,
     }

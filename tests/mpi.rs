@@ -201,3 +201,33 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
     let b = args("train", &dismec, &run, &["--set", "linear.c=2.0"]);
     once(&mpirun_apps(&[(1, a), (1, b)]), "loaded different configs");
 }
+
+#[test]
+fn a_class_sharded_softmax_layer_steps_like_one_process() {
+    let bench = |ranks: usize, estimator: &str| {
+        let args =
+            ["bench", "layer", "--estimator", estimator, "--k", "20000", "--d", "48", "--batch", "64", "--steps", "50"];
+        mpirun(ranks, &args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    };
+    let losses = |o: &Output| -> Vec<f64> {
+        json(o)["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
+    };
+    // One process: the exact softmax estimator on the whole layer; several: the sharded step.
+    let one = losses(&bench(1, "softmax"));
+    assert_eq!(one.len(), 50);
+    assert!(one[49] < 0.9 * one[0], "the loss falls: {one:?}");
+    for ranks in [2, 4] {
+        let out = bench(ranks, "softmax");
+        let j = json(&out);
+        assert_eq!((j["ranks"].as_u64(), j["sharded"].as_bool()), (Some(ranks as u64), Some(true)), "{j}");
+        assert_eq!(j["rows_of_rank_0"], 20000 / ranks, "{j}");
+        for (step, (a, b)) in losses(&out).iter().zip(&one).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, step {step}: {a} against {b}");
+        }
+    }
+    let o = bench(2, "margin");
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+    assert!(err.contains("class-sharded exact softmax"), "{err}");
+}

@@ -114,6 +114,19 @@ impl OutputLayer {
         optimizer: &OptimizerConfig,
         seed: u64,
     ) -> Result<Self, Error> {
+        Self::with_rows(0..n_classes, d_model, config, optimizer, seed)
+    }
+
+    /// The rows `rows` of the layer [`OutputLayer::new`] would make (one rank's shard of a
+    /// class-sharded layer): row `k` here starts as row `rows.start + k` there.
+    pub fn with_rows(
+        rows: std::ops::Range<usize>,
+        d_model: usize,
+        config: &OutputLayerConfig,
+        optimizer: &OptimizerConfig,
+        seed: u64,
+    ) -> Result<Self, Error> {
+        let (first, n_classes) = (rows.start, rows.len());
         optimizer.check()?;
         if n_classes == 0 || d_model == 0 {
             return Err(Error::Config {
@@ -141,7 +154,7 @@ impl OutputLayer {
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
             w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
-                let mut r = rng::seeded(seed, k as u64);
+                let mut r = rng::seeded(seed, (first + k) as u64);
                 row.iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
             });
         }
@@ -343,6 +356,12 @@ impl OutputLayer {
         }
     }
 
+    /// `dL/dphi` of the last step, to combine with other ranks' shares (a class-sharded layer
+    /// sums them).
+    pub fn dphi_mut(&mut self) -> &mut Matrix {
+        &mut self.dphi
+    }
+
     /// One training step: estimates class gradients for `batch`, computes `dL/dphi` (when
     /// `want_dphi`; read it with [`Self::dphi`]) and updates the touched rows.
     pub fn train_step(
@@ -352,7 +371,35 @@ impl OutputLayer {
         rng: &mut Rng,
         want_dphi: bool,
     ) -> StepStats {
-        let est = self.estimate(estimator, batch, rng, want_dphi);
+        if estimator.uses_index() {
+            assert!(self.attached.is_some(), "estimator `{}` needs an index: call attach_index", estimator.name());
+            self.ensure_index();
+        }
+        let estimate = |ctx: &Ctx, batch: Batch, grads: &mut BatchGrad| {
+            Ok::<_, std::convert::Infallible>(estimator.estimate_batch(ctx, batch, rng, grads))
+        };
+        match self.train_step_with(batch, want_dphi, estimate) {
+            Ok(stats) => stats,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Self::train_step`] with the class gradients from `estimate(ctx, batch, grads)` instead
+    /// of a [`GradientEstimator`]: for gradients that need more than this layer's rows, such as
+    /// a class-sharded softmax that combines the ranks' normalisers on the calling thread. An
+    /// error of `estimate` leaves W, the bias and the optimisers as they were.
+    pub fn train_step_with<E>(
+        &mut self,
+        batch: Batch,
+        want_dphi: bool,
+        estimate: impl FnOnce(&Ctx, Batch, &mut BatchGrad) -> Result<BatchEstimate, E>,
+    ) -> Result<StepStats, E> {
+        let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
+        let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
+        let est = estimate(&ctx, batch, &mut self.grads)?;
+        if want_dphi {
+            self.grads.dphi(&self.w, &mut self.dphi);
+        }
         let rows_updated = if self.grads.is_dense {
             let n = self.update_dense(batch.phi);
             self.after_update(None);
@@ -367,7 +414,7 @@ impl OutputLayer {
         };
         self.opt_w.advance();
         self.opt_b.advance();
-        StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated }
+        Ok(StepStats { loss_sum: est.loss_sum, classes_scored: est.classes_scored, rows_updated })
     }
 
     /// Like [`Self::train_step`] with `dL/dphi`, but W, the bias and their optimisers stay as

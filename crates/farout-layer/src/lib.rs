@@ -15,6 +15,9 @@
 //! The optimisers are SGD with the LDGS paper's `1/(1 + t)` cooling and AdaGrad; both apply an
 //! optional L2 penalty lazily, to the rows a step touches.
 //!
+//! With several ranks, [`ShardedLayer`] keeps one rank's rows and combines the ranks' scores by
+//! collectives (exact softmax; see [`sharded`]).
+//!
 //! A MIPS index can be attached ([`OutputLayer::attach_index`]) for search-based estimators:
 //! built when first needed, synced and refreshed with the rows that changed, rebuilt every so
 //! many steps ([`IndexUpkeep`]) or on request.
@@ -22,9 +25,11 @@
 
 mod layer;
 mod optim;
+pub mod sharded;
 
 pub use layer::{IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
+pub use sharded::ShardedLayer;
 
 use std::path::PathBuf;
 

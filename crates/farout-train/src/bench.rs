@@ -7,8 +7,9 @@ use crate::Error;
 use crate::config::estimator_from_settings;
 use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
+use farout_dist::Collective;
 use farout_estimators::{Batch, Problem};
-use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig};
+use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer};
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
 use serde_json::Value;
@@ -120,9 +121,8 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
     let b = Batch::new(&phi, &positives);
     layer.train_step(est.as_ref(), b, &mut r, true); // warm-up: buffers, thread pool
     let t = Instant::now();
-    for _ in 0..steps {
-        layer.train_step(est.as_ref(), b, &mut r, true);
-    }
+    let losses: Vec<f64> =
+        (0..steps).map(|_| layer.train_step(est.as_ref(), b, &mut r, true).loss_sum / batch as f64).collect();
     let secs = t.elapsed().as_secs_f64();
 
     // Reference: Z = Phi W^T with the same shapes, same library, same threads.
@@ -151,6 +151,71 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
         "gemm_gflops": gemm_gflops,
         "gflops_ratio": gflops / gemm_gflops,
         "flops_counted": "3 passes of 2*K*D per sample: scores, dL/dphi, dL/dW",
+        "step_seconds": secs / steps as f64,
+        "peak_rss_bytes": crate::trainer::peak_rss_bytes(),
+        "losses": losses,
+    }))
+}
+
+/// `bench layer` on the ranks of `comm`: exact-softmax steps of a class-sharded layer (each
+/// rank owns K/P rows; see [`farout_layer::sharded`]) on the same batch, layer and labels as the
+/// one-process [`bench_layer`], so the per-step losses of both are comparable. Reports the
+/// slowest rank's time, its time in collectives, the bytes each rank sends per step and the
+/// largest peak memory of a rank.
+pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Value, Error> {
+    let LayerBench { ref estimator, k, d, batch, steps } = *b;
+    for (name, v) in [("k", k), ("d", d), ("batch", batch), ("steps", steps)] {
+        if v == 0 {
+            return Err(option(name, "must be > 0"));
+        }
+    }
+    if estimator != "softmax" {
+        return Err(option(
+            "estimator",
+            "on several ranks, bench layer measures the class-sharded exact softmax: softmax",
+        ));
+    }
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
+    let cfg = OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() };
+    let mut layer = ShardedLayer::new(k, rank, ranks, d, &cfg, &opt, 1)?;
+    let phi = random_matrix(batch, d, 2, true);
+    let mut r = rng::seeded(3, 0);
+    let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();
+    let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
+    layer.softmax_step(comm, &phi, &positives, true)?; // warm-up: buffers, thread pool
+    layer.take_comm_seconds();
+    comm.barrier()?;
+    let t = Instant::now();
+    let mut losses = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        losses.push(layer.softmax_step(comm, &phi, &positives, true)?.loss_sum / batch as f64);
+    }
+    let mut slowest =
+        [t.elapsed().as_secs_f64(), layer.take_comm_seconds(), crate::trainer::peak_rss_bytes().unwrap_or(0) as f64];
+    comm.allreduce_max_f64(&mut slowest)?;
+    let [secs, comm_secs, peak_rss] = slowest;
+    let rows = layer.rows().len();
+    Ok(serde_json::json!({
+        "bench": "layer",
+        "estimator": "softmax",
+        "sharded": true,
+        "k": k,
+        "d": d,
+        "batch": batch,
+        "steps": steps,
+        "ranks": ranks,
+        "rows_of_rank_0": rows,
+        "threads_per_rank": rayon::current_num_threads(),
+        "seconds": secs,
+        "step_seconds": secs / steps as f64,
+        "comm_seconds_per_step": comm_secs / steps as f64,
+        "comm_bytes_per_step": ShardedLayer::softmax_step_bytes(batch, d, true),
+        "samples_per_s": (batch * steps) as f64 / secs,
+        "gflops": 3.0 * 2.0 * k as f64 * d as f64 * batch as f64 * steps as f64 / secs / 1e9,
+        "layer_bytes_of_rank_0": layer.layer().memory_bytes(),
+        "peak_rss_bytes_max": peak_rss as u64,
+        "losses": losses,
     }))
 }
 

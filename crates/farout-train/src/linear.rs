@@ -13,8 +13,9 @@
 //! training its range with all of its threads. Rank r writes its labels to
 //! `linear.model.<r>-of-<P>` and rank 0 the manifest `linear.shards.json` (the ranges and files).
 //! Evaluation and prediction score each sample on every rank's labels and merge the per-rank
-//! top-k ([`merge_top_k`]). A model trained on P ranks is read back by any number of ranks:
-//! with P ranks each reads its own file; otherwise the shards are joined and split again.
+//! top-k ([`farout_layer::sharded::merge_top_k`]). A model trained on P ranks is read back by
+//! any number of ranks: with P ranks each reads its own file; otherwise the shards are joined
+//! and split again.
 //! Every label is trained exactly as by one process, so the model equals the one-process model.
 
 use crate::config::{Config, ConfigError};
@@ -25,9 +26,10 @@ use crate::report::progress_bar;
 use crate::sinks::{MetricsSink, Sinks};
 use crate::trainer::peak_rss_bytes;
 use crate::{Error, Summary, io_err};
-use farout_core::topk::{Hit, by_score};
+use farout_core::topk::Hit;
 use farout_data::{Dataset, Features, SparseRows};
 use farout_dist::{Collective, Shards};
+use farout_layer::sharded::merge_top_k;
 use farout_linear::{SolverConfig, SparseModel, TrainSet};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -425,9 +427,6 @@ fn rows(ds: &Dataset) -> std::borrow::Cow<'_, SparseRows> {
     }
 }
 
-/// Samples whose per-rank top-k travel in one exchange (bounds the buffers of [`merge_top_k`]).
-const MERGE_CHUNK: usize = 16_384;
-
 /// The `k` best labels of the first `n` samples of `ds` (all: `n = ds.len()`), best first, with
 /// global label ids, over the labels of every rank.
 pub fn predict(
@@ -449,46 +448,7 @@ pub fn predict(
             hits
         })
         .collect();
-    merge_top_k(comm, local, k)
-}
-
-/// Merges every rank's top-k per sample (`local[i]`: this rank's best `k` or fewer hits of
-/// sample i, global ids) into the top-k over all ranks, on every rank. Ties go to the lower
-/// label, as [`farout_core::topk::top_k`] breaks them over the whole score vector, so the
-/// result equals a one-process prediction.
-pub fn merge_top_k(comm: &dyn Collective, local: Vec<Vec<Hit>>, k: usize) -> Result<Vec<Vec<Hit>>, Error> {
-    let ranks = comm.size();
-    if ranks == 1 || k == 0 {
-        return Ok(local);
-    }
-    let mut merged = Vec::with_capacity(local.len());
-    let (mut scores, mut ids) = (Vec::new(), Vec::new());
-    let (mut all_scores, mut all_ids) = (Vec::new(), Vec::new());
-    for chunk in local.chunks(MERGE_CHUNK) {
-        scores.clear();
-        ids.clear();
-        for hits in chunk {
-            // Padded to k: a rank may hold fewer than k labels.
-            scores.extend(hits.iter().map(|h| h.score).chain(std::iter::repeat(f32::NEG_INFINITY)).take(k));
-            ids.extend(hits.iter().map(|h| h.class).chain(std::iter::repeat(u32::MAX)).take(k));
-        }
-        all_scores.resize(scores.len() * ranks, 0.0);
-        all_ids.resize(ids.len() * ranks, 0);
-        comm.allgather_f32(&scores, &mut all_scores)?;
-        comm.allgather_u32(&ids, &mut all_ids)?;
-        let per_rank = scores.len();
-        for i in 0..chunk.len() {
-            let mut hits: Vec<Hit> = (0..ranks)
-                .flat_map(|r| r * per_rank + i * k..r * per_rank + (i + 1) * k)
-                .filter(|&at| all_ids[at] != u32::MAX)
-                .map(|at| Hit { class: all_ids[at], score: all_scores[at] })
-                .collect();
-            hits.sort_unstable_by(by_score);
-            hits.truncate(k);
-            merged.push(hits);
-        }
-    }
-    Ok(merged)
+    Ok(merge_top_k(comm, local, k)?)
 }
 
 /// P@k, nDCG@k (and accuracy for single-label data) of `model` on the first `max_samples`

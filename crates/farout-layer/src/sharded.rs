@@ -1,0 +1,288 @@
+//! The output layer with its classes split over ranks (model parallelism, as the
+//! vocabulary-parallel softmax of Megatron-LM and insightface's Partial FC).
+//!
+//! Rank r owns the contiguous rows `first..first + K_r` of W, their bias and optimiser state.
+//! Every rank sees the same batch `Phi`. For exact softmax, with the local scores
+//! `z_r = W_r phi + b_r` of a sample with positives P:
+//!
+//! ```text
+//! M     = max_r max_k z_rk                      (allreduce max, one value per sample)
+//! S     = sum_r sum_k exp(z_rk - M)             (allreduce sum)
+//! s_P   = sum_{p in P} z_p                      (allreduce sum: each positive has one owner)
+//! L     = |P| (M + ln S) - s_P
+//! dL/dz_rk = |P| exp(z_rk - M) / S - [k in P]   (local)
+//! dL/dphi  = sum_r (dL/dz_r)^T W_r              (allreduce sum of B x D)
+//! ```
+//!
+//! so a step moves `3B` numbers per sample batch for the loss and `B D` for `dL/dphi`, however
+//! large K is; every rank then updates only its rows. Prediction merges every rank's top-k
+//! ([`ShardedLayer::top_k`]). The loss and gradient equal [`farout_estimators::Softmax`]'s over
+//! the whole layer, up to the order of floating-point sums.
+
+use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
+use farout_core::topk::{Hit, by_score, top_k};
+use farout_core::{ClassId, Matrix};
+use farout_dist::{Collective, DistError, Shards};
+use farout_estimators::{Batch, BatchEstimate};
+use rayon::prelude::*;
+use std::ops::Range;
+use std::time::Instant;
+
+/// One rank's rows of a class-sharded output layer.
+pub struct ShardedLayer {
+    layer: OutputLayer,
+    first: usize,
+    n_classes: usize,
+    /// Seconds spent in collectives since [`ShardedLayer::take_comm_seconds`].
+    comm_seconds: f64,
+}
+
+impl ShardedLayer {
+    /// Rank `rank`'s share of an `n_classes x d_model` layer split evenly over `ranks` ranks,
+    /// initialised as [`OutputLayer::new`] initialises those rows.
+    pub fn new(
+        n_classes: usize,
+        rank: usize,
+        ranks: usize,
+        d_model: usize,
+        config: &OutputLayerConfig,
+        optimizer: &OptimizerConfig,
+        seed: u64,
+    ) -> Result<Self, Error> {
+        if n_classes < ranks {
+            return Err(Error::Config {
+                key: "output",
+                msg: format!("{n_classes} classes cannot be split over {ranks} ranks (each needs one)"),
+            });
+        }
+        let rows = Shards::even(n_classes, ranks)
+            .map_err(|e| Error::Config { key: "output", msg: e.to_string() })?
+            .range(rank);
+        let layer = OutputLayer::with_rows(rows.clone(), d_model, config, optimizer, seed)?;
+        Ok(Self { layer, first: rows.start, n_classes, comm_seconds: 0.0 })
+    }
+
+    /// The global classes this rank owns.
+    pub fn rows(&self) -> Range<usize> {
+        self.first..self.first + self.layer.n_classes()
+    }
+
+    /// Classes of the whole layer.
+    pub fn n_classes(&self) -> usize {
+        self.n_classes
+    }
+
+    /// This rank's rows as a layer of their own.
+    pub fn layer(&self) -> &OutputLayer {
+        &self.layer
+    }
+
+    /// Seconds spent in collectives since the last call (the communication share of steps).
+    pub fn take_comm_seconds(&mut self) -> f64 {
+        std::mem::take(&mut self.comm_seconds)
+    }
+
+    /// Bytes one rank sends per softmax step of `batch` samples (each collective counted once):
+    /// the max and the two sums per sample, and `dL/dphi` when wanted.
+    pub fn softmax_step_bytes(batch: usize, d_model: usize, want_dphi: bool) -> usize {
+        4 * batch + 16 * batch + if want_dphi { 4 * batch * d_model } else { 0 }
+    }
+
+    /// One exact-softmax step on `phi` (the same batch on every rank) with global class ids in
+    /// `positives`: the loss of the whole layer (the same on every rank), `dL/dphi` summed over
+    /// the ranks (read it with `layer().dphi()`, when `want_dphi`), and this rank's rows updated.
+    pub fn softmax_step(
+        &mut self,
+        comm: &dyn Collective,
+        phi: &Matrix,
+        positives: &[&[ClassId]],
+        want_dphi: bool,
+    ) -> Result<StepStats, DistError> {
+        let rows = self.rows();
+        let mut comm_seconds = 0.0;
+        let stats = self.layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
+            let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
+            grads.dense.reshape_for_overwrite(b, k);
+            grads.is_dense = true;
+            let z = grads.dense.as_mut_slice();
+            farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, z);
+            if let Some(bias) = ctx.bias {
+                z.par_chunks_mut(k).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+            }
+            let owned = |p: ClassId| (p as usize).checked_sub(rows.start).filter(|&l| l < k);
+            // Per sample, locally: the positives' scores this rank owns, the local max m_r, the
+            // exponentials exp(z - m_r) in place and their sum.
+            let mut local = vec![(0f32, 0f64, 0f64); b];
+            z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
+                |((row, (m, e, s)), pos)| {
+                    *s = pos.iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
+                    *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f64;
+                    row.iter_mut().for_each(|v| {
+                        *v = (*v - *m).exp();
+                        sum += f64::from(*v);
+                    });
+                    *e = sum;
+                },
+            );
+            let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
+            let t = Instant::now();
+            comm.allreduce_max_f32(&mut max)?;
+            comm_seconds += t.elapsed().as_secs_f64();
+            // The local sums rescaled to the global max, then summed over ranks with the
+            // positives' scores: S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r).
+            let mut sums = vec![0f64; 2 * b];
+            for (i, &(m, e, s)) in local.iter().enumerate() {
+                sums[i] = e * f64::from(m - max[i]).exp();
+                sums[b + i] = s;
+            }
+            let t = Instant::now();
+            comm.allreduce_sum_f64(&mut sums)?;
+            comm_seconds += t.elapsed().as_secs_f64();
+            let (exp_sums, pos_sums) = sums.split_at(b);
+            let loss_sum = z
+                .par_chunks_mut(k)
+                .zip(batch.positives.par_iter())
+                .zip(local.par_iter().zip(max.par_iter().zip(exp_sums.par_iter().zip(pos_sums.par_iter()))))
+                .map(|((row, pos), (&(m_r, _, _), (&m, (&sum, &pos_sum))))| {
+                    if pos.is_empty() {
+                        row.fill(0.0);
+                        return 0.0;
+                    }
+                    // exp(z - M) = exp(z - m_r) exp(m_r - M).
+                    let scale = (pos.len() as f64 * f64::from(m_r - m).exp() / sum) as f32;
+                    row.iter_mut().for_each(|v| *v *= scale);
+                    for l in pos.iter().filter_map(|&p| owned(p)) {
+                        row[l] -= 1.0;
+                    }
+                    pos.len() as f64 * (f64::from(m) + sum.ln()) - pos_sum
+                })
+                .sum();
+            Ok(BatchEstimate { loss_sum, classes_scored: b * self.n_classes })
+        })?;
+        if want_dphi {
+            let t = Instant::now();
+            comm.allreduce_sum_f32(self.layer.dphi_mut().as_mut_slice())?;
+            comm_seconds += t.elapsed().as_secs_f64();
+        }
+        self.comm_seconds += comm_seconds;
+        Ok(stats)
+    }
+
+    /// The `k` best classes of every row of `phi` over the whole layer, best first, with global
+    /// ids (ties to the lower class, as [`top_k`] breaks them over all scores); on every rank.
+    pub fn top_k(&self, comm: &dyn Collective, phi: &Matrix, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
+        let mut z = Matrix::default();
+        self.layer.scores(phi, &mut z);
+        let first = self.first as ClassId;
+        let local: Vec<Vec<Hit>> = (0..phi.rows())
+            .into_par_iter()
+            .map(|i| {
+                let mut hits = Vec::with_capacity(k);
+                top_k(z.row(i), k, &mut hits);
+                hits.iter_mut().for_each(|h| h.class += first);
+                hits
+            })
+            .collect();
+        merge_top_k(comm, local, k)
+    }
+}
+
+/// Rows whose per-rank top-k travel in one exchange (bounds the buffers of [`merge_top_k`]).
+const MERGE_CHUNK: usize = 16_384;
+
+/// Every rank's top-k per row (`local[i]`: at most `k` hits, global ids) merged into the top-k
+/// over all ranks, on every rank; ties go to the lower class, as [`top_k`] breaks them over all
+/// scores, so the result equals a one-process prediction. Every rank must pass as many rows.
+pub fn merge_top_k(comm: &dyn Collective, local: Vec<Vec<Hit>>, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
+    let ranks = comm.size();
+    if ranks == 1 || k == 0 {
+        return Ok(local);
+    }
+    let mut merged = Vec::with_capacity(local.len());
+    let (mut scores, mut ids) = (Vec::new(), Vec::new());
+    let (mut all_scores, mut all_ids) = (Vec::new(), Vec::new());
+    for chunk in local.chunks(MERGE_CHUNK) {
+        scores.clear();
+        ids.clear();
+        for hits in chunk {
+            // Padded to k: a rank may hold fewer than k classes.
+            scores.extend(hits.iter().map(|h| h.score).chain(std::iter::repeat(f32::NEG_INFINITY)).take(k));
+            ids.extend(hits.iter().map(|h| h.class).chain(std::iter::repeat(u32::MAX)).take(k));
+        }
+        all_scores.resize(scores.len() * ranks, 0.0);
+        all_ids.resize(ids.len() * ranks, 0);
+        comm.allgather_f32(&scores, &mut all_scores)?;
+        comm.allgather_u32(&ids, &mut all_ids)?;
+        let per_rank = scores.len();
+        for i in 0..chunk.len() {
+            let mut hits: Vec<Hit> = (0..ranks)
+                .flat_map(|r| r * per_rank + i * k..r * per_rank + (i + 1) * k)
+                .filter(|&at| all_ids[at] != u32::MAX)
+                .map(|at| Hit { class: all_ids[at], score: all_scores[at] })
+                .collect();
+            hits.sort_unstable_by(by_score);
+            hits.truncate(k);
+            merged.push(hits);
+        }
+    }
+    Ok(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farout_core::rng;
+    use farout_dist::Local;
+    use farout_estimators::{Exact, Softmax};
+
+    /// One rank: the sharded step is the exact softmax step of the whole layer.
+    #[test]
+    fn one_shard_steps_like_the_exact_softmax_layer() {
+        let (k, d, b) = (300, 16, 24);
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3, ..Default::default() };
+        let opt = OptimizerConfig::Adagrad { lr: 0.2, eps: 1e-8, l2: 0.0 };
+        let mut sharded = ShardedLayer::new(k, 0, 1, d, &cfg, &opt, 7).unwrap();
+        let mut whole = OutputLayer::new(k, d, &cfg, &opt, 7).unwrap();
+        let mut r = rng::seeded(1, 0);
+        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let labels: Vec<Vec<u32>> =
+            (0..b).map(|i| if i == 3 { vec![] } else { vec![(i * 37 % k) as u32, 5] }).collect();
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let est = Exact::new(Softmax);
+        for step in 0..5 {
+            let a = sharded.softmax_step(&Local, &phi, &pos, true).unwrap();
+            let e = whole.train_step(&est, Batch::new(&phi, &pos), &mut r, true);
+            assert!((a.loss_sum - e.loss_sum).abs() <= 1e-5 * e.loss_sum.abs(), "step {step}: {a:?} vs {e:?}");
+            assert_eq!(a.classes_scored, e.classes_scored);
+            let diff = |x: &Matrix, y: &Matrix| {
+                x.as_slice().iter().zip(y.as_slice()).map(|(u, v)| (u - v).abs()).fold(0.0f32, f32::max)
+            };
+            assert!(diff(sharded.layer().dphi(), whole.dphi()) < 1e-5, "step {step}");
+            assert!(diff(sharded.layer().weights(), whole.weights()) < 1e-5, "step {step}");
+        }
+        let hits = sharded.top_k(&Local, &phi, 4).unwrap();
+        let mut z = Matrix::default();
+        whole.scores(&phi, &mut z);
+        for (i, h) in hits.iter().enumerate() {
+            let mut want = Vec::new();
+            top_k(z.row(i), 4, &mut want);
+            assert_eq!(h.iter().map(|h| h.class).collect::<Vec<_>>(), want.iter().map(|h| h.class).collect::<Vec<_>>());
+        }
+    }
+
+    /// The shards' initial rows are the whole layer's rows.
+    #[test]
+    fn shards_start_as_the_rows_of_the_whole_layer() {
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.5, ..Default::default() };
+        let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
+        let whole = OutputLayer::new(10, 3, &cfg, &opt, 9).unwrap();
+        for rank in 0..3 {
+            let s = ShardedLayer::new(10, rank, 3, 3, &cfg, &opt, 9).unwrap();
+            for (local, global) in s.rows().enumerate() {
+                assert_eq!(s.layer().weights().row(local), whole.weights().row(global));
+            }
+        }
+        assert!(ShardedLayer::new(2, 0, 3, 3, &cfg, &opt, 9).is_err());
+    }
+}
