@@ -212,6 +212,8 @@ mod tests {
 
     #[test]
     fn batched_margin_equals_per_sample_reference() {
-        batch_matches_per_sample(SmoothedMargin::new(1.0).unwrap());
+        for mu in [0.05, 1.0, 50.0] {
+            batch_matches_per_sample(SmoothedMargin::new(mu).unwrap());
+        }
     }
 }
