@@ -100,6 +100,27 @@ fn skipgram_errors_name_the_problem() {
     assert!(stderr(&o).contains("key `model.skip_gram.window`"), "{}", stderr(&o));
     let o = farout(&["eval", "analogy", "--vectors", bad.to_str().unwrap(), "--questions", "x"]);
     assert!(stderr(&o).contains("bad.txt:1: expected `count dim`"), "{}", stderr(&o));
+    let o = farout(&args(&["--set", "model.skip_gram.mode=\"cbow\"", "--set", "output.estimator=\"softmax\""], &q));
+    assert!(
+        stderr(&o).contains("key `model.skip_gram.mode`: \"cbow\" trains with negative sampling"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn cbow_trains_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let pairs = dir.path().join("pairs.tsv");
+    topic_pairs(&pairs);
+    let eval = format!("eval.similarity=\"{}\"", pairs.display());
+    let s = summary(&farout(&args(&["--set", "model.skip_gram.mode=\"cbow\"", "--set", &eval], &q)));
+    assert_eq!(s["epochs"], 2);
+    // One step per centre word (skip-gram takes one per pair, several per word).
+    assert!(s["pairs"].as_u64().unwrap() <= s["words"].as_u64().unwrap(), "{s}");
+    let rho = s["similarity"]["spearman"].as_f64().unwrap();
+    assert!(rho > 0.6, "similarity on topic pairs: {rho}");
 }
 
 #[test]

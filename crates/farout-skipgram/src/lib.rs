@@ -43,6 +43,18 @@ pub enum Hogwild {
     Racy,
 }
 
+/// Which word predicts which (`model.skip_gram.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Skip-gram: every context word predicts the centre word, one pair at a time.
+    #[default]
+    SkipGram,
+    /// Continuous bag of words: the mean of the window's input vectors predicts the centre
+    /// word, one step per centre (word2vec's and fastText's `cbow`; negative sampling only).
+    Cbow,
+}
+
 /// Which form of the skip-gram objective the estimators other than negative sampling train.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,6 +85,8 @@ pub enum Updates {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SkipGramConfig {
+    /// Skip-gram or CBOW.
+    pub mode: Mode,
     /// Vector dimension.
     pub dim: usize,
     /// Maximum window: each centre word uses a window drawn uniformly from 1..=window.
@@ -99,6 +113,7 @@ pub struct SkipGramConfig {
 impl Default for SkipGramConfig {
     fn default() -> Self {
         Self {
+            mode: Mode::SkipGram,
             dim: 100,
             window: 5,
             lr: 0.025,

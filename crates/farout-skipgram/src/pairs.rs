@@ -41,6 +41,23 @@ pub fn for_each_pair(sentence: &[u32], window: usize, rng: &mut Rng, mut f: impl
     }
 }
 
+/// Calls `f(rng, contexts, centre)` for every word of `sentence` that has a context: the words
+/// within a dynamic window drawn from `rng` as [`for_each_pair`] draws it (CBOW's input).
+#[inline]
+pub fn for_each_window(sentence: &[u32], window: usize, rng: &mut Rng, mut f: impl FnMut(&mut Rng, &[u32], u32)) {
+    let n = sentence.len();
+    let mut contexts = Vec::with_capacity(2 * window);
+    for pos in 0..n {
+        let b = rng.random_range(1..=window);
+        contexts.clear();
+        let around = pos.saturating_sub(b)..(pos + b + 1).min(n);
+        contexts.extend(around.filter(|&c| c != pos).map(|c| sentence[c]));
+        if !contexts.is_empty() {
+            f(rng, &contexts, sentence[pos]);
+        }
+    }
+}
+
 /// The first `max_pairs` pairs of `corpus` (all when 0), as training would draw them with
 /// `seed`: a fixed sample for evaluating the objective.
 pub fn sample_pairs(

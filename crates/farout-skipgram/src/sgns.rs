@@ -14,10 +14,15 @@
 //! `y` (1 for the centre, 0 for a negative), `g = lr (y - s(u . v_k))`, `e += g v_k`,
 //! `v_k += g u`; then `u += e`. Negatives equal to the centre are skipped, as word2vec does.
 //! The step size falls linearly from `lr` to `min_lr` over all the words of all epochs.
+//!
+//! CBOW (`mode = "cbow"`, Mikolov et al. 2013a) takes one step per centre word instead: the
+//! input is the mean `h = (1/|C|) sum_{c in C} U[c]` of the window's input vectors, the loss is
+//! the pair loss above with `u = h`, and after the targets' steps every context word gets
+//! `U[c] += e`, the whole error as in word2vec's and fastText's CBOW (not divided by |C|).
 
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
-use crate::pairs::{for_each_pair, subsample};
-use crate::{Embeddings, Error, Hogwild, REPORT_INTERVAL, SkipGramConfig};
+use crate::pairs::{for_each_pair, for_each_window, subsample};
+use crate::{Embeddings, Error, Hogwild, Mode, REPORT_INTERVAL, SkipGramConfig};
 use farout_core::{AliasTable, Rng, rng};
 use farout_data::corpus::{TextSpec, Vocab, for_each_line, split_lines};
 use std::path::Path;
@@ -276,26 +281,34 @@ impl NsJob<'_> {
 
     fn train_sentence<R: HogwildRows>(&self, input: &R, output: &R, lr: f32, s: &mut Scratch, rng: &mut Rng) {
         let sentence = std::mem::take(&mut s.sentence);
-        for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
-            self.train_pair(input, output, context, centre, lr, s, rng)
-        });
+        match self.config.mode {
+            Mode::SkipGram => for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
+                input.read(context as usize, &mut s.l1);
+                self.train_targets(output, centre, lr, s, rng);
+                input.axpy(context as usize, 1.0, &s.err);
+            }),
+            Mode::Cbow => for_each_window(&sentence, self.config.window, rng, |rng, contexts, centre| {
+                // h = mean of the context vectors, built in `l1` (`err` is scratch here).
+                s.l1.fill(0.0);
+                for &c in contexts {
+                    input.read(c as usize, &mut s.err);
+                    s.l1.iter_mut().zip(&s.err).for_each(|(h, x)| *h += x);
+                }
+                let inv = 1.0 / contexts.len() as f32;
+                s.l1.iter_mut().for_each(|h| *h *= inv);
+                self.train_targets(output, centre, lr, s, rng);
+                for &c in contexts {
+                    input.axpy(c as usize, 1.0, &s.err);
+                }
+            }),
+        }
         s.sentence = sentence;
     }
 
-    /// One SGD step on the pair's loss (module docs).
-    #[allow(clippy::too_many_arguments)]
+    /// The output side of one SGD step on the loss of input `s.l1` and `centre` (module docs):
+    /// the centre's and the negatives' vectors move, and `s.err` receives the input's update.
     #[inline]
-    fn train_pair<R: HogwildRows>(
-        &self,
-        input: &R,
-        output: &R,
-        context: u32,
-        centre: u32,
-        lr: f32,
-        s: &mut Scratch,
-        rng: &mut Rng,
-    ) {
-        input.read(context as usize, &mut s.l1);
+    fn train_targets<R: HogwildRows>(&self, output: &R, centre: u32, lr: f32, s: &mut Scratch, rng: &mut Rng) {
         s.err.fill(0.0);
         // The loss costs two logarithms per target: estimate it on one pair in 8.
         let track = s.pairs.is_multiple_of(8);
@@ -328,7 +341,6 @@ impl NsJob<'_> {
             s.loss_n += 1;
         }
         s.pairs += 1;
-        input.axpy(context as usize, 1.0, &s.err);
     }
 }
 
@@ -425,6 +437,54 @@ mod tests {
             let (before, after) = (topic_purity(&s, &untrained), topic_purity(&s, &emb));
             assert!(before < 0.25 && after > 0.8, "{hogwild:?}: purity {before} -> {after}");
         }
+    }
+
+    #[test]
+    fn cbow_learns_the_topics() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 32, mode: Mode::Cbow, ..SkipGramConfig::default() };
+        let untrained = Embeddings::init(s.vocab.len(), 32, 1.0, 3);
+        let (emb, stats) = train(&s, &config, 2, 3);
+        // One step per centre word: fewer steps than skip-gram's pairs, at most one per word.
+        assert!(stats.iter().all(|e| e.pairs > 0 && e.pairs <= e.words), "{stats:?}");
+        assert!(stats[2].loss < stats[0].loss, "{stats:?}");
+        let (before, after) = (topic_purity(&s, &untrained), topic_purity(&s, &emb));
+        assert!(before < 0.25 && after > 0.8, "purity {before} -> {after}");
+    }
+
+    /// One CBOW sentence against the update written out by hand: windows of 1 (the draw from
+    /// 1..=1), no negatives, so every step is the centre's.
+    #[test]
+    fn a_cbow_sentence_matches_the_update_written_out() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 4, window: 1, mode: Mode::Cbow, ..SkipGramConfig::default() };
+        let j = NsJob { negatives: 0, ..job(&s, &config, 1, 1) };
+        let mut r = rng::seeded(5, 0);
+        let rand = |r: &mut Rng, n: usize| -> Vec<f32> { (0..n * 4).map(|_| 0.5 * rng::normal(r)).collect() };
+        let (u0, v0) = (rand(&mut r, 3), rand(&mut r, 3));
+        let input = AtomicRows::from_matrix(farout_core::Matrix::from_vec(3, 4, u0.clone()).unwrap());
+        let output = AtomicRows::from_matrix(farout_core::Matrix::from_vec(3, 4, v0.clone()).unwrap());
+        let mut scratch = Scratch::new(4);
+        scratch.sentence = vec![2, 0, 1];
+        let lr = 0.3;
+        j.train_sentence(&input, &output, lr, &mut scratch, &mut r);
+        // Reference: (contexts, centre) per position, applied in order.
+        let (mut u, mut v) = (u0, v0);
+        for (contexts, centre) in [(vec![0usize], 2usize), (vec![2, 1], 0), (vec![0], 1)] {
+            let h: Vec<f32> =
+                (0..4).map(|d| contexts.iter().map(|&c| u[c * 4 + d]).sum::<f32>() / contexts.len() as f32).collect();
+            let f: f32 = (0..4).map(|d| h[d] * v[centre * 4 + d]).sum();
+            let g = lr * (1.0 - 1.0 / (1.0 + (-f).exp()));
+            let e: Vec<f32> = (0..4).map(|d| g * v[centre * 4 + d]).collect();
+            (0..4).for_each(|d| v[centre * 4 + d] += g * h[d]);
+            for &c in &contexts {
+                (0..4).for_each(|d| u[c * 4 + d] += e[d]);
+            }
+        }
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        assert!(close(input.to_matrix().as_slice(), &u), "{:?} vs {u:?}", input.to_matrix());
+        assert!(close(output.to_matrix().as_slice(), &v), "{:?} vs {v:?}", output.to_matrix());
+        assert_eq!(scratch.pairs, 3);
     }
 
     #[test]

@@ -570,6 +570,18 @@ impl Config {
                     "skip-gram warms up with model.skip_gram.ns_warmup_epochs",
                 ));
             }
+            if self.model.skip_gram.mode == farout_skipgram::Mode::Cbow
+                && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_))
+            {
+                return Err(ConfigError::key(
+                    "model.skip_gram.mode",
+                    format!(
+                        "\"cbow\" trains with negative sampling only; set output.estimator = \"negative_sampling\" \
+                         (found {:?})",
+                        out.estimator.name()
+                    ),
+                ));
+            }
             let softmax = match &out.estimator {
                 EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
                 EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => {
