@@ -11,7 +11,8 @@ Run (from anywhere; the venv's python must be the interpreter, it imports fastte
     /tmp/wv-venv/bin/python benches/peers/wordvec_peers.py CORPUS OUTDIR \
         [--seeds 3] [--farout target/release/farout] [--data ../shared/data] [--subword-reference]
 
-Settings (like for like): skip-gram, dim 100, window 5, 5 negatives, t = 1e-4, min_count 5,
+Settings (like for like): skip-gram (or CBOW with `--mode cbow`: farout's mode = "cbow",
+fastText's model="cbow", gensim's sg=0, each with its own defaults otherwise), dim 100, window 5, 5 negatives, t = 1e-4, min_count 5,
 5 epochs, 2 threads. farout: configs/skipgram-gcide.toml (lr 0.05; `--farout-lr` sets another). fastText:
 train_unsupervised(model="skipgram", minn=0, maxn=0), its default lr 0.05 and other defaults
 (lrUpdateRate 100, bucket 0 without subwords); its Python API (fasttext-wheel 0.9.2) has no
@@ -40,7 +41,7 @@ def train_fasttext(a):
     import fasttext
     sub = {} if a.subwords else {"minn": 0, "maxn": 0}
     t0 = time.time()
-    m = fasttext.train_unsupervised(a.corpus, model="skipgram", dim=100, ws=5, neg=5, t=1e-4,
+    m = fasttext.train_unsupervised(a.corpus, model=a.mode, dim=100, ws=5, neg=5, t=1e-4,
                                     minCount=5, epoch=5, thread=2, verbose=0, **sub)
     secs = time.time() - t0
     words = m.get_words(on_unicode_error="replace")
@@ -57,7 +58,7 @@ def train_gensim(a):
     from gensim.models import Word2Vec
     from gensim.models.word2vec import LineSentence
     t0 = time.time()
-    m = Word2Vec(sg=1, hs=0, vector_size=100, window=5, negative=5, sample=1e-4, min_count=5,
+    m = Word2Vec(sg=int(a.mode == "skipgram"), hs=0, vector_size=100, window=5, negative=5, sample=1e-4, min_count=5,
                  workers=2, seed=a.seed)
     m.build_vocab(LineSentence(a.corpus))
     t1 = time.time()
@@ -115,6 +116,7 @@ def main():
         p.add_argument("out")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--subwords", action="store_true")
+        p.add_argument("--mode", choices=["skipgram", "cbow"], default="skipgram")
         a = p.parse_args()
         (train_fasttext if a.tool == "fasttext" else train_gensim)(a)
         return
@@ -128,6 +130,8 @@ def main():
     p.add_argument("--subword-reference", action="store_true")
     p.add_argument("--farout-lr", type=float, default=None,
                    help="farout's model.skip_gram.lr (default: the config's)")
+    p.add_argument("--mode", choices=["skipgram", "cbow"], default="skipgram",
+                   help="cbow: farout's model.skip_gram.mode = \"cbow\", fastText's model=\"cbow\", gensim's sg=0")
     a = p.parse_args()
     corpus, out, data = os.path.abspath(a.corpus), os.path.abspath(a.outdir), os.path.abspath(a.data)
     os.makedirs(out, exist_ok=True)
@@ -146,6 +150,8 @@ def main():
                    "--summary", f"{out}/{name}.json", "--export-vectors", vec]
             if a.farout_lr is not None:
                 cmd += ["--set", f"model.skip_gram.lr={a.farout_lr}"]
+            if a.mode == "cbow":
+                cmd += ["--set", 'model.skip_gram.mode="cbow"']
             load = os.getloadavg()[0]
             _, err, wall, rss, cpu = timed(cmd, env)
             s = json.load(open(f"{out}/{name}.json"))
@@ -154,7 +160,8 @@ def main():
                        own_analogy=round(s["analogy"]["accuracy"], 4))
         else:
             vec = f"{out}/{name}.vec"
-            cmd = [sys.executable, os.path.abspath(__file__), "_train", tool, corpus, vec, "--seed", str(seed)]
+            cmd = [sys.executable, os.path.abspath(__file__), "_train", tool, corpus, vec, "--seed", str(seed),
+                   "--mode", a.mode]
             if subwords:
                 cmd.append("--subwords")
             load = os.getloadavg()[0]
