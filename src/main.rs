@@ -322,7 +322,7 @@ fn load_config(path: &Path, set: &[String]) -> Result<Config> {
 /// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
 /// (a linear model: this rank's labels of it).
 enum Trained<'c> {
-    Network(Box<Trainer>),
+    Network(Box<Trainer>, &'c dyn Collective),
     Linear(Box<LinearRun>, LinearModel, &'c dyn Collective),
 }
 
@@ -333,37 +333,36 @@ impl<'c> Trained<'c> {
             let model = run.load_model(checkpoint.as_deref(), comm)?;
             return Ok(Self::Linear(Box::new(run), model, comm));
         }
-        one_process(comm, "a network's eval and predict")?;
         let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
-        let mut t = Trainer::new(config)?;
-        t.load_checkpoint(&dir).with_context(|| format!("loading checkpoint {}", dir.display()))?;
-        Ok(Self::Network(Box::new(t)))
+        let mut t = agree(comm, Trainer::new_on(config, comm))?;
+        t.load_checkpoint_on(&dir, comm).with_context(|| format!("loading checkpoint {}", dir.display()))?;
+        Ok(Self::Network(Box::new(t), comm))
     }
 
     fn test(&self) -> Option<&Dataset> {
         match self {
-            Self::Network(t) => t.data().test.as_ref(),
+            Self::Network(t, _) => t.data().test.as_ref(),
             Self::Linear(run, ..) => run.data().test.as_ref(),
         }
     }
 
     fn evaluate(&self, ds: &Dataset) -> Result<BTreeMap<String, f64>> {
         Ok(match self {
-            Self::Network(t) => t.evaluate(ds, 0),
+            Self::Network(t, comm) => t.evaluate_on(ds, 0, *comm)?,
             Self::Linear(_, model, comm) => linear::evaluate(model, ds, 0, *comm)?,
         })
     }
 
     fn load_input(&self, path: &Path, labels: Option<&Path>) -> Result<Dataset> {
         Ok(match self {
-            Self::Network(t) => t.load_input(path, labels)?,
+            Self::Network(t, comm) => agree(*comm, t.load_input(path, labels))?,
             Self::Linear(run, _, comm) => agree(*comm, run.load_input(path, labels))?,
         })
     }
 
     fn predict(&self, ds: &Dataset, k: usize) -> Result<Vec<Vec<Hit>>> {
         Ok(match self {
-            Self::Network(t) => t.predict(ds, k),
+            Self::Network(t, comm) => t.predict_on(ds, k, *comm)?,
             Self::Linear(_, model, comm) => linear::predict(model, ds, ds.len(), k, *comm)?,
         })
     }
@@ -375,7 +374,7 @@ fn one_process(comm: &dyn Collective, what: &str) -> Result<()> {
         anyhow::bail!(
             "{what} runs in one process, but mpirun started {} ranks (each would do the whole job); run it \
              without mpirun. Under mpirun, farout trains, evaluates and predicts with linear configs whose \
-             solver is label-parallel (dismec, ppdsparse)",
+             solver is label-parallel (dismec, ppdsparse) and face-head configs with the exact softmax",
             comm.size()
         );
     }

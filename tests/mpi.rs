@@ -188,7 +188,10 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
     let memoir = config(dir.path(), "memoir");
     once(&mpirun(2, &args("train", &memoir, &dir.path().join("m"), &[])), "key `linear.solver`");
     let quick = PathBuf::from("configs/quickstart.toml");
-    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &[])), "run them without mpirun");
+    let margin = ["--set", "output.estimator=\"margin\""];
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &margin)), "key `output.estimator`");
+    let corpus = PathBuf::from("configs/skipgram-quickstart.toml");
+    once(&mpirun(2, &args("train", &corpus, &dir.path().join("s"), &[])), "run it without mpirun");
     let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
     let mut corpus: Vec<String> = corpus.iter().map(|s| s.to_string()).collect();
     corpus.push(dir.path().join("c.txt").display().to_string());
@@ -230,4 +233,79 @@ fn a_class_sharded_softmax_layer_steps_like_one_process() {
     let err = stderr(&o);
     assert_eq!(err.matches("error:").count(), 1, "{err}");
     assert!(err.contains("class-sharded exact softmax"), "{err}");
+}
+
+/// The quickstart's face task, small: 1,000 identities, 10,000 samples, 2 epochs (64 steps),
+/// the training loss logged at every step.
+fn face_args(command: &str, run: &Path, extra: &[&str]) -> Vec<String> {
+    let sets = [
+        "data.face.n_classes=1000",
+        "data.face.n_samples=10000",
+        "train.epochs=2",
+        "train.log_every=1",
+        "log.progress=false",
+    ];
+    let mut a = args(command, Path::new("configs/quickstart.toml"), run, &[]);
+    for s in sets {
+        a.extend(["--set".to_string(), s.to_string()]);
+    }
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// (step, train/loss) of every step a run logged.
+fn step_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["train/loss"].as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn a_class_sharded_softmax_layer_trains_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |ranks: usize| dir.path().join(format!("np{ranks}"));
+    let one = json(&mpirun(1, &face_args("train", &run(1), &[])));
+    let losses1 = step_losses(&run(1));
+    assert_eq!(losses1.len(), 64);
+    assert!(one["metrics"]["p@1"].as_f64().unwrap() > 0.5, "{one}");
+    for ranks in [2, 4] {
+        let out = mpirun(ranks, &face_args("train", &run(ranks), &[]));
+        let s = json(&out);
+        assert!(!stderr(&out).contains("(rank "), "{}", stderr(&out));
+        // The loss of every step, and the final metrics, are one process's.
+        let losses = step_losses(&run(ranks));
+        assert_eq!(losses.len(), 64, "one log line per step, from rank 0 only");
+        for ((step, a), (_, b)) in losses.iter().zip(&losses1) {
+            assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, step {step}: {a} against {b}");
+        }
+        for key in ["p@1", "p@5", "loss"] {
+            let (a, b) = (s["metrics"][key].as_f64().unwrap(), one["metrics"][key].as_f64().unwrap());
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{ranks} ranks, {key}: {a} against {b}");
+        }
+        assert_eq!(s["model_bytes"], one["model_bytes"], "the ranks' rows add up to the layer");
+        for r in 0..ranks {
+            assert!(run(ranks).join("ckpt").join(format!("rank-{r}-of-{ranks}")).join("layer.bin").exists());
+        }
+    }
+    // The checkpoint of 2 ranks evaluates at 2 ranks to the final metrics; other counts are refused.
+    let trained = json(&mpirun(2, &face_args("train", &dir.path().join("again"), &["--set", "train.epochs=1"])));
+    let eval = json(&mpirun(2, &face_args("eval", &dir.path().join("again"), &[])));
+    assert_eq!(eval, trained["metrics"]);
+    for ranks in [1, 4] {
+        let o = mpirun(ranks, &face_args("eval", &dir.path().join("again"), &[]));
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert_eq!(err.matches("error:").count(), 1, "{err}");
+        assert!(err.contains("holds the checkpoints of 2 MPI ranks"), "{err}");
+    }
+    // Resumed after its first epoch at 2 ranks, the run ends as the uninterrupted one.
+    let resumed = json(&mpirun(2, &face_args("train", &dir.path().join("again"), &["--resume"])));
+    let straight = json(&mpirun(2, &face_args("train", &run(2), &["--overwrite"])));
+    for key in ["p@1", "loss"] {
+        let (a, b) = (resumed["metrics"][key].as_f64().unwrap(), straight["metrics"][key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{key}: resumed {a}, straight {b}");
+    }
 }

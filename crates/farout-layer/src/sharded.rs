@@ -98,74 +98,9 @@ impl ShardedLayer {
         positives: &[&[ClassId]],
         want_dphi: bool,
     ) -> Result<StepStats, DistError> {
-        let rows = self.rows();
-        let mut comm_seconds = 0.0;
-        let stats = self.layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
-            let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
-            grads.dense.reshape_for_overwrite(b, k);
-            grads.is_dense = true;
-            let z = grads.dense.as_mut_slice();
-            farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, z);
-            if let Some(bias) = ctx.bias {
-                z.par_chunks_mut(k).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
-            }
-            let owned = |p: ClassId| (p as usize).checked_sub(rows.start).filter(|&l| l < k);
-            // Per sample, locally: the positives' scores this rank owns, the local max m_r, the
-            // exponentials exp(z - m_r) in place and their sum.
-            let mut local = vec![(0f32, 0f64, 0f64); b];
-            z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
-                |((row, (m, e, s)), pos)| {
-                    *s = pos.iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
-                    *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0f64;
-                    row.iter_mut().for_each(|v| {
-                        *v = (*v - *m).exp();
-                        sum += f64::from(*v);
-                    });
-                    *e = sum;
-                },
-            );
-            let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
-            let t = Instant::now();
-            comm.allreduce_max_f32(&mut max)?;
-            comm_seconds += t.elapsed().as_secs_f64();
-            // The local sums rescaled to the global max, then summed over ranks with the
-            // positives' scores: S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r).
-            let mut sums = vec![0f64; 2 * b];
-            for (i, &(m, e, s)) in local.iter().enumerate() {
-                sums[i] = e * f64::from(m - max[i]).exp();
-                sums[b + i] = s;
-            }
-            let t = Instant::now();
-            comm.allreduce_sum_f64(&mut sums)?;
-            comm_seconds += t.elapsed().as_secs_f64();
-            let (exp_sums, pos_sums) = sums.split_at(b);
-            let loss_sum = z
-                .par_chunks_mut(k)
-                .zip(batch.positives.par_iter())
-                .zip(local.par_iter().zip(max.par_iter().zip(exp_sums.par_iter().zip(pos_sums.par_iter()))))
-                .map(|((row, pos), (&(m_r, _, _), (&m, (&sum, &pos_sum))))| {
-                    if pos.is_empty() {
-                        row.fill(0.0);
-                        return 0.0;
-                    }
-                    // exp(z - M) = exp(z - m_r) exp(m_r - M).
-                    let scale = (pos.len() as f64 * f64::from(m_r - m).exp() / sum) as f32;
-                    row.iter_mut().for_each(|v| *v *= scale);
-                    for l in pos.iter().filter_map(|&p| owned(p)) {
-                        row[l] -= 1.0;
-                    }
-                    pos.len() as f64 * (f64::from(m) + sum.ln()) - pos_sum
-                })
-                .sum();
-            Ok(BatchEstimate { loss_sum, classes_scored: b * self.n_classes })
-        })?;
-        if want_dphi {
-            let t = Instant::now();
-            comm.allreduce_sum_f32(self.layer.dphi_mut().as_mut_slice())?;
-            comm_seconds += t.elapsed().as_secs_f64();
-        }
-        self.comm_seconds += comm_seconds;
+        let (stats, seconds) =
+            softmax_step(&mut self.layer, self.first, self.n_classes, comm, phi, positives, want_dphi)?;
+        self.comm_seconds += seconds;
         Ok(stats)
     }
 
@@ -174,18 +109,138 @@ impl ShardedLayer {
     pub fn top_k(&self, comm: &dyn Collective, phi: &Matrix, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
         let mut z = Matrix::default();
         self.layer.scores(phi, &mut z);
-        let first = self.first as ClassId;
-        let local: Vec<Vec<Hit>> = (0..phi.rows())
-            .into_par_iter()
-            .map(|i| {
-                let mut hits = Vec::with_capacity(k);
-                top_k(z.row(i), k, &mut hits);
-                hits.iter_mut().for_each(|h| h.class += first);
-                hits
-            })
-            .collect();
-        merge_top_k(comm, local, k)
+        merged_top_k(comm, &z, self.first, k)
     }
+}
+
+/// One exact-softmax step of `layer`, the rows `first..` of an `n_classes`-class layer split over
+/// the ranks of `comm`, on `phi` (the same batch on every rank) with global class ids in
+/// `positives`: the loss of the whole layer (the same on every rank), `dL/dphi` summed over the
+/// ranks (in `layer.dphi()`, when `want_dphi`), and this rank's rows updated. Also returns the
+/// seconds spent in collectives.
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_step(
+    layer: &mut OutputLayer,
+    first: usize,
+    n_classes: usize,
+    comm: &dyn Collective,
+    phi: &Matrix,
+    positives: &[&[ClassId]],
+    want_dphi: bool,
+) -> Result<(StepStats, f64), DistError> {
+    let rows = first..first + layer.n_classes();
+    let mut comm_seconds = 0.0;
+    let stats = layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
+        let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
+        grads.dense.reshape_for_overwrite(b, k);
+        grads.is_dense = true;
+        let z = grads.dense.as_mut_slice();
+        farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, z);
+        if let Some(bias) = ctx.bias {
+            z.par_chunks_mut(k).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
+        }
+        let owned = |p: ClassId| (p as usize).checked_sub(rows.start).filter(|&l| l < k);
+        // Per sample, locally: the positives' scores this rank owns, the local max m_r, the
+        // exponentials exp(z - m_r) in place and their sum.
+        let mut local = vec![(0f32, 0f64, 0f64); b];
+        z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
+            |((row, (m, e, s)), pos)| {
+                *s = pos.iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
+                *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f64;
+                row.iter_mut().for_each(|v| {
+                    *v = (*v - *m).exp();
+                    sum += f64::from(*v);
+                });
+                *e = sum;
+            },
+        );
+        let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
+        let t = Instant::now();
+        comm.allreduce_max_f32(&mut max)?;
+        comm_seconds += t.elapsed().as_secs_f64();
+        // The local sums rescaled to the global max, then summed over ranks with the
+        // positives' scores: S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r).
+        let mut sums = vec![0f64; 2 * b];
+        for (i, &(m, e, s)) in local.iter().enumerate() {
+            sums[i] = e * f64::from(m - max[i]).exp();
+            sums[b + i] = s;
+        }
+        let t = Instant::now();
+        comm.allreduce_sum_f64(&mut sums)?;
+        comm_seconds += t.elapsed().as_secs_f64();
+        let (exp_sums, pos_sums) = sums.split_at(b);
+        let loss_sum = z
+            .par_chunks_mut(k)
+            .zip(batch.positives.par_iter())
+            .zip(local.par_iter().zip(max.par_iter().zip(exp_sums.par_iter().zip(pos_sums.par_iter()))))
+            .map(|((row, pos), (&(m_r, _, _), (&m, (&sum, &pos_sum))))| {
+                if pos.is_empty() {
+                    row.fill(0.0);
+                    return 0.0;
+                }
+                // exp(z - M) = exp(z - m_r) exp(m_r - M).
+                let scale = (pos.len() as f64 * f64::from(m_r - m).exp() / sum) as f32;
+                row.iter_mut().for_each(|v| *v *= scale);
+                for l in pos.iter().filter_map(|&p| owned(p)) {
+                    row[l] -= 1.0;
+                }
+                pos.len() as f64 * (f64::from(m) + sum.ln()) - pos_sum
+            })
+            .sum();
+        Ok(BatchEstimate { loss_sum, classes_scored: b * n_classes })
+    })?;
+    if want_dphi {
+        let t = Instant::now();
+        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
+        comm_seconds += t.elapsed().as_secs_f64();
+    }
+    Ok((stats, comm_seconds))
+}
+
+/// The `k` best classes of every row of the local scores `z` (`[B, K_r]`, classes `first..`)
+/// over all ranks, best first, with global ids; on every rank.
+pub fn merged_top_k(comm: &dyn Collective, z: &Matrix, first: usize, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
+    let local: Vec<Vec<Hit>> = (0..z.rows())
+        .into_par_iter()
+        .map(|i| {
+            let mut hits = Vec::with_capacity(k);
+            top_k(z.row(i), k, &mut hits);
+            hits.iter_mut().for_each(|h| h.class += first as ClassId);
+            hits
+        })
+        .collect();
+    merge_top_k(comm, local, k)
+}
+
+/// The softmax loss `|P| log sum_k exp(z_k) - sum_{p in P} z_p` of every row of the local scores
+/// `z` (`[B, K_r]`, classes `first..`) over the classes of all ranks (0 for a row without
+/// positives); on every rank. Three numbers per row travel, as in [`softmax_step`].
+pub fn softmax_losses(
+    comm: &dyn Collective,
+    z: &Matrix,
+    first: usize,
+    positives: &[&[ClassId]],
+) -> Result<Vec<f64>, DistError> {
+    let (b, k) = (z.rows(), z.cols());
+    let owned = |p: ClassId| (p as usize).checked_sub(first).filter(|&l| l < k);
+    let mut max: Vec<f32> =
+        (0..b).into_par_iter().map(|i| z.row(i).iter().copied().fold(f32::NEG_INFINITY, f32::max)).collect();
+    comm.allreduce_max_f32(&mut max)?;
+    let mut sums = vec![0f64; 2 * b];
+    let (exp_sums, pos_sums) = sums.split_at_mut(b);
+    exp_sums.par_iter_mut().zip(pos_sums.par_iter_mut()).enumerate().for_each(|(i, (e, s))| {
+        let row = z.row(i);
+        *e = row.iter().map(|&v| f64::from((v - max[i]).exp())).sum();
+        *s = positives[i].iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
+    });
+    comm.allreduce_sum_f64(&mut sums)?;
+    Ok((0..b)
+        .map(|i| {
+            let n = positives[i].len() as f64;
+            if n == 0.0 { 0.0 } else { n * (f64::from(max[i]) + sums[i].ln()) - sums[b + i] }
+        })
+        .collect())
 }
 
 /// Rows whose per-rank top-k travel in one exchange (bounds the buffers of [`merge_top_k`]).
@@ -234,7 +289,7 @@ mod tests {
     use super::*;
     use farout_core::rng;
     use farout_dist::Local;
-    use farout_estimators::{Exact, Softmax};
+    use farout_estimators::{Exact, Loss, Softmax};
 
     /// One rank: the sharded step is the exact softmax step of the whole layer.
     #[test]
@@ -261,9 +316,15 @@ mod tests {
             assert!(diff(sharded.layer().dphi(), whole.dphi()) < 1e-5, "step {step}");
             assert!(diff(sharded.layer().weights(), whole.weights()) < 1e-5, "step {step}");
         }
-        let hits = sharded.top_k(&Local, &phi, 4).unwrap();
         let mut z = Matrix::default();
         whole.scores(&phi, &mut z);
+        let losses = softmax_losses(&Local, &z, 0, &pos).unwrap();
+        for (i, l) in losses.iter().enumerate() {
+            let mut grad = vec![0.0; k];
+            let want = Softmax.value_and_grad(z.row(i), pos[i], &mut grad, &mut Default::default());
+            assert!((l - f64::from(want)).abs() <= 1e-4 * f64::from(want).abs().max(1.0), "row {i}: {l} vs {want}");
+        }
+        let hits = sharded.top_k(&Local, &phi, 4).unwrap();
         for (i, h) in hits.iter().enumerate() {
             let mut want = Vec::new();
             top_k(z.row(i), 4, &mut want);

@@ -11,8 +11,8 @@ use crate::{Config, Error};
 use farout_dist::Collective;
 
 /// Whether any rank's `result` is an error: on every rank, `Ok` only if no rank failed.
-/// A failing rank returns its own error (wrapped with the list of failed ranks when there are
-/// several ranks); the other ranks return [`Error::OtherRanks`].
+/// When every rank failed, each returns its own error; otherwise a failing rank returns its
+/// error wrapped with the list of failed ranks, and the other ranks [`Error::OtherRanks`].
 pub fn agree<T>(comm: &dyn Collective, result: Result<T, Error>) -> Result<T, Error> {
     if comm.size() == 1 {
         return result;
@@ -23,6 +23,8 @@ pub fn agree<T>(comm: &dyn Collective, result: Result<T, Error>) -> Result<T, Er
     match result {
         Ok(v) if failed.is_empty() => Ok(v),
         Ok(_) => Err(Error::OtherRanks { failed, own: None }),
+        // Every rank failed the same step: its error, which rank 0 prints.
+        Err(e) if failed.len() == comm.size() => Err(e),
         Err(e) => Err(Error::OtherRanks { failed, own: Some(Box::new(e)) }),
     }
 }

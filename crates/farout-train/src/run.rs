@@ -62,10 +62,11 @@ pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Erro
 /// the run's directories and writes logs, each rank trains its share of the labels.
 pub fn train_on(config: &Config, options: &TrainOptions, comm: &dyn Collective) -> Result<RunSummary, Error> {
     check_same_config(comm, config)?;
-    if comm.size() > 1 && !config.is_linear() {
+    if comm.size() > 1 && config.model.encoder == EncoderKind::SkipGram && !config.is_linear() {
         return Err(Error::NoData(
             "under mpirun, farout trains linear configs with a label-parallel solver ([linear] solver = \"dismec\" \
-             or \"ppdsparse\"); other configs run in one process: run them without mpirun",
+             or \"ppdsparse\") and face-head configs with the exact softmax (the output layer split over the \
+             ranks); skip-gram runs in one process: run it without mpirun",
         ));
     }
     let start = match (options.resume, options.overwrite) {
@@ -82,35 +83,31 @@ pub fn train_on(config: &Config, options: &TrainOptions, comm: &dyn Collective) 
             msg: "a linear solver trains in one go; there is nothing to resume".into(),
         });
     }
-    if config.is_linear() {
-        if options.export_vectors.is_some() {
-            return Err(Error::Option { name: "export-vectors", msg: "is for skip-gram configs".into() });
-        }
-        // Rank 0 holds the lock and replaces a previous run; every rank learns if it failed.
-        let guard = if comm.is_root() { RunGuard::acquire(config, start).map(Some) } else { Ok(None) };
-        let mut guard = agree(comm, guard)?;
-        let run = agree(comm, crate::linear::LinearRun::new(config.clone()))?;
-        let cleared = guard.as_mut().map_or(Ok(()), RunGuard::clear_previous);
-        agree(comm, cleared)?;
-        return Ok(RunSummary::Classifier(run.train(comm)?));
-    }
-    let mut guard = RunGuard::acquire(config, start)?;
-    if config.model.encoder == EncoderKind::SkipGram {
-        guard.clear_previous()?;
-        let summary = crate::skipgram::train(config, options.resume, options.export_vectors)?;
-        return Ok(RunSummary::SkipGram(summary));
-    }
-    if options.export_vectors.is_some() {
+    if options.export_vectors.is_some() && (config.is_linear() || config.model.encoder != EncoderKind::SkipGram) {
         return Err(Error::Option {
             name: "export-vectors",
             msg: "is for skip-gram configs (model.encoder = \"skip_gram\")".into(),
         });
     }
-    let mut trainer = Trainer::new(config.clone())?;
-    guard.clear_previous()?;
+    // Rank 0 holds the lock and replaces a previous run; every rank learns if it failed.
+    let guard = if comm.is_root() { RunGuard::acquire(config, start).map(Some) } else { Ok(None) };
+    let mut guard = agree(comm, guard)?;
+    let mut clear_previous = || agree(comm, guard.as_mut().map_or(Ok(()), RunGuard::clear_previous));
+    if config.is_linear() {
+        let run = agree(comm, crate::linear::LinearRun::new(config.clone()))?;
+        clear_previous()?;
+        return Ok(RunSummary::Classifier(run.train(comm)?));
+    }
+    if config.model.encoder == EncoderKind::SkipGram {
+        clear_previous()?;
+        let summary = crate::skipgram::train(config, options.resume, options.export_vectors)?;
+        return Ok(RunSummary::SkipGram(summary));
+    }
+    let mut trainer = agree(comm, Trainer::new_on(config.clone(), comm))?;
+    clear_previous()?;
     if options.resume {
-        trainer.resume()?;
+        trainer.resume_on(comm)?;
         log::info!("resuming at step {}", trainer.step());
     }
-    Ok(RunSummary::Classifier(trainer.run()?))
+    Ok(RunSummary::Classifier(trainer.run_on(comm)?))
 }

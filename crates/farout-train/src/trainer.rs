@@ -7,8 +7,9 @@ use crate::sinks::{MetricsSink, Sinks};
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
+use farout_dist::{Collective, Local, Shards};
 use farout_estimators::{Batch, Built, GradientEstimator, Loss, LossScratch, Problem};
-use farout_layer::{LayerInit, OutputLayer};
+use farout_layer::{LayerInit, OutputLayer, sharded};
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -114,6 +115,70 @@ pub struct Trainer {
     state: State,
     /// Scratch for the features of a batch of precomputed (face) embeddings.
     phi: Matrix,
+    /// This rank's classes when the output layer is split over MPI ranks.
+    shard: Option<Shard>,
+}
+
+/// The classes of one rank of a class-sharded output layer: rank `rank` of `ranks` owns the
+/// contiguous classes `first..first + rows` (the layer holds just those rows).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shard {
+    rank: usize,
+    ranks: usize,
+    first: usize,
+}
+
+/// The name of rank `rank`'s checkpoint directory (inside the config's) in a run on `ranks`.
+pub fn rank_checkpoint(rank: usize, ranks: usize) -> String {
+    format!("rank-{rank}-of-{ranks}")
+}
+
+/// Ranks of the checkpoints inside `dir` (`rank-R-of-P` directories and their save siblings):
+/// the distinct P found.
+fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
+    let mut found: Vec<usize> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix("rank-")?;
+            let (_, of) = rest.split_once("-of-")?;
+            of.split('.').next()?.parse().ok()
+        })
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// Whether `config` can train with its output layer split over ranks, and if not the key that
+/// says why.
+fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
+    let why = |key: &str, msg: String| Err(Error::Key(ConfigError::key(key, msg)));
+    if config.model.encoder != EncoderKind::FaceHead {
+        return why(
+            "model.encoder",
+            format!(
+                "on {ranks} MPI ranks the output layer is split over the ranks and the encoder must be the \
+                 frozen face head (\"face_head\"); the document encoder trains in one process"
+            ),
+        );
+    }
+    if config.output.estimator.name() != "softmax" {
+        return why(
+            "output.estimator",
+            format!(
+                "on {ranks} MPI ranks the class-sharded layer trains the exact \"softmax\"; found {:?}, which \
+                 trains in one process",
+                config.output.estimator.name()
+            ),
+        );
+    }
+    if config.output.warmup_steps > 0 {
+        return why("output.warmup_steps", format!("must be 0 on {ranks} MPI ranks"));
+    }
+    Ok(())
 }
 
 /// What one optimisation step did.
@@ -164,6 +229,15 @@ struct RunLog {
 impl Trainer {
     /// Loads the data, builds encoder, output layer and estimator.
     pub fn new(config: Config) -> Result<Self, Error> {
+        Self::new_on(config, &Local)
+    }
+
+    /// [`Trainer::new`] as one of the ranks of `comm`: with several ranks, each holds an even
+    /// share of the output layer's classes (see [`farout_layer::sharded`]).
+    pub fn new_on(config: Config, comm: &dyn Collective) -> Result<Self, Error> {
+        if comm.size() > 1 {
+            check_shardable(&config, comm.size())?;
+        }
         let mut data = data::load(&config)?;
         if data.train.is_empty() {
             return Err(Error::NoData("the training set is empty"));
@@ -190,8 +264,13 @@ impl Trainer {
             Encoder::Face(h) => h.d_out(data.n_features),
             Encoder::Doc(e) => e.d_model(),
         };
-        let mut layer =
-            OutputLayer::new(data.n_classes, d_model, &config.output.layer, &config.output.optimizer, config.seed)?;
+        if data.n_classes < comm.size() {
+            return Err(Error::NoData("fewer classes than MPI ranks: every rank needs one"));
+        }
+        let rows = Shards::even(data.n_classes, comm.size())?.range(comm.rank());
+        let shard = (comm.size() > 1).then_some(Shard { rank: comm.rank(), ranks: comm.size(), first: rows.start });
+        let (out, seed) = (&config.output, config.seed);
+        let mut layer = OutputLayer::with_rows(rows, d_model, &out.layer, &out.optimizer, seed)?;
         let (labels, k) = (&data.train.labels, data.n_classes);
         let label_counts = || {
             let mut counts = vec![0u64; k];
@@ -230,6 +309,7 @@ impl Trainer {
             loss,
             state: State::default(),
             phi: Matrix::default(),
+            shard,
         };
         if trainer.config.output.layer.init == LayerInit::Msi {
             trainer.init_msi()?;
@@ -255,10 +335,13 @@ impl Trainer {
         let cfg = &self.config.output.layer;
         let msi = farout_linear::Msi { s: cfg.msi_s as f64, t: cfg.msi_t as f64 };
         let (w, b) = farout_linear::init::msi_output_layer(&phi, &labels, cfg.bias, msi);
+        // This rank's rows of the K x D initialisation.
         let (k, d) = (self.layer.n_classes(), self.layer.d_model());
-        self.layer.set_weights(Matrix::from_vec(k, d, w).expect("K x D weights"))?;
+        let first = self.shard.map_or(0, |s| s.first);
+        let rows = w[first * d..(first + k) * d].to_vec();
+        self.layer.set_weights(Matrix::from_vec(k, d, rows).expect("K x D weights"))?;
         if cfg.bias {
-            self.layer.set_bias(b)?;
+            self.layer.set_bias(b[first..first + k].to_vec())?;
         }
         log::info!("output layer: mean-separating initialisation in {:.2} s", start.elapsed().as_secs_f64());
         Ok(())
@@ -292,6 +375,7 @@ impl Trainer {
 
     /// Evaluates on (the first `max_samples`, 0 = all, of) `ds`: P@k, nDCG@k, exact loss.
     pub fn evaluate(&self, ds: &Dataset, max_samples: usize) -> BTreeMap<String, f64> {
+        debug_assert!(self.shard.is_none(), "a class-sharded layer evaluates with evaluate_on");
         let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
         let mut sums = RankingSums::default();
         let mut z = Matrix::default();
@@ -329,27 +413,51 @@ impl Trainer {
         sums.finish(ds.labels.is_multiclass())
     }
 
+    /// [`Trainer::evaluate`] as one of the ranks of `comm`: with a class-sharded layer, the
+    /// ranks' top-5 are merged and the softmax loss combines their normalisers; the same
+    /// metrics on every rank.
+    pub fn evaluate_on(
+        &self,
+        ds: &Dataset,
+        max_samples: usize,
+        comm: &dyn Collective,
+    ) -> Result<BTreeMap<String, f64>, Error> {
+        let Some(shard) = self.shard else { return Ok(self.evaluate(ds, max_samples)) };
+        let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
+        let mut sums = RankingSums::default();
+        let mut z = Matrix::default();
+        for start in (0..n).step_by(self.config.eval.batch_size) {
+            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
+            let phi = self.features(ds, &idx);
+            self.layer.scores(&phi, &mut z);
+            let positives: Vec<&[ClassId]> = idx.iter().map(|&i| ds.labels.get(i)).collect();
+            let hits = sharded::merged_top_k(comm, &z, shard.first, 5)?;
+            let losses = sharded::softmax_losses(comm, &z, shard.first, &positives)?;
+            for ((h, pos), l) in hits.iter().zip(&positives).zip(losses) {
+                sums.add(h, pos, l);
+            }
+        }
+        Ok(sums.finish(ds.labels.is_multiclass()))
+    }
+
     /// The top-`k` classes with scores for every sample of `ds`.
     pub fn predict(&self, ds: &Dataset, k: usize) -> Vec<Vec<Hit>> {
+        self.predict_on(ds, k, &Local).expect("one process does not communicate")
+    }
+
+    /// [`Trainer::predict`] as one of the ranks of `comm` (a class-sharded layer merges the
+    /// ranks' top-k); the same predictions on every rank.
+    pub fn predict_on(&self, ds: &Dataset, k: usize, comm: &dyn Collective) -> Result<Vec<Vec<Hit>>, Error> {
+        let first = self.shard.map_or(0, |s| s.first);
         let mut out = Vec::with_capacity(ds.len());
         let mut z = Matrix::default();
         for start in (0..ds.len()).step_by(self.config.eval.batch_size) {
             let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
             let phi = self.features(ds, &idx);
             self.layer.scores(&phi, &mut z);
-            let cols = z.cols();
-            let part: Vec<Vec<Hit>> = z
-                .as_slice()
-                .par_chunks(cols)
-                .map(|row| {
-                    let mut h = Vec::new();
-                    top_k(row, k, &mut h);
-                    h
-                })
-                .collect();
-            out.extend(part);
+            out.extend(sharded::merged_top_k(comm, &z, first, k)?);
         }
-        out
+        Ok(out)
     }
 
     /// Loads a data file in the config's format for prediction (features of the training set's
@@ -366,35 +474,48 @@ impl Trainer {
     /// Trains to the end of the configured epochs (or `max_steps`, or `max_seconds`),
     /// evaluating, logging and checkpointing along the way; returns the summary.
     pub fn run(&mut self) -> Result<Summary, Error> {
-        let mut run = self.open_run()?;
+        self.run_on(&Local)
+    }
+
+    /// [`Trainer::run`] as one of the ranks of `comm`: every rank takes the same steps on the
+    /// same batches; rank 0 logs, shows progress and writes the metrics.
+    pub fn run_on(&mut self, comm: &dyn Collective) -> Result<Summary, Error> {
+        let mut run = self.open_run(comm)?;
         while self.state.epoch < self.config.train.epochs && !self.stopped(&run) {
             let order = self.epoch_order();
             let batches: Vec<&[usize]> = order.chunks(self.config.train.batch_size).collect();
             while self.state.batch_in_epoch < batches.len() && !self.stopped(&run) {
                 let idx = batches[self.state.batch_in_epoch];
-                let step = self.train_batch(idx)?;
-                self.after_step(&mut run, idx, &step)?;
+                let step = self.train_batch(idx, comm)?;
+                self.after_step(&mut run, idx, &step, comm)?;
             }
             if self.state.batch_in_epoch == batches.len() {
-                self.end_epoch(&mut run)?;
+                self.end_epoch(&mut run, comm)?;
             }
         }
-        self.finish(run)
+        self.finish(run, comm)
     }
 
-    /// Opens the logs and the progress bar of a run starting (or resuming) at the current step.
-    fn open_run(&self) -> Result<RunLog, Error> {
+    /// Opens the logs (rank 0's) and the progress bar of a run starting (or resuming) at the
+    /// current step.
+    fn open_run(&self, comm: &dyn Collective) -> Result<RunLog, Error> {
         let cfg = &self.config;
         let log_dir = cfg.log_dir();
-        std::fs::create_dir_all(&log_dir).map_err(|source| Error::Io { path: log_dir.clone(), source })?;
-        let sinks = Sinks::open(&log_dir, &cfg.log, self.state.step == 0)?;
+        let sinks = if comm.is_root() {
+            std::fs::create_dir_all(&log_dir)
+                .map_err(|source| Error::Io { path: log_dir.clone(), source })
+                .and_then(|()| Sinks::open(&log_dir, &cfg.log, self.state.step == 0))
+        } else {
+            Ok(Sinks::default())
+        };
+        let sinks = crate::dist::agree(comm, sinks)?;
         let steps_per_epoch = self.steps_per_epoch();
         let mut total_steps = steps_per_epoch * cfg.train.epochs as u64;
         if cfg.train.max_steps > 0 {
             total_steps = total_steps.min(cfg.train.max_steps);
         }
         let bar = progress_bar(
-            cfg.log.progress,
+            cfg.log.progress && comm.is_root(),
             total_steps,
             "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} steps, ETA {eta} | {msg}",
         );
@@ -433,9 +554,18 @@ impl Trainer {
     /// One optimisation step on the training samples `idx`: encoder forward, the estimator's
     /// gradient and the layer update, encoder backward. Stops the run (keeping the last
     /// checkpoint) if the loss is not finite.
-    fn train_batch(&mut self, idx: &[usize]) -> Result<StepResult, Error> {
+    fn train_batch(&mut self, idx: &[usize], comm: &dyn Collective) -> Result<StepResult, Error> {
         let t0 = Instant::now();
         let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+        if let Some(shard) = self.shard {
+            // Checked by `check_shardable`: frozen face features and exact softmax.
+            let Features::Dense(m) = &self.data.train.features else { unreachable!("face features are dense") };
+            gather_rows_into(m, idx, &mut self.phi);
+            let k = self.data.n_classes;
+            let (stats, _) =
+                sharded::softmax_step(&mut self.layer, shard.first, k, comm, &self.phi, &positives, false)?;
+            return self.step_result(idx, stats, t0);
+        }
         let mut step_rng = rng::seeded(self.config.seed ^ 0xE57, self.state.step);
         let estimator: &dyn GradientEstimator = match &self.warmup {
             Some(w) if self.state.step < self.config.output.warmup_steps => w.as_ref(),
@@ -460,6 +590,11 @@ impl Trainer {
             }
             _ => unreachable!("config check pairs encoders with their data"),
         };
+        self.step_result(idx, stats, t0)
+    }
+
+    /// What a step on `idx` did, from its statistics; stops the run on divergence.
+    fn step_result(&mut self, idx: &[usize], stats: farout_layer::StepStats, t0: Instant) -> Result<StepResult, Error> {
         if !stats.loss_sum.is_finite() {
             return Err(self.diverged(format!("loss = {}", stats.loss_sum)));
         }
@@ -484,11 +619,23 @@ impl Trainer {
     }
 
     /// Counts a step, then logs, measures recall, evaluates and checkpoints when they are due.
-    fn after_step(&mut self, run: &mut RunLog, idx: &[usize], step: &StepResult) -> Result<(), Error> {
+    fn after_step(
+        &mut self,
+        run: &mut RunLog,
+        idx: &[usize],
+        step: &StepResult,
+        comm: &dyn Collective,
+    ) -> Result<(), Error> {
         let s = &mut self.state;
         s.step += 1;
         s.batch_in_epoch += 1;
         s.train_seconds += step.seconds;
+        if comm.size() > 1 {
+            // The run's time is its slowest rank's: every rank stops at the same step.
+            let mut t = [s.train_seconds];
+            comm.allreduce_max_f64(&mut t)?;
+            s.train_seconds = t[0];
+        }
         s.samples += step.samples;
         s.classes_scored += step.classes_scored;
         run.window.add(step);
@@ -507,10 +654,10 @@ impl Trainer {
             self.measure_recall(run, &idx[..idx.len().min(recall_queries)])?;
         }
         if eval_due {
-            run.last_eval = self.log_eval(&mut run.sinks, eval_samples)?;
+            run.last_eval = self.log_eval(&mut run.sinks, eval_samples, comm)?;
         }
         if checkpoint_due {
-            self.save_checkpoint()?;
+            self.save_checkpoint_on(comm)?;
         }
         Ok(())
     }
@@ -557,29 +704,38 @@ impl Trainer {
 
     /// Closes an epoch: evaluates (unless evaluation is per step, or this was the last epoch,
     /// which [`Self::finish`] evaluates) and checkpoints.
-    fn end_epoch(&mut self, run: &mut RunLog) -> Result<(), Error> {
+    fn end_epoch(&mut self, run: &mut RunLog, comm: &dyn Collective) -> Result<(), Error> {
         self.state.epoch += 1;
         self.state.batch_in_epoch = 0;
         let cfg = &self.config;
         if cfg.eval.every_steps == 0 && self.state.epoch < cfg.train.epochs {
-            run.last_eval = self.log_eval(&mut run.sinks, cfg.eval.max_samples)?;
+            run.last_eval = self.log_eval(&mut run.sinks, cfg.eval.max_samples, comm)?;
         }
         if cfg.checkpoint.enabled && cfg.checkpoint.every_steps == 0 {
-            self.save_checkpoint()?;
+            self.save_checkpoint_on(comm)?;
         }
         Ok(())
     }
 
     /// The final evaluation (test set, or the training set without one), checkpoint and summary.
-    fn finish(&mut self, mut run: RunLog) -> Result<Summary, Error> {
+    fn finish(&mut self, mut run: RunLog, comm: &dyn Collective) -> Result<Summary, Error> {
         run.bar.finish();
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-        let metrics = self.evaluate_and_log(test, self.config.eval.final_max_samples, &mut run.sinks)?;
+        let metrics = self.evaluate_and_log(test, self.config.eval.final_max_samples, &mut run.sinks, comm)?;
         if self.config.checkpoint.enabled {
-            self.save_checkpoint()?;
+            self.save_checkpoint_on(comm)?;
         }
         let mut summary = self.summary(metrics);
         summary.grad_cosine = self.gradient_fidelity(256);
+        if comm.size() > 1 {
+            // The layer's bytes add up over the ranks; the peak memory is the largest rank's.
+            let mut bytes = [summary.model_bytes as u64];
+            comm.allreduce_sum_u64(&mut bytes)?;
+            let mut peak = [summary.peak_rss_bytes.unwrap_or(0) as f64];
+            comm.allreduce_max_f64(&mut peak)?;
+            summary.model_bytes = bytes[0] as usize;
+            summary.peak_rss_bytes = summary.peak_rss_bytes.map(|_| peak[0] as u64);
+        }
         Ok(summary)
     }
 
@@ -608,11 +764,11 @@ impl Trainer {
     }
 
     /// Periodic evaluation on the test set (if any); returns the progress-bar suffix.
-    fn log_eval(&self, sinks: &mut Sinks, max_samples: usize) -> Result<String, Error> {
+    fn log_eval(&self, sinks: &mut Sinks, max_samples: usize, comm: &dyn Collective) -> Result<String, Error> {
         let Some(test) = self.data.test.as_ref().filter(|t| !t.is_empty()) else {
             return Ok(String::new());
         };
-        let m = self.evaluate_and_log(test, max_samples, sinks)?;
+        let m = self.evaluate_and_log(test, max_samples, sinks, comm)?;
         Ok(format!(" | test p@1 {:.4}", m["p@1"]))
     }
 
@@ -622,8 +778,9 @@ impl Trainer {
         ds: &Dataset,
         max_samples: usize,
         sinks: &mut Sinks,
+        comm: &dyn Collective,
     ) -> Result<BTreeMap<String, f64>, Error> {
-        let m = self.evaluate(ds, max_samples);
+        let m = self.evaluate_on(ds, max_samples, comm)?;
         let mut values: Vec<(String, f64)> = m.iter().map(|(k, v)| (format!("eval/{k}"), *v)).collect();
         // Epochs completed, fractional: the x axis of comparisons against epochs.
         let per_epoch = self.data.train.len().div_ceil(self.config.train.batch_size) as f64;
@@ -664,10 +821,26 @@ impl Trainer {
         }
     }
 
+    /// This rank's checkpoint directory: the config's, or with a class-sharded layer its
+    /// `rank-R-of-P` directory inside it.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        let dir = self.config.checkpoint_dir();
+        match self.shard {
+            Some(s) => dir.join(rank_checkpoint(s.rank, s.ranks)),
+            None => dir,
+        }
+    }
+
+    /// [`Trainer::save_checkpoint`] on every rank of `comm` (each its own rows); every rank
+    /// learns if one failed.
+    fn save_checkpoint_on(&self, comm: &dyn Collective) -> Result<PathBuf, Error> {
+        crate::dist::agree(comm, self.save_checkpoint())
+    }
+
     /// Writes the checkpoint atomically (see [`crate::checkpoint`]), after checking that the
     /// weights are finite: a checkpoint is never written from a diverged model.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
-        let dir = self.config.checkpoint_dir();
+        let dir = self.checkpoint_dir();
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
         }
@@ -703,7 +876,7 @@ impl Trainer {
     /// The error that stops a diverged run: what went wrong, the checkpoint that is kept and
     /// the keys to change.
     fn diverged(&self, why: String) -> Error {
-        let dir = self.config.checkpoint_dir();
+        let dir = self.checkpoint_dir();
         let kept = match crate::checkpoint::latest(&dir) {
             Ok(found) => {
                 format!("the last good checkpoint (step {}) is kept at {}", found.progress, found.dir.display())
@@ -742,8 +915,53 @@ impl Trainer {
 
     /// Continues from the config's checkpoint directory.
     pub fn resume(&mut self) -> Result<(), Error> {
+        self.resume_on(&Local)
+    }
+
+    /// Loads this rank's checkpoint of `dir` (the config's checkpoint directory by default):
+    /// its `rank-R-of-P` directory for a class-sharded layer. A checkpoint written by another
+    /// number of ranks, or ranks whose checkpoints are at different steps, are errors on every
+    /// rank.
+    pub fn load_checkpoint_on(&mut self, dir: &Path, comm: &dyn Collective) -> Result<(), Error> {
+        let ranks = comm.size();
+        let written = checkpoint_rank_counts(dir);
+        let loaded = match (written.as_slice(), ranks) {
+            ([], 1) => self.load_checkpoint(dir),
+            ([p], _) if *p == ranks => self.load_checkpoint(&dir.join(rank_checkpoint(comm.rank(), ranks))),
+            ([], _) => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!("holds a checkpoint of one process, not of {ranks} MPI ranks: run without mpirun"),
+            }),
+            (found, _) => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "holds the checkpoints of {} MPI ranks; run with that many (mpirun -np {}), not {ranks}",
+                    found.iter().map(usize::to_string).collect::<Vec<_>>().join(" and "),
+                    found[0]
+                ),
+            }),
+        };
+        crate::dist::agree(comm, loaded)?;
+        if ranks > 1 {
+            let mut steps = [self.state.step as f64, -(self.state.step as f64)];
+            comm.allreduce_max_f64(&mut steps)?;
+            if steps[0] != -steps[1] {
+                return Err(Error::Checkpoint {
+                    path: dir.to_path_buf(),
+                    msg: format!(
+                        "the ranks' checkpoints are at steps {} to {}: a save was interrupted on some ranks",
+                        -steps[1], steps[0]
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Trainer::resume`] as one of the ranks of `comm`.
+    pub fn resume_on(&mut self, comm: &dyn Collective) -> Result<(), Error> {
         let dir = self.config.checkpoint_dir();
-        self.load_checkpoint(&dir)
+        self.load_checkpoint_on(&dir, comm)
     }
 
     /// Steps taken so far.
