@@ -35,7 +35,6 @@ use indicatif::ProgressBar;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// The model's file name in the checkpoint directory.
@@ -89,11 +88,6 @@ impl LinearModel {
     pub fn whole(model: SparseModel) -> Self {
         let n_labels = model.n_labels();
         Self { model, first: 0, n_labels }
-    }
-
-    /// This rank's labels.
-    pub fn labels(&self) -> Range<usize> {
-        self.first..self.first + self.model.n_labels()
     }
 }
 
