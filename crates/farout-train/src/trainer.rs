@@ -119,8 +119,8 @@ pub struct Trainer {
     shard: Option<Shard>,
 }
 
-/// The classes of one rank of a class-sharded output layer: rank `rank` of `ranks` owns the
-/// contiguous classes `first..first + rows` (the layer holds just those rows).
+/// The classes of one rank of a class-sharded output layer: rank `rank` of `ranks` owns as many
+/// contiguous classes from `first` on as its layer has rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Shard {
     rank: usize,
@@ -335,13 +335,17 @@ impl Trainer {
         let cfg = &self.config.output.layer;
         let msi = farout_linear::Msi { s: cfg.msi_s as f64, t: cfg.msi_t as f64 };
         let (w, b) = farout_linear::init::msi_output_layer(&phi, &labels, cfg.bias, msi);
-        // This rank's rows of the K x D initialisation.
+        // This rank's rows of the K x D initialisation (all of them in one process).
         let (k, d) = (self.layer.n_classes(), self.layer.d_model());
         let first = self.shard.map_or(0, |s| s.first);
-        let rows = w[first * d..(first + k) * d].to_vec();
-        self.layer.set_weights(Matrix::from_vec(k, d, rows).expect("K x D weights"))?;
+        let (w, b) = if self.shard.is_some() {
+            (w[first * d..(first + k) * d].to_vec(), b.get(first..first + k).map(<[f32]>::to_vec).unwrap_or_default())
+        } else {
+            (w, b)
+        };
+        self.layer.set_weights(Matrix::from_vec(k, d, w).expect("K x D weights"))?;
         if cfg.bias {
-            self.layer.set_bias(b[first..first + k].to_vec())?;
+            self.layer.set_bias(b)?;
         }
         log::info!("output layer: mean-separating initialisation in {:.2} s", start.elapsed().as_secs_f64());
         Ok(())
