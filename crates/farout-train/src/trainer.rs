@@ -382,11 +382,7 @@ impl Trainer {
         debug_assert!(self.shard.is_none(), "a class-sharded layer evaluates with evaluate_on");
         let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
         let mut sums = RankingSums::default();
-        let mut z = Matrix::default();
-        for start in (0..n).step_by(self.config.eval.batch_size) {
-            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
-            let phi = self.features(ds, &idx);
-            self.layer.scores(&phi, &mut z);
+        self.scored_batches(ds, n, |idx, z| {
             let k = z.cols();
             let part = z
                 .as_slice()
@@ -413,8 +409,27 @@ impl Trainer {
                     a
                 });
             sums.merge(&part);
-        }
+            Ok(())
+        })
+        .expect("one process does not communicate");
         sums.finish(ds.labels.is_multiclass())
+    }
+
+    /// Scores the first `n` samples of `ds` batch by batch (`eval.batch_size`): `f(idx, z)`
+    /// with the batch's sample indices and their scores over this rank's classes.
+    fn scored_batches(
+        &self,
+        ds: &Dataset,
+        n: usize,
+        mut f: impl FnMut(&[usize], &Matrix) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut z = Matrix::default();
+        for start in (0..n).step_by(self.config.eval.batch_size) {
+            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
+            self.layer.scores(&self.features(ds, &idx), &mut z);
+            f(&idx, &z)?;
+        }
+        Ok(())
     }
 
     /// [`Trainer::evaluate`] as one of the ranks of `comm`: with a class-sharded layer, the
@@ -429,18 +444,15 @@ impl Trainer {
         let Some(shard) = self.shard else { return Ok(self.evaluate(ds, max_samples)) };
         let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
         let mut sums = RankingSums::default();
-        let mut z = Matrix::default();
-        for start in (0..n).step_by(self.config.eval.batch_size) {
-            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
-            let phi = self.features(ds, &idx);
-            self.layer.scores(&phi, &mut z);
+        self.scored_batches(ds, n, |idx, z| {
             let positives: Vec<&[ClassId]> = idx.iter().map(|&i| ds.labels.get(i)).collect();
-            let hits = sharded::merged_top_k(comm, &z, shard.first, 5)?;
-            let losses = sharded::softmax_losses(comm, &z, shard.first, &positives)?;
+            let hits = sharded::merged_top_k(comm, z, shard.first, 5)?;
+            let losses = sharded::softmax_losses(comm, z, shard.first, &positives)?;
             for ((h, pos), l) in hits.iter().zip(&positives).zip(losses) {
                 sums.add(h, pos, l);
             }
-        }
+            Ok(())
+        })?;
         Ok(sums.finish(ds.labels.is_multiclass()))
     }
 
@@ -454,13 +466,10 @@ impl Trainer {
     pub fn predict_on(&self, ds: &Dataset, k: usize, comm: &dyn Collective) -> Result<Vec<Vec<Hit>>, Error> {
         let first = self.shard.map_or(0, |s| s.first);
         let mut out = Vec::with_capacity(ds.len());
-        let mut z = Matrix::default();
-        for start in (0..ds.len()).step_by(self.config.eval.batch_size) {
-            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
-            let phi = self.features(ds, &idx);
-            self.layer.scores(&phi, &mut z);
-            out.extend(sharded::merged_top_k(comm, &z, first, k)?);
-        }
+        self.scored_batches(ds, ds.len(), |_, z| {
+            out.extend(sharded::merged_top_k(comm, z, first, k)?);
+            Ok(())
+        })?;
         Ok(out)
     }
 
