@@ -18,6 +18,10 @@
 //! large K is; every rank then updates only its rows. Prediction merges every rank's top-k
 //! ([`ShardedLayer::top_k`]). The loss and gradient equal [`farout_estimators::Softmax`]'s over
 //! the whole layer, up to the order of floating-point sums.
+//!
+//! The free functions ([`softmax_step`], [`merged_top_k`], [`softmax_losses`]) work on any
+//! [`OutputLayer`] that holds a rank's rows (the trainer keeps its own); [`ShardedLayer`] bundles
+//! the rows with their offset.
 
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::{Hit, by_score, top_k};
