@@ -1,6 +1,8 @@
-//! Little-endian binary I/O of f32 slices and u64 headers, used by checkpoints.
+//! Little-endian binary I/O of f32 slices and u64 headers, used by checkpoints, and atomic
+//! replacement of a file.
 
 use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
 const CHUNK: usize = 1 << 20;
 
@@ -38,6 +40,21 @@ pub fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
     let mut b = [0u8; 8];
     r.read_exact(&mut b)?;
     Ok(u64::from_le_bytes(b))
+}
+
+/// Writes `bytes` to `path` atomically: into `<path>.tmp` beside it, synced, then renamed over
+/// `path`, so a crash leaves the old file whole. An error names the file it happened on.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), (PathBuf, std::io::Error)> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    write().map_err(|e| (tmp.clone(), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| (path.to_path_buf(), e))
 }
 
 #[cfg(test)]

@@ -28,7 +28,6 @@ use crate::{Error, Result};
 use farout_core::topk::{Hit, top_k};
 use farout_data::SparseRows;
 use rayon::prelude::*;
-use std::io::Write;
 use std::path::Path;
 
 /// Magic bytes of a model file.
@@ -290,20 +289,11 @@ impl SparseModel {
         Ok(Self { n_features: n_features as usize, bias, label_ptr, features, weights, biases })
     }
 
-    /// Writes the model to `path`, atomically (a temporary file renamed over it).
+    /// Writes the model to `path`, atomically (a temporary file renamed over it): a crash leaves
+    /// the old model whole.
     pub fn save(&self, path: &Path) -> Result<()> {
-        // Written beside the target and renamed over it: a crash leaves the old model whole.
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp);
-        let io = |p: &Path, source| Error::Io { path: p.to_path_buf(), source };
-        let write = || -> std::io::Result<()> {
-            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            f.write_all(&self.to_bytes())?;
-            f.into_inner().map_err(|e| e.into_error())?.sync_all()
-        };
-        write().map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+        farout_core::binio::write_atomically(path, &self.to_bytes())
+            .map_err(|(path, source)| Error::Io { path, source })
     }
 
     /// Reads and checks a model file.

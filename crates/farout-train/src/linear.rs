@@ -280,7 +280,8 @@ impl LinearRun {
                 .collect();
             let m = ShardManifest { n_features: model.model.n_features(), n_labels: model.n_labels, shards };
             let json = serde_json::to_string_pretty(&m).expect("manifests serialise");
-            write_atomically(&manifest, json.as_bytes())
+            farout_core::binio::write_atomically(&manifest, json.as_bytes())
+                .map_err(|(path, source)| Error::Io { path, source })
         } else {
             Ok(())
         };
@@ -402,15 +403,6 @@ fn read_manifest(path: &Path) -> Result<ShardManifest, Error> {
         return Err(bad(format!("the shards hold {next} labels, the manifest says {}", m.n_labels)));
     }
     Ok(m)
-}
-
-/// Writes `bytes` to `path` through a temporary file renamed over it.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
 /// The sparse rows of a data set (dense rows keep their non-zeros).
