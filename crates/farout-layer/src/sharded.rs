@@ -159,37 +159,26 @@ pub fn softmax_step(
                 *e = sum;
             },
         );
-        let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
         let t = Instant::now();
-        comm.allreduce_max_f32(&mut max)?;
+        let all = Normalisers::combine(comm, &local)?;
         comm_seconds += t.elapsed().as_secs_f64();
-        // The local sums rescaled to the global max, then summed over ranks with the
-        // positives' scores: S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r).
-        let mut sums = vec![0f64; 2 * b];
-        for (i, &(m, e, s)) in local.iter().enumerate() {
-            sums[i] = e * f64::from(m - max[i]).exp();
-            sums[b + i] = s;
-        }
-        let t = Instant::now();
-        comm.allreduce_sum_f64(&mut sums)?;
-        comm_seconds += t.elapsed().as_secs_f64();
-        let (exp_sums, pos_sums) = sums.split_at(b);
         let loss_sum = z
             .par_chunks_mut(k)
             .zip(batch.positives.par_iter())
-            .zip(local.par_iter().zip(max.par_iter().zip(exp_sums.par_iter().zip(pos_sums.par_iter()))))
-            .map(|((row, pos), (&(m_r, _, _), (&m, (&sum, &pos_sum))))| {
+            .zip(local.par_iter())
+            .enumerate()
+            .map(|(i, ((row, pos), &(m_r, _, _)))| {
                 if pos.is_empty() {
                     row.fill(0.0);
                     return 0.0;
                 }
                 // exp(z - M) = exp(z - m_r) exp(m_r - M).
-                let scale = (pos.len() as f64 * f64::from(m_r - m).exp() / sum) as f32;
+                let scale = (pos.len() as f64 * f64::from(m_r - all.max[i]).exp() / all.exp_sum(i)) as f32;
                 row.iter_mut().for_each(|v| *v *= scale);
                 for l in pos.iter().filter_map(|&p| owned(p)) {
                     row[l] -= 1.0;
                 }
-                pos.len() as f64 * (f64::from(m) + sum.ln()) - pos_sum
+                all.loss(i, pos.len())
             })
             .sum();
         Ok(BatchEstimate { loss_sum, classes_scored: b * n_classes })
@@ -226,25 +215,59 @@ pub fn softmax_losses(
     first: usize,
     positives: &[&[ClassId]],
 ) -> Result<Vec<f64>, DistError> {
-    let (b, k) = (z.rows(), z.cols());
+    let k = z.cols();
     let owned = |p: ClassId| (p as usize).checked_sub(first).filter(|&l| l < k);
-    let mut max: Vec<f32> =
-        (0..b).into_par_iter().map(|i| z.row(i).iter().copied().fold(f32::NEG_INFINITY, f32::max)).collect();
-    comm.allreduce_max_f32(&mut max)?;
-    let mut sums = vec![0f64; 2 * b];
-    let (exp_sums, pos_sums) = sums.split_at_mut(b);
-    exp_sums.par_iter_mut().zip(pos_sums.par_iter_mut()).enumerate().for_each(|(i, (e, s))| {
-        let row = z.row(i);
-        *e = row.iter().map(|&v| f64::from((v - max[i]).exp())).sum();
-        *s = positives[i].iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
-    });
-    comm.allreduce_sum_f64(&mut sums)?;
-    Ok((0..b)
+    let local: Vec<LocalNormaliser> = (0..z.rows())
+        .into_par_iter()
         .map(|i| {
-            let n = positives[i].len() as f64;
-            if n == 0.0 { 0.0 } else { n * (f64::from(max[i]) + sums[i].ln()) - sums[b + i] }
+            let row = z.row(i);
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let e = row.iter().map(|&v| f64::from((v - m).exp())).sum();
+            (m, e, positives[i].iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum())
         })
-        .collect())
+        .collect();
+    let all = Normalisers::combine(comm, &local)?;
+    Ok(positives.iter().enumerate().map(|(i, pos)| if pos.is_empty() { 0.0 } else { all.loss(i, pos.len()) }).collect())
+}
+
+/// What a rank holds of a row's softmax normaliser: its largest score `m_r`, the sum of
+/// `exp(z_k - m_r)` over its classes, and the sum of the positives' scores it owns.
+type LocalNormaliser = (f32, f64, f64);
+
+/// Rows' softmax normalisers over all ranks.
+struct Normalisers {
+    /// The largest score `M` of each row.
+    max: Vec<f32>,
+    /// `S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r)` of each row, then the rows' positive
+    /// score sums.
+    sums: Vec<f64>,
+}
+
+impl Normalisers {
+    /// Combines every rank's [`LocalNormaliser`] per row: an allreduce of the maxima, then one
+    /// of the local sums rescaled to the global max together with the positive score sums.
+    fn combine(comm: &dyn Collective, local: &[LocalNormaliser]) -> Result<Self, DistError> {
+        let b = local.len();
+        let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
+        comm.allreduce_max_f32(&mut max)?;
+        let mut sums = vec![0f64; 2 * b];
+        for (i, &(m, e, s)) in local.iter().enumerate() {
+            sums[i] = e * f64::from(m - max[i]).exp();
+            sums[b + i] = s;
+        }
+        comm.allreduce_sum_f64(&mut sums)?;
+        Ok(Self { max, sums })
+    }
+
+    /// `S` of row `i`.
+    fn exp_sum(&self, i: usize) -> f64 {
+        self.sums[i]
+    }
+
+    /// The softmax loss of row `i` with `n_pos` positives: `n_pos (M + ln S) - sum_P z_p`.
+    fn loss(&self, i: usize, n_pos: usize) -> f64 {
+        n_pos as f64 * (f64::from(self.max[i]) + self.sums[i].ln()) - self.sums[self.max.len() + i]
+    }
 }
 
 /// Rows whose per-rank top-k travel in one exchange (bounds the buffers of [`merge_top_k`]).
