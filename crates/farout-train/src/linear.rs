@@ -169,14 +169,7 @@ impl LinearRun {
             .into());
         }
         let log_dir = cfg.log_dir();
-        let sinks = if comm.is_root() {
-            std::fs::create_dir_all(&log_dir)
-                .map_err(io_err(&log_dir))
-                .and_then(|()| Sinks::open(&log_dir, &cfg.log, true))
-        } else {
-            Ok(Sinks::default())
-        };
-        let mut sinks = agree(comm, sinks)?;
+        let mut sinks = Sinks::open_on_root(comm, &log_dir, &cfg.log, true)?;
         let train = TrainSet::from_dataset(&self.data.train)?;
         let shards = label_shards(&train, ranks)?;
         let labels = shards.range(rank);

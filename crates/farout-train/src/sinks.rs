@@ -110,6 +110,26 @@ impl Sinks {
     }
 }
 
+impl Sinks {
+    /// [`Sinks::open`] in `dir` (created) on rank 0 of `comm`, nothing on the other ranks: only
+    /// rank 0 logs. Every rank learns if rank 0 could not open them.
+    pub fn open_on_root(
+        comm: &dyn farout_dist::Collective,
+        dir: &Path,
+        config: &LogConfig,
+        fresh: bool,
+    ) -> Result<Self, Error> {
+        let sinks = if comm.is_root() {
+            std::fs::create_dir_all(dir)
+                .map_err(|source| Error::Io { path: dir.to_path_buf(), source })
+                .and_then(|()| Self::open(dir, config, fresh))
+        } else {
+            Ok(Self::default())
+        };
+        crate::dist::agree(comm, sinks)
+    }
+}
+
 impl MetricsSink for Sinks {
     fn record(&mut self, step: u64, wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {
         self.0.iter_mut().try_for_each(|s| s.record(step, wall, values))

@@ -514,14 +514,7 @@ impl Trainer {
     fn open_run(&self, comm: &dyn Collective) -> Result<RunLog, Error> {
         let cfg = &self.config;
         let log_dir = cfg.log_dir();
-        let sinks = if comm.is_root() {
-            std::fs::create_dir_all(&log_dir)
-                .map_err(|source| Error::Io { path: log_dir.clone(), source })
-                .and_then(|()| Sinks::open(&log_dir, &cfg.log, self.state.step == 0))
-        } else {
-            Ok(Sinks::default())
-        };
-        let sinks = crate::dist::agree(comm, sinks)?;
+        let sinks = Sinks::open_on_root(comm, &log_dir, &cfg.log, self.state.step == 0)?;
         let steps_per_epoch = self.steps_per_epoch();
         let mut total_steps = steps_per_epoch * cfg.train.epochs as u64;
         if cfg.train.max_steps > 0 {
