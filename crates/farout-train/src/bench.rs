@@ -91,15 +91,44 @@ pub struct LayerBench {
     pub steps: usize,
 }
 
+/// What `bench layer` steps on, the same with one process and with several ranks (so that their
+/// per-step losses compare): the layer's settings, a batch of unit-norm features with one random
+/// label each, and the generator that drew the labels.
+struct LayerProblem {
+    layer: OutputLayerConfig,
+    optimizer: OptimizerConfig,
+    phi: Matrix,
+    labels: Vec<Vec<u32>>,
+    rng: rng::Rng,
+}
+
+impl LayerBench {
+    /// Checks the sizes and draws the problem.
+    fn problem(&self) -> Result<LayerProblem, Error> {
+        let LayerBench { k, d, batch, steps, .. } = *self;
+        for (name, v) in [("k", k), ("d", d), ("batch", batch), ("steps", steps)] {
+            if v == 0 {
+                return Err(option(name, "must be > 0"));
+            }
+        }
+        let phi = random_matrix(batch, d, 2, true);
+        let mut rng = rng::seeded(3, 0);
+        let labels = (0..batch).map(|_| vec![rng.random_range(0..k as u32)]).collect();
+        Ok(LayerProblem {
+            layer: OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() },
+            optimizer: OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 },
+            phi,
+            labels,
+            rng,
+        })
+    }
+}
+
 /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates) against
 /// a plain matrix product of the same shape measured in the same run.
 pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
     let LayerBench { ref estimator, k, d, batch, steps } = *b;
-    for (name, v) in [("k", k), ("d", d), ("batch", batch), ("steps", steps)] {
-        if v == 0 {
-            return Err(option(name, "must be > 0"));
-        }
-    }
+    let LayerProblem { layer, optimizer, phi, labels, mut rng } = b.problem()?;
     let config = estimator_config(estimator, &[])?;
     let no_counts = Vec::new;
     let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
@@ -111,18 +140,13 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
         return Err(Error::Option { name: "estimator", msg });
     }
     let est = built.estimator;
-    let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
-    let mut layer =
-        OutputLayer::new(k, d, &OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() }, &opt, 1)?;
-    let phi = random_matrix(batch, d, 2, true);
-    let mut r = rng::seeded(3, 0);
-    let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();
+    let mut layer = OutputLayer::new(k, d, &layer, &optimizer, 1)?;
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
     let b = Batch::new(&phi, &positives);
-    layer.train_step(est.as_ref(), b, &mut r, true); // warm-up: buffers, thread pool
+    layer.train_step(est.as_ref(), b, &mut rng, true); // warm-up: buffers, thread pool
     let t = Instant::now();
     let losses: Vec<f64> =
-        (0..steps).map(|_| layer.train_step(est.as_ref(), b, &mut r, true).loss_sum / batch as f64).collect();
+        (0..steps).map(|_| layer.train_step(est.as_ref(), b, &mut rng, true).loss_sum / batch as f64).collect();
     let secs = t.elapsed().as_secs_f64();
 
     // Reference: Z = Phi W^T with the same shapes, same library, same threads.
@@ -164,11 +188,7 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
 /// largest peak memory of a rank.
 pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Value, Error> {
     let LayerBench { ref estimator, k, d, batch, steps } = *b;
-    for (name, v) in [("k", k), ("d", d), ("batch", batch), ("steps", steps)] {
-        if v == 0 {
-            return Err(option(name, "must be > 0"));
-        }
-    }
+    let LayerProblem { layer, optimizer, phi, labels, .. } = b.problem()?;
     if estimator != "softmax" {
         return Err(option(
             "estimator",
@@ -176,12 +196,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         ));
     }
     let (rank, ranks) = (comm.rank(), comm.size());
-    let opt = OptimizerConfig::Sgd { lr: 0.1, decay: 0.0, l2: 0.0 };
-    let cfg = OutputLayerConfig { bias: true, init_std: 0.01, ..Default::default() };
-    let mut layer = ShardedLayer::new(k, rank, ranks, d, &cfg, &opt, 1)?;
-    let phi = random_matrix(batch, d, 2, true);
-    let mut r = rng::seeded(3, 0);
-    let labels: Vec<Vec<u32>> = (0..batch).map(|_| vec![r.random_range(0..k as u32)]).collect();
+    let mut layer = ShardedLayer::new(k, rank, ranks, d, &layer, &optimizer, 1)?;
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
     layer.softmax_step(comm, &phi, &positives, true)?; // warm-up: buffers, thread pool
     layer.take_comm_seconds();
