@@ -198,7 +198,7 @@ fn check_classes(k: usize, d: usize, copies: u64, extra: u128, change: &str) -> 
 pub fn run(cmd: BenchCommand, comm: &dyn Collective) -> Result<()> {
     match cmd {
         BenchCommand::Linear { config, inits, repeats, set } => {
-            let config = crate::load_config(&config, &set)?;
+            let config = crate::load_config(&config, &set, comm.size())?;
             let inits = inits
                 .iter()
                 .map(|s| {

@@ -305,11 +305,12 @@ fn threads_per_rank() -> usize {
     (cores / local.max(1)).max(1)
 }
 
-fn load_config(path: &Path, set: &[String]) -> Result<Config> {
+/// Loads a config and sizes rayon's pool by `train.threads` (by default one thread per core,
+/// shared among the `ranks` of an MPI job on this node).
+fn load_config(path: &Path, set: &[String], ranks: usize) -> Result<Config> {
     let config = Config::load(path, set)?;
-    let several_ranks = farout_dist::detect().ok().flatten().is_some_and(|l| l.size > 1);
     let threads = match config.train.threads {
-        0 if several_ranks => threads_per_rank(),
+        0 if ranks > 1 => threads_per_rank(),
         n => n,
     };
     if threads > 0 {
@@ -385,7 +386,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
     let root = comm.is_root();
     match cli.command {
         Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
-            let config = load_config(&path, &set)?;
+            let config = load_config(&path, &set, comm.size())?;
             if let Some(out) = &export_vectors {
                 refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
             }
@@ -412,7 +413,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         }
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
             let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-            let t = Trained::load(load_config(&config, &set)?, checkpoint, comm)?;
+            let t = Trained::load(load_config(&config, &set, comm.size())?, checkpoint, comm)?;
             let test = t.test().context("the config names no test set (data.test)")?;
             let metrics = t.evaluate(test)?;
             if root {
@@ -420,7 +421,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             }
         }
         Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
-            let config = load_config(&path, &set)?;
+            let config = load_config(&path, &set, comm.size())?;
             if let Some(o) = &out {
                 let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
                 refuse_to_overwrite("--out", o, &path, &config, &other)?;
@@ -453,7 +454,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => bench::run(command, comm)?,
         _ if comm.size() > 1 => one_process(comm, "this command")?,
         Command::Export { config: path, set, out } => {
-            let config = load_config(&path, &set)?;
+            let config = load_config(&path, &set, comm.size())?;
             refuse_to_overwrite("--out", &out, &path, &config, &[])?;
             let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
             log::info!("wrote {n} vectors to {}", out.display());
