@@ -261,13 +261,13 @@ mod avx2 {
 /// Asks the CPU to start loading `x` into its caches (a hint: no effect on any result). Useful
 /// before reading rows scattered over a large matrix, so that several loads overlap.
 #[inline]
-pub fn prefetch(x: &[f32]) {
-    // Every 16th float (64-byte cache lines) and the last, in case `x` does not start a line.
+pub fn prefetch<T>(x: &[T]) {
+    // One address per 64-byte cache line and the last element, in case `x` does not start a line.
     #[cfg(target_arch = "x86_64")]
-    for v in x.iter().step_by(16).chain(x.last()) {
+    for v in x.iter().step_by((64 / size_of::<T>().max(1)).max(1)).chain(x.last()) {
         // SAFETY: a prefetch reads nothing architecturally and never faults; the address is in
         // bounds anyway.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((v as *const f32).cast()) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((v as *const T).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;

@@ -60,8 +60,10 @@ const WORDS: usize = BLOCK / 2;
 /// accumulation and the update of an output vector. Rows have [`cols`](Self::cols) elements
 /// and every slice passed in has that length.
 pub trait HogwildRows: Sync + Send {
-    /// A `rows x cols` table holding `m`.
+    /// A `rows x cols` table holding `m`, in `m`'s own memory where the layout allows (no copy).
     fn from_matrix(m: Matrix) -> Self;
+    /// The table back as a matrix, in the same memory where it was taken over without a copy.
+    fn into_matrix(self) -> Matrix;
     /// Rows.
     fn rows(&self) -> usize;
     /// Columns.
@@ -76,6 +78,8 @@ pub trait HogwildRows: Sync + Send {
     }
     /// Copies row `r` into `out`.
     fn read(&self, r: usize, out: &mut [f32]);
+    /// Starts loading row `r` into the caches (a hint, no effect on any value).
+    fn prefetch(&self, r: usize);
     /// `row_r += alpha x`.
     fn axpy(&self, r: usize, alpha: f32, x: &[f32]);
     /// One negative-sampling step on output row `r` (see [`crate::sgns`]): `g = step(row_r .
@@ -124,7 +128,17 @@ impl RacyRows {
 impl HogwildRows for RacyRows {
     fn from_matrix(m: Matrix) -> Self {
         let cols = m.cols();
-        Self { data: m.into_vec().into_iter().map(UnsafeCell::new).collect(), cols }
+        let data = Box::into_raw(m.into_vec().into_boxed_slice());
+        // SAFETY: UnsafeCell<f32> is repr(transparent) over f32: the same layout, so the box's
+        // allocation is freed with the layout it was made with.
+        Self { data: unsafe { Box::from_raw(data as *mut [UnsafeCell<f32>]) }, cols }
+    }
+
+    fn into_matrix(self) -> Matrix {
+        let rows = self.rows();
+        // SAFETY: as in `from_matrix`, the other way; `self` is consumed, so nothing shares it.
+        let data = unsafe { Box::from_raw(Box::into_raw(self.data) as *mut [f32]) };
+        Matrix::from_vec(rows, self.cols, data.into_vec()).expect("rows x cols values")
     }
 
     fn rows(&self) -> usize {
@@ -139,6 +153,11 @@ impl HogwildRows for RacyRows {
     fn read(&self, r: usize, out: &mut [f32]) {
         // SAFETY: races accepted (module docs); the slice lives for this call only.
         out.copy_from_slice(unsafe { self.row(r) });
+    }
+
+    #[inline]
+    fn prefetch(&self, r: usize) {
+        kernels::prefetch(&self.data[r * self.cols..(r + 1) * self.cols]);
     }
 
     #[inline]
@@ -158,11 +177,64 @@ impl HogwildRows for RacyRows {
 
 /// Hogwild rows of relaxed atomics, two floats to an `AtomicU64`; see the module docs.
 pub struct AtomicRows {
-    /// Row `r` is `data[r * stride..(r + 1) * stride]`; an odd row ends in a padding float.
-    data: Box<[AtomicU64]>,
+    /// Row `r` is `words()[r * stride..(r + 1) * stride]`; an odd row ends in a padding float.
+    data: Words,
     rows: usize,
     cols: usize,
     stride: usize,
+}
+
+/// Where [`AtomicRows`] keeps its words.
+enum Words {
+    /// The matrix's own buffer, its floats read in pairs: rows of even length in memory that is
+    /// 8-byte aligned (what the system allocator returns). `cap` is the buffer's capacity in
+    /// floats, to give it back as the `Vec<f32>` it was.
+    InPlace { ptr: std::ptr::NonNull<AtomicU64>, len: usize, cap: usize },
+    /// A copy, each odd row padded to a whole number of words.
+    Padded(Box<[AtomicU64]>),
+}
+
+// SAFETY: `InPlace` owns its buffer as a `Vec<f32>` would, and only ever hands out `&[AtomicU64]`,
+// which is Send and Sync.
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
+
+impl Words {
+    #[inline]
+    fn as_slice(&self) -> &[AtomicU64] {
+        match self {
+            // SAFETY: `ptr` points at `len` initialised, 8-byte aligned words owned by `self`.
+            Words::InPlace { ptr, len, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
+            Words::Padded(words) => words,
+        }
+    }
+
+    /// The buffer of `InPlace` back as the vector it was (`None` for `Padded`).
+    fn into_vec(self) -> Option<Vec<f32>> {
+        let this = std::mem::ManuallyDrop::new(self);
+        match &*this {
+            // SAFETY: the vector's own pointer, length and capacity (`from_matrix`); `this` is
+            // not dropped, so the buffer is freed once, as a Vec<f32>.
+            Words::InPlace { ptr, len, cap } => {
+                Some(unsafe { Vec::from_raw_parts(ptr.as_ptr().cast(), 2 * len, *cap) })
+            }
+            // SAFETY: read out of `this`, which is never used or dropped again.
+            Words::Padded(words) => {
+                drop(unsafe { std::ptr::read(words) });
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Words {
+    fn drop(&mut self) {
+        if let Words::InPlace { ptr, len, cap } = *self {
+            // SAFETY: as in `into_vec` (which does not run this).
+            drop(unsafe { Vec::from_raw_parts(ptr.as_ptr().cast::<f32>(), 2 * len, cap) });
+        }
+    }
 }
 
 /// The two floats of a word: the low half first.
@@ -180,7 +252,20 @@ fn join(v: [f32; 2]) -> u64 {
 impl AtomicRows {
     #[inline]
     fn row(&self, r: usize) -> &[AtomicU64] {
-        &self.data[r * self.stride..(r + 1) * self.stride]
+        &self.data.as_slice()[r * self.stride..(r + 1) * self.stride]
+    }
+
+    /// Row `r` as `n` whole blocks and the words after them (with a padding float, an odd row
+    /// ending in 7 floats mod 8 fills a last block that `x` does not have).
+    #[inline]
+    fn blocks(&self, r: usize, n: usize) -> (&[[AtomicU64; WORDS]], &[AtomicU64]) {
+        let (blocks, tail) = self.row(r).split_at(n * WORDS);
+        (blocks.as_chunks::<WORDS>().0, tail)
+    }
+
+    /// Whether the rows live in the matrix's own memory (no copy was made).
+    pub fn in_place(&self) -> bool {
+        matches!(self.data, Words::InPlace { .. })
     }
 }
 
@@ -188,11 +273,27 @@ impl HogwildRows for AtomicRows {
     fn from_matrix(m: Matrix) -> Self {
         let (rows, cols) = (m.rows(), m.cols());
         let stride = cols.div_ceil(2);
+        let aligned = (m.as_slice().as_ptr() as usize).is_multiple_of(align_of::<AtomicU64>());
+        // `join` puts the first float in the low half: the little-endian layout of the pair.
+        if cols.is_multiple_of(2) && cfg!(target_endian = "little") && aligned && !m.as_slice().is_empty() {
+            let mut v = std::mem::ManuallyDrop::new(m.into_vec());
+            let ptr = std::ptr::NonNull::new(v.as_mut_ptr().cast::<AtomicU64>()).expect("a vector's pointer");
+            return Self { data: Words::InPlace { ptr, len: v.len() / 2, cap: v.capacity() }, rows, cols, stride };
+        }
         let mut data = Vec::with_capacity(rows * stride);
         for row in m.iter_rows() {
             data.extend(row.chunks(2).map(|p| AtomicU64::new(join([p[0], p.get(1).copied().unwrap_or(0.0)]))));
         }
-        Self { data: data.into(), rows, cols, stride }
+        Self { data: Words::Padded(data.into()), rows, cols, stride }
+    }
+
+    fn into_matrix(self) -> Matrix {
+        if self.in_place() {
+            let (rows, cols) = (self.rows, self.cols);
+            let v = self.data.into_vec().expect("in place");
+            return Matrix::from_vec(rows, cols, v).expect("rows x cols values");
+        }
+        self.to_matrix()
     }
 
     fn rows(&self) -> usize {
@@ -217,10 +318,15 @@ impl HogwildRows for AtomicRows {
     }
 
     #[inline]
+    fn prefetch(&self, r: usize) {
+        kernels::prefetch(self.row(r));
+    }
+
+    #[inline]
     fn axpy(&self, r: usize, alpha: f32, x: &[f32]) {
         debug_assert_eq!(x.len(), self.cols);
-        let (blocks, tail) = self.row(r).as_chunks::<WORDS>();
         let (xb, xt) = x.as_chunks::<BLOCK>();
+        let (blocks, tail) = self.blocks(r, xb.len());
         blocks::best::axpy(alpha, blocks, xb);
         for (w, x) in tail.iter().zip(xt.chunks(2)) {
             let mut v = split(w.load(Relaxed));
@@ -232,8 +338,8 @@ impl HogwildRows for AtomicRows {
     #[inline]
     fn dot_step(&self, r: usize, x: &[f32], step: impl FnOnce(f32) -> f32, err: &mut [f32]) {
         debug_assert!(x.len() == self.cols && err.len() == self.cols);
-        let (blocks, tail) = self.row(r).as_chunks::<WORDS>();
         let (xb, xt) = x.as_chunks::<BLOCK>();
+        let (blocks, tail) = self.blocks(r, xb.len());
         let (eb, et) = err.as_chunks_mut::<BLOCK>();
         // The dot product as `kernels::dot` sums it: lane by lane, then the lanes, then the tail.
         let acc = blocks::best::dot(blocks, xb);
@@ -494,12 +600,42 @@ mod tests {
         }
         let back = shared.to_matrix();
         assert_eq!(bits(back.as_slice()), bits(reference.0.as_slice()));
+        let back = shared.into_matrix();
+        assert_eq!((back.rows(), back.cols()), (rows, cols));
+        assert_eq!(bits(back.as_slice()), bits(reference.0.as_slice()));
+    }
+
+    /// Rows taken over and handed back keep the matrix's memory: no copy, for racy rows always,
+    /// for atomic rows with rows of even length (the system allocator aligns to 16 bytes).
+    #[test]
+    fn tables_are_shared_in_place() {
+        for cols in [4, 100, 7] {
+            let m = Matrix::from_vec(3, cols, (0..3 * cols).map(|x| x as f32).collect()).unwrap();
+            let ptr = m.as_slice().as_ptr();
+            let copy = m.clone();
+            let copy_ptr = copy.as_slice().as_ptr();
+            let racy = RacyRows::from_matrix(copy);
+            racy.axpy(1, 1.0, &vec![0.5; cols]);
+            let back = racy.into_matrix();
+            let mut want = m.clone();
+            want.row_mut(1).iter_mut().for_each(|x| *x += 0.5);
+            assert_eq!(back, want);
+            assert_eq!(back.as_slice().as_ptr(), copy_ptr);
+            let atomic = AtomicRows::from_matrix(m);
+            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+            assert_eq!(atomic.in_place(), cols % 2 == 0, "{cols}");
+            let in_place = atomic.in_place();
+            atomic.axpy(1, 1.0, &vec![0.5; cols]);
+            let back = atomic.into_matrix();
+            assert_eq!(back, want);
+            assert_eq!(back.as_slice().as_ptr() == ptr, in_place, "{cols}");
+        }
     }
 
     #[test]
     fn both_memory_models_match_the_scalar_reference_bit_for_bit() {
         // Whole blocks, tails only, both, and odd rows (with a padding float).
-        for cols in [1, 2, 3, 8, 16, 21, 100, 301] {
+        for cols in [1, 2, 3, 7, 8, 15, 16, 21, 100, 301] {
             matches_the_reference::<RacyRows>(cols);
             matches_the_reference::<AtomicRows>(cols);
         }
