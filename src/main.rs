@@ -14,7 +14,7 @@ use farout_train::linear::{self, LinearModel, LinearRun};
 use farout_train::report::StderrLogger;
 use farout_train::{CompareOptions, Config, TrainOptions, Trainer};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -48,22 +48,33 @@ enum Command {
         #[arg(long)]
         overwrite: bool,
         /// Skip-gram: write the input vectors here at the end (word2vec binary for `.bin`,
-        /// else word2vec text).
+        /// farout's model with the subword n-gram rows for `.model`, else word2vec text).
         #[arg(long, value_name = "PATH")]
         export_vectors: Option<PathBuf>,
     },
     /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss), or word
     /// vectors (`eval analogy`, `eval similarity`); prints JSON.
     Eval(EvalArgs),
-    /// Write a skip-gram checkpoint's input vectors in word2vec format.
+    /// Write a skip-gram checkpoint's input vectors in word2vec format or as a farout model.
     Export {
         /// The skip-gram config.
         config: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Output file: word2vec binary for `.bin`, else word2vec text.
+        /// Output file: word2vec binary for `.bin`, farout's model (with the subword n-gram
+        /// rows) for `.model`, else word2vec text.
         #[arg(long)]
         out: PathBuf,
+    },
+    /// Print the vectors of words, one `word v1 ... v_dim` line each (fastText's
+    /// `print-word-vectors`): from a `.model` file, words outside the vocabulary get the mean
+    /// of their n-gram rows; words with no vector print zeros and a warning.
+    Vectors {
+        /// Word vectors (farout model for `.model`, word2vec binary for `.bin`, else text).
+        #[arg(long)]
+        vectors: PathBuf,
+        /// The words; none: read whitespace-separated words from standard input.
+        words: Vec<String>,
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
     Predict {
@@ -159,7 +170,7 @@ struct EvalArgs {
 enum EvalVectors {
     /// Analogy accuracy (3CosAdd) per section and in total, with questions skipped.
     Analogy {
-        /// Word vectors (word2vec binary for `.bin`, else text).
+        /// Word vectors (farout model for `.model`, word2vec binary for `.bin`, else text).
         #[arg(long)]
         vectors: PathBuf,
         /// Questions (`: section` lines, then `a b c d`).
@@ -171,7 +182,8 @@ enum EvalVectors {
     },
     /// Spearman correlation between cosine similarity and human scores.
     Similarity {
-        /// Word vectors (word2vec binary for `.bin`, else text).
+        /// Word vectors (word2vec binary for `.bin`, else text). A farout `.model` with
+        /// subwords gives words outside the vocabulary their n-gram vectors.
         #[arg(long)]
         vectors: PathBuf,
         /// Pairs (`word word score` lines, `#` comments).
@@ -182,7 +194,7 @@ enum EvalVectors {
 
 /// Word vectors for `eval analogy` / `eval similarity`; a NaN or infinite vector is an error
 /// (it would otherwise drop out of every nearest-neighbour search and bias the score silently).
-fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
+fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors<'static>> {
     use farout_skipgram::vectors::{Format, Vectors};
     let v = Vectors::load(path, Format::from_path(path))?;
     let m = v.matrix();
@@ -196,7 +208,51 @@ fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors> {
             v.words()[first]
         );
     }
+    if v.ngrams().is_some_and(|t| t.as_slice().iter().any(|x| !x.is_finite())) {
+        anyhow::bail!(
+            "{}: n-gram rows hold NaN or infinite values; the model diverged or the file is corrupt",
+            path.display()
+        );
+    }
     Ok(v)
+}
+
+/// `farout vectors`: one `word v1 ... v_dim` line per word.
+fn print_vectors(path: &Path, words: Vec<String>) -> Result<()> {
+    use farout_skipgram::vectors::Lookup;
+    let v = load_vectors(path)?;
+    let mut x = vec![0.0; v.matrix().cols()];
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut missing = Vec::new();
+    let mut print = |word: &str| -> Result<()> {
+        if v.vector(word, &mut x) == Lookup::Missing {
+            missing.push(word.to_string());
+        }
+        write!(out, "{word}")?;
+        for y in &x {
+            write!(out, " {y}")?;
+        }
+        writeln!(out)?;
+        Ok(())
+    };
+    if words.is_empty() {
+        for line in std::io::stdin().lock().lines() {
+            for w in line.context("reading words from standard input")?.split_whitespace() {
+                print(w)?;
+            }
+        }
+    } else {
+        words.iter().try_for_each(|w| print(w))?;
+    }
+    out.flush()?;
+    if let Some(first) = missing.first() {
+        let why = if v.ngrams().is_some() { "and has no n-gram" } else { "(the file has no n-gram rows)" };
+        log::warn!(
+            "{} word(s) have no vector, printed as zeros: `{first}` is not in the vocabulary {why}",
+            missing.len()
+        );
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -459,6 +515,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
             log::info!("wrote {n} vectors to {}", out.display());
         }
+        Command::Vectors { vectors, words } => print_vectors(&vectors, words)?,
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,

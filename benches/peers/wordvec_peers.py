@@ -20,6 +20,12 @@ seed, and two threads make it non-deterministic anyway: the "seeds" are repetiti
 sample=1e-4, workers=2, seed) with its defaults (alpha 0.025, min_alpha 1e-4, ns_exponent 0.75).
 Seeds are interleaved (seed 1: farout, fastText, gensim; seed 2: ...) so machine load affects
 all alike. `--subword-reference` adds one fastText run with its default minn 3, maxn 6.
+`--subwords` runs every tool with subword vectors instead: farout with
+configs/skipgram-gcide-subwords.toml (minn 3, maxn 6, 2,000,000 buckets, exported as a `.model`)
+and fastText with its defaults (the same n-grams and buckets); gensim is left out. WordSim-353
+words outside the vocabulary then get their n-gram vectors from both (farout: the `.model`;
+fastText: `get_word_vector`, appended to its `.vec` after the vocabulary, so the analogy's
+30,000 candidates are unchanged), and `wordsim_oov` counts the pairs scored that way.
 
 Fields: train_s = seconds of training as each tool measures it (farout: summary's train_seconds,
 vocabulary and per-epoch evaluation excluded; fastText: the whole train_unsupervised call, which
@@ -45,6 +51,14 @@ def train_fasttext(a):
                                     minCount=5, epoch=a.epochs, thread=2, verbose=0, **sub)
     secs = time.time() - t0
     words = m.get_words(on_unicode_error="replace")
+    if a.subwords and a.extra_words:
+        known = set(words)
+        for line in open(a.extra_words, encoding="utf-8"):
+            if line.strip() and not line.startswith("#"):
+                for w in line.lower().split()[:2]:
+                    if w not in known:
+                        known.add(w)
+                        words.append(w)
     with open(a.out, "w", encoding="utf-8") as f:
         f.write(f"{len(words)} {m.get_dimension()}\n")
         for w in words:
@@ -116,6 +130,7 @@ def main():
         p.add_argument("out")
         p.add_argument("--seed", type=int, default=1)
         p.add_argument("--subwords", action="store_true")
+        p.add_argument("--extra-words", help="with --subwords: also write these words' vectors (a pairs file)")
         p.add_argument("--mode", choices=["skipgram", "cbow"], default="skipgram")
         p.add_argument("--epochs", type=int, default=5)
         a = p.parse_args()
@@ -129,6 +144,8 @@ def main():
     p.add_argument("--data", default=os.path.join(os.path.dirname(ROOT), "shared/data"))
     p.add_argument("--tools", default="farout,fasttext,gensim")
     p.add_argument("--subword-reference", action="store_true")
+    p.add_argument("--subwords", action="store_true",
+                   help="every tool with subword vectors (farout and fastText; gensim is left out)")
     p.add_argument("--farout-lr", type=float, default=None,
                    help="farout's model.skip_gram.lr (default: the config's)")
     p.add_argument("--epochs", type=int, default=5, help="epochs of every tool (the config's: 5)")
@@ -140,15 +157,17 @@ def main():
     corpus, out, data = os.path.abspath(a.corpus), os.path.abspath(a.outdir), os.path.abspath(a.data)
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, FAROUT_DATA=data)
-    runs = [(seed, tool, False) for seed in range(1, a.seeds + 1) for tool in a.tools.split(",")]
+    tools = [t for t in a.tools.split(",") if not (a.subwords and t == "gensim")]
+    runs = [(seed, tool, False) for seed in range(1, a.seeds + 1) for tool in tools]
     if a.subword_reference:
         runs.append((1, "fasttext", True))
     for seed, tool, subwords in runs:
         name = f"{tool}{'-subword' if subwords else ''}-{seed}"
         row = {"tool": tool + ("-subword" if subwords else ""), "seed": seed}
         if tool == "farout":
-            vec = f"{out}/{name}.bin"
-            cmd = [a.farout, "train", os.path.join(ROOT, "configs/skipgram-gcide.toml"), "--overwrite",
+            vec = f"{out}/{name}.{'model' if a.subwords else 'bin'}"
+            config = "configs/skipgram-gcide-subwords.toml" if a.subwords else "configs/skipgram-gcide.toml"
+            cmd = [a.farout, "train", os.path.join(ROOT, config), "--overwrite",
                    "--set", f'data.corpus="{corpus}"', "--set", f'log.dir="{out}/{name}"',
                    "--set", f"seed={seed}", "--set", "log.progress=false",
                    "--summary", f"{out}/{name}.json", "--export-vectors", vec]
@@ -168,8 +187,8 @@ def main():
             vec = f"{out}/{name}.vec"
             cmd = [sys.executable, os.path.abspath(__file__), "_train", tool, corpus, vec, "--seed", str(seed),
                    "--mode", a.mode, "--epochs", str(a.epochs)]
-            if subwords:
-                cmd.append("--subwords")
+            if subwords or a.subwords:
+                cmd += ["--subwords", "--extra-words", f"{data}/eval/wordsim353.tsv"]
             load = os.getloadavg()[0]
             so, err, wall, rss, cpu = timed(cmd, env)
             info = json.loads(so.strip().splitlines()[-1])
@@ -178,6 +197,7 @@ def main():
         if not a.no_eval:
             sim, ana = evaluate(a.farout, vec, data)
             row.update(wordsim=round(pick(sim, "spearman"), 4), wordsim_pairs=pick(sim, "pairs"),
+                       wordsim_oov=pick(sim, "oov"),
                        analogy=round(pick(ana, "accuracy"), 4), analogy_asked=pick(ana, "asked"))
         row.update(wall_s=round(wall, 2), cpu_s=round(cpu, 2), load1=round(load, 2), rss_mb=round(rss, 1), cmd=" ".join(cmd))
         print(json.dumps(row), flush=True)

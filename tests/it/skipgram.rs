@@ -123,6 +123,56 @@ fn cbow_trains_and_evaluates() {
     assert!(rho > 0.6, "similarity on topic pairs: {rho}");
 }
 
+/// Subword vectors: trained, exported as a `.model` and as word2vec text from the checkpoint,
+/// printed for known and unknown words; resuming with other n-gram settings is refused.
+#[test]
+fn subwords_train_export_and_give_unknown_words_a_vector() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let (model, txt, pairs) = (dir.path().join("v.model"), dir.path().join("v.txt"), dir.path().join("pairs.tsv"));
+    topic_pairs(&pairs);
+    let eval = format!("eval.similarity=\"{}\"", pairs.display());
+    let ngrams = ["--set", "model.skip_gram.maxn=4", "--set", "model.skip_gram.buckets=20000"];
+    let mut a = args(&["--export-vectors", model.to_str().unwrap(), "--set", &eval], &q);
+    a.extend(ngrams);
+    let s = summary(&farout(&a));
+    let rho = s["similarity"]["spearman"].as_f64().unwrap();
+    assert!(rho > 0.6, "similarity on topic pairs: {rho}");
+    let o = farout(&["eval", "similarity", "--vectors", model.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()]);
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((e["spearman"].as_f64().unwrap(), e["oov"].as_u64().unwrap()), (rho, 0));
+    let mut export = vec!["export", "configs/skipgram-quickstart.toml", "--out", txt.to_str().unwrap()];
+    export.extend(q.iter().map(String::as_str));
+    export.extend(ngrams);
+    let o = farout(&export);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A known word prints its exported vector; an unknown one its n-grams' (not zero).
+    let o = farout(&["vectors", "--vectors", model.to_str().unwrap(), "w100", "w99999x"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed = String::from_utf8(o.stdout).unwrap();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), 2);
+    let exported = std::fs::read_to_string(&txt).unwrap();
+    assert!(exported.lines().any(|l| l == lines[0]), "w100 differs from the export: {}", lines[0]);
+    let oov: Vec<f32> = lines[1].split(' ').skip(1).map(|x| x.parse().unwrap()).collect();
+    assert_eq!(oov.len(), 50);
+    assert!(oov.iter().any(|&x| x != 0.0));
+    // Without n-gram rows, an unknown word prints zeros and a warning.
+    let o = farout(&["vectors", "--vectors", txt.to_str().unwrap(), "w99999x"]);
+    assert!(stderr(&o).contains("1 word(s) have no vector"), "{}", stderr(&o));
+    let mut resume = args(&["--resume", "--set", "train.epochs=3", "--set", "model.skip_gram.maxn=5"], &q);
+    resume.extend(["--set", "model.skip_gram.buckets=20000"]);
+    let o = farout(&resume);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("trained with n-grams of 3 to 4 characters in 20000 buckets"), "{}", stderr(&o));
+    let o = farout(&args(&["--set", "model.skip_gram.maxn=4", "--set", "output.estimator=\"softmax\""], &q));
+    assert!(
+        stderr(&o).contains("key `model.skip_gram.maxn`: subwords (maxn > 0) train with negative sampling"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn skipgram_trains_the_collapsed_objective_and_per_pair_estimators() {
     let dir = tempfile::tempdir().unwrap();

@@ -352,7 +352,7 @@ mod tests {
             [("softmax", Box::new(Exact::new(Softmax))), ("sampled", Box::new(SampledSoftmax::new(20).unwrap()))];
         for (name, est) in estimators {
             let mut l = layer(k, 16, 0.05);
-            let init = crate::Embeddings::init(k, 16, 1.0, 3);
+            let init = crate::Embeddings::init(k, k, 16, 1.0, 3);
             let mut input = InputTable { vectors: init.input, optimizer: sgd(0.05).build(k, 16) };
             let before = softmax_objective(&input.vectors, l.weights(), &pairs);
             let mut seen = Vec::new();

@@ -7,7 +7,9 @@
 //!   the restricted vocabulary are skipped and counted. Words are matched case-insensitively
 //!   (the question file is lower-cased against lower-cased vectors, as gensim does).
 //! - **Similarity**: Spearman's rank correlation (average ranks for ties) between the cosine of
-//!   each pair and the human score; pairs with an unknown word are skipped and counted.
+//!   each pair and the human score. A word outside the vocabulary gets its n-gram vector when
+//!   the vectors have n-gram rows (subword models, `.model` files; such pairs are counted as
+//!   `oov`); otherwise its pairs are skipped and counted.
 
 use crate::vectors::Vectors;
 use crate::{Error, io_err, parse_err};
@@ -62,21 +64,32 @@ pub struct SimilarityReport {
     pub pairs: usize,
     /// Pairs skipped (unknown word).
     pub skipped: usize,
+    /// Pairs scored with an out-of-vocabulary word's n-gram vector.
+    #[serde(default)]
+    pub oov: usize,
 }
 
 /// Unit-length rows of the first `restrict` words (0 = all) and a lower-cased word index; the
 /// first (most frequent) spelling wins when lower-casing merges words.
 fn unit_rows(v: &Vectors, restrict: usize) -> (Matrix, FxHashMap<String, usize>) {
+    let index = lower_index(v, restrict);
     let n = if restrict == 0 { v.words().len() } else { restrict.min(v.words().len()) };
-    let d = v.matrix().cols();
-    let mut m = Matrix::zeros(n, d);
-    let mut index = FxHashMap::default();
+    let mut m = Matrix::zeros(n, v.matrix().cols());
     for i in 0..n {
         m.row_mut(i).copy_from_slice(v.matrix().row(i));
         kernels::normalize(m.row_mut(i));
-        index.entry(v.words()[i].to_lowercase()).or_insert(i);
     }
     (m, index)
+}
+
+/// The lower-cased word index of [`unit_rows`] alone.
+fn lower_index(v: &Vectors, restrict: usize) -> FxHashMap<String, usize> {
+    let n = if restrict == 0 { v.words().len() } else { restrict.min(v.words().len()) };
+    let mut index = FxHashMap::default();
+    for (i, w) in v.words()[..n].iter().enumerate() {
+        index.entry(w.to_lowercase()).or_insert(i);
+    }
+    index
 }
 
 fn read_lines(path: &Path) -> Result<Vec<String>, Error> {
@@ -159,9 +172,21 @@ pub fn analogy(v: &Vectors, path: &Path, restrict: usize) -> Result<AnalogyRepor
 /// Similarity correlation of `v` with the human scores of `path` (`word1 word2 score` per line,
 /// tab or space separated, `#` comments).
 pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
-    let (units, index) = unit_rows(v, 0);
+    let index = lower_index(v, 0);
     let (mut model, mut human) = (Vec::new(), Vec::new());
-    let mut skipped = 0;
+    let (mut skipped, mut oov) = (0, 0);
+    let d = v.matrix().cols();
+    let (mut a, mut b) = (vec![0.0; d], vec![0.0; d]);
+    // The unit vector of a word into `out`; whether it comes from n-grams; `None` if it has none.
+    let unit = |word: &str, out: &mut [f32]| -> Option<bool> {
+        let word = word.to_lowercase();
+        if let Some(&i) = index.get(&word) {
+            out.copy_from_slice(v.matrix().row(i));
+            kernels::normalize(out);
+            return Some(false);
+        }
+        v.ngrams()?.oov_vector(&word, out).then(|| kernels::normalize(out)).map(|_| true)
+    };
     for (i, line) in read_lines(path)?.iter().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -173,10 +198,11 @@ pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
             return Err(bad(format!("expected `word word score`, found {} fields", f.len())));
         }
         let score: f64 = f[2].parse().map_err(|_| bad(format!("score {:?} is not a number", f[2])))?;
-        match (index.get(&f[0].to_lowercase()), index.get(&f[1].to_lowercase())) {
-            (Some(&a), Some(&b)) => {
-                model.push(kernels::dot(units.row(a), units.row(b)) as f64);
+        match (unit(f[0], &mut a), unit(f[1], &mut b)) {
+            (Some(oa), Some(ob)) => {
+                model.push(kernels::dot(&a, &b) as f64);
                 human.push(score);
+                oov += usize::from(oa || ob);
             }
             _ => skipped += 1,
         }
@@ -186,6 +212,7 @@ pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
         pearson: pearson(&model, &human),
         pairs: model.len(),
         skipped,
+        oov,
     })
 }
 
@@ -267,7 +294,7 @@ pub fn softmax_objective(input: &Matrix, output: &Matrix, pairs: &[(u32, u32)]) 
 mod tests {
     use super::*;
 
-    fn vectors(words: &[(&str, [f32; 3])]) -> Vectors {
+    fn vectors(words: &[(&str, [f32; 3])]) -> Vectors<'static> {
         let data = words.iter().flat_map(|(_, v)| *v).collect();
         Vectors::new(
             words.iter().map(|(w, _)| w.to_string()).collect(),
@@ -342,6 +369,22 @@ mod tests {
         assert!((similarity(&v, &p).unwrap().spearman + 1.0).abs() < 1e-12);
         std::fs::write(&p, "a d\n").unwrap();
         assert!(similarity(&v, &p).unwrap_err().to_string().contains(":1: expected `word word score`"));
+    }
+
+    /// With n-gram rows, an unknown word is scored by its n-gram vector instead of skipped.
+    #[test]
+    fn similarity_scores_unknown_words_by_their_ngrams() {
+        use crate::subwords::NgramTable;
+        let v = vectors(&[("a", [1.0, 0.0, 0.0]), ("b", [0.0, 1.0, 0.0])]);
+        // Every n-gram row points along (1, 0.1, 0): "zzz" is close to a, far from b.
+        let rows = Matrix::from_vec(4, 3, [1.0, 0.1, 0.0].repeat(4)).unwrap();
+        let v = v.with_ngrams(NgramTable::new(1, 2, rows)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("pairs.tsv");
+        std::fs::write(&p, "a ZZZ 9\nb zzz 1\na b 0\n").unwrap();
+        let r = similarity(&v, &p).unwrap();
+        assert_eq!((r.pairs, r.skipped, r.oov), (3, 0, 2));
+        assert!((r.spearman - 1.0).abs() < 1e-12, "{r:?}");
     }
 
     #[test]

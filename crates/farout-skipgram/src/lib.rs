@@ -8,6 +8,7 @@
 //! - [`collapsed`]: the paper's collapsed objective (eq. 9) from co-occurrence counts, and
 //!   gradient descent on it with exact, MIPS or LDGS softmax gradients (GD, GD-MIPS,
 //!   GD-Decomp-MIPS);
+//! - [`subwords`]: fastText's character n-grams, hashed into extra input rows;
 //! - [`pairs`]: text to (context, centre) pairs, shared by both trainers;
 //! - [`vectors`]: word2vec text and binary files (gensim reads them);
 //! - [`eval`]: analogy accuracy and similarity correlation.
@@ -22,6 +23,7 @@ pub mod eval;
 pub mod hogwild;
 pub mod pairs;
 pub mod sgns;
+pub mod subwords;
 pub mod vectors;
 
 /// Time between progress reports of every trainer.
@@ -108,6 +110,12 @@ pub struct SkipGramConfig {
     /// Estimators other than negative sampling: train this many epochs with negative sampling
     /// first (the LDGS paper starts search-based methods from one epoch of it).
     pub ns_warmup_epochs: usize,
+    /// Shortest character n-gram of the subword vectors ([`subwords`]).
+    pub minn: usize,
+    /// Longest character n-gram; 0 (the default) trains one vector per word, without subwords.
+    pub maxn: usize,
+    /// Rows the n-grams are hashed into (fastText: 2,000,000).
+    pub buckets: usize,
 }
 
 impl Default for SkipGramConfig {
@@ -123,6 +131,9 @@ impl Default for SkipGramConfig {
             objective: Objective::Pairs,
             updates: Updates::Alternating,
             ns_warmup_epochs: 0,
+            minn: 3,
+            maxn: 0,
+            buckets: 2_000_000,
         }
     }
 }
@@ -146,23 +157,37 @@ impl SkipGramConfig {
         if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
             return bad("model.skip_gram.min_lr", format!("{} must be in [0, lr]", self.min_lr));
         }
+        if self.maxn > 0 {
+            if !(1..=self.maxn).contains(&self.minn) {
+                return bad("model.skip_gram.minn", format!("{} must be in 1..=maxn ({})", self.minn, self.maxn));
+            }
+            if self.buckets == 0 || self.buckets > 1 << 30 {
+                return bad("model.skip_gram.buckets", format!("{} must be in 1..=2^30 with maxn > 0", self.buckets));
+            }
+        }
         Ok(())
+    }
+
+    /// The n-gram settings.
+    pub fn ngrams(&self) -> subwords::NgramSpec {
+        subwords::NgramSpec { minn: self.minn, maxn: self.maxn, buckets: self.buckets }
     }
 }
 
 /// The two tables: input vectors `U` (what is exported) and output vectors `V`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Embeddings {
-    /// `U`, one row per word.
+    /// `U`, one row per word, then one per n-gram bucket (see [`subwords`]).
     pub input: Matrix,
     /// `V`, one row per word (the output layer's W).
     pub output: Matrix,
 }
 
 impl Embeddings {
-    /// word2vec's initialisation: `U` uniform in `[-range/dim, range/dim)`, `V = 0`.
-    pub fn init(words: usize, dim: usize, range: f32, seed: u64) -> Self {
-        let mut input = Matrix::zeros(words, dim);
+    /// word2vec's initialisation: `U` uniform in `[-range/dim, range/dim)` with
+    /// `input_rows` rows (the words', then any n-gram buckets'), `V = 0` with one row per word.
+    pub fn init(input_rows: usize, words: usize, dim: usize, range: f32, seed: u64) -> Self {
+        let mut input = Matrix::zeros(input_rows, dim);
         let mut r = rng::seeded(seed, u64::MAX);
         for x in input.as_mut_slice() {
             *x = (2.0 * r.random::<f32>() - 1.0) * range / dim as f32;

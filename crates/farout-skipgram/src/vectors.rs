@@ -1,12 +1,31 @@
 //! Word vectors in word2vec's text and binary formats (what gensim's
-//! `KeyedVectors.load_word2vec_format` reads).
+//! `KeyedVectors.load_word2vec_format` reads), and in farout's model format, which adds the
+//! n-gram rows of subword vectors so that words outside the vocabulary get a vector too.
 //!
-//! Both start with a `count dim` line. Text: one `word v1 ... v_dim` line per word. Binary:
-//! `word ` followed by `dim` little-endian f32 and a newline, per word.
+//! word2vec's formats start with a `count dim` line. Text: one `word v1 ... v_dim` line per
+//! word. Binary: `word ` followed by `dim` little-endian f32 and a newline, per word.
+//!
+//! The model format (`.model`), all integers little-endian:
+//!
+//! ```text
+//! magic     8 bytes  "FOWORDVM"
+//! version   u32      1
+//! dim       u64
+//! words     u64
+//! minn      u64      shortest n-gram (characters)
+//! maxn      u64      longest n-gram; 0: no n-grams
+//! buckets   u64      n-gram rows
+//! words     words x (u32 byte length, UTF-8 bytes)
+//! vectors   words x dim f32   the words' vectors (their rows' mean, see crate::subwords)
+//! ngrams    buckets x dim f32 the n-gram rows
+//! crc32     u32      CRC-32 (IEEE) of everything after the version
+//! ```
 
+use crate::subwords::NgramTable;
 use crate::{Error, format_err, io_err as io, parse_err};
 use farout_core::Matrix;
 use rustc_hash::FxHashMap;
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -18,27 +37,62 @@ pub enum Format {
     Text,
     /// Raw little-endian f32 after each word.
     Binary,
+    /// farout's model: the words' vectors and the n-gram rows (module docs).
+    Model,
 }
 
 impl Format {
-    /// `binary` for paths ending in `.bin`, else `text`.
+    /// `binary` for paths ending in `.bin`, `model` for `.model`, else `text`.
     pub fn from_path(path: &Path) -> Self {
-        if path.extension().is_some_and(|e| e == "bin") { Format::Binary } else { Format::Text }
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("bin") => Format::Binary,
+            Some("model") => Format::Model,
+            _ => Format::Text,
+        }
     }
 }
 
-/// Words and their vectors, in file order (frequency order for files farout writes).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Vectors {
-    words: Vec<String>,
-    matrix: Matrix,
-    ids: FxHashMap<String, u32>,
+/// The model format's first bytes.
+pub const MAGIC: [u8; 8] = *b"FOWORDVM";
+/// The model format's version.
+pub const VERSION: u32 = 1;
+
+/// Where a word's vector came from ([`Vectors::vector`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The word is in the vocabulary.
+    Known,
+    /// Out of the vocabulary: the mean of its n-grams' rows.
+    FromNgrams,
+    /// Out of the vocabulary, and no n-gram rows to build it from.
+    Missing,
 }
 
-impl Vectors {
+/// Words and their vectors, in file order (frequency order for files farout writes). The
+/// vectors are owned (read from a file) or borrowed (a table being trained, evaluated in place).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Vectors<'a> {
+    words: Vec<String>,
+    matrix: Cow<'a, Matrix>,
+    ids: FxHashMap<String, u32>,
+    ngrams: Option<NgramTable<'a>>,
+}
+
+impl Vectors<'static> {
     /// Row `i` of `matrix` is the vector of `words[i]`. Words must be distinct and contain no
     /// whitespace.
     pub fn new(words: Vec<String>, matrix: Matrix) -> Result<Self, Error> {
+        Vectors::with_matrix(words, Cow::Owned(matrix))
+    }
+}
+
+impl<'a> Vectors<'a> {
+    /// [`Vectors::new`] on a borrowed matrix.
+    pub fn borrowed(words: Vec<String>, matrix: &'a Matrix) -> Result<Self, Error> {
+        Self::with_matrix(words, Cow::Borrowed(matrix))
+    }
+
+    fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
         if words.len() != matrix.rows() {
             return Err(Error::Config {
                 key: "vectors",
@@ -57,7 +111,38 @@ impl Vectors {
                 return Err(Error::Config { key: "vectors", msg: format!("word {w:?} appears twice") });
             }
         }
-        Ok(Self { words, matrix, ids })
+        Ok(Self { words, matrix, ids, ngrams: None })
+    }
+
+    /// The same vectors, with n-gram rows that give words outside the vocabulary a vector.
+    pub fn with_ngrams(mut self, ngrams: NgramTable<'a>) -> Result<Self, Error> {
+        if ngrams.buckets() > 0 && ngrams.dim() != self.matrix.cols() {
+            return Err(Error::Config {
+                key: "vectors",
+                msg: format!("n-gram rows of dimension {} for vectors of {}", ngrams.dim(), self.matrix.cols()),
+            });
+        }
+        self.ngrams = Some(ngrams).filter(|t| t.spec().enabled());
+        Ok(self)
+    }
+
+    /// The n-gram rows, if the vectors have them.
+    pub fn ngrams(&self) -> Option<&NgramTable<'a>> {
+        self.ngrams.as_ref()
+    }
+
+    /// The vector of any word into `out`: its own, or for a word outside the vocabulary the
+    /// mean of its n-grams' rows (`out` is zero when there are none).
+    pub fn vector(&self, word: &str, out: &mut [f32]) -> Lookup {
+        if let Some(v) = self.get(word) {
+            out.copy_from_slice(v);
+            return Lookup::Known;
+        }
+        if self.ngrams.as_ref().is_some_and(|t| t.oov_vector(word, out)) {
+            return Lookup::FromNgrams;
+        }
+        out.fill(0.0);
+        Lookup::Missing
     }
 
     /// The words.
@@ -82,6 +167,9 @@ impl Vectors {
 
     /// Writes the vectors to `path` in `format`.
     pub fn save(&self, path: &Path, format: Format) -> Result<(), Error> {
+        if format == Format::Model {
+            return self.save_model(path);
+        }
         let mut w = BufWriter::new(File::create(path).map_err(io(path))?);
         let mut write = || -> std::io::Result<()> {
             writeln!(w, "{} {}", self.words.len(), self.matrix.cols())?;
@@ -99,6 +187,7 @@ impl Vectors {
                             w.write_all(&x.to_le_bytes())?;
                         }
                     }
+                    Format::Model => unreachable!("written above"),
                 }
                 writeln!(w)?;
             }
@@ -108,7 +197,10 @@ impl Vectors {
     }
 
     /// Reads a file in `format` (see [`Format::from_path`]).
-    pub fn load(path: &Path, format: Format) -> Result<Self, Error> {
+    pub fn load(path: &Path, format: Format) -> Result<Vectors<'static>, Error> {
+        if format == Format::Model {
+            return Self::load_model(path);
+        }
         let file = File::open(path).map_err(io(path))?;
         let file_len = file.metadata().map_err(io(path))?.len();
         let mut r = BufReader::new(file);
@@ -125,7 +217,7 @@ impl Vectors {
         // a space (text), or a one-byte word, a space and `dim` f32 (binary).
         let per_vector = match format {
             Format::Text => (dim as u64).checked_mul(2).and_then(|b| b.checked_add(1)),
-            Format::Binary => (dim as u64).checked_mul(4).and_then(|b| b.checked_add(2)),
+            Format::Binary | Format::Model => (dim as u64).checked_mul(4).and_then(|b| b.checked_add(2)),
         };
         let needed = per_vector.and_then(|b| b.checked_mul(n as u64)).and_then(|b| b.checked_add(header.len() as u64));
         let what = format!("a header of {n} vectors of dimension {dim}");
@@ -156,7 +248,7 @@ impl Vectors {
                     words.push(word.to_owned());
                 }
             }
-            Format::Binary => {
+            Format::Binary | Format::Model => {
                 let mut bytes = vec![0u8; 4 * dim];
                 for i in 0..n {
                     let mut word = Vec::new();
@@ -176,7 +268,126 @@ impl Vectors {
             }
         }
         let matrix = Matrix::from_vec(n, dim, data).expect("n * dim values were read");
-        Self::new(words, matrix).map_err(|e| format_err(path, e.to_string()))
+        Vectors::new(words, matrix).map_err(|e| format_err(path, e.to_string()))
+    }
+}
+
+impl Vectors<'_> {
+    fn save_model(&self, path: &Path) -> Result<(), Error> {
+        let empty = NgramTable::new(0, 0, Matrix::default());
+        let t = self.ngrams.as_ref().unwrap_or(&empty);
+        let write = || -> std::io::Result<()> {
+            let mut w = Crc32Writer { inner: BufWriter::new(File::create(path)?), crc: crc32fast::Hasher::new() };
+            w.inner.write_all(&MAGIC)?;
+            w.inner.write_all(&VERSION.to_le_bytes())?;
+            for v in [self.matrix.cols(), self.words.len(), t.minn, t.maxn, t.buckets()] {
+                w.write_all(&(v as u64).to_le_bytes())?;
+            }
+            for word in &self.words {
+                w.write_all(&(word.len() as u32).to_le_bytes())?;
+                w.write_all(word.as_bytes())?;
+            }
+            farout_core::binio::write_f32s(&mut w, self.matrix.as_slice())?;
+            farout_core::binio::write_f32s(&mut w, t.as_slice())?;
+            let crc = w.crc.clone().finalize();
+            w.inner.write_all(&crc.to_le_bytes())?;
+            w.inner.flush()
+        };
+        write().map_err(io(path))
+    }
+
+    fn load_model(path: &Path) -> Result<Vectors<'static>, Error> {
+        let file = File::open(path).map_err(io(path))?;
+        let file_len = file.metadata().map_err(io(path))?.len();
+        let mut r = Crc32Reader { inner: BufReader::new(file), crc: crc32fast::Hasher::new() };
+        let bad = |msg: String| format_err(path, msg);
+        let truncated = |what: &str| bad(format!("the file ends inside {what}: truncated"));
+        let mut magic = [0u8; 8];
+        r.inner.read_exact(&mut magic).map_err(|_| truncated("the header"))?;
+        if magic != MAGIC {
+            return Err(bad("not a farout word-vector model (wrong magic bytes)".into()));
+        }
+        let mut version = [0u8; 4];
+        r.inner.read_exact(&mut version).map_err(|_| truncated("the header"))?;
+        let version = u32::from_le_bytes(version);
+        if version != VERSION {
+            return Err(bad(format!("format version {version}; this farout reads version {VERSION}")));
+        }
+        let mut header = [0u64; 5];
+        for h in &mut header {
+            *h = farout_core::binio::read_u64(&mut r).map_err(|_| truncated("the header"))?;
+        }
+        let [dim, n, minn, maxn, buckets] = header;
+        // Every vector and n-gram row is 4 dim bytes, and every word at least 5 more.
+        let needed = dim
+            .checked_mul(4)
+            .and_then(|row| n.checked_mul(row + 5)?.checked_add(buckets.checked_mul(row)?))
+            .and_then(|b| b.checked_add(8 + 4 + 40 + 4));
+        let what = format!("a header of {n} words and {buckets} n-gram rows of dimension {dim}");
+        farout_data::check_len(path, None, needed, file_len, &what)?;
+        if dim == 0 || (maxn > 0 && !(1..=maxn).contains(&minn)) {
+            return Err(bad(format!("invalid header: dimension {dim}, n-grams of {minn} to {maxn} characters")));
+        }
+        let (n, dim, buckets) = (n as usize, dim as usize, buckets as usize);
+        let mut words = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut len = [0u8; 4];
+            r.read_exact(&mut len).map_err(|_| truncated("the words"))?;
+            let len = u32::from_le_bytes(len) as u64;
+            if len > file_len {
+                return Err(bad(format!("word {} has length {len}, longer than the file", i + 1)));
+            }
+            let mut word = vec![0u8; len as usize];
+            r.read_exact(&mut word).map_err(|_| truncated("the words"))?;
+            words.push(String::from_utf8(word).map_err(|_| bad(format!("word {} is not valid UTF-8", i + 1)))?);
+        }
+        let mut matrix = Matrix::zeros(n, dim);
+        farout_core::binio::read_f32s(&mut r, matrix.as_mut_slice()).map_err(|_| truncated("the vectors"))?;
+        let mut rows = Matrix::zeros(buckets, dim);
+        farout_core::binio::read_f32s(&mut r, rows.as_mut_slice()).map_err(|_| truncated("the n-gram rows"))?;
+        let computed = r.crc.clone().finalize();
+        let mut stored = [0u8; 4];
+        r.inner.read_exact(&mut stored).map_err(|_| truncated("the checksum"))?;
+        if u32::from_le_bytes(stored) != computed {
+            return Err(bad("checksum mismatch: the file is corrupt".into()));
+        }
+        if r.inner.read(&mut [0u8]).map_err(io(path))? != 0 {
+            return Err(bad("bytes after the checksum: the file is corrupt".into()));
+        }
+        let ngrams = NgramTable::new(minn as usize, maxn as usize, rows);
+        Vectors::new(words, matrix).and_then(|v| v.with_ngrams(ngrams)).map_err(|e| bad(e.to_string()))
+    }
+}
+
+/// A writer that hashes what goes through it.
+struct Crc32Writer<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> Write for Crc32Writer<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A reader that hashes what goes through it.
+struct Crc32Reader<R> {
+    inner: R,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Read> Read for Crc32Reader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
     }
 }
 
@@ -184,7 +395,7 @@ impl Vectors {
 mod tests {
     use super::*;
 
-    fn sample() -> Vectors {
+    fn sample() -> Vectors<'static> {
         let m = Matrix::from_vec(3, 2, vec![0.5, -1.25, 1e-7, 3.0e8, -0.0, f32::MIN_POSITIVE]).unwrap();
         Vectors::new(vec!["the".into(), "día".into(), "x'y".into()], m).unwrap()
     }
@@ -265,5 +476,60 @@ mod tests {
             let msg = Vectors::load(&p, format).unwrap_err().to_string();
             assert!(msg.starts_with(&format!("{}/{want}", dir.path().display())), "{msg}");
         }
+    }
+
+    fn with_ngrams() -> Vectors<'static> {
+        let rows = Matrix::from_vec(5, 2, (0..10).map(|i| i as f32 - 4.5).collect()).unwrap();
+        sample().with_ngrams(NgramTable::new(2, 3, rows)).unwrap()
+    }
+
+    #[test]
+    fn the_model_format_round_trips_with_its_ngram_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.model");
+        assert_eq!(Format::from_path(&p), Format::Model);
+        for v in [sample(), with_ngrams()] {
+            v.save(&p, Format::Model).unwrap();
+            let back = Vectors::load(&p, Format::Model).unwrap();
+            assert_eq!(back, v);
+        }
+        // Known words keep their vector; unknown ones get their n-grams' mean, or nothing.
+        let v = Vectors::load(&p, Format::Model).unwrap();
+        let mut out = [0.0; 2];
+        assert_eq!(v.vector("día", &mut out), Lookup::Known);
+        assert_eq!(out, [1e-7, 3.0e8]);
+        assert_eq!(v.vector("unseen", &mut out), Lookup::FromNgrams);
+        let mut want = [0.0; 2];
+        assert!(v.ngrams().unwrap().oov_vector("unseen", &mut want));
+        assert_eq!(out, want);
+        assert_eq!(sample().vector("unseen", &mut out), Lookup::Missing);
+        assert_eq!(out, [0.0, 0.0]);
+    }
+
+    #[test]
+    fn corrupt_and_truncated_models_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("v.model");
+        with_ngrams().save(&p, Format::Model).unwrap();
+        let good = std::fs::read(&p).unwrap();
+        let load = |bytes: &[u8]| {
+            std::fs::write(&p, bytes).unwrap();
+            Vectors::load(&p, Format::Model).unwrap_err().to_string()
+        };
+        let mut flipped = good.clone();
+        let at = good.len() - 12;
+        flipped[at] ^= 1;
+        assert!(load(&flipped).contains("checksum mismatch"), "{}", load(&flipped));
+        for cut in [3, 20, good.len() - 30, good.len() - 1] {
+            let msg = load(&good[..cut]);
+            assert!(msg.contains("truncated") || msg.contains("needs at least"), "cut {cut}: {msg}");
+        }
+        assert!(load(b"FOLINMDL\x01\x00\x00\x00").contains("wrong magic"));
+        let mut v2 = good.clone();
+        v2[8] = 2;
+        assert!(load(&v2).contains("format version 2"));
+        let mut longer = good.clone();
+        longer.push(0);
+        assert!(load(&longer).contains("bytes after the checksum"));
     }
 }

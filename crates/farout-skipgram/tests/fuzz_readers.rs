@@ -1,5 +1,5 @@
 //! Fuzz tests of the word-vector readers: random bytes and mutations of valid word2vec text and
-//! binary files give `Ok` or an error naming the file, never a panic, and never allocate more
+//! binary files and of farout's model files give `Ok` or an error naming the file, never a panic, and never allocate more
 //! than a bound linear in the file's length (see farout-data's `tests/fuzz_readers.rs`).
 //!
 //! Cases per test: `FAROUT_FUZZ_CASES` (default [`fuzz::DEFAULT_CASES`]), drawn from
@@ -7,6 +7,7 @@
 
 use farout_core::Matrix;
 use farout_core::fuzz::{self, Mutation, PeakAlloc, peak_during};
+use farout_skipgram::subwords::NgramTable;
 use farout_skipgram::vectors::{Format, Vectors};
 use proptest::prelude::*;
 use proptest::test_runner::{RngSeed, TestRunner};
@@ -26,8 +27,9 @@ const FIXED: u64 = 1 << 20;
 fn valid_files() -> Vec<(Vec<u8>, Format)> {
     let dir = tempfile::tempdir().unwrap();
     let m = Matrix::from_vec(3, 2, vec![0.5, -1.25, 1e-7, 3.0e8, -0.0, f32::MIN_POSITIVE]).unwrap();
-    let v = Vectors::new(vec!["the".into(), "día".into(), "x'y".into()], m).unwrap();
-    [Format::Text, Format::Binary]
+    let ngrams = NgramTable::new(2, 3, Matrix::from_vec(2, 2, vec![1.0, 2.0, 3.0, 4.0]).unwrap());
+    let v = Vectors::new(vec!["the".into(), "día".into(), "x'y".into()], m).unwrap().with_ngrams(ngrams).unwrap();
+    [Format::Text, Format::Binary, Format::Model]
         .into_iter()
         .map(|format| {
             let p = dir.path().join("v");
@@ -39,7 +41,7 @@ fn valid_files() -> Vec<(Vec<u8>, Format)> {
 
 fn input() -> impl Strategy<Value = (Vec<u8>, Format)> {
     let valid = valid_files();
-    let format = prop_oneof![Just(Format::Text), Just(Format::Binary)];
+    let format = prop_oneof![Just(Format::Text), Just(Format::Binary), Just(Format::Model)];
     let mutations = prop::collection::vec((any::<u8>(), any::<u64>(), any::<u64>()), 1..6);
     prop_oneof![
         1 => (prop::collection::vec(any::<u8>(), 0..256), format.clone()),

@@ -582,6 +582,17 @@ impl Config {
                     ),
                 ));
             }
+            if self.model.skip_gram.ngrams().enabled() && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_))
+            {
+                return Err(ConfigError::key(
+                    "model.skip_gram.maxn",
+                    format!(
+                        "subwords (maxn > 0) train with negative sampling only; set output.estimator = \
+                         \"negative_sampling\" or maxn = 0 (found {:?})",
+                        out.estimator.name()
+                    ),
+                ));
+            }
             let softmax = match &out.estimator {
                 EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
                 EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => {

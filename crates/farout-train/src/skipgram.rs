@@ -3,8 +3,9 @@
 //! TensorBoard and JSONL logs, evaluation and a checkpoint after each epoch, resume, export.
 //!
 //! The checkpoint directory holds `vocab.txt`, `input.bin` and `output.bin` (both tables, so a
-//! resumed run keeps the output vectors) and `state.json`; the step size continues from where
-//! the schedule stopped because it is a function of the words read.
+//! resumed run keeps the output vectors; with subwords the input table has the n-gram rows
+//! after the words') and `state.json`; the step size continues from where the schedule stopped
+//! because it is a function of the words read.
 
 use crate::checkpoint::{check_finite, read_f32_file, replace_dir, write_f32_file};
 use crate::config::Config;
@@ -21,10 +22,12 @@ use farout_skipgram::collapsed::{Cooccurrence, GdJob, SoftmaxPart};
 use farout_skipgram::eval::{self, AnalogyReport, SimilarityReport, softmax_objective};
 use farout_skipgram::pairs::sample_pairs;
 use farout_skipgram::sgns::{EpochStats, NsJob, Progress};
+use farout_skipgram::subwords::{NgramSpec, NgramTable, Subwords};
 use farout_skipgram::vectors::{Format, Vectors};
 use farout_skipgram::{Embeddings, Objective};
 use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -40,6 +43,9 @@ struct State {
     words: u64,
     pairs: u64,
     train_seconds: f64,
+    /// The n-gram settings the input table was trained with (`None`: no subwords).
+    #[serde(default)]
+    ngrams: Option<NgramSpec>,
 }
 
 /// What a skip-gram run reports at the end (printed as JSON).
@@ -102,9 +108,24 @@ impl From<&AnalogyReport> for AnalogyTotals {
     }
 }
 
-/// The input vectors with their words.
-pub fn vectors(vocab: &Vocab, input: &Matrix) -> Result<Vectors, Error> {
-    Ok(Vectors::new(vocab.words().to_vec(), input.clone())?)
+/// The words' input vectors (with subwords, their rows' means) and, with subwords, the n-gram
+/// rows that give other words a vector, borrowed from `input` (only the words' means are
+/// computed).
+pub fn vectors<'m>(vocab: &Vocab, subwords: &Subwords, input: &'m Matrix) -> Result<Vectors<'m>, Error> {
+    let spec = subwords.spec();
+    let words = vocab.words().to_vec();
+    if !spec.enabled() {
+        return Ok(Vectors::borrowed(words, input)?);
+    }
+    let ngrams =
+        NgramTable::borrowed(spec.minn, spec.maxn, input.cols(), &input.as_slice()[vocab.len() * input.cols()..]);
+    Ok(Vectors::new(words, subwords.word_vectors(input))?.with_ngrams(ngrams)?)
+}
+
+/// The words' input vectors as rows of one matrix: `input` itself, or its rows' means with
+/// subwords.
+fn word_inputs<'m>(subwords: &Subwords, input: &'m Matrix) -> Cow<'m, Matrix> {
+    if subwords.spec().enabled() { Cow::Owned(subwords.word_vectors(input)) } else { Cow::Borrowed(input) }
 }
 
 /// Evaluates `v` on the config's analogy and similarity files (those it names).
@@ -116,17 +137,34 @@ pub fn evaluate(config: &Config, v: &Vectors) -> Result<(Option<AnalogyReport>, 
 }
 
 /// Loads the newest complete checkpoint in (or, after an interrupted save, beside) `dir`,
-/// checked against its manifest; NaN or infinite vectors are refused.
-fn load_checkpoint(dir: &Path, dim: usize) -> Result<(Vocab, Embeddings, State), Error> {
+/// checked against its manifest and against the config's n-gram settings; NaN or infinite
+/// vectors are refused.
+fn load_checkpoint(dir: &Path, dim: usize, ngrams: NgramSpec) -> Result<(Vocab, Subwords, Embeddings, State), Error> {
     let dir = &crate::checkpoint::open(dir)?;
     let state: State = crate::checkpoint::read_state(dir, "skip-gram checkpoint state")?;
+    let wanted = ngrams.enabled().then_some(ngrams);
+    if state.ngrams != wanted {
+        let show = |s: Option<NgramSpec>| match s {
+            Some(s) => format!("n-grams of {} to {} characters in {} buckets", s.minn, s.maxn, s.buckets),
+            None => "no subwords".to_string(),
+        };
+        return Err(Error::Checkpoint {
+            path: dir.join("state.json"),
+            msg: format!(
+                "trained with {}, but the config sets {}: set model.skip_gram.minn, maxn and buckets as in training",
+                show(state.ngrams),
+                show(wanted)
+            ),
+        });
+    }
     let vocab = Vocab::load(&dir.join("vocab.txt"))?;
-    let mut emb = Embeddings::init(vocab.len(), dim, 0.0, 0);
+    let subwords = Subwords::new(vocab.words(), ngrams);
+    let mut emb = Embeddings::init(subwords.table_rows(), vocab.len(), dim, 0.0, 0);
     read_f32_file(&dir.join("input.bin"), emb.input.as_mut_slice())?;
     read_f32_file(&dir.join("output.bin"), emb.output.as_mut_slice())?;
     check_finite(&dir.join("input.bin"), "input vectors", emb.input.as_slice())?;
     check_finite(&dir.join("output.bin"), "output vectors", emb.output.as_slice())?;
-    Ok((vocab, emb, state))
+    Ok((vocab, subwords, emb, state))
 }
 
 /// The training corpus and the held-out text: `data.corpus` and `eval.heldout`, or the
@@ -173,10 +211,11 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
 }
 
 /// Writes the input vectors of the config's checkpoint to `out` (word2vec binary for `.bin`,
-/// else text); returns the number of words.
+/// farout's model with the n-gram rows for `.model`, else text); returns the number of words.
 pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
-    let (vocab, emb, _) = load_checkpoint(&config.checkpoint_dir(), config.model.skip_gram.dim)?;
-    vectors(&vocab, &emb.input)?.save(out, Format::from_path(out))?;
+    let sg = &config.model.skip_gram;
+    let (vocab, subwords, emb, _) = load_checkpoint(&config.checkpoint_dir(), sg.dim, sg.ngrams())?;
+    vectors(&vocab, &subwords, &emb.input)?.save(out, Format::from_path(out))?;
     Ok(vocab.len())
 }
 
@@ -185,6 +224,8 @@ pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
 struct Session<'a> {
     config: &'a Config,
     vocab: &'a Vocab,
+    /// Each word's input rows.
+    subwords: &'a Subwords,
     bar: ProgressBar,
     start: Instant,
     base_seconds: f64,
@@ -213,6 +254,7 @@ impl<'a> Session<'a> {
     fn open(
         config: &'a Config,
         vocab: &'a Vocab,
+        subwords: &'a Subwords,
         state: State,
         heldout: Option<&Path>,
         resume: bool,
@@ -233,6 +275,7 @@ impl<'a> Session<'a> {
         Ok(Session {
             config,
             vocab,
+            subwords,
             bar,
             start: Instant::now(),
             base_seconds: state.train_seconds,
@@ -266,11 +309,11 @@ impl<'a> Session<'a> {
         let (config, vocab) = (self.config, self.vocab);
         let (analogy, similarity) = match self.last_eval.take() {
             Some(reports) => reports,
-            None if self.wants_eval() => evaluate(config, &vectors(vocab, &emb.input)?)?,
+            None if self.wants_eval() => evaluate(config, &vectors(vocab, self.subwords, &emb.input)?)?,
             None => (None, None),
         };
         if let Some(p) = export {
-            vectors(vocab, &emb.input)?.save(p, Format::from_path(p))?;
+            vectors(vocab, self.subwords, &emb.input)?.save(p, Format::from_path(p))?;
         }
         let state = self.state.borrow();
         Ok(SkipGramSummary {
@@ -392,13 +435,13 @@ impl<'a> Session<'a> {
         let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds), ("eval/epoch", epochs)];
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
         if !self.heldout.is_empty() {
-            let obj = softmax_objective(input, output, &self.heldout);
+            let obj = softmax_objective(&word_inputs(self.subwords, input), output, &self.heldout);
             values.push(("eval/heldout_objective", obj));
             line += &format!(", held-out objective {obj:.4}");
             self.last_heldout.set(Some(obj));
         }
         if self.wants_eval() {
-            let (a, sim) = evaluate(self.config, &vectors(self.vocab, input)?)?;
+            let (a, sim) = evaluate(self.config, &vectors(self.vocab, self.subwords, input)?)?;
             if let Some(a) = &a {
                 values.push(("eval/analogy", a.accuracy));
                 line += &format!(", analogy {:.2}% of {}", 100.0 * a.accuracy, a.total.asked);
@@ -476,8 +519,8 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     let log_dir = config.log_dir();
     std::fs::create_dir_all(&log_dir).map_err(io(&log_dir))?;
     let start = Start::open(config, resume)?;
-    let Start { corpus, heldout, vocab, mut emb, state, vocab_seconds } = start;
-    let session = Session::open(config, &vocab, state, heldout.as_deref(), resume)?;
+    let Start { corpus, heldout, vocab, subwords, mut emb, state, vocab_seconds } = start;
+    let session = Session::open(config, &vocab, &subwords, state, heldout.as_deref(), resume)?;
     let plan = Plan::of(config, session.state.borrow().train_seconds);
     let mut estimator = "negative_sampling".to_string();
     let stopped = train_negative_sampling(&session, &plan, &corpus, &mut emb)?;
@@ -494,6 +537,7 @@ struct Start {
     corpus: PathBuf,
     heldout: Option<PathBuf>,
     vocab: Vocab,
+    subwords: Subwords,
     emb: Embeddings,
     state: State,
     vocab_seconds: f64,
@@ -504,16 +548,19 @@ impl Start {
         let sg = &config.model.skip_gram;
         let (corpus, heldout) = corpus_paths(config)?;
         let t_vocab = Instant::now();
-        let (vocab, emb, state) = if resume {
+        let (vocab, subwords, emb, state) = if resume {
             let dir = config.checkpoint_dir();
-            let (vocab, emb, state) = load_checkpoint(&dir, sg.dim)?;
+            let (vocab, subwords, emb, state) = load_checkpoint(&dir, sg.dim, sg.ngrams())?;
             log::info!("resuming after epoch {} ({} words) from {}", state.epochs_done, state.words, dir.display());
-            (vocab, emb, state)
+            (vocab, subwords, emb, state)
         } else {
             let vocab = Vocab::build(&corpus, &config.data.text, threads(config))?;
-            let emb = Embeddings::init(vocab.len(), sg.dim, sg.init_range, config.seed);
-            let state = State { corpus_tokens: vocab.corpus_tokens, ..State::default() };
-            (vocab, emb, state)
+            let subwords = Subwords::new(vocab.words(), sg.ngrams());
+            let rows = subwords.table_rows();
+            let emb = Embeddings::init(rows, vocab.len(), sg.dim, sg.init_range, config.seed);
+            let ngrams = sg.ngrams().enabled().then_some(sg.ngrams());
+            let state = State { corpus_tokens: vocab.corpus_tokens, ngrams, ..State::default() };
+            (vocab, subwords, emb, state)
         };
         let vocab_seconds = t_vocab.elapsed().as_secs_f64();
         if vocab.len() < 2 {
@@ -539,7 +586,7 @@ impl Start {
                 log::warn!("skipped {} line(s) that are not valid UTF-8", vocab.skipped_lines);
             }
         }
-        Ok(Self { corpus, heldout, vocab, emb, state, vocab_seconds })
+        Ok(Self { corpus, heldout, vocab, subwords, emb, state, vocab_seconds })
     }
 }
 
@@ -601,6 +648,7 @@ fn train_negative_sampling(session: &Session, plan: &Plan, corpus: &Path, emb: &
         seed: config.seed,
         epochs: plan.ns_epochs,
         deadline: plan.deadline,
+        subwords: session.subwords.spec().enabled().then_some(session.subwords),
     };
     let mut stopped = false;
     let run = job.run(emb, session.epochs_done(), &mut |p| session.progress(p), &mut |s, e| {
