@@ -1,6 +1,7 @@
 //! `farout` under `mpirun -np 1/2/4` (feature `mpi`): label-parallel DiSMEC and PPDSparse give
-//! the model of one process, a sharded model evaluates and predicts at any rank count, and what
-//! cannot run on several ranks says so once.
+//! the model of one process, a sharded model evaluates and predicts at any rank count, the
+//! class-sharded layer trains like one process and resumes after a kill, and what cannot run on
+//! several ranks says so once.
 //!
 //! Run with `cargo test --release --features mpi --test mpi` (needs `mpirun`; Open MPI from
 //! `openmpi-bin`). Each launch is bounded by a timeout, so a hung collective fails the test.
@@ -308,4 +309,82 @@ fn a_class_sharded_softmax_layer_trains_like_one_process() {
         let (a, b) = (resumed["metrics"][key].as_f64().unwrap(), straight["metrics"][key].as_f64().unwrap());
         assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{key}: resumed {a}, straight {b}");
     }
+}
+
+/// The step of the checkpoint rank `r` of 2 last completed in `ckpt` (0 before the first).
+fn checkpoint_step(ckpt: &Path, r: usize) -> u64 {
+    let state = ckpt.join(format!("rank-{r}-of-2")).join("state.json");
+    std::fs::read_to_string(state)
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| v["step"].as_u64())
+        .unwrap_or(0)
+}
+
+/// A 2-rank run killed by a signal after its first checkpoints (every 7 of 640 steps) resumes
+/// from the ranks' checkpoints, mid-epoch, and ends as the run that was never killed.
+#[test]
+fn a_killed_two_rank_run_resumes_and_ends_as_the_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let longer = ["--set", "train.epochs=20", "--set", "checkpoint.every_steps=7"];
+    let straight = json(&mpirun(2, &face_args("train", &dir.path().join("straight"), &longer)));
+    let run = dir.path().join("killed");
+    let killed_at = {
+        let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
+        let mut child = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", FAROUT])
+            .args(face_args("train", &run, &longer))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mpirun runs");
+        let start = Instant::now();
+        let ckpt = run.join("ckpt");
+        while checkpoint_step(&ckpt, 0).min(checkpoint_step(&ckpt, 1)) < 16 {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
+            assert!(start.elapsed() < TIMEOUT, "no checkpoint within {TIMEOUT:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SIGTERM: mpirun passes it on to both ranks and exits.
+        let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        assert!(term.success());
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "killed");
+        checkpoint_step(&ckpt, 0)
+    };
+    assert!((16..640).contains(&killed_at), "killed at step {killed_at}");
+    let mut resume = face_args("train", &run, &longer);
+    resume.push("--resume".into());
+    let out = mpirun(2, &resume);
+    assert!(stderr(&out).contains("resuming at step"), "{}", stderr(&out));
+    let same_end = |out: &Output| {
+        let resumed = json(out);
+        assert_eq!(resumed["steps"], straight["steps"]);
+        for key in ["p@1", "p@5", "loss"] {
+            let (a, b) = (resumed["metrics"][key].as_f64().unwrap(), straight["metrics"][key].as_f64().unwrap());
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{key}: resumed {a}, straight {b}");
+        }
+    };
+    same_end(&out);
+    // A kill between the ranks' saves, rebuilt: rank 1 back at its previous checkpoint (step
+    // 637, the last of every 7) while rank 0 is at 640 (the final save). Rank 0 goes back to the
+    // one it kept, and both finish again.
+    let rank1 = run.join("ckpt").join("rank-1-of-2");
+    std::fs::remove_dir_all(&rank1).unwrap();
+    std::fs::rename(run.join("ckpt").join("rank-1-of-2.prev"), &rank1).unwrap();
+    assert_eq!((checkpoint_step(&run.join("ckpt"), 0), checkpoint_step(&run.join("ckpt"), 1)), (640, 637));
+    let out = mpirun(2, &resume);
+    let err = stderr(&out);
+    assert!(err.contains("did not finish on every rank: all ranks resume from step 637"), "{err}");
+    same_end(&out);
+    // With no previous checkpoint to go back to, the resume is refused on every rank, once.
+    std::fs::remove_dir_all(run.join("ckpt").join("rank-0-of-2.prev")).unwrap();
+    std::fs::remove_dir_all(&rank1).unwrap();
+    std::fs::rename(run.join("ckpt").join("rank-1-of-2.prev"), &rank1).unwrap();
+    let o = mpirun(2, &resume);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("at steps 637 to 640") && err.contains("kept none at step 637"), "{err}");
 }

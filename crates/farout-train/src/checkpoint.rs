@@ -9,6 +9,11 @@
 //! removed. Whatever instant the process dies at, one of the three holds a complete checkpoint
 //! (once one has been written), and [`latest`] finds the most advanced of them; the next save
 //! first puts that one back at `<dir>` ([`settle`]), so a failing save never removes it.
+//!
+//! The ranks of an MPI run each save their own directory, so a kill can leave some ranks at
+//! the new checkpoint and others at the one before. They save with
+//! [`replace_dir_keeping`]`(.., true, ..)`, which keeps the checkpoint it replaces as
+//! `<dir>.prev` ([`previous`]), and a resume takes the ranks that got ahead back to it.
 
 use crate::{Error, io_err as io};
 use serde::{Deserialize, Serialize};
@@ -62,9 +67,27 @@ pub fn with_siblings(dir: &Path) -> [PathBuf; 3] {
     [dir.to_path_buf(), tmp, old]
 }
 
+/// `<dir>.prev`: the checkpoint that [`replace_dir_keeping_previous`] replaced.
+pub fn previous(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".prev");
+    dir.with_file_name(name)
+}
+
 /// Calls `fill` on an empty temporary directory, writes its manifest with `progress`, then
 /// swaps it in for `dir` (see the module documentation).
 pub fn replace_dir(dir: &Path, progress: u64, fill: impl FnOnce(&Path) -> Result<(), Error>) -> Result<PathBuf, Error> {
+    replace_dir_keeping(dir, progress, false, fill)
+}
+
+/// [`replace_dir`]; with `keep_previous`, the checkpoint it replaces is kept at
+/// [`previous`]`(dir)` (and the one kept before is removed).
+pub fn replace_dir_keeping(
+    dir: &Path,
+    progress: u64,
+    keep_previous: bool,
+    fill: impl FnOnce(&Path) -> Result<(), Error>,
+) -> Result<PathBuf, Error> {
     let (tmp, old) = siblings(dir);
     settle(dir)?;
     if tmp.exists() {
@@ -81,7 +104,15 @@ pub fn replace_dir(dir: &Path, progress: u64, fill: impl FnOnce(&Path) -> Result
     }
     std::fs::rename(&tmp, dir).map_err(io(&tmp))?;
     if old.exists() {
-        std::fs::remove_dir_all(&old).map_err(io(&old))?;
+        let prev = previous(dir);
+        if keep_previous && verify(&old).is_ok() {
+            if prev.exists() {
+                std::fs::remove_dir_all(&prev).map_err(io(&prev))?;
+            }
+            std::fs::rename(&old, &prev).map_err(io(&old))?;
+        } else {
+            std::fs::remove_dir_all(&old).map_err(io(&old))?;
+        }
     }
     Ok(dir.to_path_buf())
 }
@@ -301,6 +332,30 @@ mod tests {
         assert_eq!((found.dir.as_path(), found.progress), (dir.as_path(), 1));
         assert_eq!(value_in(&dir), 1.0);
         assert!(read_f32_file(&dir.join("a.bin"), &mut [0.0; 3]).unwrap_err().to_string().contains("expected 12"));
+    }
+
+    /// Saves that keep the previous checkpoint keep exactly the one they replaced; other saves
+    /// keep none.
+    #[test]
+    fn the_previous_checkpoint_is_kept_when_asked() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("rank-0-of-2");
+        let prev = previous(&dir);
+        assert_eq!(prev, root.path().join("rank-0-of-2.prev"));
+        let keep = |progress: u64, value: f32| {
+            replace_dir_keeping(&dir, progress, true, |t| write_f32_file(&t.join("a.bin"), &[value, value])).unwrap();
+        };
+        keep(8, 1.0);
+        assert!(!prev.exists(), "nothing to keep after the first save");
+        keep(16, 2.0);
+        assert_eq!((latest(&prev).unwrap().progress, value_in(&prev)), (8, 1.0));
+        keep(24, 3.0);
+        assert_eq!((latest(&prev).unwrap().progress, value_in(&prev)), (16, 2.0));
+        assert_eq!((latest(&dir).unwrap().progress, value_in(&dir)), (24, 3.0));
+        let other = root.path().join("ck");
+        save(&other, 1, 1.0);
+        save(&other, 2, 2.0);
+        assert!(!previous(&other).exists());
     }
 
     /// Every state a kill can leave during a save, rebuilt by hand: the newest complete

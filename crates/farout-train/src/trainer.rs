@@ -152,6 +152,13 @@ fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
     found
 }
 
+/// The lowest and highest of the ranks' `step`.
+fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
+    let mut steps = [step as f64, -(step as f64)];
+    comm.allreduce_max_f64(&mut steps)?;
+    Ok((-steps[1] as u64, steps[0] as u64))
+}
+
 /// Whether `config` can train with its output layer split over ranks, and if not the key that
 /// says why.
 fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
@@ -850,7 +857,8 @@ impl Trainer {
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
         }
-        crate::checkpoint::replace_dir(&dir, self.state.step, |tmp| {
+        // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint_on).
+        crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
             if let Encoder::Doc(e) = &self.encoder {
                 e.save(tmp)?;
@@ -948,18 +956,37 @@ impl Trainer {
             }),
         };
         crate::dist::agree(comm, loaded)?;
-        if ranks > 1 {
-            let mut steps = [self.state.step as f64, -(self.state.step as f64)];
-            comm.allreduce_max_f64(&mut steps)?;
-            if steps[0] != -steps[1] {
-                return Err(Error::Checkpoint {
-                    path: dir.to_path_buf(),
-                    msg: format!(
-                        "the ranks' checkpoints are at steps {} to {}: a save was interrupted on some ranks",
-                        -steps[1], steps[0]
-                    ),
-                });
-            }
+        if ranks == 1 {
+            return Ok(());
+        }
+        let (low, high) = step_range(comm, self.state.step)?;
+        if low == high {
+            return Ok(());
+        }
+        // A kill between the ranks' saves: the ranks ahead go back to the checkpoint they kept.
+        let rank_dir = dir.join(rank_checkpoint(comm.rank(), ranks));
+        let back = match crate::checkpoint::latest(&crate::checkpoint::previous(&rank_dir)) {
+            _ if self.state.step == low => Ok(()),
+            Ok(prev) if prev.progress == low => self.load_checkpoint(&prev.dir),
+            _ => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "the ranks' checkpoints are at steps {low} to {high} (a save was interrupted on some ranks), \
+                     and rank {} kept none at step {low}",
+                    comm.rank()
+                ),
+            }),
+        };
+        crate::dist::agree(comm, back)?;
+        log::warn!("the save at step {high} did not finish on every rank: all ranks resume from step {low}");
+        let (low, high) = step_range(comm, self.state.step)?;
+        if low != high {
+            return Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "the ranks' checkpoints are at steps {low} to {high}: a save was interrupted on some ranks"
+                ),
+            });
         }
         Ok(())
     }
