@@ -57,6 +57,17 @@ pub enum BenchCommand {
         means: MeanStructure,
         #[command(flatten)]
         params: IndexParams,
+        /// Search the rows of this `.npy` file (f32, K x D) instead of the generator's means
+        /// (`--k` and `--d` are then the file's); needs `--query-vectors`.
+        #[arg(long, value_name = "W.npy", requires = "query_vectors")]
+        vectors: Option<PathBuf>,
+        /// The queries (`.npy`, f32, n x D) for `--vectors`.
+        #[arg(long, value_name = "Q.npy", requires = "vectors")]
+        query_vectors: Option<PathBuf>,
+        /// Write the rows and the queries searched to DIR/w.npy and DIR/queries.npy, for the
+        /// peers' script (benches/peers/search_peers.py).
+        #[arg(long, value_name = "DIR")]
+        export: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -222,16 +233,20 @@ pub fn run(cmd: BenchCommand, comm: &dyn Collective) -> Result<()> {
                 crate::emit(bench::bench_layer(&b)?)?;
             }
         }
-        BenchCommand::Search { index, k, d, top, queries, means, params, json: _ } => {
+        BenchCommand::Search { index, k, d, top, queries, means, params, vectors, query_vectors, export, json: _ } => {
             // W, the index's copy of it, and the brute-force reference's scores.
-            check_classes(
-                k,
-                d,
-                2,
-                resources::array_bytes(&[k as u64, queries.min(256) as u64], 4),
-                "--k, --d or --queries",
-            )?;
-            let b = SearchBench { index: params.config(&index)?, k, d, top, queries, means: means.into() };
+            if vectors.is_none() {
+                check_classes(
+                    k,
+                    d,
+                    2,
+                    resources::array_bytes(&[k as u64, queries.min(256) as u64], 4),
+                    "--k, --d or --queries",
+                )?;
+            }
+            let vectors = vectors.zip(query_vectors);
+            let means = means.into();
+            let b = SearchBench { index: params.config(&index)?, k, d, top, queries, means, vectors, export };
             crate::emit(bench::bench_search(&b)?)?;
         }
         BenchCommand::Estimator {

@@ -202,6 +202,36 @@ fn bench_layer_prints_the_documented_fields() {
     }
 }
 
+/// `bench search --export` writes the vectors it searched; `--vectors/--query-vectors` on them
+/// searches the same problem (the same recall and sizes), and mismatched files are refused.
+#[test]
+fn bench_search_exports_and_searches_given_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("vecs");
+    let run = |args: &[&str]| {
+        let base = ["bench", "search", "--index", "spherical", "--top", "10", "--queries", "50"];
+        let o = farout(&[&base[..], args].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let generated = run(&["--k", "3000", "--d", "16", "--export", out.to_str().unwrap()]);
+    let (w, q) = (out.join("w.npy"), out.join("queries.npy"));
+    let given = run(&["--vectors", w.to_str().unwrap(), "--query-vectors", q.to_str().unwrap()]);
+    for key in ["k", "d", "queries", "recall"] {
+        assert_eq!(given[key], generated[key], "{key}: {given} against {generated}");
+    }
+    assert_eq!(given["means"]["vectors"], w.to_str().unwrap());
+    // Queries of another dimension are refused, naming both files.
+    let other = dir.path().join("other");
+    let o =
+        farout(&["bench", "search", "--k", "100", "--d", "8", "--queries", "5", "--export", other.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let q8 = other.join("queries.npy");
+    let o = farout(&["bench", "search", "--vectors", w.to_str().unwrap(), "--query-vectors", q8.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("has 16 columns") && stderr(&o).contains("has 8"), "{}", stderr(&o));
+}
+
 fn bench_estimator(args: &[&str]) -> serde_json::Value {
     let base = ["bench", "estimator", "--k", "2000", "--d", "32", "--samples", "300", "--json"];
     let o = farout(&[&base[..], args].concat());

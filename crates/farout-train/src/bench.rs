@@ -13,6 +13,7 @@ use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
 use serde_json::Value;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// How the generator's class means are arranged (see [`FaceSpec`]): FaceNet-like (near a
@@ -287,21 +288,47 @@ pub struct SearchBench {
     pub queries: usize,
     /// The class means searched.
     pub means: MeanStructure,
+    /// Search these rows and queries (`.npy` files, f32, rows x D) instead of the generator's.
+    pub vectors: Option<(PathBuf, PathBuf)>,
+    /// Write the rows and queries searched to `DIR/w.npy` and `DIR/queries.npy` (for peers).
+    pub export: Option<PathBuf>,
 }
 
-/// Top-Q search over the class means of the FaceNet-like generator: recall against brute force,
-/// queries per second of the index and of brute force (same run, same threads), build time and
-/// refresh speed.
+/// Top-Q search over the class means of the FaceNet-like generator, or over given vectors:
+/// recall against brute force, queries per second of the index and of brute force (same run,
+/// same threads), build time and refresh speed.
 pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
-    let SearchBench { index: ref config, k, d, top, queries, means } = *b;
-    for (name, v) in [("k", k), ("d", d), ("top", top), ("queries", queries)] {
+    let SearchBench { index: ref config, top, means, .. } = *b;
+    let (mut w, q) = match &b.vectors {
+        Some((wp, qp)) => {
+            let (w, q) = (farout_data::npy::read_f32_matrix(wp)?, farout_data::npy::read_f32_matrix(qp)?);
+            if w.cols() != q.cols() {
+                let msg = format!("{} has {} columns, {} has {}", wp.display(), w.cols(), qp.display(), q.cols());
+                return Err(option("queries", &msg));
+            }
+            (w, q)
+        }
+        None => {
+            for (name, v) in [("k", b.k), ("d", b.d), ("queries", b.queries)] {
+                if v == 0 {
+                    return Err(option(name, "must be > 0"));
+                }
+            }
+            let g = FaceGenerator::new(means.spec(b.k, b.d, 2 * b.k.max(b.queries)))?;
+            (g.means().clone(), g.features(Split::Train, 0..b.queries))
+        }
+    };
+    let (k, d, queries) = (w.rows(), w.cols(), q.rows());
+    for (name, v) in [("vectors", k), ("vectors", d), ("queries", queries), ("top", top)] {
         if v == 0 {
-            return Err(option(name, "must be > 0"));
+            return Err(option(name, "must be > 0 (an empty file?)"));
         }
     }
-    let g = FaceGenerator::new(means.spec(k, d, 2 * k.max(queries)))?;
-    let mut w = g.means().clone();
-    let q = g.features(Split::Train, 0..queries);
+    if let Some(dir) = &b.export {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        farout_data::npy::write_f32_matrix(&dir.join("w.npy"), &w)?;
+        farout_data::npy::write_f32_matrix(&dir.join("queries.npy"), &q)?;
+    }
     let t = Instant::now();
     let mut index = config.build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
@@ -336,7 +363,10 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         "d": d,
         "top": top,
         "queries": queries,
-        "means": means.describe(d),
+        "means": match &b.vectors {
+            Some((w, q)) => serde_json::json!({ "vectors": w, "queries": q }),
+            None => means.describe(d),
+        },
         "threads": rayon::current_num_threads(),
         "recall": recall,
         "qps": qps,
