@@ -10,13 +10,18 @@ and vectors written by farout:
     farout bench search --k 200000 --d 128 --top 100 --queries 1000 --export DIR
 Run:
     /tmp/search-venv/bin/python benches/peers/search_peers.py DIR --top 100 [--threads 2]
-        [--tools numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann]
+        [--tools numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout]
+        [--farout target/release/farout] [--plot recall-qps.png]
+
+`farout` runs `farout bench search --vectors DIR/w.npy --query-vectors DIR/queries.npy` with
+the spherical index (int8 scoring) at candidate factors 10 to 320, last, in the same run.
+`--plot` draws recall against batched queries per second for every tool (needs matplotlib).
 
 Fields: tool, params, recall (mean over the queries of |found ∩ exact top-Q| / Q), qps (batches
 of 256), qps_single (the first `--single` queries one by one), build_s. Exact top-Q comes from
 numpy's BLAS product (`numpy` row: its own qps). Every library runs with `--threads` threads.
 """
-import argparse, json, os, sys, time
+import argparse, json, os, subprocess, sys, time
 
 import numpy as np
 
@@ -48,10 +53,36 @@ def timed(search, q, single):
     return found, qps, n / (time.perf_counter() - t)
 
 
+ROWS = []
+
+
+def row(tool, params, rec, qps, qps_single, build_s):
+    r = {"tool": tool, "params": params, "recall": round(rec, 4), "qps": round(qps, 1),
+         "qps_single": round(qps_single, 1), "build_s": round(build_s, 2)}
+    ROWS.append(r)
+    print(json.dumps(r), flush=True)
+
+
 def emit(tool, params, found, qps, qps_single, build_s, truth):
-    print(json.dumps({"tool": tool, "params": params, "recall": round(recall(found, truth), 4),
-                      "qps": round(qps, 1), "qps_single": round(qps_single, 1),
-                      "build_s": round(build_s, 2)}), flush=True)
+    row(tool, params, recall(found, truth), qps, qps_single, build_s)
+
+
+def plot(path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for tool in dict.fromkeys(r["tool"] for r in ROWS):
+        pts = sorted((r["recall"], r["qps"]) for r in ROWS if r["tool"] == tool)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=tool, markersize=3)
+    ax.set_xlabel("recall@Q")
+    ax.set_ylabel("queries/s (batches of 256)")
+    ax.set_yscale("log")
+    ax.axvline(0.9, color="grey", linewidth=0.5)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main():
@@ -60,7 +91,10 @@ def main():
     p.add_argument("--top", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--single", type=int, default=200, help="queries timed one at a time")
-    p.add_argument("--tools", default="numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann")
+    p.add_argument("--tools", default="numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout")
+    p.add_argument("--farout", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), "target/release/farout"))
+    p.add_argument("--plot", help="write recall against queries/s here (PNG)")
     a = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     w = np.ascontiguousarray(np.load(os.path.join(a.dir, "w.npy")), dtype=np.float32)
@@ -160,6 +194,19 @@ def main():
                 found, qps, single = timed(search, q, a.single)
                 emit("scann", f"leaves={leaves} search={max(search_leaves, 1)} AH2 reorder={reorder}",
                      found, qps, single, build, truth)
+
+    if "farout" in tools:
+        for factor in [10, 20, 40, 80, 160, 320]:
+            cmd = [a.farout, "bench", "search", "--vectors", os.path.join(a.dir, "w.npy"), "--query-vectors",
+                   os.path.join(a.dir, "queries.npy"), "--top", str(top), "--scoring", "int8",
+                   "--candidate-factor", str(factor)]
+            env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
+            r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout)
+            row("farout", f"spherical int8 candidate_factor={factor}", r["recall"], r["qps"], r["qps_single"],
+                r["build_seconds"])
+
+    if a.plot:
+        plot(a.plot, f"K = {k}, D = {d}, top {top}, {a.threads} threads")
 
 
 if __name__ == "__main__":
