@@ -304,7 +304,6 @@ impl NsJob<'_> {
         match (self.config.mode, self.subwords) {
             (Mode::SkipGram, None) => for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
                 input.read(context as usize, &mut s.l1);
-                s.err.fill(0.0);
                 self.train_targets(output, centre, lr, s, rng);
                 input.axpy(context as usize, 1.0, &s.err);
             }),
@@ -340,7 +339,6 @@ impl NsJob<'_> {
         rng: &mut Rng,
     ) {
         mean_rows(input, rows, s);
-        s.err.fill(0.0);
         self.train_targets(output, centre, lr, s, rng);
         for &r in rows {
             input.axpy(r as usize, 1.0, &s.err);
@@ -348,9 +346,10 @@ impl NsJob<'_> {
     }
 
     /// The output side of one SGD step on the loss of input `s.l1` and `centre` (module docs):
-    /// the centre's and the negatives' vectors move, and the input's update is added to `s.err`.
+    /// the centre's and the negatives' vectors move, and `s.err` receives the input's update.
     #[inline]
     fn train_targets<R: HogwildRows>(&self, output: &R, centre: u32, lr: f32, s: &mut Scratch, rng: &mut Rng) {
+        s.err.fill(0.0);
         // The loss costs two logarithms per target: estimate it on one pair in 8.
         let track = s.pairs.is_multiple_of(8);
         // The negatives are drawn first and their rows requested together, so that their cache
