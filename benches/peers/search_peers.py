@@ -14,7 +14,8 @@ Run:
         [--farout target/release/farout] [--plot recall-qps.png]
 
 `farout` runs `farout bench search --vectors DIR/w.npy --query-vectors DIR/queries.npy` with
-the spherical index (int8 scoring) at candidate factors 10 to 320, last, in the same run.
+the spherical index (int8 scoring) at candidate factors that scan 1,000 to 32,000 candidates,
+last, in the same run.
 `--plot` draws recall against batched queries per second for every tool (needs matplotlib).
 
 Fields: tool, params, recall (mean over the queries of |found ∩ exact top-Q| / Q), qps (batches
@@ -196,7 +197,8 @@ def main():
                      found, qps, single, build, truth)
 
     if "farout" in tools:
-        for factor in [10, 20, 40, 80, 160, 320]:
+        # Candidate factors that scan 1,000 to 32,000 candidates whatever Q is.
+        for factor in sorted({max(1, c // top) for c in [1000, 2000, 4000, 8000, 16000, 32000]}):
             cmd = [a.farout, "bench", "search", "--vectors", os.path.join(a.dir, "w.npy"), "--query-vectors",
                    os.path.join(a.dir, "queries.npy"), "--top", str(top), "--scoring", "int8",
                    "--candidate-factor", str(factor)]
