@@ -519,43 +519,51 @@ mod tests {
         assert!(before < 0.25 && after > 0.8, "purity {before} -> {after}");
     }
 
-    /// One CBOW sentence against the update written out by hand: windows of 1 (the draw from
-    /// 1..=1), no negatives, so every step is the centre's.
-    #[test]
-    fn a_cbow_sentence_matches_the_update_written_out() {
-        let s = setup();
-        let config = SkipGramConfig { dim: 4, window: 1, mode: Mode::Cbow, ..SkipGramConfig::default() };
-        let j = NsJob { negatives: 0, ..job(&s, &config, 1, 1) };
-        let mut r = rng::seeded(5, 0);
+    /// Trains the sentence `[2, 0, 1]` (dim 4, step 0.3) with `j` from random tables of
+    /// `input_rows` and 3 output rows, and applies `steps` to copies of them, each written out
+    /// by hand: the mean of its input rows against its centre (`j` draws no negatives), the
+    /// centre's row moved, the whole step added to every input row. Both end within `tol`.
+    fn matches_the_steps_written_out(j: &NsJob, input_rows: usize, seed: u64, steps: &[(Vec<usize>, usize)], tol: f32) {
+        let mut r = rng::seeded(seed, 0);
         let rand = |r: &mut Rng, n: usize| -> Vec<f32> { (0..n * 4).map(|_| 0.5 * rng::normal(r)).collect() };
-        let (u0, v0) = (rand(&mut r, 3), rand(&mut r, 3));
-        let input = AtomicRows::from_matrix(farout_core::Matrix::from_vec(3, 4, u0.clone()).unwrap());
+        let (u0, v0) = (rand(&mut r, input_rows), rand(&mut r, 3));
+        let input = AtomicRows::from_matrix(farout_core::Matrix::from_vec(input_rows, 4, u0.clone()).unwrap());
         let output = AtomicRows::from_matrix(farout_core::Matrix::from_vec(3, 4, v0.clone()).unwrap());
         let mut scratch = Scratch::new(4);
         scratch.sentence = vec![2, 0, 1];
         let lr = 0.3;
         j.train_sentence(&input, &output, lr, &mut scratch, &mut r);
-        // Reference: (contexts, centre) per position, applied in order.
         let (mut u, mut v) = (u0, v0);
-        for (contexts, centre) in [(vec![0usize], 2usize), (vec![2, 1], 0), (vec![0], 1)] {
+        for (rows, centre) in steps {
             let h: Vec<f32> =
-                (0..4).map(|d| contexts.iter().map(|&c| u[c * 4 + d]).sum::<f32>() / contexts.len() as f32).collect();
+                (0..4).map(|d| rows.iter().map(|&r| u[r * 4 + d]).sum::<f32>() / rows.len() as f32).collect();
             let f: f32 = (0..4).map(|d| h[d] * v[centre * 4 + d]).sum();
             let g = lr * (1.0 - 1.0 / (1.0 + (-f).exp()));
             let e: Vec<f32> = (0..4).map(|d| g * v[centre * 4 + d]).collect();
             (0..4).for_each(|d| v[centre * 4 + d] += g * h[d]);
-            for &c in &contexts {
-                (0..4).for_each(|d| u[c * 4 + d] += e[d]);
+            for &row in rows {
+                (0..4).for_each(|d| u[row * 4 + d] += e[d]);
             }
         }
-        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < tol);
         assert!(close(input.to_matrix().as_slice(), &u), "{:?} vs {u:?}", input.to_matrix());
         assert!(close(output.to_matrix().as_slice(), &v), "{:?} vs {v:?}", output.to_matrix());
-        assert_eq!(scratch.pairs, 3);
+        assert_eq!(scratch.pairs, steps.len() as u64);
     }
 
-    /// One subword skip-gram sentence against the update written out by hand: each context's
-    /// input is the mean of its rows, and every row gets the whole step.
+    /// One CBOW sentence against the update written out by hand: windows of 1 (the draw from
+    /// 1..=1), no negatives, so every step is the centre's; (contexts, centre) per position.
+    #[test]
+    fn a_cbow_sentence_matches_the_update_written_out() {
+        let s = setup();
+        let config = SkipGramConfig { dim: 4, window: 1, mode: Mode::Cbow, ..SkipGramConfig::default() };
+        let j = NsJob { negatives: 0, ..job(&s, &config, 1, 1) };
+        matches_the_steps_written_out(&j, 3, 5, &[(vec![0], 2), (vec![2, 1], 0), (vec![0], 1)], 1e-6);
+    }
+
+    /// One subword skip-gram sentence against the update written out by hand: the (context,
+    /// centre) pairs in order, each context's input the mean of its rows (found by hand), and
+    /// every row gets the whole step.
     #[test]
     fn a_subword_sentence_matches_the_update_written_out() {
         let s = setup();
@@ -563,16 +571,6 @@ mod tests {
         let words: Vec<String> = ["ab", "abc", "b"].map(String::from).to_vec();
         let sw = Subwords::new(&words, config.ngrams());
         let j = NsJob { negatives: 0, subwords: Some(&sw), ..job(&s, &config, 1, 1) };
-        let mut r = rng::seeded(6, 0);
-        let rand = |r: &mut Rng, n: usize| -> Vec<f32> { (0..n * 4).map(|_| 0.5 * rng::normal(r)).collect() };
-        let (u0, v0) = (rand(&mut r, 3 + 5), rand(&mut r, 3));
-        let input = AtomicRows::from_matrix(farout_core::Matrix::from_vec(8, 4, u0.clone()).unwrap());
-        let output = AtomicRows::from_matrix(farout_core::Matrix::from_vec(3, 4, v0.clone()).unwrap());
-        let mut scratch = Scratch::new(4);
-        scratch.sentence = vec![2, 0, 1];
-        let lr = 0.3;
-        j.train_sentence(&input, &output, lr, &mut scratch, &mut r);
-        // Reference: the (context, centre) pairs in order, each context's rows by hand.
         let rows_of = |w: usize| -> Vec<usize> {
             let mut rows = vec![w];
             let padded: Vec<char> = format!("<{}>", words[w]).chars().collect();
@@ -586,24 +584,12 @@ mod tests {
             }
             rows
         };
-        let (mut u, mut v) = (u0, v0);
-        for (context, centre) in [(0usize, 2usize), (2, 0), (1, 0), (0, 1)] {
-            let rows = rows_of(context);
-            assert_eq!(sw.rows(context as u32).iter().map(|&r| r as usize).collect::<Vec<_>>(), rows);
-            let h: Vec<f32> =
-                (0..4).map(|d| rows.iter().map(|&r| u[r * 4 + d]).sum::<f32>() / rows.len() as f32).collect();
-            let f: f32 = (0..4).map(|d| h[d] * v[centre * 4 + d]).sum();
-            let g = lr * (1.0 - 1.0 / (1.0 + (-f).exp()));
-            let e: Vec<f32> = (0..4).map(|d| g * v[centre * 4 + d]).collect();
-            (0..4).for_each(|d| v[centre * 4 + d] += g * h[d]);
-            for &row in &rows {
-                (0..4).for_each(|d| u[row * 4 + d] += e[d]);
-            }
+        let steps: Vec<(Vec<usize>, usize)> =
+            [(0usize, 2usize), (2, 0), (1, 0), (0, 1)].into_iter().map(|(c, centre)| (rows_of(c), centre)).collect();
+        for w in 0..3 {
+            assert_eq!(sw.rows(w as u32).iter().map(|&r| r as usize).collect::<Vec<_>>(), rows_of(w));
         }
-        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
-        assert!(close(input.to_matrix().as_slice(), &u), "{:?} vs {u:?}", input.to_matrix());
-        assert!(close(output.to_matrix().as_slice(), &v), "{:?} vs {v:?}", output.to_matrix());
-        assert_eq!(scratch.pairs, 4);
+        matches_the_steps_written_out(&j, 3 + 5, 6, &steps, 1e-5);
     }
 
     /// Subword skip-gram and CBOW learn the topics too (measured on the words' composed vectors).
