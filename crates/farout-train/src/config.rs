@@ -570,28 +570,23 @@ impl Config {
                     "skip-gram warms up with model.skip_gram.ns_warmup_epochs",
                 ));
             }
-            if self.model.skip_gram.mode == farout_skipgram::Mode::Cbow
-                && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_))
-            {
-                return Err(ConfigError::key(
-                    "model.skip_gram.mode",
-                    format!(
-                        "\"cbow\" trains with negative sampling only; set output.estimator = \"negative_sampling\" \
-                         (found {:?})",
-                        out.estimator.name()
-                    ),
-                ));
-            }
-            if self.model.skip_gram.ngrams().enabled() && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_))
-            {
-                return Err(ConfigError::key(
-                    "model.skip_gram.maxn",
-                    format!(
-                        "subwords (maxn > 0) train with negative sampling only; set output.estimator = \
-                         \"negative_sampling\" or maxn = 0 (found {:?})",
-                        out.estimator.name()
-                    ),
-                ));
+            // What trains with negative sampling only: (in use, its key, what, the other way out).
+            let sg = &self.model.skip_gram;
+            let ns_only = [
+                (sg.mode == farout_skipgram::Mode::Cbow, "model.skip_gram.mode", "\"cbow\" trains", ""),
+                (sg.ngrams().enabled(), "model.skip_gram.maxn", "subwords (maxn > 0) train", " or maxn = 0"),
+            ];
+            for (used, key, what, or) in ns_only {
+                if used && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_)) {
+                    let found = out.estimator.name();
+                    return Err(ConfigError::key(
+                        key,
+                        format!(
+                            "{what} with negative sampling only; set output.estimator = \"negative_sampling\"{or} \
+                             (found {found:?})"
+                        ),
+                    ));
+                }
             }
             let softmax = match &out.estimator {
                 EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
