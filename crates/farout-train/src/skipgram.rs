@@ -112,14 +112,28 @@ impl From<&AnalogyReport> for AnalogyTotals {
 /// rows that give other words a vector, borrowed from `input` (only the words' means are
 /// computed).
 pub fn vectors<'m>(vocab: &Vocab, subwords: &Subwords, input: &'m Matrix) -> Result<Vectors<'m>, Error> {
+    vectors_of(vocab, subwords, word_inputs(subwords, input), input)
+}
+
+/// [`vectors`] with the words' vectors already computed ([`word_inputs`]).
+fn vectors_of<'m>(
+    vocab: &Vocab,
+    subwords: &Subwords,
+    words: Cow<'m, Matrix>,
+    input: &'m Matrix,
+) -> Result<Vectors<'m>, Error> {
+    let names = vocab.words().to_vec();
+    let v = match words {
+        Cow::Borrowed(m) => Vectors::borrowed(names, m)?,
+        Cow::Owned(m) => Vectors::new(names, m)?,
+    };
     let spec = subwords.spec();
-    let words = vocab.words().to_vec();
     if !spec.enabled() {
-        return Ok(Vectors::borrowed(words, input)?);
+        return Ok(v);
     }
     let ngrams =
         NgramTable::borrowed(spec.minn, spec.maxn, input.cols(), &input.as_slice()[vocab.len() * input.cols()..]);
-    Ok(Vectors::new(words, subwords.word_vectors(input))?.with_ngrams(ngrams)?)
+    Ok(v.with_ngrams(ngrams)?)
 }
 
 /// The words' input vectors as rows of one matrix: `input` itself, or its rows' means with
@@ -433,15 +447,17 @@ impl<'a> Session<'a> {
         // Epochs so far, a partial one (stopped by a deadline) counted by its words.
         let epochs = self.epochs_at(self.state.borrow().words);
         let mut values = vec![("epoch/loss", s.loss), ("epoch/seconds", s.seconds), ("eval/epoch", epochs)];
+        // The words' input vectors (composed with subwords), once for both evaluations.
+        let inputs = (!self.heldout.is_empty() || self.wants_eval()).then(|| word_inputs(self.subwords, input));
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
-        if !self.heldout.is_empty() {
-            let obj = softmax_objective(&word_inputs(self.subwords, input), output, &self.heldout);
+        if let (false, Some(inputs)) = (self.heldout.is_empty(), &inputs) {
+            let obj = softmax_objective(inputs, output, &self.heldout);
             values.push(("eval/heldout_objective", obj));
             line += &format!(", held-out objective {obj:.4}");
             self.last_heldout.set(Some(obj));
         }
-        if self.wants_eval() {
-            let (a, sim) = evaluate(self.config, &vectors(self.vocab, self.subwords, input)?)?;
+        if let (true, Some(inputs)) = (self.wants_eval(), inputs) {
+            let (a, sim) = evaluate(self.config, &vectors_of(self.vocab, self.subwords, inputs, input)?)?;
             if let Some(a) = &a {
                 values.push(("eval/analogy", a.accuracy));
                 line += &format!(", analogy {:.2}% of {}", 100.0 * a.accuracy, a.total.asked);
