@@ -137,19 +137,14 @@ impl Subwords {
     pub fn word_vectors(&self, input: &Matrix) -> Matrix {
         let mut out = Matrix::zeros(self.words, input.cols());
         for w in 0..self.words {
-            mean_of_rows(input, self.rows(w as u32), out.row_mut(w));
+            mean_of_rows(input.as_slice(), input.cols(), self.rows(w as u32), out.row_mut(w));
         }
         out
     }
 }
 
-/// `out` = the mean of `rows` of `m` (zero for no rows).
-pub fn mean_of_rows(m: &Matrix, rows: &[u32], out: &mut [f32]) {
-    mean_of_slice_rows(m.as_slice(), m.cols(), rows, out);
-}
-
-/// [`mean_of_rows`] on the rows of length `dim` of `data`.
-fn mean_of_slice_rows(data: &[f32], dim: usize, rows: &[u32], out: &mut [f32]) {
+/// `out` = the mean of `rows` of the rows of length `dim` in `data` (zero for no rows).
+fn mean_of_rows(data: &[f32], dim: usize, rows: &[u32], out: &mut [f32]) {
     out.fill(0.0);
     for &r in rows {
         let r = r as usize;
@@ -218,7 +213,7 @@ impl<'a> NgramTable<'a> {
         if rows.is_empty() {
             return false;
         }
-        mean_of_slice_rows(&self.rows, self.dim, &rows, out);
+        mean_of_rows(&self.rows, self.dim, &rows, out);
         true
     }
 }
