@@ -210,21 +210,13 @@ impl Words {
         }
     }
 
-    /// The buffer of `InPlace` back as the vector it was (`None` for `Padded`).
+    /// The buffer of `InPlace` back as the vector it was (`None` for `Padded`, which is dropped).
     fn into_vec(self) -> Option<Vec<f32>> {
-        let this = std::mem::ManuallyDrop::new(self);
-        match &*this {
-            // SAFETY: the vector's own pointer, length and capacity (`from_matrix`); `this` is
-            // not dropped, so the buffer is freed once, as a Vec<f32>.
-            Words::InPlace { ptr, len, cap } => {
-                Some(unsafe { Vec::from_raw_parts(ptr.as_ptr().cast(), 2 * len, *cap) })
-            }
-            // SAFETY: read out of `this`, which is never used or dropped again.
-            Words::Padded(words) => {
-                drop(unsafe { std::ptr::read(words) });
-                None
-            }
-        }
+        let Words::InPlace { ptr, len, cap } = self else { return None };
+        std::mem::forget(self);
+        // SAFETY: the vector's own pointer, length and capacity (`from_matrix`); `self` is
+        // forgotten, so the buffer is freed once, as a Vec<f32>.
+        Some(unsafe { Vec::from_raw_parts(ptr.as_ptr().cast(), 2 * len, cap) })
     }
 }
 
@@ -288,12 +280,12 @@ impl HogwildRows for AtomicRows {
     }
 
     fn into_matrix(self) -> Matrix {
-        if self.in_place() {
-            let (rows, cols) = (self.rows, self.cols);
-            let v = self.data.into_vec().expect("in place");
-            return Matrix::from_vec(rows, cols, v).expect("rows x cols values");
+        if !self.in_place() {
+            return self.to_matrix();
         }
-        self.to_matrix()
+        let (rows, cols) = (self.rows, self.cols);
+        let v = self.data.into_vec().expect("in place");
+        Matrix::from_vec(rows, cols, v).expect("rows x cols values")
     }
 
     fn rows(&self) -> usize {
