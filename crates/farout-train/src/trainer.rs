@@ -965,17 +965,20 @@ impl Trainer {
         }
         // A kill between the ranks' saves: the ranks ahead go back to the checkpoint they kept.
         let rank_dir = dir.join(rank_checkpoint(comm.rank(), ranks));
-        let back = match crate::checkpoint::latest(&crate::checkpoint::previous(&rank_dir)) {
-            _ if self.state.step == low => Ok(()),
-            Ok(prev) if prev.progress == low => self.load_checkpoint(&prev.dir),
-            _ => Err(Error::Checkpoint {
-                path: dir.to_path_buf(),
-                msg: format!(
-                    "the ranks' checkpoints are at steps {low} to {high} (a save was interrupted on some ranks), \
-                     and rank {} kept none at step {low}",
-                    comm.rank()
-                ),
-            }),
+        let back = if self.state.step == low {
+            Ok(())
+        } else {
+            match crate::checkpoint::latest(&crate::checkpoint::previous(&rank_dir)) {
+                Ok(prev) if prev.progress == low => self.load_checkpoint(&prev.dir),
+                _ => Err(Error::Checkpoint {
+                    path: dir.to_path_buf(),
+                    msg: format!(
+                        "the ranks' checkpoints are at steps {low} to {high} (a save was interrupted on some \
+                         ranks), and rank {} kept none at step {low}",
+                        comm.rank()
+                    ),
+                }),
+            }
         };
         crate::dist::agree(comm, back)?;
         log::warn!("the save at step {high} did not finish on every rank: all ranks resume from step {low}");
