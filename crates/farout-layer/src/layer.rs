@@ -102,6 +102,8 @@ pub struct OutputLayer {
     dw: Matrix,
     entries: Vec<(ClassId, u32, f32)>,
     grouping: Grouping,
+    /// Rows changed by the last sparse update, in class order.
+    touched: Vec<ClassId>,
     attached: Option<Attached>,
 }
 
@@ -168,6 +170,7 @@ impl OutputLayer {
             dw: Matrix::default(),
             entries: Vec::new(),
             grouping: Grouping::default(),
+            touched: Vec::new(),
             attached: None,
         })
     }
@@ -397,18 +400,19 @@ impl OutputLayer {
         let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
         let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimate(&ctx, batch, &mut self.grads)?;
-        if want_dphi {
-            self.grads.dphi(&self.w, &mut self.dphi);
-        }
         let rows_updated = if self.grads.is_dense {
+            if want_dphi {
+                self.grads.dphi(&self.w, &mut self.dphi);
+            }
             let n = self.update_dense(batch.phi);
             self.after_update(None);
             n
         } else {
-            let n = self.update_sparse(batch.phi);
+            let n = self.backward_sparse(batch.phi, want_dphi, true);
             if self.index().is_some() {
-                let rows: Vec<ClassId> = self.unique_rows().collect();
+                let rows = std::mem::take(&mut self.touched);
                 self.after_update(Some(&rows));
+                self.touched = rows;
             }
             n
         };
@@ -443,7 +447,11 @@ impl OutputLayer {
         let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimator.estimate_batch(&ctx, batch, rng, &mut self.grads);
         if want_dphi {
-            self.grads.dphi(&self.w, &mut self.dphi);
+            if self.grads.is_dense {
+                self.grads.dphi(&self.w, &mut self.dphi);
+            } else {
+                self.backward_sparse(batch.phi, true, false);
+            }
         }
         est
     }
@@ -491,43 +499,101 @@ impl OutputLayer {
         k
     }
 
-    /// Only rows with a non-zero gradient change: gather `(k, i, g_ik)`, group by row, sum
-    /// `g_ik phi_i` per row in parallel, then apply the optimiser to those rows.
-    fn update_sparse(&mut self, phi: &Matrix) -> usize {
-        let d = self.d_model();
+    /// The backward pass of sparse class gradients, class by class. The `(class, sample, g)`
+    /// entries are grouped by class and the classes cut into contiguous ranges of about equal
+    /// work; each range, in parallel, reads each of its touched rows `W_k` once, adds
+    /// `g_ik W_k` to its own copy of `dL/dphi_i` (when `want_dphi`; W before the update) and,
+    /// when `update`, applies `dW_k = sum_i g_ik phi_i` (and `sum_i g_ik` to the bias) to the row
+    /// with the optimiser. The batch's `phi` and `dL/dphi` stay in cache while W streams by in
+    /// row order, where a pass sample by sample would fetch a scattered row of W for every
+    /// entry: search gradients of thousands of classes per sample cost that many row fetches.
+    /// Returns the number of rows touched (listed in `self.touched`).
+    fn backward_sparse(&mut self, phi: &Matrix, want_dphi: bool, update: bool) -> usize {
+        let (b, d) = (phi.rows(), self.d_model());
         self.entries.clear();
         for (i, g) in self.grads.sparse.iter().enumerate() {
             self.entries.extend(g.iter().map(|(k, v)| (k, i as u32, v)));
         }
         self.grouping.group(&mut self.entries, self.w.rows());
         let entries = &self.entries;
+        // Runs of equal class: run r is entries[starts[r]..starts[r + 1]].
         let mut starts: Vec<usize> =
             (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
         let n_rows = starts.len();
         starts.push(entries.len());
-        self.dw.reshape_for_overwrite(n_rows, d);
-        let mut gb = vec![0.0f32; n_rows];
-        self.dw.as_mut_slice().par_chunks_mut(d).zip(gb.par_iter_mut()).enumerate().for_each(|(r, (grad, gbias))| {
-            grad.fill(0.0);
-            for &(_, i, v) in &entries[starts[r]..starts[r + 1]] {
-                kernels::axpy(v, phi.row(i as usize), grad);
-                *gbias += v;
+        self.touched.clear();
+        self.touched.extend(starts[..n_rows].iter().map(|&j| entries[j].0));
+        // Ranges of runs with about equal numbers of entries.
+        let n_parts = (4 * rayon::current_num_threads()).clamp(1, n_rows.max(1));
+        let mut bounds = vec![0usize];
+        for r in 1..n_rows {
+            if starts[r] * n_parts >= bounds.len() * entries.len() && bounds.len() < n_parts {
+                bounds.push(r);
             }
-        });
+        }
+        bounds.push(n_rows);
+        // Each range owns the rows of W (and their optimiser state and bias) from its first
+        // class to the next range's first class.
+        let cuts: Vec<usize> = bounds[1..bounds.len() - 1].iter().map(|&r| entries[starts[r]].0 as usize).collect();
+        let first: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).collect();
+        let acc_width = if self.opt_w.accum.is_empty() { 0 } else { d };
         let (rule_w, rule_b) = (self.opt_w.rule(), self.opt_b.rule());
-        for r in 0..n_rows {
-            let k = entries[starts[r]].0 as usize;
-            rule_w.apply(self.w.row_mut(k), self.opt_w.accum_row(k, d), self.dw.row(r));
-            if let Some(bias) = &mut self.bias {
-                rule_b.apply(&mut bias[k..k + 1], self.opt_b.accum_row(k, 1), &gb[r..r + 1]);
+        let w_parts = split_rows(self.w.as_mut_slice(), &cuts, d);
+        let acc_parts = split_rows(&mut self.opt_w.accum, &cuts, acc_width);
+        let (bias_parts, bias_acc_parts) = match &mut self.bias {
+            Some(bias) => {
+                let width = if self.opt_b.accum.is_empty() { 0 } else { 1 };
+                let parts: Vec<Option<&mut [f32]>> = split_rows(bias, &cuts, 1).into_iter().map(Some).collect();
+                (parts, split_rows(&mut self.opt_b.accum, &cuts, width))
+            }
+            None => ((0..first.len()).map(|_| None).collect(), split_rows(&mut [], &cuts, 0)),
+        };
+        let parts: Vec<_> = w_parts.into_iter().zip(acc_parts).zip(bias_parts.into_iter().zip(bias_acc_parts)).collect();
+        let starts = &starts;
+        let partial_dphi: Vec<Vec<f32>> = parts
+            .into_par_iter()
+            .enumerate()
+            .map(|(p, ((w, acc), (mut bias, bias_acc)))| {
+                let mut dphi = if want_dphi { vec![0.0f32; b * d] } else { Vec::new() };
+                let mut grad = vec![0.0f32; d];
+                for r in bounds[p]..bounds[p + 1] {
+                    let run = &entries[starts[r]..starts[r + 1]];
+                    let k = run[0].0 as usize - first[p];
+                    let row = &mut w[k * d..(k + 1) * d];
+                    if want_dphi {
+                        for &(_, i, v) in run {
+                            let i = i as usize;
+                            kernels::axpy(v, row, &mut dphi[i * d..(i + 1) * d]);
+                        }
+                    }
+                    if !update {
+                        continue;
+                    }
+                    grad.fill(0.0);
+                    let mut grad_bias = 0.0;
+                    for &(_, i, v) in run {
+                        kernels::axpy(v, phi.row(i as usize), &mut grad);
+                        grad_bias += v;
+                    }
+                    let acc_row = if acc.is_empty() { &mut [][..] } else { &mut acc[k * d..(k + 1) * d] };
+                    rule_w.apply(row, acc_row, &grad);
+                    if let Some(bias) = bias.as_deref_mut() {
+                        let acc_b = if bias_acc.is_empty() { &mut [][..] } else { &mut bias_acc[k..k + 1] };
+                        rule_b.apply(&mut bias[k..k + 1], acc_b, &[grad_bias]);
+                    }
+                }
+                dphi
+            })
+            .collect();
+        if want_dphi {
+            self.dphi.reshape_for_overwrite(b, d);
+            let out = self.dphi.as_mut_slice();
+            out.fill(0.0);
+            for part in &partial_dphi {
+                kernels::axpy(1.0, part, out);
             }
         }
         n_rows
-    }
-
-    /// Rows changed by the last sparse update (the grouped entries' distinct classes).
-    fn unique_rows(&self) -> impl Iterator<Item = ClassId> + '_ {
-        self.entries.iter().enumerate().filter(|(j, e)| *j == 0 || self.entries[j - 1].0 != e.0).map(|(_, e)| e.0)
     }
 
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
@@ -596,6 +662,21 @@ impl OutputLayer {
 }
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
+
+/// Cuts a table of rows `width` long into the parts starting at row 0 and at each of `cuts`
+/// (increasing row numbers).
+fn split_rows<'a>(mut rows: &'a mut [f32], cuts: &[usize], width: usize) -> Vec<&'a mut [f32]> {
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut at = 0;
+    for &cut in cuts {
+        let (part, rest) = std::mem::take(&mut rows).split_at_mut((cut - at) * width);
+        parts.push(part);
+        rows = rest;
+        at = cut;
+    }
+    parts.push(rows);
+    parts
+}
 
 /// Groups (class, sample, value) entries by class for the sparse update.
 #[derive(Default)]
@@ -711,6 +792,92 @@ mod tests {
                 assert!((a - b).abs() < 1e-4, "{} row {c}: {a} vs {b}", est.name());
             }
             assert!((layer.bias().unwrap()[c] - bias[0]).abs() < 1e-4);
+        }
+    }
+
+    /// Sparse gradients with many classes per sample, repeated classes included: each sample
+    /// puts `g = phi_0 / (1 + j)` on 60 classes drawn from its own features (no RNG, so the
+    /// reference and the batch step see the same entries).
+    struct Scattered;
+
+    impl GradientEstimator for Scattered {
+        fn name(&self) -> &'static str {
+            "scattered"
+        }
+
+        fn estimate(
+            &self,
+            ctx: &Ctx,
+            phi: &[f32],
+            _: &[ClassId],
+            _: &mut Rng,
+            out: &mut farout_core::SparseGrad,
+        ) -> farout_estimators::Estimate {
+            out.clear();
+            let mut r = rng::seeded(phi[0].to_bits() as u64, phi[1].to_bits() as u64);
+            for j in 0..60 {
+                let c = farout_core::rng::RngExt::random_range(&mut r, 0..ctx.n_classes());
+                out.push(c as ClassId, phi[0] / (1.0 + j as f32));
+            }
+            farout_estimators::Estimate { loss: 0.0, classes_scored: 60 }
+        }
+    }
+
+    #[test]
+    fn class_by_class_backward_matches_the_per_sample_reference() {
+        let (k, d, b) = (300, 7, 41);
+        let mut r = rng::seeded(9, 0);
+        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let pos = vec![Vec::new(); b];
+        let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
+        for opt in
+            [OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.1 }, OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }]
+        {
+            for bias in [false, true] {
+                let cfg = OutputLayerConfig { bias, init_std: 0.3, ..Default::default() };
+                let mut layer = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+                let (dw, dphi, db) = reference(&layer, &Scattered, &phi, &pos);
+                let (w0, b0) = (layer.weights().clone(), layer.bias().map(<[f32]>::to_vec));
+                // Backward only: dL/dphi, nothing moves.
+                layer.backward_only(&Scattered, Batch::new(&phi, &refs), &mut rng::seeded(0, 0));
+                for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
+                    assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "dphi {a} vs {b}");
+                }
+                assert_eq!(layer.weights(), &w0);
+                let stats = layer.train_step(&Scattered, Batch::new(&phi, &refs), &mut rng::seeded(0, 0), true);
+                for (a, b) in layer.dphi().as_slice().iter().zip(dphi.as_slice()) {
+                    assert!((a - b).abs() < 1e-4 * (1.0 + b.abs()), "dphi {a} vs {b}");
+                }
+                let rule = opt.build(1, 1).rule();
+                let mut with_entries = vec![false; k];
+                for i in 0..b {
+                    let mut g = farout_core::SparseGrad::new();
+                    Scattered.estimate(&layer.ctx(), phi.row(i), &[], &mut rng::seeded(0, 0), &mut g);
+                    g.iter().for_each(|(c, _)| with_entries[c as usize] = true);
+                }
+                let mut touched = 0;
+                for c in 0..k {
+                    let mut row = w0.row(c).to_vec();
+                    let mut acc = vec![0.0; d];
+                    let moved = with_entries[c];
+                    if moved {
+                        touched += 1;
+                        rule.apply(&mut row, &mut acc, dw.row(c));
+                    }
+                    for (a, want) in layer.weights().row(c).iter().zip(&row) {
+                        assert!((a - want).abs() < 1e-4 * (1.0 + want.abs()), "{opt:?} row {c}: {a} vs {want}");
+                    }
+                    if let (Some(got), Some(b0)) = (layer.bias(), &b0) {
+                        let mut want = [b0[c]];
+                        if moved {
+                            rule.apply(&mut want, &mut [0.0], &[db[c]]);
+                        }
+                        assert!((got[c] - want[0]).abs() < 1e-4, "bias {c}: {} vs {}", got[c], want[0]);
+                    }
+                }
+                assert_eq!(stats.rows_updated, touched);
+                assert!(touched > 200, "{touched} rows touched: too few to cut the classes into ranges");
+            }
         }
     }
 
