@@ -85,6 +85,10 @@ pub struct BatchGrad {
     pub sparse: Vec<SparseGrad>,
     /// Which of the two holds the batch's gradients.
     pub is_dense: bool,
+    /// Each sample's loss estimate, when the estimator worked sample by sample (the default
+    /// [`GradientEstimator::estimate_batch`] and the search and sampling estimators); empty
+    /// when it only gives the batch's sum.
+    pub losses: Vec<f32>,
 }
 
 impl BatchGrad {
@@ -110,6 +114,7 @@ impl BatchGrad {
     /// Prepares `n` empty sparse gradients, keeping allocations.
     pub fn reset_sparse(&mut self, n: usize) {
         self.is_dense = false;
+        self.losses.clear();
         self.sparse.resize_with(n, SparseGrad::new);
         self.sparse.truncate(n);
         for g in &mut self.sparse {
@@ -168,10 +173,16 @@ pub(crate) fn for_each_sample(
     f: impl Fn(usize, &mut SparseGrad) -> Estimate + Sync + Send,
 ) -> BatchEstimate {
     out.reset_sparse(n);
+    out.losses.resize(n, 0.0);
     out.sparse
         .par_iter_mut()
+        .zip(out.losses.par_iter_mut())
         .enumerate()
-        .map(|(i, g)| f(i, g))
+        .map(|(i, (g, loss))| {
+            let e = f(i, g);
+            *loss = e.loss;
+            e
+        })
         .fold(BatchEstimate::default, |acc, e| BatchEstimate {
             loss_sum: acc.loss_sum + e.loss as f64,
             classes_scored: acc.classes_scored + e.classes_scored,

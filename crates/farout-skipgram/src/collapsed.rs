@@ -171,12 +171,14 @@ impl Collapsed<'_> {
         out.dense.reshape_for_overwrite(b, k);
         let d = batch.phi.cols();
         gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, out.dense.as_mut_slice());
+        out.losses.resize(b, 0.0);
         let loss: f64 = out
             .dense
             .as_mut_slice()
             .par_chunks_mut(k)
+            .zip(&mut out.losses)
             .enumerate()
-            .map(|(i, g)| {
+            .map(|(i, (g, sample_loss))| {
                 if let Some(bias) = ctx.bias {
                     g.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
                 }
@@ -192,6 +194,7 @@ impl Collapsed<'_> {
                 for (&y, &c) in ys.iter().zip(cs) {
                     g[y as usize] -= c;
                 }
+                *sample_loss = loss as f32;
                 loss
             })
             .sum();
@@ -207,6 +210,40 @@ impl Collapsed<'_> {
             out.push(y, -c);
         }
         loss
+    }
+
+    /// [`GradientEstimator::estimate_batch`] with the inner estimator asked sample by sample.
+    fn estimate_each(
+        &self,
+        ctx: &Ctx,
+        batch: Batch,
+        inner: &dyn GradientEstimator,
+        rng: &mut Rng,
+        out: &mut BatchGrad,
+    ) -> BatchEstimate {
+        out.reset_sparse(batch.phi.rows());
+        out.losses.resize(batch.phi.rows(), 0.0);
+        let seed = rng.next_u64();
+        let loss = out
+            .sparse
+            .par_iter_mut()
+            .zip(&mut out.losses)
+            .enumerate()
+            .map(|(i, (g, sample_loss))| {
+                let x = batch.ids[i];
+                let phi = batch.phi.row(i);
+                let (c_x, top) = self.total_and_top(x);
+                let mut r = rng::seeded(seed, i as u64);
+                let est = inner.estimate(ctx, phi, &[top], &mut r, g);
+                g.values.iter_mut().for_each(|v| *v *= c_x);
+                g.push(top, c_x);
+                let lse = est.loss + ctx.score(top as usize, phi);
+                *sample_loss = c_x * lse + self.positive_part(ctx, x, phi, g);
+                (*sample_loss as f64, est.classes_scored + self.cooc.row(x).0.len())
+            })
+            .fold(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        BatchEstimate { loss_sum: loss.0, classes_scored: loss.1 }
     }
 }
 
@@ -262,27 +299,37 @@ impl GradientEstimator for Collapsed<'_> {
             SoftmaxPart::Exact => return self.exact_batch(ctx, batch, out),
             SoftmaxPart::Estimated(e) => e,
         };
-        out.reset_sparse(b);
-        let seed = rng.next_u64();
+        // The inner estimator sees the whole batch (search estimators send every query to
+        // the index together) with positive p = x's top centre; then, per sample, its
+        // gradient is scaled by c_x and the known terms are added.
+        let tops: Vec<(f32, ClassId)> = batch.ids.iter().map(|&x| self.total_and_top(x)).collect();
+        let top_sets: Vec<[ClassId; 1]> = tops.iter().map(|&(_, top)| [top]).collect();
+        let positives: Vec<&[ClassId]> = top_sets.iter().map(|t| t.as_slice()).collect();
+        out.losses.clear();
+        let inner_total = inner.estimate_batch(ctx, Batch::new(batch.phi, &positives).with_ids(batch.ids), rng, out);
+        if out.is_dense || out.losses.len() != b {
+            // An estimator that gives only the batch's loss: sample by sample instead.
+            return self.estimate_each(ctx, batch, inner, rng, out);
+        }
+        let mut losses = std::mem::take(&mut out.losses);
         let loss = out
             .sparse
             .par_iter_mut()
+            .zip(&mut losses)
             .enumerate()
-            .map(|(i, g)| {
+            .map(|(i, (g, sample_loss))| {
                 let x = batch.ids[i];
                 let phi = batch.phi.row(i);
-                let (c_x, top) = self.total_and_top(x);
-                let mut r = rng::seeded(seed, i as u64);
-                let est = inner.estimate(ctx, phi, &[top], &mut r, g);
+                let (c_x, top) = tops[i];
                 g.values.iter_mut().for_each(|v| *v *= c_x);
                 g.push(top, c_x);
-                let lse = est.loss + ctx.score(top as usize, phi);
-                let loss = c_x * lse + self.positive_part(ctx, x, phi, g);
-                (loss as f64, est.classes_scored + self.cooc.row(x).0.len())
+                let lse = *sample_loss + ctx.score(top as usize, phi);
+                *sample_loss = c_x * lse + self.positive_part(ctx, x, phi, g);
+                (*sample_loss as f64, self.cooc.row(x).0.len())
             })
-            .fold(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
             .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        BatchEstimate { loss_sum: loss.0, classes_scored: loss.1 }
+        out.losses = losses;
+        BatchEstimate { loss_sum: loss.0, classes_scored: inner_total.classes_scored + loss.1 }
     }
 }
 
@@ -471,7 +518,6 @@ mod tests {
         let ids = [0usize, 2, 4];
         let positives: Vec<&[ClassId]> = ids.iter().map(|&x| cooc.row(x).0).collect();
         let batch = Batch::new(&phi, &positives).with_ids(&ids);
-        let ctx = Ctx::new(&w, None);
         // Brute force: L = sum_x c_x lse(z_x) - sum_y c_xy z_xy.
         let (mut want_loss, mut want) = (0.0f64, Vec::new());
         for (i, &x) in ids.iter().enumerate() {
@@ -481,11 +527,21 @@ mod tests {
             want.push(g);
         }
         let exact_inner = Exact::new(Softmax);
-        for softmax in [SoftmaxPart::Exact, SoftmaxPart::Estimated(&exact_inner)] {
+        // A search that retrieves every class: sparse gradients, the batch searched at once.
+        let mips = Mips::new(Softmax, k).unwrap();
+        let index = farout_search::BlockIndex::build(&w, &IndexConfig::exact(), 1);
+        for (softmax, index) in [
+            (SoftmaxPart::Exact, None),
+            (SoftmaxPart::Estimated(&exact_inner), None),
+            (SoftmaxPart::Estimated(&mips), Some(&index)),
+        ] {
+            let ctx = Ctx { w: &w, bias: None, index };
             let est = Collapsed { cooc: &cooc, softmax };
             let mut out = BatchGrad::default();
             let e = est.estimate_batch(&ctx, batch, &mut rng::seeded(1, 1), &mut out);
             assert!((e.loss_sum - want_loss).abs() < 1e-4, "{} vs {want_loss}", e.loss_sum);
+            let per_sample: f64 = out.losses.iter().map(|&l| l as f64).sum();
+            assert!((per_sample - want_loss).abs() < 1e-4, "per sample: {:?} vs {want_loss}", out.losses);
             for (got, want) in dense(&out, k).iter().zip(&want) {
                 for (a, b) in got.iter().zip(want) {
                     assert!((a - b).abs() < 1e-5, "{got:?} vs {want:?}");
