@@ -212,6 +212,16 @@ impl Collapsed<'_> {
         loss
     }
 
+    /// Context `x`'s term from the inner estimate for positive `top` (its loss
+    /// `lse(z) - z_top` and its gradient, in `g`): the gradient scaled by `c_x`, `c_x e_top`
+    /// and the positive part added. Returns the term's loss.
+    fn finish(&self, ctx: &Ctx, x: usize, phi: &[f32], (c_x, top): (f32, ClassId), inner_loss: f32, g: &mut SparseGrad) -> f32 {
+        g.values.iter_mut().for_each(|v| *v *= c_x);
+        g.push(top, c_x);
+        let lse = inner_loss + ctx.score(top as usize, phi);
+        c_x * lse + self.positive_part(ctx, x, phi, g)
+    }
+
     /// [`GradientEstimator::estimate_batch`] with the inner estimator asked sample by sample.
     fn estimate_each(
         &self,
@@ -235,10 +245,7 @@ impl Collapsed<'_> {
                 let (c_x, top) = self.total_and_top(x);
                 let mut r = rng::seeded(seed, i as u64);
                 let est = inner.estimate(ctx, phi, &[top], &mut r, g);
-                g.values.iter_mut().for_each(|v| *v *= c_x);
-                g.push(top, c_x);
-                let lse = est.loss + ctx.score(top as usize, phi);
-                *sample_loss = c_x * lse + self.positive_part(ctx, x, phi, g);
+                *sample_loss = self.finish(ctx, x, phi, (c_x, top), est.loss, g);
                 (*sample_loss as f64, est.classes_scored + self.cooc.row(x).0.len())
             })
             .fold(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
@@ -320,11 +327,7 @@ impl GradientEstimator for Collapsed<'_> {
             .map(|(i, (g, sample_loss))| {
                 let x = batch.ids[i];
                 let phi = batch.phi.row(i);
-                let (c_x, top) = tops[i];
-                g.values.iter_mut().for_each(|v| *v *= c_x);
-                g.push(top, c_x);
-                let lse = *sample_loss + ctx.score(top as usize, phi);
-                *sample_loss = c_x * lse + self.positive_part(ctx, x, phi, g);
+                *sample_loss = self.finish(ctx, x, phi, tops[i], *sample_loss, g);
                 (*sample_loss as f64, self.cooc.row(x).0.len())
             })
             .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
