@@ -8,7 +8,8 @@
 # In OUT: runs/warm (the corpus, the held-out text and the negative-sampling checkpoint),
 # runs/<method> (each method's run), and the compare layout that `farout compare --from OUT`
 # draws: OUT/runs/<method>@0/{summary.json,metrics.jsonl}, summary.md and curves.png.
-# FAROUT names the binary (default: target/release/farout, built if missing).
+# FAROUT names the binary (default: target/release/farout, built if missing); WORDS and TOKENS
+# change the corpus (default 451000 and 100000000; a quick check: WORDS=5000 TOKENS=300000).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:?usage: benches/figure3.sh OUT [SECONDS]}
@@ -17,7 +18,9 @@ FAROUT=${FAROUT:-$HERE/target/release/farout}
 [ -x "$FAROUT" ] || (cd "$HERE" && cargo build --release --bin farout)
 mkdir -p "$OUT/work" && cd "$OUT/work"
 
-SCALE=(--set data.synthetic.words=451000 --set data.synthetic.tokens=100000000 --set data.synthetic.topics=1000)
+WORDS=${WORDS:-451000}
+TOKENS=${TOKENS:-100000000}
+SCALE=(--set data.synthetic.words=$WORDS --set data.synthetic.tokens=$TOKENS --set data.synthetic.topics=$((WORDS >= 451 ? WORDS / 451 : 1)))
 if [ ! -d runs/warm/checkpoint ]; then
   "$FAROUT" train "$HERE/configs/skipgram-gd-ldgs.toml" --set name=\"warm\" --set train.epochs=1 "${SCALE[@]}" \
     --summary warm.json
@@ -30,7 +33,7 @@ for method in gd gd-mips gd-ldgs; do
   search=()
   # K/20 classes per search (per block for GD-Decomp-MIPS), as in the paper; the index
   # reassigns every changed row every 50 steps.
-  [ "$method" = gd ] || search=(--set output.top=22550 --set index.refresh_every=50 --set index.refresh_drift=-1)
+  [ "$method" = gd ] || search=(--set output.top=$((WORDS / 20)) --set index.refresh_every=50 --set index.refresh_drift=-1)
   "$FAROUT" train "$HERE/configs/compare/skipgram/$method.toml" --resume --set name=\"$method\" \
     --set data.corpus=\"runs/warm/corpus.txt\" --set eval.heldout=\"runs/warm/heldout.txt\" \
     --set train.epochs=2 --set train.max_seconds=$((WARM_SECONDS + SECONDS_EACH)) \
