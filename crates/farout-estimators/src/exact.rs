@@ -64,6 +64,7 @@ impl<L: Loss> GradientEstimator for Exact<L> {
             out.reset_sparse(b);
         }
         out.is_dense = !sparse;
+        out.losses.clear();
         let loss = &self.loss;
         let loss_sum: f64 = if sparse {
             out.dense
