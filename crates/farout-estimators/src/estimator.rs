@@ -111,6 +111,14 @@ impl BatchGrad {
         }
     }
 
+    /// Prepares a dense `[b, k]` gradient to be overwritten, keeping allocations; the batch
+    /// gives no per-sample losses unless the estimator then fills them.
+    pub fn reset_dense(&mut self, b: usize, k: usize) {
+        self.is_dense = true;
+        self.losses.clear();
+        self.dense.reshape_for_overwrite(b, k);
+    }
+
     /// Prepares `n` empty sparse gradients, keeping allocations.
     pub fn reset_sparse(&mut self, n: usize) {
         self.is_dense = false;

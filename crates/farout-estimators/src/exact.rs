@@ -57,14 +57,13 @@ impl<L: Loss> GradientEstimator for Exact<L> {
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
         let (b, k, d) = (batch.phi.rows(), ctx.n_classes(), ctx.w.cols());
-        out.dense.reshape_for_overwrite(b, k);
+        out.reset_dense(b, k);
         gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, out.dense.as_mut_slice());
         let sparse = self.loss.sparse_gradient();
         if sparse {
+            // The dense buffer then only holds the scores.
             out.reset_sparse(b);
         }
-        out.is_dense = !sparse;
-        out.losses.clear();
         let loss = &self.loss;
         let loss_sum: f64 = if sparse {
             out.dense

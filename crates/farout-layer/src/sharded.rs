@@ -136,9 +136,7 @@ pub fn softmax_step(
     let mut comm_seconds = 0.0;
     let stats = layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
         let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
-        grads.dense.reshape_for_overwrite(b, k);
-        grads.is_dense = true;
-        grads.losses.clear();
+        grads.reset_dense(b, k);
         let z = grads.dense.as_mut_slice();
         farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, z);
         if let Some(bias) = ctx.bias {

@@ -167,8 +167,7 @@ impl Collapsed<'_> {
     /// GD: `z = Phi W^T` by one matrix product, then `c_x softmax(z_x) - c_x.` row by row.
     fn exact_batch(&self, ctx: &Ctx, batch: Batch, out: &mut BatchGrad) -> BatchEstimate {
         let (b, k) = (batch.phi.rows(), ctx.n_classes());
-        out.is_dense = true;
-        out.dense.reshape_for_overwrite(b, k);
+        out.reset_dense(b, k);
         let d = batch.phi.cols();
         gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, out.dense.as_mut_slice());
         out.losses.resize(b, 0.0);
@@ -215,7 +214,15 @@ impl Collapsed<'_> {
     /// Context `x`'s term from the inner estimate for positive `top` (its loss
     /// `lse(z) - z_top` and its gradient, in `g`): the gradient scaled by `c_x`, `c_x e_top`
     /// and the positive part added. Returns the term's loss.
-    fn finish(&self, ctx: &Ctx, x: usize, phi: &[f32], (c_x, top): (f32, ClassId), inner_loss: f32, g: &mut SparseGrad) -> f32 {
+    fn finish(
+        &self,
+        ctx: &Ctx,
+        x: usize,
+        phi: &[f32],
+        (c_x, top): (f32, ClassId),
+        inner_loss: f32,
+        g: &mut SparseGrad,
+    ) -> f32 {
         g.values.iter_mut().for_each(|v| *v *= c_x);
         g.push(top, c_x);
         let lse = inner_loss + ctx.score(top as usize, phi);
