@@ -526,8 +526,8 @@ impl OutputLayer {
         // Ranges of runs with about equal numbers of entries.
         let n_parts = (4 * rayon::current_num_threads()).clamp(1, n_rows.max(1));
         let mut bounds = vec![0usize];
-        for r in 1..n_rows {
-            if starts[r] * n_parts >= bounds.len() * entries.len() && bounds.len() < n_parts {
+        for (r, &start) in starts.iter().enumerate().take(n_rows).skip(1) {
+            if start * n_parts >= bounds.len() * entries.len() && bounds.len() < n_parts {
                 bounds.push(r);
             }
         }
@@ -548,7 +548,8 @@ impl OutputLayer {
             }
             None => ((0..first.len()).map(|_| None).collect(), split_rows(&mut [], &cuts, 0)),
         };
-        let parts: Vec<_> = w_parts.into_iter().zip(acc_parts).zip(bias_parts.into_iter().zip(bias_acc_parts)).collect();
+        let parts: Vec<_> =
+            w_parts.into_iter().zip(acc_parts).zip(bias_parts.into_iter().zip(bias_acc_parts)).collect();
         let starts = &starts;
         let partial_dphi: Vec<Vec<f32>> = parts
             .into_par_iter()
@@ -830,9 +831,10 @@ mod tests {
         let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
         let pos = vec![Vec::new(); b];
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
-        for opt in
-            [OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.1 }, OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }]
-        {
+        for opt in [
+            OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.1 },
+            OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 },
+        ] {
             for bias in [false, true] {
                 let cfg = OutputLayerConfig { bias, init_std: 0.3, ..Default::default() };
                 let mut layer = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
