@@ -67,7 +67,7 @@ pub fn with_siblings(dir: &Path) -> [PathBuf; 3] {
     [dir.to_path_buf(), tmp, old]
 }
 
-/// `<dir>.prev`: the checkpoint that [`replace_dir_keeping_previous`] replaced.
+/// `<dir>.prev`: the checkpoint that [`replace_dir_keeping`] kept when it replaced it.
 pub fn previous(dir: &Path) -> PathBuf {
     let mut name = dir.file_name().unwrap_or_default().to_os_string();
     name.push(".prev");
