@@ -153,9 +153,13 @@ pub struct IndexParams {
     /// Spherical: centroids (`n_centroids`; 0 = sqrt(K)).
     #[arg(long)]
     centroids: Option<usize>,
-    /// Spherical, SimpleLSH, HNSW: candidates scored per result (`candidate_factor`).
+    /// Spherical, SimpleLSH, HNSW: candidates scored per result (`candidate_factor`; for the
+    /// spherical index this replaces the calibration to `--recall`).
     #[arg(long)]
     candidate_factor: Option<f32>,
+    /// Spherical: the target recall its probe budget is calibrated to (`recall`, default 0.9).
+    #[arg(long)]
+    recall: Option<f32>,
     /// SimpleLSH: hash tables (`tables`).
     #[arg(long)]
     tables: Option<usize>,
@@ -188,6 +192,7 @@ impl IndexParams {
         };
         set("n_centroids", self.centroids.map(|v| v.to_string()));
         set("candidate_factor", self.candidate_factor.map(|v| v.to_string()));
+        set("recall", self.recall.map(|v| v.to_string()));
         set("tables", self.tables.map(|v| v.to_string()));
         set("bits", self.bits.map(|v| v.to_string()));
         set("ef_search", self.ef_search.map(|v| v.to_string()));

@@ -209,7 +209,8 @@ fn bench_search_exports_and_searches_given_vectors() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("vecs");
     let run = |args: &[&str]| {
-        let base = ["bench", "search", "--index", "spherical", "--top", "10", "--queries", "50"];
+        let base =
+            ["bench", "search", "--index", "spherical", "--top", "10", "--queries", "50", "--candidate-factor", "20"];
         let o = farout(&[&base[..], args].concat());
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()

@@ -32,7 +32,7 @@ pub use exact::{ExactConfig, ExactIndex};
 pub use farout_core::topk::Hit;
 pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
-pub use spherical::{Scoring, SphericalConfig, SphericalIndex};
+pub use spherical::{Calibrated, Scoring, SphericalConfig, SphericalIndex};
 
 use farout_core::{ClassId, Matrix};
 
@@ -127,6 +127,12 @@ pub trait MipsIndex: Send + Sync {
         false
     }
 
+    /// The probe budgets the index fitted to its target recall, one per `k` it was asked, with
+    /// the recall each measured (empty for indexes that do not calibrate).
+    fn calibrations(&self) -> Vec<Calibrated> {
+        Vec::new()
+    }
+
     /// Bytes held by the index (not counting `W`).
     fn memory_bytes(&self) -> usize;
 }
@@ -185,7 +191,7 @@ impl<'a> Rows<'a> {
 }
 
 /// Mean overlap `|approx ∩ exact| / |exact|` of an index's top-`k` with brute force over
-/// `queries` (rows of a matrix).
+/// `queries` (rows of a matrix), searched one query at a time.
 pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64 {
     use rayon::prelude::*;
     let exact = ExactIndex::new();
@@ -196,15 +202,28 @@ pub fn recall(index: &dyn MipsIndex, w: Rows, queries: &Matrix, k: usize) -> f64
             |(a, e, seen): &mut (Vec<Hit>, Vec<Hit>, Vec<ClassId>), i| {
                 index.search(w, queries.row(i), k, a);
                 exact.search(w, queries.row(i), k, e);
-                seen.clear();
-                seen.extend(e.iter().map(|h| h.class));
-                seen.sort_unstable();
-                let found = a.iter().filter(|h| seen.binary_search(&h.class).is_ok()).count();
-                found as f64 / e.len().max(1) as f64
+                overlap_one(a, e, seen)
             },
         )
         .sum();
     total / queries.rows().max(1) as f64
+}
+
+/// Mean overlap `|found ∩ exact| / |exact|` over queries (`found[i]`, `exact[i]`: query i's
+/// results).
+pub fn overlap(found: &[Vec<Hit>], exact: &[Vec<Hit>]) -> f64 {
+    let mut seen = Vec::new();
+    let total: f64 = found.iter().zip(exact).map(|(a, e)| overlap_one(a, e, &mut seen)).sum();
+    total / found.len().max(1) as f64
+}
+
+/// `|found ∩ exact| / |exact|` (`seen`: scratch).
+fn overlap_one(found: &[Hit], exact: &[Hit], seen: &mut Vec<ClassId>) -> f64 {
+    seen.clear();
+    seen.extend(exact.iter().map(|h| h.class));
+    seen.sort_unstable();
+    let hits = found.iter().filter(|h| seen.binary_search(&h.class).is_ok()).count();
+    hits as f64 / exact.len().max(1) as f64
 }
 
 /// What an index's parameters can do: build the index over the rows of `W`.
@@ -337,6 +356,18 @@ impl BlockIndex {
     /// Bytes held by all blocks.
     pub fn memory_bytes(&self) -> usize {
         self.blocks.iter().map(|b| b.memory_bytes()).sum()
+    }
+
+    /// Rows probed per query for `k` results as each block's index calibrated them (brute force
+    /// counts all `rows`), averaged over the blocks; `None` until every block has calibrated `k`
+    /// (always for indexes that do not calibrate).
+    pub fn calibrated_probes(&self, rows: usize, k: usize) -> Option<f64> {
+        let mut total = 0.0;
+        for b in &self.blocks {
+            let fit = b.calibrations().into_iter().find(|c| c.k == k)?;
+            total += fit.probed.unwrap_or(rows) as f64;
+        }
+        Some(total / self.blocks.len() as f64)
     }
 
     /// Mean recall over the blocks of their top-`k` against brute force on the same block.

@@ -238,10 +238,21 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
 /// Queries per call of the batched search (as one training step of 256 samples would issue).
 const QUERY_BATCH: usize = 256;
 
-/// Runs the queries through `index`, one by one in parallel and in batches of [`QUERY_BATCH`]
-/// (after one untimed batch); returns the batched results and the queries/second of both ways.
-fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (Vec<Vec<Hit>>, f64, f64) {
+/// Runs the queries through `index`, one by one in parallel and in batches of [`QUERY_BATCH`];
+/// returns the batched results and the queries/second of both ways. `warm_up` is searched
+/// first, untimed, in one batch: the timing is of the steady state (allocator and caches warm,
+/// an index calibrated to its target recall), as in training, where every step issues such a
+/// batch.
+fn timed_queries(
+    index: &dyn MipsIndex,
+    w: &Matrix,
+    q: &Matrix,
+    warm_up: &Matrix,
+    top: usize,
+) -> (Vec<Vec<Hit>>, f64, f64) {
     use rayon::prelude::*;
+    let mut part = Vec::new();
+    index.search_batch(Rows::all(w), warm_up, top, &mut part);
     let t = Instant::now();
     let _: Vec<Vec<Hit>> = (0..q.rows())
         .into_par_iter()
@@ -260,10 +271,6 @@ fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> (
                 .expect("rows of q")
         })
         .collect();
-    // One untimed batch first: the timing is of the steady state (allocator and caches warm),
-    // as in training, where every step issues such a batch.
-    let mut part = Vec::new();
-    index.search_batch(Rows::all(w), &chunks[0], top, &mut part);
     let t = Instant::now();
     let mut out = Vec::with_capacity(q.rows());
     for chunk in &chunks {
@@ -299,14 +306,18 @@ pub struct SearchBench {
 /// same threads), build time and refresh speed.
 pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
     let SearchBench { index: ref config, top, means, .. } = *b;
-    let (mut w, q) = match &b.vectors {
+    // The warm-up batch (`timed_queries`), on which a calibrating index fits its budget:
+    // generator samples other than the queries, or the first batch of given queries.
+    let (mut w, q, warm_up) = match &b.vectors {
         Some((wp, qp)) => {
             let (w, q) = (farout_data::npy::read_f32_matrix(wp)?, farout_data::npy::read_f32_matrix(qp)?);
             if w.cols() != q.cols() {
                 let msg = format!("{} has {} columns, {} has {}", wp.display(), w.cols(), qp.display(), q.cols());
                 return Err(option("queries", &msg));
             }
-            (w, q)
+            let n = q.rows().min(QUERY_BATCH);
+            let warm_up = Matrix::from_vec(n, q.cols(), q.as_slice()[..n * q.cols()].to_vec()).expect("rows of q");
+            (w, q, warm_up)
         }
         None => {
             for (name, v) in [("k", b.k), ("d", b.d), ("queries", b.queries)] {
@@ -314,8 +325,9 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
                     return Err(option(name, "must be > 0"));
                 }
             }
-            let g = FaceGenerator::new(means.spec(b.k, b.d, 2 * b.k.max(b.queries)))?;
-            (g.means().clone(), g.features(Split::Train, 0..b.queries))
+            let g = FaceGenerator::new(means.spec(b.k, b.d, 2 * b.k.max(b.queries + QUERY_BATCH)))?;
+            let warm_up = g.features(Split::Train, b.queries..b.queries + QUERY_BATCH);
+            (g.means().clone(), g.features(Split::Train, 0..b.queries), warm_up)
         }
     };
     let (k, d, queries) = (w.rows(), w.cols(), q.rows());
@@ -332,8 +344,20 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
     let t = Instant::now();
     let mut index = config.build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
-    let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, top);
-    let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, top);
+    let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, &warm_up, top);
+    let t = Instant::now();
+    let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, &warm_up, top);
+    let calibrations: Vec<Value> = index
+        .calibrations()
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "k": c.k, "probed": c.probed, "candidate_factor": c.candidate_factor(k), "recall": c.recall,
+                "queries": c.queries,
+            })
+        })
+        .collect();
+    let index_seconds = t.elapsed().as_secs_f64();
     let recall: f64 = exact
         .iter()
         .zip(&found)
@@ -376,6 +400,9 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         "exact_qps_single": exact_qps_single,
         "query_batch": QUERY_BATCH,
         "build_seconds": build_seconds,
+        "calibrations": calibrations,
+        "calibrated_on": if b.vectors.is_some() { "the first batch of the queries" } else { "other generator samples" },
+        "index_seconds_with_warm_up": index_seconds,
         "refresh_rows_per_s": refresh_rows_per_s,
         "index_bytes": index.memory_bytes(),
         "w_bytes": w.bytes(),

@@ -709,7 +709,10 @@ impl Trainer {
         if let Some(r) = self.layer.index_recall(&queries, self.search_top) {
             self.last_recall = Some(r);
             let builds = self.layer.index_builds() as f64;
-            let values = [("index/recall", r), ("index/builds", builds)];
+            let mut values = vec![("index/recall", r), ("index/builds", builds)];
+            if let Some(probed) = self.layer.index_probes(self.search_top) {
+                values.push(("index/probed", probed));
+            }
             run.sinks.record(self.state.step, self.state.train_seconds, &values)?;
         }
         Ok(())

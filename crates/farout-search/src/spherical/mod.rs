@@ -10,19 +10,24 @@
 //!   product) with `C ~ sqrt(K)` centroids, so that probing costs about as much as scanning one
 //!   cluster.
 //! - **Search** (`search.rs`). Rank centroids by `c_j . [q, 0]`, scan the members of the best
-//!   ones until `candidate_factor * k` rows have been scored, return the top `k` by exact score
-//!   `w_k . q`; one query at a time or a batch sharing the work cluster by cluster.
+//!   ones until a budget of rows has been scored, return the top `k` by exact score `w_k . q`;
+//!   one query at a time or a batch sharing the work cluster by cluster.
+//! - **Budget** (`calibrate.rs`). By default the index fits the budget of each `k` to a target
+//!   `recall` on a sample of the queries it is asked (brute force where that would probe a
+//!   quarter of the rows or more); `candidate_factor` fixes it to `candidate_factor * k`
+//!   instead.
 //! - **Layout** (`cluster.rs`). Every cluster keeps a copy of its members' rows, contiguous, and
 //!   scores those: scanning a cluster streams memory instead of gathering rows scattered over
 //!   `W` (at K = 1,000,000 a batch of 256 queries probes nearly every cluster; the gather cost
 //!   more than the scoring). The copies are kept equal to `W` by [`MipsIndex::sync`] (the output
 //!   layer calls it after every step, copying the changed rows). Two ways to score them
-//!   (`scoring`):
+//!   (`scoring`; the default `auto` is `int8` where the CPU has AVX2 or AVX-512 VNNI):
 //!   - `f32`: on the copies themselves; the scores are exact, nothing is rescored.
 //!   - `int8` (`int8.rs`): on int8 codes of the rows with a scale per row ([`crate::quant`];
 //!     kept beside the copies, a quarter of their size), by an AVX-512 VNNI kernel several times
 //!     faster per row than f32 matrix products (the centroids are ranked on their codes too);
-//!     the best `rescore * k` probed rows by approximate score are then rescored exactly from
+//!     the best `rescore * k` (and at least `k + 32`) probed rows by approximate score are then
+//!     rescored exactly from
 //!     the copies and the top `k` of those returned. Rounding moves scores by well under their
 //!     spread near the cut, so the approximate ranking loses almost nothing that the rescoring
 //!     cannot restore. It pays when many rows are probed per result (factor 10 and more); at
@@ -35,6 +40,7 @@
 //!   are not moved; when a row outgrows `M` (its augmented coordinate would be imaginary) the
 //!   index asks for a rebuild.
 
+mod calibrate;
 mod cluster;
 mod int8;
 mod kmeans;
@@ -44,6 +50,8 @@ mod search;
 use crate::augment::NormAugmentation;
 use crate::quant::QuantRows;
 use crate::{Hit, MipsIndex, Rows};
+pub use calibrate::Calibrated;
+use calibrate::Calibrations;
 use cluster::Cluster;
 use farout_core::{ClassId, Matrix};
 use serde::{Deserialize, Serialize};
@@ -56,8 +64,14 @@ pub struct SphericalConfig {
     pub n_centroids: usize,
     /// Spherical k-means iterations.
     pub iterations: usize,
-    /// Probe clusters until `candidate_factor * k` rows have been scored.
-    pub candidate_factor: f32,
+    /// Target recall of the top `k` against brute force: the index fits its probe budget to it
+    /// per `k`, on a sample of the queries it is asked (see `calibrate.rs`).
+    pub recall: f32,
+    /// Queries in that sample (the index answers them by brute force while collecting them).
+    pub calibration_queries: usize,
+    /// When set, no calibration: probe clusters until `candidate_factor * k` rows have been
+    /// scored.
+    pub candidate_factor: Option<f32>,
     /// Norm bound `M = (1 + norm_headroom) * max_k |w_k|`: room for rows to grow before a
     /// rebuild is needed.
     pub norm_headroom: f32,
@@ -70,9 +84,11 @@ pub struct SphericalConfig {
     /// space) has fallen by more than this since its assignment; negative = every changed row.
     pub refresh_drift: f32,
     /// How probed rows are scored: on f32 copies (exact) or on int8 codes (approximate, then
-    /// the best `rescore * k` rescored exactly from the f32 copies).
+    /// the best `rescore * k` rescored exactly from the f32 copies); by default int8 where the
+    /// CPU has a SIMD kernel for it.
     pub scoring: Scoring,
-    /// `int8` scoring: rows rescored exactly per result (at least 1).
+    /// `int8` scoring: rows rescored exactly per result (at least 1; at least 32 more than `k`
+    /// are rescored).
     pub rescore: f32,
 }
 
@@ -80,12 +96,25 @@ pub struct SphericalConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
-    /// Exact scores on f32 copies of the rows.
+    /// `int8` where the CPU runs a SIMD int8 kernel (AVX2 or AVX-512 VNNI), `f32` elsewhere.
     #[default]
+    Auto,
+    /// Exact scores on f32 copies of the rows.
     F32,
     /// Approximate scores on int8 codes, the best rescored exactly. Needs AVX2 or AVX-512 VNNI
     /// to pay (elsewhere the same scores come from slow portable code).
     Int8,
+}
+
+impl Scoring {
+    /// `F32` or `Int8`: what [`Scoring::Auto`] means on this CPU.
+    pub fn resolve(self) -> Self {
+        match self {
+            Scoring::Auto if crate::quant::Kernel::best() == crate::quant::Kernel::Scalar => Scoring::F32,
+            Scoring::Auto => Scoring::Int8,
+            other => other,
+        }
+    }
 }
 
 impl Default for SphericalConfig {
@@ -93,7 +122,9 @@ impl Default for SphericalConfig {
         Self {
             n_centroids: 0,
             iterations: 8,
-            candidate_factor: 5.0,
+            recall: 0.9,
+            calibration_queries: 256,
+            candidate_factor: None,
             norm_headroom: 0.1,
             seed: 1,
             points_per_centroid: 256,
@@ -125,12 +156,15 @@ pub struct SphericalIndex {
     pos: Vec<u32>,
     clusters: Vec<Cluster>,
     rebuild: bool,
+    /// The probe budget per `k`, fitted to the target recall.
+    calibrations: Calibrations,
 }
 
 impl SphericalIndex {
     /// Builds the index over the rows of `w`: fits the centroids (`kmeans.rs`), assigns every
     /// row to one and copies it into its cluster.
     pub fn build(w: Rows, config: &SphericalConfig) -> Self {
+        let config = &SphericalConfig { scoring: config.scoring.resolve(), ..config.clone() };
         let (k, d) = (w.len(), w.dim());
         let augmentation = NormAugmentation::fit(w, config.norm_headroom);
         let centroids = kmeans::fit(w, &augmentation, config);
@@ -167,6 +201,7 @@ impl SphericalIndex {
             pos,
             clusters,
             rebuild: false,
+            calibrations: Calibrations::default(),
         }
     }
 
@@ -213,6 +248,10 @@ impl MipsIndex for SphericalIndex {
         self.rebuild
     }
 
+    fn calibrations(&self) -> Vec<Calibrated> {
+        self.calibrations.fitted()
+    }
+
     fn memory_bytes(&self) -> usize {
         self.centroids.bytes()
             + self.centroids_d.bytes()
@@ -224,7 +263,18 @@ impl MipsIndex for SphericalIndex {
 impl crate::IndexParams for SphericalConfig {
     fn check(&self) -> Result<(), crate::Error> {
         crate::count_in("points_per_centroid", self.points_per_centroid, 1..=usize::MAX, "must be > 0")?;
-        crate::finite_at_least("candidate_factor", self.candidate_factor, 1.0)?;
+        if let Some(factor) = self.candidate_factor {
+            crate::finite_at_least("candidate_factor", factor, 1.0)?;
+        }
+        if !(self.recall > 0.0 && self.recall <= 1.0) {
+            let value = self.recall.to_string();
+            return Err(crate::Error::Param(farout_core::ParamError {
+                name: "recall",
+                value,
+                reason: "must be in (0, 1]",
+            }));
+        }
+        crate::count_in("calibration_queries", self.calibration_queries, 1..=usize::MAX, "must be > 0")?;
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
         crate::finite_at_least("rescore", self.rescore, 1.0)?;
         if !self.refresh_drift.is_finite() {
@@ -243,10 +293,16 @@ impl crate::IndexParams for SphericalConfig {
     }
 }
 
-/// The default configuration with each way of scoring.
+/// The default configuration with each way of scoring, and a fixed budget of 5 rows probed
+/// per result (no calibration: the tests of the search mechanics need the same probes whatever
+/// was searched before).
 #[cfg(test)]
 fn both_scorings() -> [SphericalConfig; 2] {
-    [Scoring::F32, Scoring::Int8].map(|scoring| SphericalConfig { scoring, ..SphericalConfig::default() })
+    [Scoring::F32, Scoring::Int8].map(|scoring| SphericalConfig {
+        scoring,
+        candidate_factor: Some(5.0),
+        ..SphericalConfig::default()
+    })
 }
 
 #[cfg(test)]
@@ -261,7 +317,7 @@ mod tests {
     fn recall_of_top_100_on_clustered_rows_is_at_least_0_9() {
         let (w, q) = clustered(20_000, 32);
         for base in both_scorings() {
-            let config = SphericalConfig { n_centroids: 400, candidate_factor: 10.0, ..base };
+            let config = SphericalConfig { n_centroids: 400, candidate_factor: Some(10.0), ..base };
             let index = SphericalIndex::build(Rows::all(&w), &config);
             let r = recall(&index, Rows::all(&w), &q, 100);
             assert!(r >= 0.9, "recall {r} ({:?})", config.scoring);

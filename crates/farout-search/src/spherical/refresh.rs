@@ -41,12 +41,14 @@ impl SphericalIndex {
         }
         let (mut nearest, mut cos) = (vec![0u32; drifted.len()], vec![0.0f32; drifted.len()]);
         kmeans::assign_rows(w, &self.augmentation, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
+        let mut moved_rows = 0;
         for ((&i, &new), &c) in drifted.iter().zip(&nearest).zip(&cos) {
             self.assigned_cos[i as usize] = c;
             let (old, at) = (self.assign[i as usize], self.pos[i as usize] as usize);
             if new == old {
                 continue;
             }
+            moved_rows += 1;
             // O(1) removal: move the last member into the freed slot.
             if let Some(moved) = self.clusters[old as usize].swap_remove(at, d) {
                 self.pos[moved as usize] = at as u32;
@@ -55,6 +57,8 @@ impl SphericalIndex {
             self.clusters[new as usize].push(i, w.row(i as usize));
             self.assign[i as usize] = new;
         }
+        // Clusters changed: the probe budgets are renewed once enough rows have moved.
+        self.calibrations.count_reassigned(moved_rows);
     }
 }
 

@@ -1,6 +1,6 @@
 //! Search in [`SphericalIndex`]: rank the centroids by `c_j . [q, 0]` (the query's augmented
 //! coordinate is 0, so only their first D coordinates count), probe the clusters of the best
-//! ones until `candidate_factor * k` rows have been scored, keep the top `k`.
+//! ones until the budget of rows (`calibrate.rs`) has been scored, keep the top `k`.
 //!
 //! Per query ([`SphericalIndex::search_one`]) the probed clusters' copies are scored by dot
 //! products and the best selected once. A batch ([`SphericalIndex::search_batched`]) shares the
@@ -10,10 +10,11 @@
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
+use super::calibrate::Plan;
 use super::cluster::Cluster;
 use super::{Scoring, SphericalIndex};
 use crate::quant::{self, QuantQueries};
-use crate::{Hit, Rows};
+use crate::{ExactIndex, Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, kernels, topk};
 use rayon::prelude::*;
@@ -45,7 +46,15 @@ thread_local! {
 impl SphericalIndex {
     /// The top `k` of one query ([`crate::MipsIndex::search`]).
     pub(super) fn search_one(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
-        let (budget, d) = (self.budget(k), w.dim());
+        match self.plan(w, query, k) {
+            Plan::Probe(budget) => self.search_one_with(w, query, k, budget, out),
+            Plan::BruteForce => ExactIndex::new().search(w, query, k, out),
+        }
+    }
+
+    /// The top `k` of one query, probing `budget` rows.
+    fn search_one_with(&self, w: Rows, query: &[f32], k: usize, budget: usize, out: &mut Vec<Hit>) -> usize {
+        let d = w.dim();
         SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates }| {
             let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
@@ -94,8 +103,23 @@ impl SphericalIndex {
     /// [`SphericalIndex::search_one`] returns for each query (up to rounding: products and dot
     /// kernels may differ in the last bits).
     pub(super) fn search_batched(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        match self.plan(w, queries.as_slice(), k) {
+            Plan::Probe(budget) => self.search_batched_with(w, queries, k, budget, out),
+            Plan::BruteForce => ExactIndex::new().search_batch(w, queries, k, out),
+        }
+    }
+
+    /// The top `k` of every row of `queries`, probing `budget` rows for each.
+    pub(super) fn search_batched_with(
+        &self,
+        w: Rows,
+        queries: &Matrix,
+        k: usize,
+        budget: usize,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> usize {
         let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), w.dim()));
-        let probes = self.probe_batch(queries, codes.as_ref(), self.budget(k));
+        let probes = self.probe_batch(queries, codes.as_ref(), budget);
         let blocks = self.score_batch(&probes, queries, codes.as_ref());
         out.resize_with(queries.rows(), Vec::new);
         out.truncate(queries.rows());
@@ -156,15 +180,10 @@ impl SphericalIndex {
         order.extend(keys[..probed].iter().map(|&key| key as u32));
     }
 
-    /// Rows probed per query for `k` results.
-    fn budget(&self, k: usize) -> usize {
-        per_result(k, self.config.candidate_factor)
-    }
-
     /// Every query's centroid scores, `queries.rows() x stride` row-major with the `C` scores
     /// first in each row: exact by one matrix product, or approximate on the codes with int8
     /// scoring (`codes`: the queries' codes).
-    fn centroid_scores(&self, queries: &Matrix, codes: Option<&QuantQueries>) -> (Vec<f32>, usize) {
+    pub(super) fn centroid_scores(&self, queries: &Matrix, codes: Option<&QuantQueries>) -> (Vec<f32>, usize) {
         if let (Some(rows), Some(codes)) = (&self.centroid_codes, codes) {
             let (all, mut s): (Vec<u32>, _) = ((0..queries.rows() as u32).collect(), Vec::new());
             quant::scores(rows, codes, &all, &mut s);
@@ -342,6 +361,7 @@ mod tests {
         batched_search_returns_the_per_query_results_with(&SphericalConfig {
             scoring: Scoring::Int8,
             rescore: 2.0,
+            candidate_factor: Some(5.0),
             ..SphericalConfig::default()
         });
     }
