@@ -2,7 +2,6 @@ use crate::{Error, bridge};
 use burn::module::{Module, Param};
 use burn::optim::{AdaGradConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
-use burn::tensor::IndexingUpdateOp;
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::{Matrix, rng};
 use farout_layer::{Optimizer, OptimizerConfig};
@@ -57,11 +56,6 @@ struct Hidden {
     bias: Param<Tensor<1>>,
 }
 
-/// One hidden layer over a sparse bag of words: `phi(x) = act(sum_f x_f E_f + b)`.
-///
-/// `E` (vocabulary x D) is the big table. Burn's embedding gradient is dense (V x D per step), so
-/// `E` lives outside Burn: a batch gathers the rows it uses into a leaf tensor, Burn computes the
-/// gradient of that leaf, and the rows are updated in place with a sparse optimiser. The bias
 impl DocEncoderConfig {
     /// Checks the parameters; errors name the key relative to `[model.doc_encoder]`.
     pub fn check(&self) -> Result<(), Error> {
@@ -87,7 +81,13 @@ impl DocEncoderConfig {
     }
 }
 
-/// and the nonlinearity run in Burn.
+/// One hidden layer over a sparse bag of words: `phi(x) = act(sum_f x_f E_f + b)`.
+///
+/// `E` (vocabulary x D) is the big table. Burn's embedding gradient is dense (V x D per step), so
+/// `E` lives outside Burn: a batch sums the rows of its documents into bags (a leaf tensor of
+/// `[batch, D]`), Burn computes the gradient of the bags, and each used row of `E` gets
+/// `sum x_f dL/dbag` and is updated in place with a sparse optimiser. The bias and the
+/// nonlinearity run in Burn.
 pub struct DocEncoder {
     config: DocEncoderConfig,
     table: Matrix,
@@ -100,8 +100,19 @@ pub struct DocEncoder {
 pub struct DocForward {
     /// Features `[batch, d_model]` (tracked by autodiff).
     pub phi: Tensor<2>,
-    leaf: Tensor<2>,
+    /// The bags `sum_f x_f E_f`, `[batch, d_model]`: the leaf of Burn's graph.
+    bag: Tensor<2>,
+    /// The features the batch uses, ascending.
     uniq: Vec<u32>,
+    /// Every (document, feature, value) of the batch.
+    entries: Vec<BagEntry>,
+}
+
+/// One non-zero of a batch: document `doc` has value `x` at feature `uniq[at]`.
+struct BagEntry {
+    doc: u32,
+    at: u32,
+    x: f32,
 }
 
 impl DocEncoder {
@@ -154,41 +165,33 @@ impl DocEncoder {
     /// Forward pass of a batch of documents (each `(feature ids, values)`) on `device`.
     fn forward_on(&self, docs: &[(&[u32], &[f32])], device: &Device, track: bool) -> DocForward {
         let d = self.d_model();
+        // The bag `sum_f x_f E_f` of every document, here: its gradient with respect to `E` is
+        // sparse, and scattering it row by row beats Burn's gather and scatter-add.
         let mut uniq: Vec<u32> = docs.iter().flat_map(|(c, _)| c.iter().copied()).collect();
         uniq.sort_unstable();
         uniq.dedup();
-        let mut gathered = Vec::with_capacity(uniq.len() * d);
-        uniq.iter().for_each(|&f| gathered.extend_from_slice(self.table.row(f as usize)));
-        let (mut pos, mut doc, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+        let mut bag = Matrix::zeros(docs.len(), d);
+        let mut entries = Vec::with_capacity(docs.iter().map(|(c, _)| c.len()).sum());
         for (i, (cols, v)) in docs.iter().enumerate() {
-            for (c, x) in cols.iter().zip(*v) {
-                pos.push(uniq.binary_search(c).expect("every feature is in uniq") as i64);
-                doc.push(i as i64);
-                vals.push(*x);
+            for (&c, &x) in cols.iter().zip(*v) {
+                farout_core::kernels::axpy(x, self.table.row(c as usize), bag.row_mut(i));
+                let at = uniq.binary_search(&c).expect("every feature is in uniq") as u32;
+                entries.push(BagEntry { doc: i as u32, at, x });
             }
         }
-        let nnz = pos.len();
-        let mut leaf = Tensor::<2>::from_data(TensorData::new(gathered, [uniq.len(), d]), device);
+        let mut h = bridge::to_tensor(&bag, device);
         if track {
-            leaf = leaf.require_grad();
-        }
-        let mut h = Tensor::<2>::zeros([docs.len(), d], device);
-        if nnz > 0 {
-            let pos = Tensor::<1, Int>::from_data(TensorData::new(pos, [nnz]), device);
-            let doc = Tensor::<1, Int>::from_data(TensorData::new(doc, [nnz]), device);
-            let vals = Tensor::<2>::from_data(TensorData::new(vals, [nnz, 1]), device);
-            let rows = leaf.clone().select(0, pos) * vals;
-            h = h.select_assign(0, doc, rows, IndexingUpdateOp::Add);
+            h = h.require_grad();
         }
         let bias = self.hidden().bias.val();
         let bias = if track { bias } else { Tensor::from_data(bias.into_data(), device) };
-        let h = h + bias.unsqueeze::<2>();
+        let pre = h.clone() + bias.unsqueeze::<2>();
         let phi = match self.config.activation {
-            Activation::None => h,
-            Activation::Relu => burn::tensor::activation::relu(h),
-            Activation::Tanh => h.tanh(),
+            Activation::None => pre,
+            Activation::Relu => burn::tensor::activation::relu(pre),
+            Activation::Tanh => pre.tanh(),
         };
-        DocForward { phi, leaf, uniq }
+        DocForward { phi, bag: h, uniq, entries }
     }
 
     /// Forward pass for training: features with their autodiff graph. Input dropout (if
@@ -217,13 +220,18 @@ impl DocEncoder {
     /// the batch used and the bias.
     pub fn backward(&mut self, fwd: DocForward, dphi: &Matrix) {
         let grads = bridge::backward_with_upstream(fwd.phi, dphi);
-        if let Some(g) = fwd.leaf.grad(&grads) {
+        if let Some(g) = fwd.bag.grad(&grads) {
+            // dL/dE_f = sum over the batch's entries at f of x dL/dbag_doc.
             let g = bridge::to_matrix(g);
             let d = self.d_model();
+            let mut rows = Matrix::zeros(fwd.uniq.len(), d);
+            for e in &fwd.entries {
+                farout_core::kernels::axpy(e.x, g.row(e.doc as usize), rows.row_mut(e.at as usize));
+            }
             let rule = self.table_opt.rule();
             for (j, &f) in fwd.uniq.iter().enumerate() {
                 let f = f as usize;
-                rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), g.row(j));
+                rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), rows.row(j));
             }
         }
         let hidden = self.hidden.take().expect("hidden module is present between steps");
