@@ -277,10 +277,10 @@ impl OutputLayer {
         self.index().map(|i| i.recall(&self.w, queries, k))
     }
 
-    /// Rows the index probes per query for `k` results as calibrated to its target recall,
+    /// Rows the index scans per query for `k` results as calibrated to its target recall,
     /// averaged over the blocks (`None` without an index, or before it has calibrated `k`).
     pub fn index_probes(&self, k: usize) -> Option<f64> {
-        self.index().and_then(|i| i.calibrated_probes(self.w.rows(), k))
+        self.index().and_then(|i| i.calibrated_probes(k))
     }
 
     fn ensure_index(&mut self) {

@@ -358,14 +358,13 @@ impl BlockIndex {
         self.blocks.iter().map(|b| b.memory_bytes()).sum()
     }
 
-    /// Rows probed per query for `k` results as each block's index calibrated them (brute force
-    /// counts all `rows`), averaged over the blocks; `None` until every block has calibrated `k`
-    /// (always for indexes that do not calibrate).
-    pub fn calibrated_probes(&self, rows: usize, k: usize) -> Option<f64> {
+    /// Rows scanned per query for `k` results as each block's index calibrated them (brute
+    /// force counts all rows), averaged over the blocks; `None` until every block has
+    /// calibrated `k` (always for indexes that do not calibrate).
+    pub fn calibrated_probes(&self, k: usize) -> Option<f64> {
         let mut total = 0.0;
         for b in &self.blocks {
-            let fit = b.calibrations().into_iter().find(|c| c.k == k)?;
-            total += fit.probed.unwrap_or(rows) as f64;
+            total += b.calibrations().into_iter().find(|c| c.k == k)?.probed;
         }
         Some(total / self.blocks.len() as f64)
     }

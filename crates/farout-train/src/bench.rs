@@ -352,7 +352,7 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         .iter()
         .map(|c| {
             serde_json::json!({
-                "k": c.k, "probed": c.probed, "candidate_factor": c.candidate_factor(k), "recall": c.recall,
+                "k": c.k, "budget": c.budget, "probed": c.probed, "probed_per_result": c.per_result(), "recall": c.recall,
                 "queries": c.queries,
             })
         })

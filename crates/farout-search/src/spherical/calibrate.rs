@@ -14,9 +14,10 @@
 //! two standard errors, reaches the target (so that it holds on queries the sample did not
 //! see: with one, top 10 of 200,000 rows measured 0.906 on the sample and 0.899 on 1,000
 //! others); the index then searches the sample with it and
-//! keeps the recall it measured ([`Calibrated`]). When that budget would probe more than a
-//! quarter of the rows, brute force is as fast ([`BRUTE_FORCE_SHARE`]), and the index answers
-//! that `k` by brute force.
+//! keeps the recall it measured ([`Calibrated`]). When the clusters that budget probes hold a
+//! quarter of the rows or more, brute force is as fast ([`BRUTE_FORCE_SHARE`]), and the index
+//! answers that `k` by brute force (also when the rows sit in a few large clusters, as when the
+//! index was built on an untrained layer's equal rows).
 //!
 //! **When it is renewed.** Rows move between clusters as training refreshes the index, and the
 //! queries drift: a calibration is renewed on fresh queries after
@@ -52,9 +53,12 @@ const RENEW_AFTER_REASSIGNED: f64 = 0.05;
 pub struct Calibrated {
     /// The number of results it is for.
     pub k: usize,
-    /// Rows probed per query; `None` = brute force (the budget would probe more than a quarter
-    /// of the rows).
-    pub probed: Option<usize>,
+    /// The budget: clusters are probed until this many rows are scanned; `None` = brute force
+    /// (the budget would scan a quarter of the rows or more).
+    pub budget: Option<usize>,
+    /// Rows scanned per query of the sample with that budget, on average (whole clusters are
+    /// scanned; all rows for brute force).
+    pub probed: f64,
     /// Recall measured on the calibration sample with that budget.
     pub recall: f64,
     /// Queries in the calibration sample.
@@ -62,9 +66,9 @@ pub struct Calibrated {
 }
 
 impl Calibrated {
-    /// Rows probed per result (`probed / k`; the rows for brute force).
-    pub fn candidate_factor(&self, rows: usize) -> f64 {
-        self.probed.unwrap_or(rows) as f64 / self.k.max(1) as f64
+    /// Rows scanned per result (`probed / k`).
+    pub fn per_result(&self) -> f64 {
+        self.probed / self.k.max(1) as f64
     }
 }
 
@@ -187,43 +191,46 @@ impl SphericalIndex {
         let (scores, stride) = self.centroid_scores(sample, codes.as_ref());
         let c = self.clusters.len();
         // needs[q]: for each of query q's exact top k, the budget that probes its cluster, sorted.
-        let needs: Vec<Vec<usize>> = (0..n)
+        // Per query: for each of its exact top k, the budget that probes its cluster (sorted);
+        // and the rows probed so far after each cluster in probing order.
+        let (needs, ends): (Vec<Vec<usize>>, Vec<Vec<usize>>) = (0..n)
             .into_par_iter()
             .map(|q| {
                 let row = &scores[q * stride..q * stride + c];
                 let mut keys: Vec<u64> =
                     row.iter().enumerate().map(|(j, &s)| topk::descending_key(s, j as u32)).collect();
                 keys.sort_unstable();
-                let mut before = vec![0usize; c];
+                let (mut before, mut ends) = (vec![0usize; c], Vec::with_capacity(c));
                 let mut rows = 0;
                 for &key in &keys {
                     let j = key as u32 as usize;
                     before[j] = rows;
                     rows += self.clusters[j].len();
+                    ends.push(rows);
                 }
                 let mut need: Vec<usize> =
                     exact[q].iter().map(|h: &Hit| before[self.assign[h.class as usize] as usize] + 1).collect();
                 need.sort_unstable();
-                need
+                (need, ends)
             })
-            .collect();
+            .unzip();
         let budget = smallest_budget(&needs, self.config.recall as f64);
-        let probed = (budget as f64 <= BRUTE_FORCE_SHARE * w.len() as f64).then_some(budget);
+        // The search probes whole clusters: the rows it scans for this budget, on average.
+        let scanned = |ends: &Vec<usize>| ends.get(ends.partition_point(|&e| e < budget)).or(ends.last()).copied();
+        let probed = ends.iter().map(|e| scanned(e).unwrap_or(0) as f64).sum::<f64>() / n.max(1) as f64;
+        if probed >= BRUTE_FORCE_SHARE * w.len() as f64 {
+            return Calibrated { k, budget: None, probed: w.len() as f64, recall: 1.0, queries: n };
+        }
         // The recall of that budget, measured by searching the sample with it.
-        let recall = match probed {
-            Some(budget) => {
-                let mut found = Vec::new();
-                self.search_batched_with(w, sample, k, budget, &mut found);
-                crate::overlap(&found, &exact)
-            }
-            None => 1.0,
-        };
-        Calibrated { k, probed, recall, queries: n }
+        let mut found = Vec::new();
+        self.search_batched_with(w, sample, k, budget, &mut found);
+        let recall = crate::overlap(&found, &exact);
+        Calibrated { k, budget: Some(budget), probed, recall, queries: n }
     }
 }
 
 fn plan_of(fit: &Calibrated) -> Plan {
-    fit.probed.map_or(Plan::BruteForce, Plan::Probe)
+    fit.budget.map_or(Plan::BruteForce, Plan::Probe)
 }
 
 /// The smallest budget whose mean recall over the queries, less two standard errors, reaches
@@ -278,9 +285,9 @@ mod tests {
             for k in [10, 30, 100] {
                 index.search_batch(all, &sample, k, &mut out);
                 let fit = index.calibrations().into_iter().find(|c| c.k == k).expect("calibrated");
-                let Some(probed) = fit.probed else { panic!("{scoring:?} k {k}: brute force, {fit:?}") };
+                assert!(fit.budget.is_some(), "{scoring:?} k {k}: brute force, {fit:?}");
                 assert!(fit.recall >= 0.9 && fit.queries == 256, "{scoring:?} k {k}: {fit:?}");
-                assert!(probed < w.rows() / 4, "{scoring:?} k {k}: {fit:?}");
+                assert!(fit.probed < w.rows() as f64 / 4.0, "{scoring:?} k {k}: {fit:?}");
                 // Held out: the recall of a sample mean, within 0.02 of the target.
                 let r = crate::recall(&index, all, &held_out, k);
                 assert!(r >= 0.88, "{scoring:?} k {k}: held-out recall {r}, calibration {fit:?}");
@@ -302,12 +309,25 @@ mod tests {
         // The other half completes the sample.
         let rest = Matrix::from_vec(128, 32, sample.as_slice()[128 * 32..].to_vec()).unwrap();
         index.search_batch(all, &rest, 100, &mut out);
-        assert!(index.calibrations()[0].probed.is_some());
+        assert!(index.calibrations()[0].budget.is_some());
         // Top 10,000 of 20,000 rows.
         index.search_batch(all, &sample, 10_000, &mut out);
         let fit = index.calibrations().into_iter().find(|c| c.k == 10_000).unwrap();
-        assert_eq!((fit.probed, fit.recall), (None, 1.0));
+        assert_eq!((fit.budget, fit.probed, fit.recall), (None, 20_000.0, 1.0));
         assert_eq!(index.search_batch(all, &sample, 10_000, &mut out), 256 * 20_000);
+    }
+
+    /// Built on equal rows (an untrained layer), every row sits in one cluster: any budget scans
+    /// them all, so the calibration says brute force, not a budget of one row.
+    #[test]
+    fn an_index_of_equal_rows_calibrates_to_brute_force() {
+        let (_, sample, _) = rows_and_queries();
+        let w = Matrix::from_vec(5_000, 32, vec![0.01; 5_000 * 32]).unwrap();
+        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig::default());
+        let mut out = Vec::new();
+        index.search_batch(Rows::all(&w), &sample, 20, &mut out);
+        let fit = index.calibrations()[0];
+        assert_eq!((fit.budget, fit.probed), (None, 5_000.0), "{fit:?}");
     }
 
     /// A calibration is renewed on fresh queries once enough rows have changed cluster.
