@@ -13,9 +13,10 @@ Run:
         [--tools numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout]
         [--farout target/release/farout] [--plot recall-qps.png]
 
-`farout` runs `farout bench search --vectors DIR/w.npy --query-vectors DIR/queries.npy` with
-the spherical index (int8 scoring) at candidate factors that scan 1,000 to 32,000 candidates,
-last, in the same run.
+`farout` runs `farout bench search --vectors DIR/w.npy --query-vectors DIR/queries.npy` last, in
+the same run: with its defaults (the spherical index calibrating its budget to recall 0.9 on the
+first batch of the queries), then with int8 scoring at fixed candidate factors that scan 1,000
+to 32,000 candidates.
 `--plot` draws recall against batched queries per second for every tool (needs matplotlib).
 
 Fields: tool, params, recall (mean over the queries of |found ∩ exact top-Q| / Q), qps (batches
@@ -197,12 +198,19 @@ def main():
                      found, qps, single, build, truth)
 
     if "farout" in tools:
+        env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
+        base = [a.farout, "bench", "search", "--vectors", os.path.join(a.dir, "w.npy"), "--query-vectors",
+                os.path.join(a.dir, "queries.npy"), "--top", str(top)]
+        # The defaults: the spherical index calibrating its budget to recall 0.9 (on the first
+        # batch of the queries).
+        r = json.loads(subprocess.run(base, capture_output=True, text=True, check=True, env=env).stdout)
+        fits = ", ".join(f"{c['probed']:.0f} rows scanned" if c["budget"] else "brute force"
+                         for c in r.get("calibrations", []))
+        row("farout", f"spherical defaults ({r['index']}; {fits or 'not calibrated'})", r["recall"], r["qps"],
+            r["qps_single"], r["build_seconds"])
         # Candidate factors that scan 1,000 to 32,000 candidates whatever Q is.
         for factor in sorted({max(1, c // top) for c in [1000, 2000, 4000, 8000, 16000, 32000]}):
-            cmd = [a.farout, "bench", "search", "--vectors", os.path.join(a.dir, "w.npy"), "--query-vectors",
-                   os.path.join(a.dir, "queries.npy"), "--top", str(top), "--scoring", "int8",
-                   "--candidate-factor", str(factor)]
-            env = dict(os.environ, RAYON_NUM_THREADS=str(a.threads))
+            cmd = base + ["--scoring", "int8", "--candidate-factor", str(factor)]
             r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout)
             row("farout", f"spherical int8 candidate_factor={factor}", r["recall"], r["qps"], r["qps_single"],
                 r["build_seconds"])
