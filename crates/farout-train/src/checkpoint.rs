@@ -13,7 +13,8 @@
 //! The ranks of an MPI run each save their own directory, so a kill can leave some ranks at
 //! the new checkpoint and others at the one before. They save with
 //! [`replace_dir_keeping`]`(.., true, ..)`, which keeps the checkpoint it replaces as
-//! `<dir>.prev` ([`previous`]), and a resume takes the ranks that got ahead back to it.
+//! `<dir>.prev` ([`previous`]), and a resume takes the ranks that got ahead back to the step
+//! of the others ([`at_progress`]: the kept one, or the one a kill left at `<dir>.old`).
 
 use crate::{Error, io_err as io};
 use serde::{Deserialize, Serialize};
@@ -140,6 +141,17 @@ pub fn settle(dir: &Path) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// A complete checkpoint of `dir` at exactly `progress`, wherever a save left it: `<dir>` or
+/// its rotation siblings (a kill between `<dir>` becoming `<dir>.old` and `<dir>.tmp` becoming
+/// `<dir>` leaves the one before in `<dir>.old`), or the kept [`previous`] one and its siblings.
+pub fn at_progress(dir: &Path, progress: u64) -> Option<PathBuf> {
+    let prev = previous(dir);
+    with_siblings(dir)
+        .into_iter()
+        .chain(with_siblings(&prev))
+        .find(|p| p.exists() && verify(p).is_ok_and(|m| m.progress == progress))
 }
 
 /// The most advanced complete checkpoint among `dir`, `<dir>.tmp` and `<dir>.old`; `dir` wins
@@ -356,6 +368,35 @@ mod tests {
         save(&other, 1, 1.0);
         save(&other, 2, 2.0);
         assert!(!previous(&other).exists());
+    }
+
+    /// A rank that got ahead of the others finds the checkpoint at their step wherever its
+    /// last save left it: kept as `.prev`, or still at `.old` when the kill came between the
+    /// renames (its newest then at `.tmp`).
+    #[test]
+    fn the_checkpoint_at_a_given_step_is_found_in_any_rotation_state() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("rank-0-of-2");
+        let (tmp, old) = siblings(&dir);
+        let prev = previous(&dir);
+        let put = |p: &Path, progress: u64| {
+            let scratch = root.path().join("scratch");
+            save(&scratch, progress, progress as f32);
+            std::fs::rename(&scratch, p).unwrap();
+        };
+        // Killed between `dir` -> `.old` and `.tmp` -> `dir` of the save at step 24.
+        put(&prev, 8);
+        put(&old, 16);
+        put(&tmp, 24);
+        assert_eq!(latest(&dir).unwrap().progress, 24);
+        for (step, at) in [(24, &tmp), (16, &old), (8, &prev)] {
+            assert_eq!(at_progress(&dir, step).as_ref(), Some(at), "step {step}");
+            assert_eq!(value_in(at), step as f32);
+        }
+        assert_eq!(at_progress(&dir, 12), None);
+        // An incomplete one is never taken.
+        std::fs::remove_file(old.join(MANIFEST)).unwrap();
+        assert_eq!(at_progress(&dir, 16), None);
     }
 
     /// Every state a kill can leave during a save, rebuilt by hand: the newest complete

@@ -971,9 +971,9 @@ impl Trainer {
         let back = if self.state.step == low {
             Ok(())
         } else {
-            match crate::checkpoint::latest(&crate::checkpoint::previous(&rank_dir)) {
-                Ok(prev) if prev.progress == low => self.load_checkpoint(&prev.dir),
-                _ => Err(Error::Checkpoint {
+            match crate::checkpoint::at_progress(&rank_dir, low) {
+                Some(back) => self.load_checkpoint(&back),
+                None => Err(Error::Checkpoint {
                     path: dir.to_path_buf(),
                     msg: format!(
                         "the ranks' checkpoints are at steps {low} to {high} (a save was interrupted on some \
