@@ -341,8 +341,8 @@ macro_rules! conformance {
 // less often than after a rebuild, whose k-means sees them (0.764 against 0.876); it does not
 // ask for a rebuild then. Calibrated, it answers the first 50 queries by brute force, then
 // probes 626 rows per query (sample recall 0.912); the refresh moves 10 % of the rows, so the
-// calibration is renewed on the next 50 queries. SimpleLSH's floors are low because its default budget is (5
-// candidates per result; its own test measures 0.99 at 100).
+// calibration is renewed on the next 50 queries. SimpleLSH's floors are low because its default
+// budget is (5 candidates per result; its own test measures 0.99 at 100).
 conformance! {
     /// Brute force: the reference itself.
     exact => IndexConfig::exact(), recall_floor: 1.0, refresh_floor: 1.0;

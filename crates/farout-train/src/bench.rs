@@ -361,16 +361,7 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         })
         .collect();
     let index_seconds = t.elapsed().as_secs_f64();
-    let recall: f64 = exact
-        .iter()
-        .zip(&found)
-        .map(|(e, f)| {
-            let mut truth: Vec<u32> = e.iter().map(|h| h.class).collect();
-            truth.sort_unstable();
-            f.iter().filter(|h| truth.binary_search(&h.class).is_ok()).count() as f64 / e.len().max(1) as f64
-        })
-        .sum::<f64>()
-        / queries as f64;
+    let recall = farout_search::overlap(&found, &exact);
     // Refresh: nudge 1% of the rows (as one training step's updates would) and re-index them.
     let mut r = rng::seeded(9, 0);
     let rows: Vec<u32> = (0..(k / 100).max(1)).map(|_| r.random_range(0..k as u32)).collect();

@@ -1,8 +1,8 @@
 //! Int8 scoring in [`SphericalIndex`] (`scoring = "int8"`): the probed clusters are scanned on
 //! int8 codes of their rows ([`crate::quant`]), which rank them almost as exact scores do; this
 //! file rescores the best `rescore * k` of them (at least [`RESCORE_MARGIN`] more than `k`)
-//! exactly from the f32 copies and keeps the top `k`, for one query ([`SphericalIndex::rescore`]) or a batch
-//! ([`SphericalIndex::rescore_batch`]).
+//! exactly from the f32 copies and keeps the top `k`, for one query
+//! ([`SphericalIndex::rescore`]) or a batch ([`SphericalIndex::rescore_batch`]).
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 

@@ -28,11 +28,10 @@
 //!     kept beside the copies, a quarter of their size), by an AVX-512 VNNI kernel several times
 //!     faster per row than f32 matrix products (the centroids are ranked on their codes too);
 //!     the best `rescore * k` (and at least `k + 32`) probed rows by approximate score are then
-//!     rescored exactly from
-//!     the copies and the top `k` of those returned. Rounding moves scores by well under their
-//!     spread near the cut, so the approximate ranking loses almost nothing that the rescoring
-//!     cannot restore. It pays when many rows are probed per result (factor 10 and more); at
-//!     the default 5 the rescoring costs more than the scan saves.
+//!     rescored exactly from the copies and the top `k` of those returned. Rounding moves
+//!     scores by well under their spread near the cut, so the approximate ranking loses almost
+//!     nothing that the rescoring cannot restore. It pays when many rows are probed per result
+//!     (10 and more); at 5 the rescoring costs more than the scan saves, and `auto` picks `f32`.
 //! - **Refresh** (`refresh.rs`). A changed row's copy is updated and the row re-augmented and
 //!   reassigned to its nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it
 //!   has drifted: its cosine with its own centroid fell by more than `refresh_drift` since it
