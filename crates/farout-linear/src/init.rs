@@ -127,64 +127,95 @@ impl WeightInit for Msi {
     }
 }
 
-/// MSI for a dense output layer over fixed features φ (one row per training sample): every
-/// class k gets `W_k = u_k p̄_k + v_k x̄` and, with `bias`, `b_k = u_k + v_k` — [`Msi`]
-/// applied to φ with the bias as the appended constant feature (a_k = 1 + ‖p̄_k‖²,
-/// b_k = 1 + p̄_kᵀx̄, c = 1 + ‖x̄‖²). Without a bias and with (nearly) centred features
-/// (‖x̄‖² ≤ 1e-6 · ‖p̄_k‖²) the system is singular and the class gets `W_k = s p̄_k/‖p̄_k‖²`,
-/// which scores its own mean s (project choice). Classes without samples stay zero.
+/// MSI for a dense output layer over fixed features φ: every class k gets
+/// `W_k = u_k p̄_k + v_k x̄` and, with `bias`, `b_k = u_k + v_k` — [`Msi`] applied to φ with the
+/// bias as the appended constant feature (a_k = 1 + ‖p̄_k‖², b_k = 1 + p̄_kᵀx̄, c = 1 + ‖x̄‖²).
+/// Without a bias and with (nearly) centred features (‖x̄‖² ≤ 1e-6 · ‖p̄_k‖²) the system is
+/// singular and the class gets `W_k = s p̄_k/‖p̄_k‖²`, which scores its own mean s (project
+/// choice). Classes without samples stay zero.
 ///
-/// Returns W (K × D, row-major) and the biases (empty without `bias`). Cost: one pass over
-/// the rows of each class, then O(KD), in parallel over classes.
-pub fn msi_output_layer(
-    phi: &SparseRows,
-    labels: &crate::data::LabelIndex,
-    bias: bool,
-    msi: Msi,
-) -> (Vec<f32>, Vec<f32>) {
-    use rayon::prelude::*;
-    let d = phi.n_cols;
-    let stats = DataStats::new(phi, bias);
-    let rows: Vec<(Vec<f32>, f32)> = (0..labels.n_labels())
-        .into_par_iter()
-        .map_init(
-            || vec![0.0f64; stats.n_vars()],
-            |w, k| {
-                w.iter_mut().for_each(|v| *v = 0.0);
-                let positives = labels.positives(k);
-                if positives.is_empty() {
-                    return (vec![0.0; d], 0.0);
-                }
-                let ctx = InitContext { features: phi, positives, stats: &stats };
-                if !bias {
-                    // p̄_k, to detect centred features.
-                    for &i in positives {
-                        let (cols, vals) = phi.row(i as usize);
-                        cols.iter().zip(vals).for_each(|(&j, &x)| w[j as usize] += x as f64);
-                    }
-                    let inv = 1.0 / positives.len() as f64;
-                    w.iter_mut().for_each(|v| *v *= inv);
-                    let a: f64 = w.iter().map(|v| v * v).sum();
-                    if a > 0.0 && stats.mean_norm_sq() <= MSI_DEGENERATE * a {
-                        let row = w.iter().map(|v| (msi.s * v / a) as f32).collect();
-                        return (row, 0.0);
-                    }
-                    w.iter_mut().for_each(|v| *v = 0.0);
-                }
-                msi.init(&ctx, w);
-                (w[..d].iter().map(|&v| v as f32).collect(), if bias { w[d] as f32 } else { 0.0 })
-            },
-        )
-        .collect();
-    let mut weights = Vec::with_capacity(rows.len() * d);
-    let mut biases = Vec::with_capacity(if bias { rows.len() } else { 0 });
-    for (row, b) in rows {
-        weights.extend_from_slice(&row);
-        if bias {
-            biases.push(b);
+/// The rows arrive one at a time ([`OutputLayerMsi::add`]), so the features need not be held
+/// in memory twice: the state is the K × D class sums, which [`OutputLayerMsi::finish`] turns
+/// into W in place, plus Σ x_i in f64. Cost: O(D) per (row, label), then O(KD) in parallel.
+#[derive(Clone, Debug)]
+pub struct OutputLayerMsi {
+    d: usize,
+    class_sums: Vec<f32>,
+    counts: Vec<u64>,
+    total: Vec<f64>,
+    n: u64,
+}
+
+impl OutputLayerMsi {
+    /// No rows yet, for `k` classes and `d` features.
+    pub fn new(k: usize, d: usize) -> Self {
+        Self { d, class_sums: vec![0.0; k * d], counts: vec![0; k], total: vec![0.0; d], n: 0 }
+    }
+
+    /// Adds one training row `x` (length D) with its labels.
+    pub fn add(&mut self, x: &[f32], labels: &[u32]) {
+        debug_assert_eq!(x.len(), self.d);
+        self.n += 1;
+        self.total.iter_mut().zip(x).for_each(|(t, &v)| *t += v as f64);
+        for &k in labels {
+            let (k, d) = (k as usize, self.d);
+            self.counts[k] += 1;
+            self.class_sums[k * d..(k + 1) * d].iter_mut().zip(x).for_each(|(s, &v)| *s += v);
         }
     }
-    (weights, biases)
+
+    /// Adds one sparse training row (`cols`, `vals`) with its labels.
+    pub fn add_sparse(&mut self, cols: &[u32], vals: &[f32], labels: &[u32]) {
+        self.n += 1;
+        cols.iter().zip(vals).for_each(|(&j, &v)| self.total[j as usize] += v as f64);
+        for &k in labels {
+            let row = &mut self.class_sums[k as usize * self.d..(k as usize + 1) * self.d];
+            self.counts[k as usize] += 1;
+            cols.iter().zip(vals).for_each(|(&j, &v)| row[j as usize] += v);
+        }
+    }
+
+    /// W (K × D, row-major) and the biases (empty without `bias`).
+    pub fn finish(self, bias: bool, msi: Msi) -> (Vec<f32>, Vec<f32>) {
+        use rayon::prelude::*;
+        let Self { d, mut class_sums, counts, total, n } = self;
+        let n = n.max(1) as f64;
+        let mean: Vec<f64> = total.iter().map(|t| t / n).collect();
+        let one = bias as u8 as f64; // the bias coordinate of p̄ and x̄
+        let c = one + mean.iter().map(|m| m * m).sum::<f64>();
+        let mut biases = vec![0.0f32; counts.len()];
+        class_sums.par_chunks_mut(d.max(1)).zip(&counts).zip(&mut biases).for_each(|((row, &n_pos), bias_k)| {
+            if n_pos == 0 {
+                return;
+            }
+            let inv = 1.0 / n_pos as f64;
+            let p_bar: Vec<f64> = row.iter().map(|&s| s as f64 * inv).collect();
+            let a_x: f64 = p_bar.iter().map(|p| p * p).sum();
+            let (a, b) = (one + a_x, one + p_bar.iter().zip(&mean).map(|(p, m)| p * m).sum::<f64>());
+            let (u, v) = if !bias && a_x > 0.0 && c <= MSI_DEGENERATE * a_x {
+                (msi.s / a_x, 0.0)
+            } else {
+                let r = msi.t + (msi.s - msi.t) * n_pos as f64 / n;
+                msi_coefficients(a, b, c, r, msi.s).unwrap_or((0.0, if c > 0.0 { r / c } else { 0.0 }))
+            };
+            row.iter_mut().zip(p_bar.iter().zip(&mean)).for_each(|(w, (p, m))| *w = (u * p + v * m) as f32);
+            *bias_k = (u + v) as f32;
+        });
+        if !bias {
+            biases.clear();
+        }
+        (class_sums, biases)
+    }
+}
+
+/// [`OutputLayerMsi`] over every row of `phi` and its labels.
+pub fn msi_output_layer(phi: &SparseRows, labels: &farout_data::LabelSets, bias: bool, msi: Msi) -> (Vec<f32>, Vec<f32>) {
+    let mut sums = OutputLayerMsi::new(labels.n_labels, phi.n_cols);
+    for i in 0..phi.n_rows() {
+        let (cols, vals) = phi.row(i);
+        sums.add_sparse(cols, vals, labels.get(i));
+    }
+    sums.finish(bias, msi)
 }
 
 #[cfg(test)]
@@ -285,7 +316,7 @@ mod tests {
         (pos.0 / pos.1 as f64, neg.0 / neg.1 as f64)
     }
 
-    fn layer_data(seed: u64, shift: f64) -> (Vec<Vec<f64>>, Vec<usize>, SparseRows, crate::data::LabelIndex) {
+    fn layer_data(seed: u64, shift: f64) -> (Vec<Vec<f64>>, Vec<usize>, SparseRows, farout_data::LabelSets) {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let (n, d, k) = (60, 5, 4);
@@ -303,7 +334,7 @@ mod tests {
         }
         // The f32 rows, as the layer sees them.
         let phi = phi.iter().map(|r| r.iter().map(|&v| v as f32 as f64).collect()).collect();
-        (phi, labels, x, crate::data::LabelIndex::new(&sets))
+        (phi, labels, x, sets)
     }
 
     #[test]
@@ -322,6 +353,24 @@ mod tests {
     }
 
     #[test]
+    fn output_layer_msi_from_dense_rows_equals_sparse_rows_with_several_labels() {
+        let (phi, labels, _, _) = layer_data(9, 0.3);
+        let (mut dense, mut sparse) = (OutputLayerMsi::new(4, 5), OutputLayerMsi::new(4, 5));
+        let cols: Vec<u32> = (0..5).collect();
+        for (i, (row, &y)) in phi.iter().zip(&labels).enumerate() {
+            let x: Vec<f32> = row.iter().map(|&v| v as f32).collect();
+            // Every third sample also carries the next label; none of sample 0's columns is zero.
+            let set: Vec<u32> = if i % 3 == 0 { vec![y as u32, (y as u32 + 1) % 4] } else { vec![y as u32] };
+            dense.add(&x, &set);
+            sparse.add_sparse(&cols, &x, &set);
+        }
+        let msi = Msi { s: 1.0, t: -2.0 };
+        assert_eq!(dense.clone().finish(true, msi), sparse.finish(true, msi));
+        let (w, b) = dense.finish(false, msi);
+        assert!(b.is_empty() && w.iter().all(|v| v.is_finite()) && w.iter().any(|&v| v != 0.0));
+    }
+
+    #[test]
     fn output_layer_msi_without_bias_on_centred_features_scores_each_class_mean_s() {
         let (phi, labels, _, _) = layer_data(8, 0.0);
         // Centre exactly.
@@ -336,7 +385,7 @@ mod tests {
             x.push_row(&(0..d as u32).collect::<Vec<_>>(), &r);
             sets.push(&[y as u32]);
         }
-        let (w, _) = msi_output_layer(&x, &crate::data::LabelIndex::new(&sets), false, Msi { s: 1.0, t: -2.0 });
+        let (w, _) = msi_output_layer(&x, &sets, false, Msi { s: 1.0, t: -2.0 });
         for k in 0..4 {
             let (p, _) = mean_scores(&centred, &labels, k, &w[k * 5..(k + 1) * 5], 0.0);
             assert!((p - 1.0).abs() < 1e-4, "class {k}: {p}");

@@ -329,19 +329,17 @@ impl Trainer {
     fn init_msi(&mut self) -> Result<(), Error> {
         let start = Instant::now();
         let (train, batch) = (&self.data.train, self.config.eval.batch_size);
-        let mut phi = farout_data::SparseRows::new(self.layer.d_model());
+        let mut sums = farout_linear::init::OutputLayerMsi::new(train.labels.n_labels, self.layer.d_model());
         for start in (0..train.len()).step_by(batch) {
             let idx: Vec<usize> = (start..(start + batch).min(train.len())).collect();
-            let rows = farout_linear::data::dense_to_rows(&self.features(train, &idx));
-            for i in 0..rows.n_rows() {
-                let (c, v) = rows.row(i);
-                phi.push_row(c, v);
+            let phi = self.features(train, &idx);
+            for (row, &i) in phi.as_slice().chunks_exact(phi.cols().max(1)).zip(&idx) {
+                sums.add(row, train.labels.get(i));
             }
         }
-        let labels = farout_linear::LabelIndex::new(&train.labels);
         let cfg = &self.config.output.layer;
         let msi = farout_linear::Msi { s: cfg.msi_s as f64, t: cfg.msi_t as f64 };
-        let (w, b) = farout_linear::init::msi_output_layer(&phi, &labels, cfg.bias, msi);
+        let (w, b) = sums.finish(cfg.bias, msi);
         // This rank's rows of the K x D initialisation (all of them in one process).
         let (k, d) = (self.layer.n_classes(), self.layer.d_model());
         let first = self.shard.map_or(0, |s| s.first);
