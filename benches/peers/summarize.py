@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Markdown tables (one per data set) from run_bench.sh's JSONL: median [all] train wall seconds,
 train CPU seconds, P@1/3/5, nDCG@5, predict ms/sample, peak RSS, mean load average.
+--compact (tagging_race.sh): one table, a row per data set and tool: P@1/3/5 and train wall
+seconds (medians when a tool ran more than once, runs counted), mean load average.
 
-  python summarize.py /tmp/peers/results.jsonl
+  python summarize.py [--compact] /tmp/peers/results.jsonl
 """
 import json
 import statistics
@@ -10,7 +12,26 @@ import sys
 from collections import OrderedDict
 
 
-def main(path):
+def compact(groups):
+    print("\n| data | tool | P@1 | P@3 | P@5 | train s | runs | load avg |")
+    print("|---|---|---|---|---|---|---|---|")
+    for ds, rows in groups.items():
+        for (peer, feat), runs in rows.items():
+            name = peer if feat == "raw" else f"{peer} ({feat})"
+            res = [r["result"] for r in runs if r["result"]]
+            if not res:
+                print(f"| {ds} | {name} | failed (rc={[r['rc'] for r in runs]}) | | | | {len(runs)} | |")
+                continue
+            def med(k):
+                v = [x.get(k) for x in res if x.get(k) is not None]
+                return f"{statistics.median(v):.2f}" if v else "-"
+            load = [float(x["loadavg"]) for x in res if x.get("loadavg") is not None]
+            print(f"| {ds} | {name} | {med('p@1')} | {med('p@3')} | {med('p@5')} | {med('train_seconds')} | "
+                  f"{len(res)}{'' if len(res) == len(runs) else f' (+{len(runs) - len(res)} failed)'} | "
+                  f"{statistics.mean(load) if load else float('nan'):.1f} |")
+
+
+def main(path, brief=False):
     groups = OrderedDict()
     for line in open(path):
         line = line.strip()
@@ -19,6 +40,8 @@ def main(path):
         r = json.loads(line)
         ds, peer, feat = r["tag"].split("/")
         groups.setdefault(ds, OrderedDict()).setdefault((peer, feat), []).append(r)
+    if brief:
+        return compact(groups)
     for ds, rows in groups.items():
         print(f"\n### {ds}\n")
         print("| peer | features | train s median [runs] | train CPU s median | P@1 (median, range if runs differ) | P@3 | P@5 | nDCG@5 | predict ms/sample | peak RSS MB | load avg |")
@@ -46,9 +69,10 @@ def main(path):
                 m = f"{statistics.median(v):.2f}"
                 return m if max(v) - min(v) < 0.005 else f"{m} ({min(v):.2f}-{max(v):.2f})"
             print(f"| {peer} | {feat} | {tmed:.2f} [{', '.join(f'{t:.2f}' for t in ts)}]{extra} | "
-                  f"{statistics.median(cpu):.2f} | {f('p@1')} | {f('p@3')} | {f('p@5')} | {f('ndcg@5')} | "
+                  f"{f'{statistics.median(cpu):.2f}' if cpu else '-'} | {f('p@1')} | {f('p@3')} | {f('p@5')} | {f('ndcg@5')} | "
                   f"{'-' if pm is None else f'{pm:.4f}'} | {rss:.0f} | {load:.1f} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/peers/results.jsonl")
+    argv = [a for a in sys.argv[1:] if a != "--compact"]
+    main(argv[0] if argv else "/tmp/peers/results.jsonl", brief="--compact" in sys.argv[1:])

@@ -11,6 +11,17 @@ Peers:
   pecos      XR-Linear README recipe: PIFA label embedding -> Indexer.gen
              (hierarchicalkmeans, defaults) -> XLinearModel.train (defaults),
              predict with the default beam (10), only_topk=5.
+  fasttext-hs, fasttext-softmax
+             fastText supervised (pip fasttext-wheel, train_supervised), -loss hs or
+             -loss softmax, dim 100, 25 epochs, --threads threads, lr 0.5 (--ft-lr), the
+             other supervised defaults (minCount 1, wordNgrams 1, no subwords, hence bucket 0,
+             which fastText sets itself then); predict k = 5. lr 0.5 because the data README's
+             fastText 0.9.3 figures come back at lr 0.5 within 0.7 point and not at the
+             default 0.1 (Bibtex ova P@1/3/5 57.3 / 34.5 / 25.6 against 46.6 / 27.0 / 20.4).
+             Each document becomes a text line `__label__L1 __label__L2 ... fJ fJ ...`,
+             feature J written c_J times, c_J its count (see --ft-tokens); train_seconds covers
+             train_supervised only (it reads the text file), the conversion to text is
+             convert_seconds. Raw features only (not with --tfidf).
   liblinear  one-vs-all LIBLINEAR `-s 2 -B 1 -c 1 -e 0.01 -q` (L2-reg. squared
              hinge, primal), one binary problem per label, labels spread over
              --threads worker processes; predict = top-5 of all K decision values.
@@ -19,8 +30,17 @@ Peers:
 smoothed idf, the same formula as farout-data's `idf()`), fitted on train and
 applied to train and test, then every row scaled to unit L2 norm.
 
-train_cpu_seconds (omikuji, pecos) is this process's CPU time (all threads) during training;
+train_cpu_seconds (omikuji, pecos, fasttext) is this process's CPU time (all threads) during training;
 for liblinear train_cpu_seconds_summed is the sum of per-label CPU times in the workers.
+
+--ft-tokens (fastText): how a row's values become token counts.
+  auto       integral values (bibtex, delicious: all 1) are the counts; otherwise the values are
+             taken as farout's generator writes them (`farout data gen xmc`: 1 + ln(count), then
+             the row scaled to unit L2 norm) and inverted: c = round(exp(v / v_min - 1)), v_min
+             the row's smallest value, taken as a count of 1. If that leaves any value more than
+             0.01 from an integer count the row falls back to each feature once. The JSON
+             reports the choice (ft_tokens) and the rows that fell back.
+  binary     each feature once.
 
 Run each peer in its own process (--only X) when peak RSS matters: peak_rss_bytes
 is the high-water mark of this whole process (ru_maxrss), children reported apart.
@@ -202,6 +222,76 @@ def run_pecos(args, data, tmp):
                             depth=len(xlm.model.model_chain)))
 
 
+def _ft_counts(X, mode):
+    """Per-nonzero token counts (int array aligned with X.data) and a description of the choice."""
+    v = X.data.astype(np.float64)
+    if mode == "binary":
+        return np.ones(len(v), np.int64), "binary (each feature once)", 0
+    if len(v) == 0 or np.all(np.abs(v - np.round(v)) < 1e-6):
+        return np.maximum(np.round(v), 0).astype(np.int64), "counts (integral values)", 0
+    counts = np.ones(len(v), np.int64)
+    fallback = 0
+    for i in range(X.shape[0]):
+        s, e = X.indptr[i], X.indptr[i + 1]
+        if s == e:
+            continue
+        r = v[s:e]
+        vmin = r.min()
+        if vmin <= 0:
+            fallback += 1
+            continue
+        c = np.exp(r / vmin - 1.0)
+        if np.abs(c - np.round(c)).max() > 0.01:
+            fallback += 1
+            continue
+        counts[s:e] = np.round(c).astype(np.int64)
+    return counts, "inverted (1 + ln count) / L2 norm: c = round(exp(v / v_min - 1))", fallback
+
+
+def _ft_lines(X, Y, mode):
+    counts, how, fallback = _ft_counts(X, mode)
+    lines = []
+    for i in range(X.shape[0]):
+        s, e = X.indptr[i], X.indptr[i + 1]
+        toks = [] if Y is None else [f"__label__{l}" for l in Y.indices[Y.indptr[i]:Y.indptr[i + 1]]]
+        for j, c in zip(X.indices[s:e].tolist(), counts[s:e].tolist()):
+            toks.extend([f"f{j}"] * c)
+        lines.append(" ".join(toks))
+    return lines, how, fallback, int(counts.sum())
+
+
+def run_fasttext(args, data, tmp, loss):
+    import fasttext
+    from importlib.metadata import version
+    if args.tfidf:
+        raise SystemExit("fasttext peers read token counts; run them without --tfidf")
+    Xtr, Ytr, Xte, Yte = data
+    t0 = time.perf_counter()
+    tr_lines, how, fb_tr, ntok = _ft_lines(Xtr, Ytr, args.ft_tokens)
+    te_lines, _, fb_te, _ = _ft_lines(Xte, None, args.ft_tokens)
+    path = os.path.join(tmp, "fasttext_train.txt")
+    with open(path, "w") as f:
+        for l in tr_lines:
+            f.write(l + "\n")
+    convert_s = time.perf_counter() - t0
+    params = dict(loss=loss, dim=100, epoch=25, lr=args.ft_lr, minCount=1, wordNgrams=1, minn=0, maxn=0,
+                  bucket=0, thread=args.threads, verbose=0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = fasttext.train_supervised(input=path, **params)
+    train_s, train_cpu = time.perf_counter() - t0, time.process_time() - c0
+    mpath = os.path.join(tmp, "fasttext_model.bin")
+    model.save_model(mpath)
+    t0 = time.perf_counter()
+    labels, _ = model.predict(te_lines, k=5)
+    pred_s = time.perf_counter() - t0
+    preds = [[int(l[len("__label__"):]) for l in ls] for ls in labels]
+    return dict(version=version("fasttext-wheel"), train_seconds=train_s, train_cpu_seconds=round(train_cpu, 3),
+                convert_seconds=round(convert_s, 3), predict_s=pred_s, topk=preds, model_bytes=dir_bytes(mpath),
+                ft_tokens=how, ft_rows_fallback_binary=fb_tr + fb_te, ft_train_tokens=ntok,
+                ft_train_words=len(model.words), ft_labels_seen=len(model.labels), params=params,
+                predict_note="model.predict(list of test lines, k=5), 1 thread")
+
+
 # liblinear worker state (set in each forked worker)
 _LL = {}
 
@@ -309,7 +399,9 @@ def run_liblinear(args, data, tmp):
     return out
 
 
-PEERS = {"omikuji": run_omikuji, "pecos": run_pecos, "liblinear": run_liblinear}
+PEERS = {"omikuji": run_omikuji, "pecos": run_pecos, "liblinear": run_liblinear,
+         "fasttext-hs": lambda a, d, t: run_fasttext(a, d, t, "hs"),
+         "fasttext-softmax": lambda a, d, t: run_fasttext(a, d, t, "softmax")}
 
 
 def main():
@@ -322,6 +414,9 @@ def main():
     ap.add_argument("--ll-sample", type=int, default=0, help="liblinear: train only a random sample of labels")
     ap.add_argument("--ll-c", type=float, default=1.0)
     ap.add_argument("--ll-eps", type=float, default=0.01)
+    ap.add_argument("--ft-tokens", choices=("auto", "binary"), default="auto",
+                    help="fastText: values -> token counts (see above)")
+    ap.add_argument("--ft-lr", type=float, default=0.5, help="fastText learning rate")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tmp", default="/tmp/peers/tmp")
     ap.add_argument("--tag", default="", help="free text copied into the JSON")
