@@ -175,6 +175,12 @@ impl OutputLayerMsi {
         }
     }
 
+    /// ‖x̄‖, the norm of the mean of the rows added so far (without the bias coordinate).
+    pub fn mean_norm(&self) -> f64 {
+        let n = self.n.max(1) as f64;
+        self.total.iter().map(|t| (t / n) * (t / n)).sum::<f64>().sqrt()
+    }
+
     /// W (K × D, row-major) and the biases (empty without `bias`).
     pub fn finish(self, bias: bool, msi: Msi) -> (Vec<f32>, Vec<f32>) {
         use rayon::prelude::*;

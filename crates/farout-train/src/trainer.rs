@@ -330,14 +330,28 @@ impl Trainer {
         let start = Instant::now();
         let (train, batch) = (&self.data.train, self.config.eval.batch_size);
         let mut sums = farout_linear::init::OutputLayerMsi::new(train.labels.n_labels, self.layer.d_model());
+        let mut row_norms = 0.0f64;
         for start in (0..train.len()).step_by(batch) {
             let idx: Vec<usize> = (start..(start + batch).min(train.len())).collect();
             let phi = self.features(train, &idx);
             for (row, &i) in phi.as_slice().chunks_exact(phi.cols().max(1)).zip(&idx) {
                 sums.add(row, train.labels.get(i));
+                row_norms += farout_core::kernels::norm(row) as f64;
             }
         }
         let cfg = &self.config.output.layer;
+        // Without a bias only x̄ can score msi_t: a small x̄ takes a large multiple of it.
+        let mean_row_norm = row_norms / train.len().max(1) as f64;
+        if !cfg.bias && cfg.msi_t != 0.0 && sums.mean_norm() < 0.1 * mean_row_norm {
+            log::warn!(
+                "output.layer.init = \"msi\" without a bias: the mean of the training features has norm {:.3} \
+                 against {:.3} for a row, so scoring it msi_t = {} puts a large multiple of it into every row of W; \
+                 msi_t = 0.0 (or output.layer.bias = true) avoids that",
+                sums.mean_norm(),
+                mean_row_norm,
+                cfg.msi_t
+            );
+        }
         let msi = farout_linear::Msi { s: cfg.msi_s as f64, t: cfg.msi_t as f64 };
         let (w, b) = sums.finish(cfg.bias, msi);
         // This rank's rows of the K x D initialisation (all of them in one process).
