@@ -22,7 +22,7 @@ pub struct OutputLayerConfig {
     pub init_std: f32,
     /// How W and the bias start: `normal` (N(0, init_std²), zero bias) or `msi`, the
     /// mean-separating initialisation from one pass over the training features (the trainer
-    /// computes it; see `farout_linear::init::msi_output_layer`).
+    /// computes it; see `farout_linear::init::OutputLayerMsi`).
     pub init: LayerInit,
     /// MSI: score asked of each class's mean feature vector.
     pub msi_s: f32,

@@ -365,7 +365,7 @@ mod tests {
         let cols: Vec<u32> = (0..5).collect();
         for (i, (row, &y)) in phi.iter().zip(&labels).enumerate() {
             let x: Vec<f32> = row.iter().map(|&v| v as f32).collect();
-            // Every third sample also carries the next label; none of sample 0's columns is zero.
+            // Every third sample also carries the next label.
             let set: Vec<u32> = if i % 3 == 0 { vec![y as u32, (y as u32 + 1) % 4] } else { vec![y as u32] };
             dense.add(&x, &set);
             sparse.add_sparse(&cols, &x, &set);
