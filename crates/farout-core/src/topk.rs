@@ -1,6 +1,7 @@
 //! Top-k selection of scores.
 
 use crate::{ClassId, kernels};
+use std::cmp::Ordering;
 
 /// A scored class.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -165,15 +166,25 @@ pub fn select_best(parts: &[(&[f32], &[ClassId])], n: usize, sample: &mut Vec<f3
     match sampled_threshold(parts.iter().map(|(s, _)| *s), total, n, sample) {
         None => keep_all(out),
         Some(threshold) => {
+            // Scores above the threshold are kept; those equal to it are only counted, so that
+            // a mass of ties (rows that are all equal, e.g. untrained) never fills `out`.
+            let mut ties = 0usize;
             for (scores, classes) in parts {
                 for (&class, &score) in classes.iter().zip(scores.iter()) {
                     if score >= threshold {
-                        out.push(Hit { class, score });
+                        // In `by_score`'s order (total_cmp: -0 below +0).
+                        match score.total_cmp(&threshold) {
+                            Ordering::Greater => out.push(Hit { class, score }),
+                            Ordering::Equal => ties += 1,
+                            Ordering::Less => {}
+                        }
                     }
                 }
             }
-            if out.len() < n {
+            if out.len() + ties < n {
                 keep_all(out);
+            } else if out.len() < n {
+                push_lowest_ties(parts, threshold, n - out.len(), out);
             }
         }
     }
@@ -181,6 +192,23 @@ pub fn select_best(parts: &[(&[f32], &[ClassId])], n: usize, sample: &mut Vec<f3
         out.select_nth_unstable_by(n, by_score);
         out.truncate(n);
     }
+}
+
+/// Appends to `out` the `need` lowest classes among those scoring exactly `threshold` (ties at
+/// the cut go to the lower class), holding at most `need` of them at a time.
+fn push_lowest_ties(parts: &[(&[f32], &[ClassId])], threshold: f32, need: usize, out: &mut Vec<Hit>) {
+    let mut lowest = std::collections::BinaryHeap::with_capacity(need + 1);
+    for (scores, classes) in parts {
+        for (&class, &score) in classes.iter().zip(scores.iter()) {
+            if score.to_bits() == threshold.to_bits() && (lowest.len() < need || lowest.peek().is_some_and(|&top| class < top)) {
+                lowest.push(class);
+                if lowest.len() > need {
+                    lowest.pop();
+                }
+            }
+        }
+    }
+    out.extend(lowest.into_iter().map(|class| Hit { class, score: threshold }));
 }
 
 /// A threshold about `1.25 n + 8` of the `total` scores in `parts` reach, read off a strided
@@ -314,6 +342,23 @@ mod tests {
             select_best(&refs, n, &mut sample, &mut out);
             out.sort_unstable_by(by_score);
             assert_eq!(out, best_by_sorting(&data, n), "case {case}");
+        }
+    }
+
+    /// Equal scores everywhere (an untrained layer): the lowest classes, and `out` never holds
+    /// more than a few times `n` (it used to grow to every candidate).
+    #[test]
+    fn select_best_on_ties_keeps_the_lowest_classes_and_little_memory() {
+        let (mut sample, mut out) = (Vec::new(), Vec::new());
+        // All +0, all -0, and parts of +0 and of -0 (-0 ranks below +0).
+        for zeros in [[0.0f32, 0.0], [-0.0, -0.0], [0.0, -0.0]] {
+            let data: Vec<(Vec<f32>, Vec<ClassId>)> =
+                (0..8).map(|p| (vec![zeros[p as usize % 2]; 10_000], (0..10_000).map(|i| i * 8 + p).collect())).collect();
+            let refs: Vec<(&[f32], &[ClassId])> = data.iter().map(|(s, c)| (&s[..], &c[..])).collect();
+            select_best(&refs, 500, &mut sample, &mut out);
+            assert!(out.capacity() <= 4 * 500, "capacity {}", out.capacity());
+            out.sort_unstable_by(by_score);
+            assert_eq!(out, best_by_sorting(&data, 500));
         }
     }
 
