@@ -200,7 +200,9 @@ fn push_lowest_ties(parts: &[(&[f32], &[ClassId])], threshold: f32, need: usize,
     let mut lowest = std::collections::BinaryHeap::with_capacity(need + 1);
     for (scores, classes) in parts {
         for (&class, &score) in classes.iter().zip(scores.iter()) {
-            if score.to_bits() == threshold.to_bits() && (lowest.len() < need || lowest.peek().is_some_and(|&top| class < top)) {
+            if score.to_bits() == threshold.to_bits()
+                && (lowest.len() < need || lowest.peek().is_some_and(|&top| class < top))
+            {
                 lowest.push(class);
                 if lowest.len() > need {
                     lowest.pop();
@@ -352,8 +354,9 @@ mod tests {
         let (mut sample, mut out) = (Vec::new(), Vec::new());
         // All +0, all -0, and parts of +0 and of -0 (-0 ranks below +0).
         for zeros in [[0.0f32, 0.0], [-0.0, -0.0], [0.0, -0.0]] {
-            let data: Vec<(Vec<f32>, Vec<ClassId>)> =
-                (0..8).map(|p| (vec![zeros[p as usize % 2]; 10_000], (0..10_000).map(|i| i * 8 + p).collect())).collect();
+            let data: Vec<(Vec<f32>, Vec<ClassId>)> = (0..8)
+                .map(|p| (vec![zeros[p as usize % 2]; 10_000], (0..10_000).map(|i| i * 8 + p).collect()))
+                .collect();
             let refs: Vec<(&[f32], &[ClassId])> = data.iter().map(|(s, c)| (&s[..], &c[..])).collect();
             select_best(&refs, 500, &mut sample, &mut out);
             assert!(out.capacity() <= 4 * 500, "capacity {}", out.capacity());

@@ -215,7 +215,12 @@ impl OutputLayerMsi {
 }
 
 /// [`OutputLayerMsi`] over every row of `phi` and its labels.
-pub fn msi_output_layer(phi: &SparseRows, labels: &farout_data::LabelSets, bias: bool, msi: Msi) -> (Vec<f32>, Vec<f32>) {
+pub fn msi_output_layer(
+    phi: &SparseRows,
+    labels: &farout_data::LabelSets,
+    bias: bool,
+    msi: Msi,
+) -> (Vec<f32>, Vec<f32>) {
     let mut sums = OutputLayerMsi::new(labels.n_labels, phi.n_cols);
     for i in 0..phi.n_rows() {
         let (cols, vals) = phi.row(i);
