@@ -11,6 +11,7 @@
 # (copied out of the target dir so that concurrent edits/rebuilds don't change it mid-run).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/record.sh"
 VENV=${VENV:-/tmp/peers/venv}
 DISMEC=${DISMEC:-/tmp/peers/dismec}
 REPS=${REPS:-3}
@@ -30,24 +31,7 @@ run() {
   local to=(); [ -n "${TIMEOUT:-}" ] && to=(timeout "$TIMEOUT")
   /usr/bin/time -f '%e %M' -o "$log.time" "${to[@]}" "$@" > "$log.out" 2> "$log.err"
   local rc=$?
-  local json; json=$(grep '^{' "$log.out" | tail -1)
-  read -r wall maxrss_kb < <(tail -1 "$log.time")
-  [ -z "$json" ] && json=null
-  {
-    echo "### $tag rep $rep  (rc=$rc, $(date -u +%FT%TZ))"
-    echo "uptime before: $up"
-    echo '```'
-    echo "$*"
-    echo '```'
-    echo '```json'
-    echo "$json"
-    echo '```'
-    echo "process wall ${wall}s, max RSS ${maxrss_kb} KB (/usr/bin/time); uptime after: $(uptime)"
-    echo
-  } >> "$OUT_MD"
-  printf '{"tag":"%s","rep":%s,"rc":%s,"proc_wall_s":%s,"time_maxrss_kb":%s,"result":%s}\n' \
-    "$tag" "$rep" "$rc" "${wall:-null}" "${maxrss_kb:-null}" "$json" >> "$OUT_JSONL"
-  echo "$tag rep $rep rc=$rc wall=${wall}s" >&2
+  record "$tag" "$rep" "$rc" "$log" "$up" "$(grep '^{' "$log.out" | tail -1)" "$@"
 }
 
 for rep in $(seq 1 "$REPS"); do

@@ -26,6 +26,7 @@
 # rc 124). No cargo: build the release binary beforehand.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/record.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
 VENV=${VENV:-/tmp/tag-venv}
 THREADS=${THREADS:-2}
@@ -79,24 +80,8 @@ EOF
   else
     json=$(grep '^{' "$log.out" | tail -1)
   fi
-  local wall maxrss_kb
-  read -r wall maxrss_kb < <(tail -1 "$log.time")
-  [ -z "$json" ] && json=null
-  {
-    echo "### $tag  (rc=$rc, $(date -u +%FT%TZ))"
-    echo "uptime before: $up"
-    echo '```'
-    echo "$*"
-    echo '```'
-    echo '```json'
-    echo "$json"
-    echo '```'
-    echo "process wall ${wall}s, max RSS ${maxrss_kb} KB (/usr/bin/time); uptime after: $(uptime)"
-    echo
-  } >> "$OUT_MD"
-  printf '{"tag":"%s","rep":1,"rc":%s,"proc_wall_s":%s,"time_maxrss_kb":%s,"uptime_before":"%s","result":%s}\n' \
-    "$tag" "$rc" "${wall:-null}" "${maxrss_kb:-null}" "$up" "$json" >> "$OUT_JSONL"
-  echo "$tag rc=$rc wall=${wall}s $(echo "$json" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()) or {}; print("P@1/3/5", r.get("p@1"), r.get("p@3"), r.get("p@5"), "train s", r.get("train_seconds"))' 2>/dev/null)" >&2
+  record "$tag" 1 "$rc" "$log" "$up" "$json" "$@"
+  echo "$json" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read() or "null") or {}; print("  P@1/3/5", r.get("p@1"), r.get("p@3"), r.get("p@5"), "train s", r.get("train_seconds"))' >&2 2>/dev/null
 }
 
 for ds in "$@"; do
