@@ -30,6 +30,10 @@ pub enum BenchCommand {
         /// Timed steps.
         #[arg(long, default_value_t = 10)]
         steps: usize,
+        /// Visit the classes this many at a time (`output.class_chunk`; softmax on the
+        /// class-sharded layer, also on one rank); 0 = all at once.
+        #[arg(long, default_value_t = 0)]
+        class_chunk: usize,
         /// Print JSON (the only output format; kept for scripts that pass it).
         #[arg(long)]
         json: bool,
@@ -224,12 +228,12 @@ pub fn run(cmd: BenchCommand, comm: &dyn Collective) -> Result<()> {
                 .collect::<Result<Vec<farout_linear::InitKind>>>()?;
             crate::emit(format!("{:#}", bench::bench_linear(&bench::LinearBench { config, inits, repeats })?))?;
         }
-        BenchCommand::Layer { estimator, k, d, batch, steps, json: _ } => {
+        BenchCommand::Layer { estimator, k, d, batch, steps, class_chunk, json: _ } => {
             // W, its optimiser state, the reference product's copy of it, and the scores.
             let scores = resources::array_bytes(&[k as u64, batch as u64], 4);
             check_classes(k, d, 3, scores, "--k, --d or --batch")?;
-            let b = LayerBench { estimator, k, d, batch, steps };
-            if comm.size() > 1 {
+            let b = LayerBench { estimator, k, d, batch, steps, class_chunk };
+            if comm.size() > 1 || class_chunk > 0 {
                 let json = bench::bench_layer_sharded(&b, comm)?;
                 if comm.is_root() {
                     crate::emit(json)?;

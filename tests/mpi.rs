@@ -208,11 +208,27 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
 
 #[test]
 fn a_class_sharded_softmax_layer_steps_like_one_process() {
-    let bench = |ranks: usize, estimator: &str| {
-        let args =
-            ["bench", "layer", "--estimator", estimator, "--k", "20000", "--d", "48", "--batch", "64", "--steps", "50"];
+    let bench_chunked = |ranks: usize, estimator: &str, class_chunk: usize| {
+        let chunk = class_chunk.to_string();
+        let args = [
+            "bench",
+            "layer",
+            "--estimator",
+            estimator,
+            "--k",
+            "20000",
+            "--d",
+            "48",
+            "--batch",
+            "64",
+            "--steps",
+            "50",
+            "--class-chunk",
+            &chunk,
+        ];
         mpirun(ranks, &args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     };
+    let bench = |ranks: usize, estimator: &str| bench_chunked(ranks, estimator, 0);
     let losses = |o: &Output| -> Vec<f64> {
         json(o)["losses"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect()
     };
@@ -220,13 +236,16 @@ fn a_class_sharded_softmax_layer_steps_like_one_process() {
     let one = losses(&bench(1, "softmax"));
     assert_eq!(one.len(), 50);
     assert!(one[49] < 0.9 * one[0], "the loss falls: {one:?}");
-    for ranks in [2, 4] {
-        let out = bench(ranks, "softmax");
+    // The classes visited 3,000 at a time (a size that divides no shard), on 1, 2 and 4 ranks.
+    let chunked = [(1, 3000), (2, 0), (2, 3000), (4, 0), (4, 3000)];
+    for (ranks, chunk) in chunked {
+        let out = bench_chunked(ranks, "softmax", chunk);
         let j = json(&out);
+        assert_eq!(j["class_chunk"], chunk, "{j}");
         assert_eq!((j["ranks"].as_u64(), j["sharded"].as_bool()), (Some(ranks as u64), Some(true)), "{j}");
         assert_eq!(j["rows_of_rank_0"], 20000 / ranks, "{j}");
         for (step, (a, b)) in losses(&out).iter().zip(&one).enumerate() {
-            assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, step {step}: {a} against {b}");
+            assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, chunk {chunk}, step {step}: {a} against {b}");
         }
     }
     let o = bench(2, "margin");

@@ -202,6 +202,48 @@ fn bench_layer_prints_the_documented_fields() {
     }
 }
 
+/// (step, train/loss) of every step a run logged under `dir`.
+fn step_losses(dir: &std::path::Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("log/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| Some((v["step"].as_u64()?, v["train/loss"].as_f64()?)))
+        .collect()
+}
+
+/// `output.class_chunk` in one process: exact softmax over the classes 70 at a time trains like
+/// all at once, step for step; with another estimator it is an error naming the estimator key.
+#[test]
+fn class_chunked_softmax_trains_like_the_whole_layer() {
+    let run = |chunk: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let q = quiet_in(dir.path());
+        let chunk = format!("output.class_chunk={chunk}");
+        let args: Vec<&str> = ["train", "configs/quickstart.toml"]
+            .into_iter()
+            .chain(TINY_FACE)
+            .chain(["--set", "train.log_every=1", "--set", &chunk])
+            .chain(q.iter().map(String::as_str))
+            .collect();
+        let s = summary(&farout(&args));
+        (s, step_losses(dir.path()))
+    };
+    let (whole, whole_losses) = run(0);
+    let (chunked, chunked_losses) = run(70);
+    assert!(whole_losses.len() > 10, "{whole_losses:?}");
+    assert_eq!(whole_losses.len(), chunked_losses.len());
+    for ((step, a), (_, b)) in chunked_losses.iter().zip(&whole_losses) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "step {step}: {a} against {b}");
+    }
+    let p1 = |s: &serde_json::Value| s["metrics"]["p@1"].as_f64().unwrap();
+    assert!((p1(&chunked) - p1(&whole)).abs() <= 0.002, "{chunked} against {whole}");
+    let o = farout(&["train", "configs/face-synthetic-margin.toml", "--set", "output.class_chunk=1000"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("output.estimator") && err.contains("output.class_chunk = 1000"), "{err}");
+}
+
 /// `bench search --export` writes the vectors it searched; `--vectors/--query-vectors` on them
 /// searches the same problem (the same recall and sizes), and mismatched files are refused.
 #[test]
@@ -258,11 +300,12 @@ fn bench_estimator_measures_the_distance_to_the_exact_gradient() {
 
 /// A small clustered face task for the search estimators: 500 classes in 25 mean clusters,
 /// 32-d, top 25 retrieved, 20 warm-up steps of sampled softmax, 3 epochs.
-const SMALL_CLUSTERED_SEARCH: [&str; 11] = [
+const SMALL_CLUSTERED_SEARCH: [&str; 12] = [
     "data.face.n_classes=500",
     "data.face.n_samples=10000",
     "data.face.dim=32",
     "data.face.noise=0.7",
+    "data.face.intrinsic_dim=0",
     "data.face.mean_clusters=25",
     "output.top=25",
     "output.warmup_samples=25",

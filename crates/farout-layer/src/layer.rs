@@ -464,45 +464,98 @@ impl OutputLayer {
 
     /// All rows change: `dW = G^T Phi` by one matrix product.
     fn update_dense(&mut self, phi: &Matrix) -> usize {
-        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
-        let g = self.grads.dense.as_slice();
+        let g = std::mem::take(&mut self.grads.dense);
+        self.update_rows_dense(0..self.n_classes(), g.as_slice(), phi);
+        self.grads.dense = g;
+        self.n_classes()
+    }
+
+    /// Applies the dense gradients `g` (`[B, rows.len()]`, row-major) of the classes `rows` to
+    /// their rows of W and bias with the optimiser: `dW = g^T Phi` by one matrix product (fused
+    /// into W for SGD, through a `rows.len() x D` temporary for AdaGrad).
+    fn update_rows_dense(&mut self, rows: std::ops::Range<usize>, g: &[f32], phi: &Matrix) {
+        let (b, k, d) = (phi.rows(), rows.len(), self.d_model());
+        debug_assert_eq!(g.len(), b * k);
         if let Some(bias) = &mut self.bias {
             let mut gb = vec![0.0f32; k];
             for row in g.chunks_exact(k) {
                 kernels::axpy(1.0, row, &mut gb);
             }
             let rule = self.opt_b.rule();
-            rule.apply_scalars(bias, self.opt_b.accum_mut(), &gb);
+            let acc = self.opt_b.accum_mut(); // empty for SGD
+            let acc = if acc.is_empty() { acc } else { &mut acc[rows.clone()] };
+            rule.apply_scalars(&mut bias[rows.clone()], acc, &gb);
         }
+        let w = &mut self.w.as_mut_slice()[rows.start * d..rows.end * d];
         if self.opt_w.is_adaptive() {
             self.dw.reshape_for_overwrite(k, d);
             gemm::gemm(self.dw.as_mut_slice(), k, d, 0.0, 1.0, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
             let rule = self.opt_w.rule();
-            let acc = self.opt_w.accum_mut();
-            self.w
-                .as_mut_slice()
-                .par_chunks_mut(d)
+            let acc = &mut self.opt_w.accum_mut()[rows.start * d..rows.end * d];
+            w.par_chunks_mut(d)
                 .zip(acc.par_chunks_mut(d))
                 .zip(self.dw.as_slice().par_chunks(d))
                 .for_each(|((row, a), grad)| rule.apply(row, a, grad));
         } else {
             // Fused: W <- (1 - lr l2) W - lr G^T Phi, no K x D temporary.
             let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else { unreachable!("non-adaptive rule is SGD") };
-            gemm::gemm(
-                self.w.as_mut_slice(),
-                k,
-                d,
-                1.0 - lr * l2,
-                -lr,
-                g,
-                (b, k),
-                Op::T,
-                phi.as_slice(),
-                (b, d),
-                Op::N,
-            );
+            gemm::gemm(w, k, d, 1.0 - lr * l2, -lr, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
         }
-        k
+    }
+
+    /// A dense step that visits the classes `chunk` at a time, so that the class gradients never
+    /// take more than `B x chunk` numbers (against `B x K` for [`Self::train_step_with`]):
+    /// `scores(rows, z)` is called on every range of classes first (to gather what the
+    /// gradients need, for instance softmax normalisers), then `between()`, then
+    /// `gradient(rows, z)` on every range again with the scores recomputed, turning them into
+    /// the class gradients in place; each range then adds `g W_rows` to `dL/dphi` (W before
+    /// its update, when `want_dphi`) and updates its rows. That is one more score product than
+    /// [`Self::train_step_with`] (4 instead of 3) for memory linear in `chunk`, not in K.
+    /// Returns the rows updated (all).
+    pub fn train_dense_in_passes<E>(
+        &mut self,
+        phi: &Matrix,
+        chunk: usize,
+        want_dphi: bool,
+        mut scores: impl FnMut(std::ops::Range<usize>, &[f32]),
+        between: impl FnOnce() -> Result<(), E>,
+        mut gradient: impl FnMut(std::ops::Range<usize>, &mut [f32]),
+    ) -> Result<usize, E> {
+        let (b, k, d) = (phi.rows(), self.n_classes(), self.d_model());
+        let chunk = chunk.clamp(1, k.max(1));
+        let ranges = || (0..k).step_by(chunk).map(move |start| start..(start + chunk).min(k));
+        let mut z = Vec::new();
+        let score_rows = |w: &Matrix, bias: Option<&[f32]>, rows: std::ops::Range<usize>, z: &mut Vec<f32>| {
+            let n = rows.len();
+            z.resize(b * n, 0.0);
+            gemm::scores(phi.as_slice(), b, &w.as_slice()[rows.start * d..rows.end * d], n, d, z);
+            if let Some(bias) = bias {
+                let bias = &bias[rows];
+                z.par_chunks_mut(n).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, c)| *v += c));
+            }
+        };
+        for rows in ranges() {
+            score_rows(&self.w, self.bias.as_deref(), rows.clone(), &mut z);
+            scores(rows, &z);
+        }
+        between()?;
+        if want_dphi {
+            self.dphi.reshape_for_overwrite(b, d);
+            self.dphi.as_mut_slice().fill(0.0);
+        }
+        for rows in ranges() {
+            score_rows(&self.w, self.bias.as_deref(), rows.clone(), &mut z);
+            gradient(rows.clone(), &mut z);
+            if want_dphi {
+                let (n, w) = (rows.len(), &self.w.as_slice()[rows.start * d..rows.end * d]);
+                gemm::gemm(self.dphi.as_mut_slice(), b, d, 1.0, 1.0, &z, (b, n), Op::N, w, (n, d), Op::N);
+            }
+            self.update_rows_dense(rows, &z, phi);
+        }
+        self.after_update(None);
+        self.opt_w.advance();
+        self.opt_b.advance();
+        Ok(k)
     }
 
     /// The backward pass of sparse class gradients, class by class. The `(class, sample, g)`

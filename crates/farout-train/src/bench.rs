@@ -90,6 +90,8 @@ pub struct LayerBench {
     pub batch: usize,
     /// Timed steps.
     pub steps: usize,
+    /// Classes per pass of the class-sharded softmax (0 = all at once).
+    pub class_chunk: usize,
 }
 
 /// What `bench layer` steps on, the same with one process and with several ranks (so that their
@@ -128,7 +130,7 @@ impl LayerBench {
 /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates) against
 /// a plain matrix product of the same shape measured in the same run.
 pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
-    let LayerBench { ref estimator, k, d, batch, steps } = *b;
+    let LayerBench { ref estimator, k, d, batch, steps, .. } = *b;
     let LayerProblem { layer, optimizer, phi, labels, mut rng } = b.problem()?;
     let config = estimator_config(estimator, &[])?;
     let no_counts = Vec::new;
@@ -188,7 +190,7 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
 /// slowest rank's time, its time in collectives, the bytes each rank sends per step and the
 /// largest peak memory of a rank.
 pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Value, Error> {
-    let LayerBench { ref estimator, k, d, batch, steps } = *b;
+    let LayerBench { ref estimator, k, d, batch, steps, class_chunk } = *b;
     let LayerProblem { layer, optimizer, phi, labels, .. } = b.problem()?;
     if estimator != "softmax" {
         return Err(option(
@@ -199,13 +201,13 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
     let (rank, ranks) = (comm.rank(), comm.size());
     let mut layer = ShardedLayer::new(k, rank, ranks, d, &layer, &optimizer, 1)?;
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
-    layer.softmax_step(comm, &phi, &positives, true)?; // warm-up: buffers, thread pool
+    layer.softmax_step(comm, &phi, &positives, true, class_chunk)?; // warm-up: buffers, thread pool
     layer.take_comm_seconds();
     comm.barrier()?;
     let t = Instant::now();
     let mut losses = Vec::with_capacity(steps);
     for _ in 0..steps {
-        losses.push(layer.softmax_step(comm, &phi, &positives, true)?.loss_sum / batch as f64);
+        losses.push(layer.softmax_step(comm, &phi, &positives, true, class_chunk)?.loss_sum / batch as f64);
     }
     let mut slowest =
         [t.elapsed().as_secs_f64(), layer.take_comm_seconds(), crate::trainer::peak_rss_bytes().unwrap_or(0) as f64];
@@ -220,6 +222,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         "d": d,
         "batch": batch,
         "steps": steps,
+        "class_chunk": class_chunk,
         "ranks": ranks,
         "rows_of_rank_0": rows,
         "threads_per_rank": rayon::current_num_threads(),

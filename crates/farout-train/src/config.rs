@@ -190,11 +190,16 @@ pub struct OutputConfig {
     /// Optimiser of W's rows and the bias.
     #[serde(default)]
     pub optimizer: OptimizerConfig,
+    /// Exact softmax on frozen face features: visit the classes this many at a time (0 = all at
+    /// once). The class gradients then take `batch x class_chunk` numbers instead of
+    /// `batch x K` (per MPI rank: `K / P`), for one more score product per step.
+    #[serde(default)]
+    pub class_chunk: usize,
 }
 
 impl OutputConfig {
     /// Keys of `[output]` that belong to the section, not to the estimator.
-    const OWN_KEYS: [&'static str; 4] = ["warmup_steps", "warmup_samples", "layer", "optimizer"];
+    const OWN_KEYS: [&'static str; 5] = ["warmup_steps", "warmup_samples", "layer", "optimizer", "class_chunk"];
 }
 
 /// `[train]`.

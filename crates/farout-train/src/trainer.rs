@@ -159,16 +159,22 @@ fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
     Ok((-steps[1] as u64, steps[0] as u64))
 }
 
-/// Whether `config` can train with its output layer split over ranks, and if not the key that
-/// says why.
+/// Whether `config` can train with its output layer split over ranks (or, on one rank, with
+/// `output.class_chunk` set), and if not the key that says why.
 fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
     let why = |key: &str, msg: String| Err(Error::Key(ConfigError::key(key, msg)));
+    let on = if ranks > 1 {
+        format!("on {ranks} MPI ranks")
+    } else {
+        format!("with output.class_chunk = {}", config.output.class_chunk)
+    };
     if config.model.encoder != EncoderKind::FaceHead {
         return why(
             "model.encoder",
             format!(
-                "on {ranks} MPI ranks the output layer is split over the ranks and the encoder must be the \
-                 frozen face head (\"face_head\"); the document encoder trains in one process"
+                "{on} the output layer trains by the class-sharded softmax, and the encoder must be the \
+                 frozen face head (\"face_head\"); the document encoder trains in one process with \
+                 output.class_chunk = 0"
             ),
         );
     }
@@ -176,14 +182,14 @@ fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
         return why(
             "output.estimator",
             format!(
-                "on {ranks} MPI ranks the class-sharded layer trains the exact \"softmax\"; found {:?}, which \
-                 trains in one process",
+                "{on} the class-sharded layer trains the exact \"softmax\"; found {:?}, which trains in one \
+                 process with output.class_chunk = 0",
                 config.output.estimator.name()
             ),
         );
     }
     if config.output.warmup_steps > 0 {
-        return why("output.warmup_steps", format!("must be 0 on {ranks} MPI ranks"));
+        return why("output.warmup_steps", format!("must be 0 {on}"));
     }
     Ok(())
 }
@@ -242,7 +248,7 @@ impl Trainer {
     /// [`Trainer::new`] as one of the ranks of `comm`: with several ranks, each holds an even
     /// share of the output layer's classes (see [`farout_layer::sharded`]).
     pub fn new_on(config: Config, comm: &dyn Collective) -> Result<Self, Error> {
-        if comm.size() > 1 {
+        if comm.size() > 1 || config.output.class_chunk > 0 {
             check_shardable(&config, comm.size())?;
         }
         let mut data = data::load(&config)?;
@@ -582,13 +588,14 @@ impl Trainer {
     fn train_batch(&mut self, idx: &[usize], comm: &dyn Collective) -> Result<StepResult, Error> {
         let t0 = Instant::now();
         let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
-        if let Some(shard) = self.shard {
+        let class_chunk = self.config.output.class_chunk;
+        if self.shard.is_some() || class_chunk > 0 {
             // Checked by `check_shardable`: frozen face features and exact softmax.
             let Features::Dense(m) = &self.data.train.features else { unreachable!("face features are dense") };
             gather_rows_into(m, idx, &mut self.phi);
-            let k = self.data.n_classes;
+            let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
             let (stats, _) =
-                sharded::softmax_step(&mut self.layer, shard.first, k, comm, &self.phi, &positives, false)?;
+                sharded::softmax_step(&mut self.layer, first, k, comm, &self.phi, &positives, false, class_chunk)?;
             return self.step_result(idx, stats, t0);
         }
         let mut step_rng = rng::seeded(self.config.seed ^ 0xE57, self.state.step);
