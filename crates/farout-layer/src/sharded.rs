@@ -219,10 +219,10 @@ fn softmax_step_in_passes(
 ) -> Result<(StepStats, f64), DistError> {
     let b = phi.rows();
     // The positives of a row among the local classes `rows`, as offsets into that chunk.
-    let in_chunk = |pos: &[ClassId], rows: &Range<usize>| {
+    fn in_chunk<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
         let (start, n) = (first + rows.start, rows.len());
-        pos.iter().filter_map(move |&p| (p as usize).checked_sub(start).filter(|&l| l < n)).collect::<Vec<_>>()
-    };
+        pos.iter().filter_map(move |&p| (p as usize).checked_sub(start).filter(|&l| l < n))
+    }
     let local = RefCell::new(vec![(f32::NEG_INFINITY, 0f64, 0f64); b]);
     let all = RefCell::new(None::<Normalisers>);
     let (mut comm_seconds, mut loss_sum) = (0.0, 0.0);
@@ -234,7 +234,7 @@ fn softmax_step_in_passes(
             let n = rows.len();
             let mut local = local.borrow_mut();
             z.par_chunks(n).zip(local.par_iter_mut()).zip(positives.par_iter()).for_each(|((row, (m, e, s)), pos)| {
-                *s += in_chunk(pos, &rows).into_iter().map(|l| f64::from(row[l])).sum::<f64>();
+                *s += in_chunk(pos, first, &rows).map(|l| f64::from(row[l])).sum::<f64>();
                 let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 if chunk_max > *m {
                     // Rescale the sum so far to the new max (0 before any finite score).
@@ -269,7 +269,7 @@ fn softmax_step_in_passes(
                 }
                 let (max, scale) = (all.max[i], (pos.len() as f64 / all.exp_sum(i)) as f32);
                 row.iter_mut().for_each(|v| *v = (*v - max).exp() * scale);
-                for l in in_chunk(pos, &rows) {
+                for l in in_chunk(pos, first, &rows) {
                     row[l] -= 1.0;
                 }
             });
