@@ -22,6 +22,7 @@ pub mod resources;
 pub mod rng;
 mod sparse;
 pub mod topk;
+pub mod vexp;
 
 pub use alias::AliasTable;
 pub use matrix::Matrix;

@@ -1,5 +1,5 @@
 use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
-use farout_core::ClassId;
+use farout_core::{ClassId, vexp};
 
 /// A loss `L(z, P)` of a score vector `z` and a set of positive positions `P`.
 ///
@@ -58,12 +58,8 @@ impl Loss for Softmax {
             return 0.0;
         }
         let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0.0f64;
-        for (g, &v) in grad.iter_mut().zip(z) {
-            let e = (v - max).exp();
-            *g = e;
-            sum += e as f64;
-        }
+        grad.copy_from_slice(z);
+        let sum = vexp::exp_shifted(grad, max);
         let n_pos = positives.len() as f32;
         let scale = n_pos / sum as f32;
         for g in grad.iter_mut() {
@@ -90,12 +86,7 @@ impl Loss for Softmax {
         }
         let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let pos_score_sum: f64 = positives.iter().map(|&p| z[p as usize] as f64).sum();
-        let mut sum = 0.0f64;
-        for v in z.iter_mut() {
-            let e = (*v - max).exp();
-            *v = e;
-            sum += e as f64;
-        }
+        let sum = vexp::exp_shifted(z, max);
         let scale = positives.len() as f32 / sum as f32;
         for v in z.iter_mut() {
             *v *= scale;

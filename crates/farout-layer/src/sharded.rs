@@ -25,7 +25,7 @@
 
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::{Hit, by_score, top_k};
-use farout_core::{ClassId, Matrix};
+use farout_core::{ClassId, Matrix, vexp};
 use farout_dist::{Collective, DistError, Shards};
 use farout_estimators::{Batch, BatchEstimate};
 use rayon::prelude::*;
@@ -162,12 +162,7 @@ pub fn softmax_step(
             |((row, (m, e, s)), pos)| {
                 *s = pos.iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
                 *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f64;
-                row.iter_mut().for_each(|v| {
-                    *v = (*v - *m).exp();
-                    sum += f64::from(*v);
-                });
-                *e = sum;
+                *e = vexp::exp_shifted(row, *m);
             },
         );
         let t = Instant::now();
@@ -200,6 +195,11 @@ pub fn softmax_step(
         comm_seconds += t.elapsed().as_secs_f64();
     }
     Ok((stats, comm_seconds))
+}
+
+thread_local! {
+    /// A chunk row's exponentials in the first pass of [`softmax_step_in_passes`].
+    static EXP_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// [`softmax_step`] over the classes `chunk` at a time: a first pass gathers each row's
@@ -241,8 +241,12 @@ fn softmax_step_in_passes(
                     *e *= f64::from(*m - chunk_max).exp();
                     *m = chunk_max;
                 }
-                let m = *m;
-                *e += row.iter().map(|&v| f64::from((v - m).exp())).sum::<f64>();
+                // Into a scratch copy: the second pass recomputes the scores anyway.
+                EXP_SCRATCH.with_borrow_mut(|x| {
+                    x.clear();
+                    x.extend_from_slice(row);
+                    *e += vexp::exp_shifted(x, *m);
+                });
             });
         },
         || {
@@ -268,7 +272,8 @@ fn softmax_step_in_passes(
                     return;
                 }
                 let (max, scale) = (all.max[i], (pos.len() as f64 / all.exp_sum(i)) as f32);
-                row.iter_mut().for_each(|v| *v = (*v - max).exp() * scale);
+                vexp::exp_shifted(row, max);
+                row.iter_mut().for_each(|v| *v *= scale);
                 for l in in_chunk(pos, first, &rows) {
                     row[l] -= 1.0;
                 }
