@@ -3,6 +3,7 @@ use crate::loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Problem};
 use farout_core::{ClassId, Rng, SparseGrad, gemm, kernels};
 use rayon::prelude::*;
+use std::cell::RefCell;
 
 /// The exact gradient of a [`Loss`]: score every class, then differentiate.
 ///
@@ -71,9 +72,8 @@ impl<L: Loss> GradientEstimator for Exact<L> {
                 .par_chunks_mut(k.max(1))
                 .zip(out.sparse.par_iter_mut())
                 .zip(batch.positives.par_iter())
-                .map_init(
-                    || (LossScratch::default(), Vec::new()),
-                    |(scratch, grad), ((z, sg), pos)| {
+                .map(|((z, sg), pos)| {
+                    SCRATCH.with_borrow_mut(|(scratch, grad)| {
                         add_bias(z, ctx.bias);
                         grad.resize(k, 0.0);
                         let l = loss.value_and_grad(z, pos, grad, scratch);
@@ -83,22 +83,30 @@ impl<L: Loss> GradientEstimator for Exact<L> {
                             }
                         }
                         l as f64
-                    },
-                )
+                    })
+                })
                 .sum()
         } else {
             out.dense
                 .as_mut_slice()
                 .par_chunks_mut(k.max(1))
                 .zip(batch.positives.par_iter())
-                .map_init(LossScratch::default, |scratch, (z, pos)| {
-                    add_bias(z, ctx.bias);
-                    loss.value_and_grad_in_place(z, pos, scratch) as f64
+                .map(|(z, pos)| {
+                    SCRATCH.with_borrow_mut(|(scratch, _)| {
+                        add_bias(z, ctx.bias);
+                        loss.value_and_grad_in_place(z, pos, scratch) as f64
+                    })
                 })
                 .sum()
         };
         BatchEstimate { loss_sum, classes_scored: b * k }
     }
+}
+
+thread_local! {
+    /// Each worker's loss scratch and dense gradient row, kept across samples and steps (rayon's
+    /// `map_init` would make new ones for every piece a batch is split into, often one sample).
+    static SCRATCH: RefCell<(LossScratch, Vec<f32>)> = RefCell::new(Default::default());
 }
 
 fn add_bias(z: &mut [f32], bias: Option<&[f32]>) {

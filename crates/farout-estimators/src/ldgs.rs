@@ -204,6 +204,8 @@ const PREFETCH_AHEAD: usize = 8;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Every block's hits for every sample of a batch, kept across steps with their capacity.
+    static BLOCK_HITS: RefCell<Vec<Vec<Vec<Hit>>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl<L: Loss> Ldgs<L> {
@@ -254,14 +256,32 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
     /// ([`farout_search::MipsIndex::search_batch`]), then every sample in parallel.
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, _rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
         let index = ctx.index.expect("the ldgs estimator needs block indexes attached to the output layer");
+        // A batch searched while this thread's buffers are in use (a nested call on a rayon
+        // worker) gets buffers of its own.
+        BLOCK_HITS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut per_block) => self.batch_with(ctx, index, batch, out, &mut per_block),
+            Err(_) => self.batch_with(ctx, index, batch, out, &mut Vec::new()),
+        })
+    }
+}
+
+impl<L: Loss> Ldgs<L> {
+    /// [`GradientEstimator::estimate_batch`] with `per_block` as the buffers of every block's
+    /// hits.
+    fn batch_with(
+        &self,
+        ctx: &Ctx,
+        index: &farout_search::BlockIndex,
+        batch: Batch,
+        out: &mut BatchGrad,
+        per_block: &mut Vec<Vec<Vec<Hit>>>,
+    ) -> BatchEstimate {
         let mut search_dots = 0;
-        let per_block: Vec<Vec<Vec<Hit>>> = (0..index.n_blocks())
-            .map(|j| {
-                let mut hits = Vec::new();
-                search_dots += index.search_block_batch(ctx.w, j, batch.phi, self.top, &mut hits);
-                hits
-            })
-            .collect();
+        per_block.resize_with(index.n_blocks(), Vec::new);
+        for (j, hits) in per_block.iter_mut().enumerate() {
+            search_dots += index.search_block_batch(ctx.w, j, batch.phi, self.top, hits);
+        }
+        let per_block = &*per_block;
         let mut total = for_each_sample(out, batch.phi.rows(), |i, g| {
             self.estimate_with(ctx, batch.phi.row(i), batch.positives[i], g, |j, hits| {
                 hits.clear();
@@ -272,9 +292,7 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
         total.classes_scored += search_dots.div_ceil(index.n_blocks());
         total
     }
-}
 
-impl<L: Loss> Ldgs<L> {
     /// Algorithm 2 for one sample; `search(j, hits)` fills block `j`'s retrieved classes and
     /// returns what that cost in block inner products.
     fn estimate_with(

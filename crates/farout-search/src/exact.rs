@@ -15,6 +15,8 @@ pub struct ExactIndex;
 
 thread_local! {
     static HEAP: RefCell<TopK> = RefCell::new(TopK::default());
+    /// The threshold sample of `topk::select_best` in batched searches.
+    static SAMPLE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 impl ExactIndex {
@@ -64,7 +66,9 @@ impl MipsIndex for ExactIndex {
         let rows: &[f32] = if d * kk == w.matrix().as_slice().len() {
             w.matrix().as_slice()
         } else {
-            owned = w.iter().flat_map(|r| r.iter().copied()).collect::<Vec<f32>>();
+            let mut copy = Vec::with_capacity(kk * d);
+            w.iter().for_each(|r| copy.extend_from_slice(r));
+            owned = copy;
             &owned
         };
         out.resize_with(n, Vec::new);
@@ -92,8 +96,8 @@ impl MipsIndex for ExactIndex {
                 (kk, d),
                 Op::T,
             );
-            out[start..start + m].par_iter_mut().zip(z.par_chunks(kk)).for_each_init(Vec::new, |sample, (o, row)| {
-                topk::select_best(&[(row, &ids[..])], k, sample, o);
+            out[start..start + m].par_iter_mut().zip(z.par_chunks(kk)).for_each(|(o, row)| {
+                SAMPLE.with_borrow_mut(|sample| topk::select_best(&[(row, &ids[..])], k, sample, o));
                 o.sort_unstable_by(topk::by_score);
             });
         }
