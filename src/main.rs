@@ -256,18 +256,22 @@ fn print_vectors(path: &Path, words: Vec<String>) -> Result<()> {
 }
 
 /// Buffers of this size or more are mapped on their own and go back to the system when freed.
-const MMAP_THRESHOLD: usize = 4 << 20;
+const MMAP_THRESHOLD: usize = 16 << 20;
+/// Free memory at the top of the heap kept for reuse rather than returned.
+const TRIM_THRESHOLD: usize = 64 << 20;
 
-/// Fixes glibc's mmap threshold at [`MMAP_THRESHOLD`]. By default glibc raises the threshold to
-/// the size of each large buffer freed (up to 32 MiB), after which temporaries of that size are
-/// served from the heap and stay resident once freed: a rank of the class-sharded exact softmax
-/// at K = 672,000 over 2 ranks peaked 120 MiB above its live heap that way (1.23x the model of
-/// its memory instead of 1.06x, docs/scaling.md), at no measurable gain in step time.
+/// Fixes glibc's mmap threshold at [`MMAP_THRESHOLD`] (and the heap's trim threshold at
+/// [`TRIM_THRESHOLD`]). By default glibc raises the mmap threshold to the size of each large
+/// buffer freed (up to 32 MiB), after which temporaries of that size are served from the heap
+/// and stay resident once freed: a rank of the class-sharded exact softmax at K = 672,000 over
+/// 2 ranks peaked 120 MiB above its live heap that way (docs/scaling.md). A lower threshold
+/// (4 MiB) mapped and unmapped the per-step buffers of search-based training at every step.
 fn return_large_buffers_to_the_system() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter; it is called before any thread starts.
+    // SAFETY: mallopt only sets allocator parameters; it is called before any thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD as libc::c_int);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD as libc::c_int);
     }
 }
 

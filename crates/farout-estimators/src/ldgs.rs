@@ -15,9 +15,9 @@ pub enum Rescore {
     Partial,
     /// Every candidate of the union is scored exactly in every block: the blocks whose search
     /// did not return it (cost at most |U| D per sample; a class found by `f` blocks costs
-    /// `(B - f) D / B`). At the fixed point only the sum over blocks matters, so there the whole
-    /// row is scored (|U| D): one contiguous dot product per class is faster than B - f short
-    /// ones, and the scores are exact even when the searches' are approximate.
+    /// `(B - f) D / B`). At the fixed point only the sum over blocks matters, so a class with
+    /// at least 3/4 of its row unknown is scored by one contiguous product of the whole row,
+    /// faster than B - f short ones.
     #[default]
     Exact,
 }
@@ -153,6 +153,8 @@ struct Scratch {
     /// Block scores, `B x |U|` row-major, and whether each is known (partial rescoring).
     zb: Vec<f32>,
     known: Vec<bool>,
+    /// Blocks whose search returned each class of `U` (exact rescoring at the fixed point).
+    n_known: Vec<u32>,
     lambda: Vec<f32>,
     total: Vec<f32>,
     arg: Vec<f32>,
@@ -326,23 +328,45 @@ impl<L: Loss> Ldgs<L> {
             for &p in positives {
                 s.pos.push(s.slots.insert(p, n).0 as ClassId);
             }
+            let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
             if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
-                // Every block's argument at the fixed point is z~ = the exact z on U: score the
-                // whole rows, one contiguous dot product each, instead of the blocks the searches
-                // did not return one at a time.
+                // Every block's argument at the fixed point is z~ = the exact z on U: the
+                // searches' block scores plus the other blocks' products. When at least 3/4 of a
+                // row is unknown (one block found it of B >= 4), one contiguous product of the
+                // whole row is cheaper than B - f short ones.
                 s.total.clear();
                 s.total.resize(n, 0.0);
+                s.known.clear();
+                s.known.resize(b * n, false);
+                s.n_known.clear();
+                s.n_known.resize(n, 0);
+                for &(c, j, score) in &s.found {
+                    let u = s.slots.insert(c, n).0;
+                    s.known[j as usize * n + u] = true;
+                    s.total[u] += score;
+                    s.n_known[u] += 1;
+                }
                 for u in 0..n {
                     if let Some(&ahead) = s.classes.get(u + PREFETCH_AHEAD) {
                         kernels::prefetch(ctx.w.row(ahead as usize));
                     }
                     let c = s.classes[u] as usize;
-                    s.total[u] = kernels::dot(ctx.w.row(c), phi) + ctx.bias.map_or(0.0, |bias| bias[c]);
+                    let unknown = b - s.n_known[u] as usize;
+                    if 4 * unknown >= 3 * b {
+                        s.total[u] = kernels::dot(ctx.w.row(c), phi);
+                        block_dots += b;
+                    } else {
+                        for j in (0..b).filter(|&j| !s.known[j * n + u]) {
+                            s.total[u] += kernels::dot(block_row(c as ClassId, j), &phi[j * width..(j + 1) * width]);
+                            block_dots += 1;
+                        }
+                    }
+                    s.total[u] += ctx.bias.map_or(0.0, |bias| bias[c]);
                 }
                 s.out.resize(n, 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
                 out.set_nonzero(&s.classes, &s.out);
-                return Estimate { loss, classes_scored: (block_dots + n * b).div_ceil(b) };
+                return Estimate { loss, classes_scored: block_dots.div_ceil(b) };
             }
             // 2. Block scores over U: the searches' scores where known, rescored where needed.
             s.zb.clear();
@@ -354,7 +378,6 @@ impl<L: Loss> Ldgs<L> {
                 s.zb[j as usize * n + u] = score;
                 s.known[j as usize * n + u] = true;
             }
-            let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
             let must = |u: usize| self.rescore == Rescore::Exact || s.pos.contains(&(u as ClassId));
             for u in 0..n {
                 // The rows are scattered over W: ask for the ones needed a few classes ahead, so
