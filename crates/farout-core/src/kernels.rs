@@ -66,7 +66,7 @@ pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, k
 /// The widest vector instruction set of this CPU that the kernels use.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
+pub(crate) enum Isa {
     /// AVX-512F.
     Avx512,
     /// AVX2 with FMA.
@@ -78,7 +78,7 @@ enum Isa {
 impl Isa {
     /// Checked once.
     #[cfg(target_arch = "x86_64")]
-    fn best() -> Isa {
+    pub(crate) fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             if is_x86_feature_detected!("avx512f") {

@@ -50,6 +50,9 @@ pub fn exp(y: f32) -> f32 {
     if y > MAX_ARG { f32::INFINITY } else { v }
 }
 
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::Isa;
+
 /// Elements per partial sum in [`exp_shifted`]: summed in f32 lanes, then added in f64.
 const BLOCK: usize = 64;
 
@@ -57,15 +60,11 @@ const BLOCK: usize = 64;
 /// partial sums of [`BLOCK`] elements). The widest vector unit the CPU has is used.
 pub fn exp_shifted(x: &mut [f32], shift: f32) -> f64 {
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has the feature (checked just above).
-            return unsafe { exp_shifted_avx512(x, shift) };
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: as above.
-            return unsafe { exp_shifted_avx2(x, shift) };
-        }
+    match Isa::best() {
+        // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
+        Isa::Avx512 => return unsafe { exp_shifted_avx512(x, shift) },
+        Isa::Avx2 => return unsafe { exp_shifted_avx2(x, shift) },
+        Isa::Baseline => {}
     }
     exp_shifted_portable(x, shift)
 }

@@ -105,9 +105,8 @@ impl ShardedLayer {
         want_dphi: bool,
         class_chunk: usize,
     ) -> Result<StepStats, DistError> {
-        let (first, n_classes) = (self.first, self.n_classes);
         let (stats, seconds) =
-            softmax_step(&mut self.layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk)?;
+            softmax_step(&mut self.layer, self.first, self.n_classes, comm, phi, positives, want_dphi, class_chunk)?;
         self.comm_seconds += seconds;
         Ok(stats)
     }
@@ -141,10 +140,37 @@ pub fn softmax_step(
     want_dphi: bool,
     class_chunk: usize,
 ) -> Result<(StepStats, f64), DistError> {
-    if class_chunk > 0 {
-        return softmax_step_in_passes(layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk);
+    let (stats, mut comm_seconds) = if class_chunk > 0 {
+        softmax_step_in_passes(layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk)?
+    } else {
+        softmax_step_whole(layer, first, n_classes, comm, phi, positives, want_dphi)?
+    };
+    if want_dphi {
+        let t = Instant::now();
+        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
+        comm_seconds += t.elapsed().as_secs_f64();
     }
-    let rows = first..first + layer.n_classes();
+    Ok((stats, comm_seconds))
+}
+
+/// The positives of a row among the local classes `rows` of a rank owning `first..`, as offsets
+/// into `rows`.
+fn positives_in<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
+    let (start, n) = (first + rows.start, rows.len());
+    pos.iter().filter_map(move |&p| (p as usize).checked_sub(start).filter(|&l| l < n))
+}
+
+/// [`softmax_step`] with all the rank's classes at once (the B x K_r gradients in the layer's
+/// buffer), up to the allreduce of `dL/dphi`; returns the seconds spent in collectives.
+fn softmax_step_whole(
+    layer: &mut OutputLayer,
+    first: usize,
+    n_classes: usize,
+    comm: &dyn Collective,
+    phi: &Matrix,
+    positives: &[&[ClassId]],
+    want_dphi: bool,
+) -> Result<(StepStats, f64), DistError> {
     let mut comm_seconds = 0.0;
     let stats = layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
         let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
@@ -154,13 +180,12 @@ pub fn softmax_step(
         if let Some(bias) = ctx.bias {
             z.par_chunks_mut(k).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
         }
-        let owned = |p: ClassId| (p as usize).checked_sub(rows.start).filter(|&l| l < k);
         // Per sample, locally: the positives' scores this rank owns, the local max m_r, the
         // exponentials exp(z - m_r) in place and their sum.
         let mut local = vec![(0f32, 0f64, 0f64); b];
         z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
             |((row, (m, e, s)), pos)| {
-                *s = pos.iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum();
+                *s = positives_in(pos, first, &(0..k)).map(|l| f64::from(row[l])).sum();
                 *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 *e = vexp::exp_shifted(row, *m);
             },
@@ -181,7 +206,7 @@ pub fn softmax_step(
                 // exp(z - M) = exp(z - m_r) exp(m_r - M).
                 let scale = (pos.len() as f64 * f64::from(m_r - all.max[i]).exp() / all.exp_sum(i)) as f32;
                 row.iter_mut().for_each(|v| *v *= scale);
-                for l in pos.iter().filter_map(|&p| owned(p)) {
+                for l in positives_in(pos, first, &(0..k)) {
                     row[l] -= 1.0;
                 }
                 all.loss(i, pos.len())
@@ -189,11 +214,6 @@ pub fn softmax_step(
             .sum();
         Ok(BatchEstimate { loss_sum, classes_scored: b * n_classes })
     })?;
-    if want_dphi {
-        let t = Instant::now();
-        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
-        comm_seconds += t.elapsed().as_secs_f64();
-    }
     Ok((stats, comm_seconds))
 }
 
@@ -202,10 +222,11 @@ thread_local! {
     static EXP_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// [`softmax_step`] over the classes `chunk` at a time: a first pass gathers each row's
+/// [`softmax_step`] over the classes `chunk` at a time, up to the allreduce of `dL/dphi`: a
+/// first pass gathers each row's
 /// [`LocalNormaliser`] chunk by chunk (an online max and rescaled sum of exponentials), the
 /// ranks combine them, and a second pass recomputes each chunk's scores and turns them into
-/// its gradients `|P| exp(z - M) / S - [k in P]`.
+/// its gradients `|P| exp(z - M) / S - [k in P]`; returns the seconds spent in collectives.
 #[allow(clippy::too_many_arguments)]
 fn softmax_step_in_passes(
     layer: &mut OutputLayer,
@@ -218,11 +239,6 @@ fn softmax_step_in_passes(
     chunk: usize,
 ) -> Result<(StepStats, f64), DistError> {
     let b = phi.rows();
-    // The positives of a row among the local classes `rows`, as offsets into that chunk.
-    fn in_chunk<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
-        let (start, n) = (first + rows.start, rows.len());
-        pos.iter().filter_map(move |&p| (p as usize).checked_sub(start).filter(|&l| l < n))
-    }
     let local = RefCell::new(vec![(f32::NEG_INFINITY, 0f64, 0f64); b]);
     let all = RefCell::new(None::<Normalisers>);
     let (mut comm_seconds, mut loss_sum) = (0.0, 0.0);
@@ -234,7 +250,7 @@ fn softmax_step_in_passes(
             let n = rows.len();
             let mut local = local.borrow_mut();
             z.par_chunks(n).zip(local.par_iter_mut()).zip(positives.par_iter()).for_each(|((row, (m, e, s)), pos)| {
-                *s += in_chunk(pos, first, &rows).map(|l| f64::from(row[l])).sum::<f64>();
+                *s += positives_in(pos, first, &rows).map(|l| f64::from(row[l])).sum::<f64>();
                 let chunk_max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 if chunk_max > *m {
                     // Rescale the sum so far to the new max (0 before any finite score).
@@ -274,17 +290,12 @@ fn softmax_step_in_passes(
                 let (max, scale) = (all.max[i], (pos.len() as f64 / all.exp_sum(i)) as f32);
                 vexp::exp_shifted(row, max);
                 row.iter_mut().for_each(|v| *v *= scale);
-                for l in in_chunk(pos, first, &rows) {
+                for l in positives_in(pos, first, &rows) {
                     row[l] -= 1.0;
                 }
             });
         },
     )?;
-    if want_dphi {
-        let t = Instant::now();
-        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
-        comm_seconds += t.elapsed().as_secs_f64();
-    }
     Ok((StepStats { loss_sum, classes_scored: b * n_classes, rows_updated }, comm_seconds))
 }
 
@@ -313,14 +324,13 @@ pub fn softmax_losses(
     positives: &[&[ClassId]],
 ) -> Result<Vec<f64>, DistError> {
     let k = z.cols();
-    let owned = |p: ClassId| (p as usize).checked_sub(first).filter(|&l| l < k);
     let local: Vec<LocalNormaliser> = (0..z.rows())
         .into_par_iter()
         .map(|i| {
             let row = z.row(i);
             let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let e = row.iter().map(|&v| f64::from((v - m).exp())).sum();
-            (m, e, positives[i].iter().filter_map(|&p| owned(p)).map(|l| f64::from(row[l])).sum())
+            (m, e, positives_in(positives[i], first, &(0..k)).map(|l| f64::from(row[l])).sum())
         })
         .collect();
     let all = Normalisers::combine(comm, &local)?;
