@@ -158,6 +158,12 @@ pub trait GradientEstimator: Send + Sync {
         None
     }
 
+    /// How the estimator runs on an output layer whose classes are split over ranks
+    /// ([`crate::ShardPlan`]), or `None` when its gradient needs every row of W in one process.
+    fn shard_plan(&self) -> Option<crate::ShardPlan<'_>> {
+        None
+    }
+
     /// Estimates the loss of one sample with features `phi` (length D) and positive classes
     /// `positives`, writing `(k, g_k ~ dL/dz_k)` into `out` (cleared first).
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate;

@@ -1,6 +1,7 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
+use crate::shard::ShardPlan;
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
 use serde::{Deserialize, Serialize};
@@ -153,8 +154,8 @@ struct Scratch {
     /// Block scores, `B x |U|` row-major, and whether each is known (partial rescoring).
     zb: Vec<f32>,
     known: Vec<bool>,
-    /// Blocks whose search returned each class of `U` (exact rescoring at the fixed point).
-    n_known: Vec<u32>,
+    /// Exact rescoring at the fixed point.
+    rescore: RescoreScratch,
     lambda: Vec<f32>,
     total: Vec<f32>,
     arg: Vec<f32>,
@@ -201,6 +202,87 @@ impl Slots {
     }
 }
 
+impl Scratch {
+    /// `U` = the classes of `found` in order of first retrieval, then those of `extra` not yet
+    /// in it, in `classes` (with their `slots`) over a layer of `k` classes.
+    fn union_with(&mut self, k: usize, extra: &[ClassId]) {
+        self.classes.clear();
+        self.slots.begin(k);
+        for &c in self.found.iter().map(|f| &f.0).chain(extra) {
+            if self.slots.insert(c, self.classes.len()).1 {
+                self.classes.push(c);
+            }
+        }
+    }
+
+    /// The exact scores of `U` into `total` (the bias included), completing the searches'
+    /// block scores in `found` ([`complete_scores`]); returns the block products computed.
+    fn score_union_exactly(&mut self, ctx: &Ctx, n_blocks: usize, phi: &[f32]) -> usize {
+        let (found, slots) = (&self.found, &mut self.slots);
+        let n = self.classes.len();
+        let found = found.iter().map(|&(c, j, score)| (slots.insert(c, n).0, j as usize, score));
+        complete_scores(ctx, n_blocks, phi, &self.classes, found, &mut self.rescore, &mut self.total)
+    }
+}
+
+/// Reusable buffers of [`complete_scores`].
+#[derive(Debug, Default)]
+pub struct RescoreScratch {
+    known: Vec<bool>,
+    n_known: Vec<u32>,
+}
+
+/// The exact scores `W_c . phi + b_c` of the classes `classes` (rows of `ctx.w`) into `total`,
+/// given the block scores searches found: `found` yields (position in `classes`, block, score)
+/// for `n_blocks` column blocks. Only the blocks no search scored are computed, or, when at
+/// least 3/4 of a row is unknown (one block of B >= 4 found it), one contiguous product of the
+/// whole row, cheaper than B - f short ones. Returns the block products computed (a whole row
+/// counts B).
+pub fn complete_scores(
+    ctx: &Ctx,
+    n_blocks: usize,
+    phi: &[f32],
+    classes: &[ClassId],
+    found: impl Iterator<Item = (usize, usize, f32)>,
+    scratch: &mut RescoreScratch,
+    total: &mut Vec<f32>,
+) -> usize {
+    let (b, n) = (n_blocks, classes.len());
+    let width = ctx.w.cols() / b;
+    let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
+    let RescoreScratch { known, n_known } = scratch;
+    total.clear();
+    total.resize(n, 0.0);
+    known.clear();
+    known.resize(b * n, false);
+    n_known.clear();
+    n_known.resize(n, 0);
+    for (u, j, score) in found {
+        known[j * n + u] = true;
+        total[u] += score;
+        n_known[u] += 1;
+    }
+    let mut block_dots = 0;
+    for u in 0..n {
+        if let Some(&ahead) = classes.get(u + PREFETCH_AHEAD) {
+            kernels::prefetch(ctx.w.row(ahead as usize));
+        }
+        let c = classes[u] as usize;
+        let unknown = b - n_known[u] as usize;
+        if 4 * unknown >= 3 * b {
+            total[u] = kernels::dot(ctx.w.row(c), phi);
+            block_dots += b;
+        } else {
+            for j in (0..b).filter(|&j| !known[j * n + u]) {
+                total[u] += kernels::dot(block_row(c as ClassId, j), &phi[j * width..(j + 1) * width]);
+                block_dots += 1;
+            }
+        }
+        total[u] += ctx.bias.map_or(0.0, |bias| bias[c]);
+    }
+    block_dots
+}
+
 /// How many classes ahead the rescoring loop prefetches rows of `W`.
 const PREFETCH_AHEAD: usize = 8;
 
@@ -240,6 +322,14 @@ impl<L: Loss> GradientEstimator for Ldgs<L> {
 
     fn uses_index(&self) -> bool {
         true
+    }
+
+    /// At the fixed point with exact rescoring, the estimate is the loss on `U` with exact
+    /// scores, which the ranks that own its classes compute. The other settings combine block
+    /// scores of classes other ranks hold.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        let exact = self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact;
+        exact.then_some(ShardPlan::Search { top: self.top, loss: &self.loss })
     }
 
     fn estimate(
@@ -316,13 +406,7 @@ impl<L: Loss> Ldgs<L> {
                 block_dots += search(j, &mut s.hits);
                 s.found.extend(s.hits.iter().map(|h| (h.class, j as u32, h.score)));
             }
-            s.classes.clear();
-            s.slots.begin(ctx.w.rows());
-            for &c in s.found.iter().map(|f| &f.0).chain(positives) {
-                if s.slots.insert(c, s.classes.len()).1 {
-                    s.classes.push(c);
-                }
-            }
+            s.union_with(ctx.w.rows(), positives);
             let n = s.classes.len();
             s.pos.clear();
             for &p in positives {
@@ -330,39 +414,8 @@ impl<L: Loss> Ldgs<L> {
             }
             let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
             if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
-                // Every block's argument at the fixed point is z~ = the exact z on U: the
-                // searches' block scores plus the other blocks' products. When at least 3/4 of a
-                // row is unknown (one block found it of B >= 4), one contiguous product of the
-                // whole row is cheaper than B - f short ones.
-                s.total.clear();
-                s.total.resize(n, 0.0);
-                s.known.clear();
-                s.known.resize(b * n, false);
-                s.n_known.clear();
-                s.n_known.resize(n, 0);
-                for &(c, j, score) in &s.found {
-                    let u = s.slots.insert(c, n).0;
-                    s.known[j as usize * n + u] = true;
-                    s.total[u] += score;
-                    s.n_known[u] += 1;
-                }
-                for u in 0..n {
-                    if let Some(&ahead) = s.classes.get(u + PREFETCH_AHEAD) {
-                        kernels::prefetch(ctx.w.row(ahead as usize));
-                    }
-                    let c = s.classes[u] as usize;
-                    let unknown = b - s.n_known[u] as usize;
-                    if 4 * unknown >= 3 * b {
-                        s.total[u] = kernels::dot(ctx.w.row(c), phi);
-                        block_dots += b;
-                    } else {
-                        for j in (0..b).filter(|&j| !s.known[j * n + u]) {
-                            s.total[u] += kernels::dot(block_row(c as ClassId, j), &phi[j * width..(j + 1) * width]);
-                            block_dots += 1;
-                        }
-                    }
-                    s.total[u] += ctx.bias.map_or(0.0, |bias| bias[c]);
-                }
+                // Every block's argument at the fixed point is z~ = the exact z on U.
+                block_dots += s.score_union_exactly(ctx, b, phi);
                 s.out.resize(n, 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
                 out.set_nonzero(&s.classes, &s.out);

@@ -31,6 +31,7 @@ mod mips;
 mod proposal;
 mod registry;
 mod sampled;
+mod shard;
 mod state;
 
 pub use ar::{
@@ -40,12 +41,13 @@ pub use ar::{
 pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::{Exact, MarginConfig, SoftmaxConfig};
-pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore};
+pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore, RescoreScratch, complete_scores};
 pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, MipsConfig, dphi_cosine};
 pub use proposal::{Draws, Proposal, ProposalKind};
 pub use registry::{Built, EstimatorConfig, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
 pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
+pub use shard::{Drawn, ShardDraw, ShardPlan};
 pub use state::SampleState;
 
 /// Errors of estimator construction.

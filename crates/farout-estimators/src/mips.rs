@@ -1,6 +1,7 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
+use crate::shard::ShardPlan;
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
 use std::cell::RefCell;
@@ -55,6 +56,11 @@ impl<L: Loss> GradientEstimator for Mips<L> {
 
     fn uses_index(&self) -> bool {
         true
+    }
+
+    /// Each rank's top-Q, merged into the top-Q over all ranks.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        Some(ShardPlan::Search { top: self.top, loss: &self.loss })
     }
 
     fn estimate(

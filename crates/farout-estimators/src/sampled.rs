@@ -2,6 +2,7 @@ use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientE
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
+use crate::shard::{Drawn, ShardDraw, ShardPlan};
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Rng, SparseGrad};
 use std::cell::RefCell;
@@ -32,7 +33,7 @@ pub struct SampledSoftmax {
 #[derive(Default)]
 struct Scratch {
     draws: Draws,
-    classes: Vec<ClassId>,
+    candidates: Drawn,
     z: Vec<f32>,
     grad: Vec<f32>,
     pos: Vec<ClassId>,
@@ -61,6 +62,23 @@ impl SampledSoftmax {
         Ok(Self { n_samples, proposal, unique, shared })
     }
 
+    /// One sample's candidates given the draws `d`: its positives, then the drawn classes that
+    /// are not positives, each with the correction `-log E_c` of its logit.
+    fn candidates(&self, k: usize, positives: &[ClassId], d: &Draws, out: &mut Drawn) {
+        out.classes.clear();
+        out.corrections.clear();
+        for &p in positives {
+            out.classes.push(p);
+            out.corrections.push(-(d.expected(&self.proposal, k, p, self.unique).ln() as f32));
+        }
+        for (&c, &log_e) in d.classes.iter().zip(&d.log_expected) {
+            if !positives.contains(&c) {
+                out.classes.push(c);
+                out.corrections.push(-log_e);
+            }
+        }
+    }
+
     /// One sample's loss and gradient, given the draws `d`.
     fn estimate_with(
         &self,
@@ -71,32 +89,56 @@ impl SampledSoftmax {
         s: &mut Scratch,
         out: &mut SparseGrad,
     ) -> Estimate {
-        let k = ctx.n_classes();
-        s.classes.clear();
+        self.candidates(ctx.n_classes(), positives, d, &mut s.candidates);
         s.z.clear();
-        for &p in positives {
-            s.classes.push(p);
-            let log_e = d.expected(&self.proposal, k, p, self.unique).ln() as f32;
-            s.z.push(ctx.score(p as usize, phi) - log_e);
-        }
-        for (&c, &log_e) in d.classes.iter().zip(&d.log_expected) {
-            if !positives.contains(&c) {
-                s.classes.push(c);
-                s.z.push(ctx.score(c as usize, phi) - log_e);
-            }
-        }
+        s.z.extend(
+            s.candidates.classes.iter().zip(&s.candidates.corrections).map(|(&c, &e)| ctx.score(c as usize, phi) + e),
+        );
         s.pos.clear();
         s.pos.extend(0..positives.len() as ClassId);
         s.grad.resize(s.z.len(), 0.0);
         let loss = Softmax.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
-        out.set_nonzero(&s.classes, &s.grad);
-        Estimate { loss, classes_scored: s.classes.len() }
+        out.set_nonzero(&s.candidates.classes, &s.grad);
+        Estimate { loss, classes_scored: s.candidates.classes.len() }
+    }
+}
+
+impl ShardDraw for SampledSoftmax {
+    /// The draws of [`GradientEstimator::estimate_batch`]: one generator per sample seeded from
+    /// one draw of `rng`, or one draw for the batch when `shared`.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+        out.resize_with(positives.len(), Drawn::default);
+        out.truncate(positives.len());
+        let mut d = Draws::default();
+        if self.shared {
+            d.sample(&self.proposal, n_classes, self.n_samples, self.unique, rng);
+            for (pos, drawn) in positives.iter().zip(out.iter_mut()) {
+                self.candidates(n_classes, pos, &d, drawn);
+            }
+            return;
+        }
+        let seed = rng.next_u64();
+        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
+            d.sample(
+                &self.proposal,
+                n_classes,
+                self.n_samples,
+                self.unique,
+                &mut farout_core::rng::seeded(seed, i as u64),
+            );
+            self.candidates(n_classes, pos, &d, drawn);
+        }
     }
 }
 
 impl GradientEstimator for SampledSoftmax {
     fn name(&self) -> &'static str {
         "sampled_softmax"
+    }
+
+    /// The same draws on every rank, each class scored by the rank that owns it.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        Some(ShardPlan::Draw { draw: self, loss: &Softmax })
     }
 
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {

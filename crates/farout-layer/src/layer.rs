@@ -396,13 +396,15 @@ impl OutputLayer {
     /// [`Self::train_step`] with the class gradients from `estimate(ctx, batch, grads)` instead
     /// of a [`GradientEstimator`]: for gradients that need more than this layer's rows, such as
     /// a class-sharded softmax that combines the ranks' normalisers on the calling thread. An
-    /// error of `estimate` leaves W, the bias and the optimisers as they were.
+    /// attached index is built first when due, as for [`Self::train_step`]. An error of
+    /// `estimate` leaves W, the bias and the optimisers as they were.
     pub fn train_step_with<E>(
         &mut self,
         batch: Batch,
         want_dphi: bool,
         estimate: impl FnOnce(&Ctx, Batch, &mut BatchGrad) -> Result<BatchEstimate, E>,
     ) -> Result<StepStats, E> {
+        self.ensure_index();
         let index = self.attached.as_ref().and_then(|a| a.index.as_ref());
         let ctx = Ctx { w: &self.w, bias: self.bias.as_deref(), index };
         let est = estimate(&ctx, batch, &mut self.grads)?;

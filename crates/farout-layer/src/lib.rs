@@ -16,7 +16,8 @@
 //! optional L2 penalty lazily, to the rows a step touches.
 //!
 //! With several ranks, [`ShardedLayer`] keeps one rank's rows and combines the ranks' scores by
-//! collectives (exact softmax; see [`sharded`]).
+//! collectives: exact softmax ([`sharded`]), and the search and sampling estimators that
+//! evaluate their loss on a candidate set ([`sharded_sparse`]).
 //!
 //! A MIPS index can be attached ([`OutputLayer::attach_index`]) for search-based estimators:
 //! built when first needed, synced and refreshed with the rows that changed, rebuilt every so
@@ -26,6 +27,7 @@
 mod layer;
 mod optim;
 pub mod sharded;
+pub mod sharded_sparse;
 
 pub use layer::{IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};

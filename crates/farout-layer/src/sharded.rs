@@ -25,9 +25,9 @@
 
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::{Hit, by_score, top_k};
-use farout_core::{ClassId, Matrix, vexp};
+use farout_core::{ClassId, Matrix, Rng, vexp};
 use farout_dist::{Collective, DistError, Shards};
-use farout_estimators::{Batch, BatchEstimate};
+use farout_estimators::{Batch, BatchEstimate, ShardPlan};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -40,6 +40,8 @@ pub struct ShardedLayer {
     n_classes: usize,
     /// Seconds spent in collectives since [`ShardedLayer::take_comm_seconds`].
     comm_seconds: f64,
+    /// Bytes sent to collectives since [`ShardedLayer::take_comm_bytes`].
+    comm_bytes: usize,
 }
 
 impl ShardedLayer {
@@ -64,7 +66,7 @@ impl ShardedLayer {
             .map_err(|e| Error::Config { key: "output", msg: e.to_string() })?
             .range(rank);
         let layer = OutputLayer::with_rows(rows.clone(), d_model, config, optimizer, seed)?;
-        Ok(Self { layer, first: rows.start, n_classes, comm_seconds: 0.0 })
+        Ok(Self { layer, first: rows.start, n_classes, comm_seconds: 0.0, comm_bytes: 0 })
     }
 
     /// The global classes this rank owns.
@@ -85,6 +87,12 @@ impl ShardedLayer {
     /// Seconds spent in collectives since the last call (the communication share of steps).
     pub fn take_comm_seconds(&mut self) -> f64 {
         std::mem::take(&mut self.comm_seconds)
+    }
+
+    /// Bytes this rank contributed to collectives since the last call (each collective counted
+    /// once).
+    pub fn take_comm_bytes(&mut self) -> usize {
+        std::mem::take(&mut self.comm_bytes)
     }
 
     /// Bytes one rank sends per softmax step of `batch` samples (each collective counted once):
@@ -108,7 +116,40 @@ impl ShardedLayer {
         let (stats, seconds) =
             softmax_step(&mut self.layer, self.first, self.n_classes, comm, phi, positives, want_dphi, class_chunk)?;
         self.comm_seconds += seconds;
+        self.comm_bytes += Self::softmax_step_bytes(phi.rows(), self.layer.d_model(), want_dphi);
         Ok(stats)
+    }
+
+    /// One step of a search or sampling estimator ([`crate::sharded_sparse::sparse_step`]): the
+    /// loss of the whole layer's estimate (the same on every rank), `dL/dphi` summed over the
+    /// ranks (when `want_dphi`), and this rank's rows updated. `rng` must be in the same state on
+    /// every rank.
+    pub fn sparse_step(
+        &mut self,
+        comm: &dyn Collective,
+        plan: ShardPlan,
+        batch: Batch,
+        rng: &mut Rng,
+        want_dphi: bool,
+    ) -> Result<StepStats, DistError> {
+        let (stats, cost) = crate::sharded_sparse::sparse_step(
+            &mut self.layer,
+            self.first,
+            self.n_classes,
+            comm,
+            plan,
+            batch,
+            rng,
+            want_dphi,
+        )?;
+        self.comm_seconds += cost.seconds;
+        self.comm_bytes += cost.bytes;
+        Ok(stats)
+    }
+
+    /// This rank's rows, to attach an index to them.
+    pub fn layer_mut(&mut self) -> &mut OutputLayer {
+        &mut self.layer
     }
 
     /// The `k` best classes of every row of `phi` over the whole layer, best first, with global

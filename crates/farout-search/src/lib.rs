@@ -276,6 +276,26 @@ impl IndexConfig {
     pub fn exact() -> Self {
         Self::Exact(exact::ExactConfig {})
     }
+
+    /// The settings of one of `ranks` indexes, each over a shard of the `n_rows` rows of a
+    /// class-sharded layer, that together search as this index over all the rows would: the
+    /// spherical index is brute force on every shard exactly when it would be on the whole
+    /// (`exact_below` counts the whole layer's rows), and a fixed `candidate_factor` is split
+    /// over the shards (at least 1 per shard), so that the ranks score as many rows per query
+    /// as one process. A calibrated index reaches its target recall on each shard, hence on
+    /// their merged top-k. Other indexes are unchanged.
+    pub fn for_shard(&self, n_rows: usize, ranks: usize) -> Self {
+        match self {
+            Self::Spherical(c) if ranks > 1 => {
+                let mut c = c.clone();
+                let whole_is_exact = c.candidate_factor.is_none() && n_rows < c.exact_below;
+                c.exact_below = if whole_is_exact { usize::MAX } else { 0 };
+                c.candidate_factor = c.candidate_factor.map(|f| (f / ranks as f32).max(1.0));
+                Self::Spherical(c)
+            }
+            other => other.clone(),
+        }
+    }
 }
 
 /// One index per column block of `W` (LDGS: `B` blocks of `D / B` dimensions); a single block

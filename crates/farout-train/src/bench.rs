@@ -9,7 +9,7 @@ use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_dist::Collective;
 use farout_estimators::{Batch, Problem};
-use farout_layer::{OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer};
+use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer};
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
 use serde_json::Value;
@@ -80,7 +80,8 @@ fn random_matrix(rows: usize, cols: usize, seed: u64, unit_rows: bool) -> Matrix
 /// `bench layer`'s choices.
 #[derive(Clone, Debug)]
 pub struct LayerBench {
-    /// The estimator (`output.estimator`): an exact one or a sampling one, with its defaults.
+    /// The estimator (`output.estimator`) with its defaults: an exact one, a sampling one, or
+    /// mips or ldgs over the default index (those on the class-sharded path).
     pub estimator: String,
     /// Classes K.
     pub k: usize,
@@ -136,6 +137,10 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
     let no_counts = Vec::new;
     let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
     let built = config.build(&problem)?;
+    if built.search.is_some() && built.estimator.shard_plan().is_some() {
+        // The search estimators step through the class-sharded layer's path on one rank.
+        return bench_layer_sharded(b, &farout_dist::Local);
+    }
     if built.search.is_some() || built.estimator.sample_state().is_some() {
         let msg = format!(
             "bench layer measures estimators without an index or per-sample state; use bench estimator for `{estimator}`"
@@ -184,30 +189,53 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
     }))
 }
 
-/// `bench layer` on the ranks of `comm`: exact-softmax steps of a class-sharded layer (each
-/// rank owns K/P rows; see [`farout_layer::sharded`]) on the same batch, layer and labels as the
-/// one-process [`bench_layer`], so the per-step losses of both are comparable. Reports the
-/// slowest rank's time, its time in collectives, the bytes each rank sends per step and the
-/// largest peak memory of a rank.
+/// `bench layer` on the ranks of `comm`: steps of a class-sharded layer (each rank owns K/P
+/// rows; see [`farout_layer::sharded`]) on the same batch, layer and labels as the one-process
+/// [`bench_layer`], so the per-step losses of both are comparable: the exact softmax, or a
+/// search or sampling estimator ([`farout_layer::sharded_sparse`]; the search estimators with
+/// the default index over each rank's rows, no bias). Reports the slowest rank's time, its time
+/// in collectives, the bytes each rank sends per step and the largest peak memory of a rank.
 pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Value, Error> {
     let LayerBench { ref estimator, k, d, batch, steps, class_chunk } = *b;
-    let LayerProblem { layer, optimizer, phi, labels, .. } = b.problem()?;
-    if estimator != "softmax" {
+    let LayerProblem { mut layer, optimizer, phi, labels, mut rng } = b.problem()?;
+    let no_counts = Vec::new;
+    let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
+    let built = estimator_config(estimator, &[])?.build(&problem)?;
+    let est = built.estimator.as_ref();
+    let exact_softmax = est.name() == "softmax";
+    if !exact_softmax && (est.shard_plan().is_none() || class_chunk > 0) {
         return Err(option(
             "estimator",
-            "on several ranks, bench layer measures the class-sharded exact softmax: softmax",
+            "on several ranks (or with --class-chunk), bench layer measures the class-sharded exact softmax \
+             (softmax, which alone takes --class-chunk) and the search and sampling estimators \
+             (mips, ldgs, sampled_softmax)",
         ));
     }
     let (rank, ranks) = (comm.rank(), comm.size());
+    if built.search.is_some() {
+        layer.bias = false; // the indexes search W alone
+    }
     let mut layer = ShardedLayer::new(k, rank, ranks, d, &layer, &optimizer, 1)?;
+    if let Some(shape) = built.search {
+        let index = IndexConfig::default().for_shard(k, ranks);
+        layer.layer_mut().attach_index(index, shape.blocks, IndexUpkeep::default())?;
+    }
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
-    layer.softmax_step(comm, &phi, &positives, true, class_chunk)?; // warm-up: buffers, thread pool
+    let mut step = |layer: &mut ShardedLayer| match est.shard_plan() {
+        Some(plan) if !exact_softmax => layer.sparse_step(comm, plan, Batch::new(&phi, &positives), &mut rng, true),
+        _ => layer.softmax_step(comm, &phi, &positives, true, class_chunk),
+    };
+    step(&mut layer)?; // warm-up: buffers, thread pool, the index built
     layer.take_comm_seconds();
+    layer.take_comm_bytes();
     comm.barrier()?;
     let t = Instant::now();
     let mut losses = Vec::with_capacity(steps);
+    let mut classes_scored = 0;
     for _ in 0..steps {
-        losses.push(layer.softmax_step(comm, &phi, &positives, true, class_chunk)?.loss_sum / batch as f64);
+        let stats = step(&mut layer)?;
+        losses.push(stats.loss_sum / batch as f64);
+        classes_scored += stats.classes_scored;
     }
     let mut slowest =
         [t.elapsed().as_secs_f64(), layer.take_comm_seconds(), crate::trainer::peak_rss_bytes().unwrap_or(0) as f64];
@@ -216,7 +244,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
     let rows = layer.rows().len();
     Ok(serde_json::json!({
         "bench": "layer",
-        "estimator": "softmax",
+        "estimator": est.name(),
         "sharded": true,
         "k": k,
         "d": d,
@@ -229,7 +257,8 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         "seconds": secs,
         "step_seconds": secs / steps as f64,
         "comm_seconds_per_step": comm_secs / steps as f64,
-        "comm_bytes_per_step": ShardedLayer::softmax_step_bytes(batch, d, true),
+        "comm_bytes_per_step": layer.take_comm_bytes() / steps,
+        "classes_scored_per_sample": classes_scored as f64 / (steps * batch) as f64,
         "samples_per_s": (batch * steps) as f64 / secs,
         "gflops": 3.0 * 2.0 * k as f64 * d as f64 * batch as f64 * steps as f64 / secs / 1e9,
         "layer_bytes_of_rank_0": layer.layer().memory_bytes(),

@@ -28,10 +28,19 @@ pub fn build(config: &Config, problem: &Problem) -> Result<RunEstimator, Error> 
     Ok(RunEstimator { built, warmup })
 }
 
-/// Attaches the `[index]` of `config` to `layer` when `built` searches (one index per block).
-pub fn attach_index(layer: &mut OutputLayer, built: &Built, config: &Config) -> Result<(), Error> {
+/// Attaches the `[index]` of `config` to `layer` when `built` searches (one index per block);
+/// `layer` holds one of `ranks` shards of an `n_classes`-class layer
+/// ([`farout_search::IndexConfig::for_shard`]).
+pub fn attach_index(
+    layer: &mut OutputLayer,
+    built: &Built,
+    config: &Config,
+    n_classes: usize,
+    ranks: usize,
+) -> Result<(), Error> {
     if let Some(shape) = built.search {
-        layer.attach_index(config.index.index.clone(), shape.blocks, config.index.upkeep())?;
+        let index = config.index.index.for_shard(n_classes, ranks);
+        layer.attach_index(index, shape.blocks, config.index.upkeep())?;
     }
     Ok(())
 }

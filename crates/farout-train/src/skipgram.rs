@@ -697,7 +697,7 @@ fn train_through_layer(
     let counts = || vocab.counts().to_vec();
     let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: &counts };
     let built = crate::estimators::build(config, &problem)?.built;
-    crate::estimators::attach_index(&mut layer, &built, config)?;
+    crate::estimators::attach_index(&mut layer, &built, config, k, 1)?;
     let mut input = InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
     let accum_file = ck_dir.join("input_optimizer.bin");
     if resume && accum_file.exists() {

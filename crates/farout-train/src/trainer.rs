@@ -9,7 +9,7 @@ use farout_core::{ClassId, Matrix, rng};
 use farout_data::{Dataset, Features};
 use farout_dist::{Collective, Local, Shards};
 use farout_estimators::{Batch, Built, GradientEstimator, Loss, LossScratch, Problem};
-use farout_layer::{LayerInit, OutputLayer, sharded};
+use farout_layer::{LayerInit, OutputLayer, sharded, sharded_sparse};
 use farout_models::{DocEncoder, FaceHead, bridge};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -160,7 +160,8 @@ fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
 }
 
 /// Whether `config` can train with its output layer split over ranks (or, on one rank, with
-/// `output.class_chunk` set), and if not the key that says why.
+/// `output.class_chunk` set), and if not the key that says why. The estimator itself is checked
+/// once built ([`check_sharded_estimator`]).
 fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
     let why = |key: &str, msg: String| Err(Error::Key(ConfigError::key(key, msg)));
     let on = if ranks > 1 {
@@ -172,26 +173,51 @@ fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
         return why(
             "model.encoder",
             format!(
-                "{on} the output layer trains by the class-sharded softmax, and the encoder must be the \
-                 frozen face head (\"face_head\"); the document encoder trains in one process with \
-                 output.class_chunk = 0"
+                "{on} the output layer is class-sharded, and the encoder must be the frozen face head \
+                 (\"face_head\"); the document encoder trains in one process with output.class_chunk = 0"
             ),
         );
     }
-    if config.output.estimator.name() != "softmax" {
-        return why(
-            "output.estimator",
-            format!(
-                "{on} the class-sharded layer trains the exact \"softmax\"; found {:?}, which trains in one \
-                 process with output.class_chunk = 0",
-                config.output.estimator.name()
-            ),
-        );
-    }
-    if config.output.warmup_steps > 0 {
-        return why("output.warmup_steps", format!("must be 0 {on}"));
+    if config.output.class_chunk > 0 {
+        if config.output.estimator.name() != "softmax" {
+            return why(
+                "output.estimator",
+                format!(
+                    "with output.class_chunk = {} the classes are visited in chunks by the exact \"softmax\" \
+                     only; found {:?}, which trains with output.class_chunk = 0",
+                    config.output.class_chunk,
+                    config.output.estimator.name()
+                ),
+            );
+        }
+        if config.output.warmup_steps > 0 {
+            return why("output.warmup_steps", "must be 0 with output.class_chunk > 0".to_string());
+        }
     }
     Ok(())
+}
+
+/// Whether `estimator` trains a layer whose classes are split over `ranks` ranks: the exact
+/// softmax, or an estimator with a [`farout_estimators::ShardPlan`].
+fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> Result<(), Error> {
+    if is_exact_softmax(estimator) || estimator.shard_plan().is_some() {
+        return Ok(());
+    }
+    Err(Error::Key(ConfigError::key(
+        "output.estimator",
+        format!(
+            "on {ranks} MPI ranks the class-sharded layer trains the exact \"softmax\", \"mips\", \
+             \"sampled_softmax\", and \"ldgs\" with iterations = \"fixed_point\" and rescore = \"exact\" (its \
+             defaults); found {:?} with these settings, which trains in one process",
+            estimator.name()
+        ),
+    )))
+}
+
+/// Whether `estimator` is the exact softmax, which a class-sharded layer computes from the
+/// ranks' normalisers ([`sharded::softmax_step`]).
+fn is_exact_softmax(estimator: &dyn GradientEstimator) -> bool {
+    estimator.name() == "softmax"
 }
 
 /// What one optimisation step did.
@@ -292,7 +318,13 @@ impl Trainer {
         };
         let problem = Problem { n_classes: k, n_data: data.train.len(), dim: d_model, label_counts: &label_counts };
         let crate::estimators::RunEstimator { built, warmup } = crate::estimators::build(&config, &problem)?;
-        crate::estimators::attach_index(&mut layer, &built, &config)?;
+        crate::estimators::attach_index(&mut layer, &built, &config, k, comm.size())?;
+        if shard.is_some() {
+            check_sharded_estimator(built.estimator.as_ref(), comm.size())?;
+            if let Some(w) = &warmup {
+                check_sharded_estimator(w.as_ref(), comm.size())?;
+            }
+        }
         let reference = built.reference();
         let Built { estimator, loss, search, .. } = built;
         let (loss, search_top) = (loss.boxed(), search.map_or(0, |s| s.top));
@@ -459,7 +491,8 @@ impl Trainer {
 
     /// [`Trainer::evaluate`] as one of the ranks of `comm`: with a class-sharded layer, the
     /// ranks' top-5 are merged and the softmax loss combines their normalisers; the same
-    /// metrics on every rank.
+    /// metrics on every rank. Other losses (the smoothed margin's projection needs every score
+    /// of a row in one place) are left out of a class-sharded layer's metrics.
     pub fn evaluate_on(
         &self,
         ds: &Dataset,
@@ -468,17 +501,26 @@ impl Trainer {
     ) -> Result<BTreeMap<String, f64>, Error> {
         let Some(shard) = self.shard else { return Ok(self.evaluate(ds, max_samples)) };
         let n = if max_samples == 0 { ds.len() } else { ds.len().min(max_samples) };
+        let softmax = self.loss.name() == "softmax";
         let mut sums = RankingSums::default();
         self.scored_batches(ds, n, |idx, z| {
             let positives: Vec<&[ClassId]> = idx.iter().map(|&i| ds.labels.get(i)).collect();
             let hits = sharded::merged_top_k(comm, z, shard.first, 5)?;
-            let losses = sharded::softmax_losses(comm, z, shard.first, &positives)?;
+            let losses = if softmax {
+                sharded::softmax_losses(comm, z, shard.first, &positives)?
+            } else {
+                vec![0.0; positives.len()]
+            };
             for ((h, pos), l) in hits.iter().zip(&positives).zip(losses) {
                 sums.add(h, pos, l);
             }
             Ok(())
         })?;
-        Ok(sums.finish(ds.labels.is_multiclass()))
+        let mut metrics = sums.finish(ds.labels.is_multiclass());
+        if !softmax {
+            metrics.remove("loss");
+        }
+        Ok(metrics)
     }
 
     /// The top-`k` classes with scores for every sample of `ds`.
@@ -589,20 +631,29 @@ impl Trainer {
         let t0 = Instant::now();
         let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
         let class_chunk = self.config.output.class_chunk;
-        if self.shard.is_some() || class_chunk > 0 {
-            // Checked by `check_shardable`: frozen face features and exact softmax.
-            let Features::Dense(m) = &self.data.train.features else { unreachable!("face features are dense") };
-            gather_rows_into(m, idx, &mut self.phi);
-            let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
-            let (stats, _) =
-                sharded::softmax_step(&mut self.layer, first, k, comm, &self.phi, &positives, false, class_chunk)?;
-            return self.step_result(idx, stats, t0);
-        }
+        // The same generator on every rank: sampling estimators draw the same classes.
         let mut step_rng = rng::seeded(self.config.seed ^ 0xE57, self.state.step);
         let estimator: &dyn GradientEstimator = match &self.warmup {
             Some(w) if self.state.step < self.config.output.warmup_steps => w.as_ref(),
             _ => self.estimator.as_ref(),
         };
+        if self.shard.is_some() || class_chunk > 0 {
+            // Checked by `check_shardable` and `check_sharded_estimator`: frozen face features,
+            // and the exact softmax or an estimator with a shard plan.
+            let Features::Dense(m) = &self.data.train.features else { unreachable!("face features are dense") };
+            gather_rows_into(m, idx, &mut self.phi);
+            let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
+            let stats = match estimator.shard_plan() {
+                Some(plan) if !is_exact_softmax(estimator) => {
+                    let batch = Batch::new(&self.phi, &positives);
+                    sharded_sparse::sparse_step(&mut self.layer, first, k, comm, plan, batch, &mut step_rng, false)?.0
+                }
+                _ => {
+                    sharded::softmax_step(&mut self.layer, first, k, comm, &self.phi, &positives, false, class_chunk)?.0
+                }
+            };
+            return self.step_result(idx, stats, t0);
+        }
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
                 gather_rows_into(m, idx, &mut self.phi);
@@ -776,9 +827,10 @@ impl Trainer {
 
     /// Mean cosine between the estimator's `dL/dphi` and the exact one on the first `n`
     /// training samples (see [`Summary::grad_cosine`]); `None` for exact estimators. Runs the
-    /// estimator's batch path (A&R state is read and updated as in a training step).
+    /// estimator's batch path (A&R state is read and updated as in a training step). `None`
+    /// with a class-sharded layer too: the reference would need every rank's rows.
     pub fn gradient_fidelity(&self, n: usize) -> Option<f64> {
-        if self.estimator.uses_index() && self.layer.index().is_none() {
+        if self.shard.is_some() || (self.estimator.uses_index() && self.layer.index().is_none()) {
             return None; // search never started (warm-up covered the run)
         }
         let reference = self.reference.as_ref()?;

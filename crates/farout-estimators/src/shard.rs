@@ -1,0 +1,57 @@
+//! How an estimator's gradient is computed when the classes of the output layer are split over
+//! ranks (`farout_layer::sharded`): rank r holds only the rows `W_r` of its classes.
+//!
+//! The estimators that evaluate a loss *exactly on a candidate set* `C` of each sample
+//! decompose over the ranks, because only the scores of `C` must travel:
+//!
+//! - **Search** ([`ShardPlan::Search`]: mips, and ldgs at its fixed point with exact rescoring).
+//!   Each rank searches every block index over its own rows for the block's top-Q; the ranks
+//!   gather these hits with global ids and keep each block's top-Q over all ranks (the top-Q of
+//!   the per-shard top-Q is the top-Q of the whole layer). `U` is their union with the
+//!   positives, as in one process, and each class of `U` is scored exactly by the rank that
+//!   owns it ([`complete_scores`](crate::complete_scores)).
+//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax). The candidates are drawn over all K
+//!   classes from the global proposal; every rank draws the same ones from the same generator,
+//!   and each class is scored by its owner (a sum over ranks of one score per candidate).
+//!
+//! Every rank then evaluates the same loss on the same scores and keeps the gradient of the
+//! classes it owns. On one rank both plans are the estimator's own one-process estimate.
+
+use crate::loss::Loss;
+use farout_core::{ClassId, Rng};
+
+/// An estimator's candidate sets on a class-sharded layer; see the module documentation.
+#[derive(Clone, Copy)]
+pub enum ShardPlan<'a> {
+    /// Candidates from searching every rank's rows, merged, plus the positives.
+    Search {
+        /// Classes retrieved per block index (Q).
+        top: usize,
+        /// The loss evaluated on the candidates' scores.
+        loss: &'a dyn Loss,
+    },
+    /// Candidates drawn over all classes with corrections of their scores.
+    Draw {
+        /// The draws, the same on every rank for the same generator.
+        draw: &'a dyn ShardDraw,
+        /// The loss evaluated on the corrected scores.
+        loss: &'a dyn Loss,
+    },
+}
+
+/// One sample's drawn candidates: its positives first, then the drawn classes (global ids),
+/// each with the correction added to its score.
+#[derive(Clone, Debug, Default)]
+pub struct Drawn {
+    /// Classes over all K: the sample's positives, then the drawn classes that are not positives.
+    pub classes: Vec<ClassId>,
+    /// Added to each class's score before the loss (sampled softmax: `-log E_c`).
+    pub corrections: Vec<f32>,
+}
+
+/// The draws of a sampling estimator over all classes.
+pub trait ShardDraw: Sync {
+    /// Every sample's [`Drawn`] candidates over `n_classes` classes into `out` (one per entry of
+    /// `positives`), drawn with `rng` exactly as the one-process estimator draws them.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>);
+}

@@ -1,0 +1,365 @@
+//! Search and sampling estimators on a class-sharded output layer (see [`crate::sharded`] for
+//! the layout and [`farout_estimators::ShardPlan`] for why these estimators decompose).
+//!
+//! One step on `B` samples, the same batch on every rank:
+//!
+//! ```text
+//! search:  each rank searches its block indexes -> every block's top-Q of its rows (global ids)
+//!          gather over the ranks                -> every block's top-Q of the whole layer
+//!          U = their union + the positives      -> as one process builds it
+//! draw:    every rank draws the same classes    -> the candidates, with score corrections
+//! score:   each rank scores the candidates it owns exactly (completing the block scores its
+//!          searches found), 0 for the others; allreduce sum
+//! loss:    every rank evaluates L(z_U, P) on the same scores (the same loss everywhere)
+//! update:  each rank keeps dL/dz_c of its own classes: its rows, dL/dphi summed by allreduce
+//! ```
+//!
+//! A search step moves, per sample, every rank's `B Q` hits (scores and ids) and one score per
+//! candidate; a draw step one score per candidate. On one rank the step is the estimator's own
+//! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
+
+use crate::{OutputLayer, StepStats};
+use farout_core::topk::Hit;
+use farout_core::{ClassId, Rng};
+use farout_dist::{Collective, DistError};
+use farout_estimators::{Batch, BatchEstimate, Ctx, Drawn, LossScratch, RescoreScratch, ShardPlan, complete_scores};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+use std::cell::RefCell;
+use std::time::Instant;
+
+/// One sample's candidates `U` over all ranks, in the order one process builds them.
+#[derive(Default)]
+struct Candidates {
+    /// Global class ids.
+    classes: Vec<ClassId>,
+    /// Scores: the corrections of drawn classes (0 for searched ones) until the ranks' exact
+    /// scores are added.
+    z: Vec<f32>,
+    /// Positions of the positives in `classes`.
+    pos: Vec<ClassId>,
+    /// The block scores the searches found: (position in `classes`, block, score).
+    found: Vec<(u32, u32, f32)>,
+}
+
+impl Candidates {
+    /// Every block's merged top-Q (`blocks[j]`), in block order, then the positives.
+    fn set_searched<'a>(
+        &mut self,
+        blocks: impl Iterator<Item = &'a [Hit]>,
+        positives: &[ClassId],
+        slot: &mut FxHashMap<ClassId, u32>,
+    ) {
+        self.classes.clear();
+        self.found.clear();
+        self.pos.clear();
+        slot.clear();
+        let mut at = |classes: &mut Vec<ClassId>, c: ClassId| {
+            *slot.entry(c).or_insert_with(|| {
+                classes.push(c);
+                classes.len() as u32 - 1
+            })
+        };
+        for (j, hits) in blocks.enumerate() {
+            for h in hits {
+                let u = at(&mut self.classes, h.class);
+                self.found.push((u, j as u32, h.score));
+            }
+        }
+        for &p in positives {
+            let u = at(&mut self.classes, p);
+            self.pos.push(u);
+        }
+        self.z.clear();
+        self.z.resize(self.classes.len(), 0.0);
+    }
+
+    /// Drawn classes: the positives come first.
+    fn set_drawn(&mut self, drawn: &Drawn, n_positives: usize) {
+        self.classes.clone_from(&drawn.classes);
+        self.z.clone_from(&drawn.corrections);
+        self.found.clear();
+        self.pos.clear();
+        self.pos.extend(0..n_positives as ClassId);
+    }
+}
+
+/// Per-thread buffers of the owner's scoring.
+#[derive(Default)]
+struct OwnerScratch {
+    /// The candidates this rank owns: local ids, and their positions in the sample's `U`.
+    local: Vec<ClassId>,
+    at: Vec<usize>,
+    /// Position of each candidate among `local` (`u32::MAX`: another rank's).
+    of: Vec<u32>,
+    scores: Vec<f32>,
+    rescore: RescoreScratch,
+}
+
+impl OwnerScratch {
+    /// The exact scores of the candidates of `c` that the rank with rows `first..first + k`
+    /// (`ctx`) owns, into `out` (one per candidate; the others' left 0), completing the block
+    /// scores found by `n_blocks` searches. Returns the classes scored, in full rows.
+    fn score(
+        &mut self,
+        ctx: &Ctx,
+        n_blocks: usize,
+        first: usize,
+        phi: &[f32],
+        c: &Candidates,
+        out: &mut [f32],
+    ) -> usize {
+        let k = ctx.n_classes();
+        self.local.clear();
+        self.at.clear();
+        self.of.clear();
+        for (u, &class) in c.classes.iter().enumerate() {
+            match (class as usize).checked_sub(first).filter(|&l| l < k) {
+                Some(l) => {
+                    self.of.push(self.local.len() as u32);
+                    self.local.push(l as ClassId);
+                    self.at.push(u);
+                }
+                None => self.of.push(u32::MAX),
+            }
+        }
+        let of = &self.of;
+        let found = c
+            .found
+            .iter()
+            .filter(|f| of[f.0 as usize] != u32::MAX)
+            .map(|&(u, j, score)| (of[u as usize] as usize, j as usize, score));
+        let dots = complete_scores(ctx, n_blocks, phi, &self.local, found, &mut self.rescore, &mut self.scores);
+        for (&u, &z) in self.at.iter().zip(&self.scores) {
+            out[u] = z;
+        }
+        dots.div_ceil(n_blocks)
+    }
+}
+
+thread_local! {
+    /// The batch's candidates, kept with their capacity across steps (on the calling thread).
+    static CANDIDATES: RefCell<(Vec<Candidates>, Vec<Drawn>)> = RefCell::new(Default::default());
+    static OWNER: RefCell<OwnerScratch> = RefCell::new(OwnerScratch::default());
+    static SLOTS: RefCell<FxHashMap<ClassId, u32>> = RefCell::new(FxHashMap::default());
+}
+
+/// One step of the estimator planned by `plan` on `layer`, the rows `first..` of an
+/// `n_classes`-class layer split over the ranks of `comm`, on `batch` (the same on every rank;
+/// global class ids) with `rng` (in the same state on every rank: sampling estimators draw
+/// from it). Returns the loss of the whole layer's estimate and the classes scored by all ranks
+/// (the same on every rank), with this rank's rows updated and its index refreshed, `dL/dphi`
+/// summed over the ranks (in `layer.dphi()`, when `want_dphi`), and what the collectives cost.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_step(
+    layer: &mut OutputLayer,
+    first: usize,
+    n_classes: usize,
+    comm: &dyn Collective,
+    plan: ShardPlan,
+    batch: Batch,
+    rng: &mut Rng,
+    want_dphi: bool,
+) -> Result<(StepStats, CommCost), DistError> {
+    let mut comm_seconds = 0.0;
+    let mut comm_bytes = 0;
+    let mut timed = |f: &mut dyn FnMut() -> Result<(), DistError>| {
+        let t = Instant::now();
+        let r = f();
+        comm_seconds += t.elapsed().as_secs_f64();
+        r
+    };
+    let stats = layer.train_step_with(batch, want_dphi, |ctx, batch, grads| {
+        CANDIDATES.with_borrow_mut(|(cands, drawn)| {
+            let b = batch.phi.rows();
+            cands.resize_with(b, Candidates::default);
+            cands.truncate(b);
+            // 1. The candidates: every block's top-Q over the ranks, or the draws.
+            let mut cost = 0;
+            let (loss, n_blocks) = match plan {
+                ShardPlan::Search { top, loss } => {
+                    let index = ctx.index.expect("a search estimator's layer has its index attached");
+                    let n_blocks = index.n_blocks();
+                    // Row j * B + i: block j's hits of sample i.
+                    let mut rows = Vec::with_capacity(n_blocks * b);
+                    let (mut hits, mut search_dots) = (Vec::new(), 0);
+                    for j in 0..n_blocks {
+                        search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
+                        rows.append(&mut hits);
+                    }
+                    cost += search_dots.div_ceil(n_blocks);
+                    rows.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
+                    comm_bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
+                    let mut merged = Vec::new();
+                    timed(&mut || {
+                        merged = crate::sharded::merge_top_k(comm, std::mem::take(&mut rows), top)?;
+                        Ok(())
+                    })?;
+                    let merged = &merged;
+                    cands.par_iter_mut().zip(batch.positives).enumerate().for_each(|(i, (c, pos))| {
+                        let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
+                        SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
+                    });
+                    (loss, n_blocks)
+                }
+                ShardPlan::Draw { draw, loss } => {
+                    draw.draw_batch(n_classes, batch.positives, rng, drawn);
+                    cands.par_iter_mut().zip(drawn.par_iter()).zip(batch.positives).for_each(|((c, d), pos)| {
+                        c.set_drawn(d, pos.len());
+                    });
+                    (loss, 1)
+                }
+            };
+            // 2. The exact scores, each from the rank that owns the class.
+            let mut scores = vec![0f32; cands.iter().map(|c| c.classes.len()).sum()];
+            let mut parts = Vec::with_capacity(b);
+            let mut rest = scores.as_mut_slice();
+            for c in cands.iter() {
+                let (part, tail) = rest.split_at_mut(c.classes.len());
+                parts.push(part);
+                rest = tail;
+            }
+            cost += parts
+                .par_iter_mut()
+                .zip(cands.par_iter())
+                .enumerate()
+                .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, first, batch.phi.row(i), c, out)))
+                .sum::<usize>();
+            let mut cost_sum = [cost as u64];
+            comm_bytes += 4 * scores.len() + 8;
+            timed(&mut || {
+                comm.allreduce_sum_f32(&mut scores)?;
+                comm.allreduce_sum_u64(&mut cost_sum)
+            })?;
+            let mut at = 0;
+            for c in cands.iter_mut() {
+                let n = c.classes.len();
+                c.z.iter_mut().zip(&scores[at..at + n]).for_each(|(z, s)| *z += s);
+                at += n;
+            }
+            // 3. The same loss on every rank; each keeps the gradient of its own classes.
+            let owned = |c: ClassId| (c as usize).checked_sub(first).filter(|&l| l < ctx.n_classes());
+            grads.reset_sparse(b);
+            grads.losses.resize(b, 0.0);
+            let loss_sum = grads
+                .sparse
+                .par_iter_mut()
+                .zip(grads.losses.par_iter_mut())
+                .zip(cands.par_iter())
+                .map_init(
+                    || (Vec::new(), LossScratch::default()),
+                    |(grad, scratch), ((g, l), c)| {
+                        grad.resize(c.z.len(), 0.0);
+                        *l = loss.value_and_grad(&c.z, &c.pos, grad, scratch);
+                        for (&class, &v) in c.classes.iter().zip(grad.iter()) {
+                            if let Some(local) = owned(class)
+                                && v != 0.0
+                            {
+                                g.push(local as ClassId, v);
+                            }
+                        }
+                        f64::from(*l)
+                    },
+                )
+                .sum();
+            Ok(BatchEstimate { loss_sum, classes_scored: cost_sum[0] as usize })
+        })
+    })?;
+    if want_dphi {
+        let t = Instant::now();
+        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
+        comm_seconds += t.elapsed().as_secs_f64();
+        comm_bytes += 4 * layer.dphi().as_slice().len();
+    }
+    Ok((stats, CommCost { seconds: comm_seconds, bytes: comm_bytes }))
+}
+
+/// What the collectives of a step cost one rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommCost {
+    /// Wall time spent in collectives (waiting for the slowest rank included).
+    pub seconds: f64,
+    /// Bytes this rank contributed to the collectives (each counted once).
+    pub bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IndexUpkeep, OptimizerConfig, OutputLayerConfig};
+    use farout_core::{Matrix, rng};
+    use farout_dist::Local;
+    use farout_estimators::{
+        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, Proposal, Rescore, SampledSoftmax, SmoothedMargin,
+        Softmax,
+    };
+    use farout_search::IndexConfig;
+
+    /// On one rank, `sparse_step` takes the estimator's own steps: the same losses, costs,
+    /// rows, `dL/dphi` and weights over several steps (the index refreshed in between).
+    fn steps_like_the_estimator(
+        name: &str,
+        est: &dyn GradientEstimator,
+        index: Option<(IndexConfig, usize)>,
+        bias: bool,
+    ) {
+        let (k, d, b) = (2000, 32, 40);
+        let cfg = OutputLayerConfig { bias, init_std: 0.5, ..Default::default() };
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let mut sharded = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+        let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+        if let Some((config, blocks)) = index {
+            sharded.attach_index(config.clone(), blocks, IndexUpkeep::default()).unwrap();
+            whole.attach_index(config, blocks, IndexUpkeep::default()).unwrap();
+        }
+        let mut r = rng::seeded(2, 0);
+        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let labels: Vec<Vec<u32>> =
+            (0..b).map(|i| if i == 5 { vec![] } else { vec![(i * 97 % k) as u32, (i * 13 % k) as u32] }).collect();
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let plan = est.shard_plan().unwrap_or_else(|| panic!("{name} has a shard plan"));
+        let (mut ra, mut rb) = (rng::seeded(9, 0), rng::seeded(9, 0));
+        for step in 0..4 {
+            let (a, _) = sparse_step(&mut sharded, 0, k, &Local, plan, Batch::new(&phi, &pos), &mut ra, true).unwrap();
+            let e = whole.train_step(est, Batch::new(&phi, &pos), &mut rb, true);
+            assert!((a.loss_sum - e.loss_sum).abs() <= 1e-5 * e.loss_sum.abs(), "{name}, step {step}: {a:?} vs {e:?}");
+            assert_eq!((a.classes_scored, a.rows_updated), (e.classes_scored, e.rows_updated), "{name}, step {step}");
+            let diff = |x: &Matrix, y: &Matrix| {
+                x.as_slice().iter().zip(y.as_slice()).map(|(u, v)| (u - v).abs()).fold(0.0f32, f32::max)
+            };
+            assert!(diff(sharded.dphi(), whole.dphi()) < 1e-5, "{name}, step {step}");
+            assert!(diff(sharded.weights(), whole.weights()) < 1e-5, "{name}, step {step}");
+            assert!(e.rows_updated > 0, "{name}: the step moves rows");
+        }
+    }
+
+    #[test]
+    fn one_rank_steps_like_the_search_and_sampling_estimators() {
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let fixed =
+            |top| Ldgs::new(margin, top, Iterations::FixedPoint, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
+        for config in [IndexConfig::exact(), IndexConfig::default()] {
+            let at = |blocks| Some((config.clone(), blocks));
+            steps_like_the_estimator("mips margin", &Mips::new(margin, 50).unwrap(), at(1), false);
+            steps_like_the_estimator("mips softmax", &Mips::new(Softmax, 50).unwrap(), at(1), false);
+            steps_like_the_estimator("mips with bias", &Mips::new(margin, 50).unwrap(), at(1), true);
+            steps_like_the_estimator("ldgs", &fixed(40), at(4), false);
+            steps_like_the_estimator("ldgs with bias", &fixed(40), at(4), true);
+        }
+        for (unique, shared) in [(true, false), (false, false), (true, true)] {
+            let est = SampledSoftmax::with_proposal(100, Proposal::LogUniform, unique, shared).unwrap();
+            steps_like_the_estimator(&format!("sampled unique={unique} shared={shared}"), &est, None, true);
+        }
+    }
+
+    /// Only LDGS's fixed point with exact rescoring is a loss on its candidates.
+    #[test]
+    fn ldgs_shards_only_at_its_exact_fixed_point() {
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let ldgs = |it, rescore| Ldgs::new(margin, 10, it, ActiveSet::Union, 1e-3, rescore).unwrap();
+        assert!(ldgs(Iterations::FixedPoint, Rescore::Exact).shard_plan().is_some());
+        assert!(ldgs(Iterations::FixedPoint, Rescore::Partial).shard_plan().is_none());
+        assert!(ldgs(Iterations::Steps(5), Rescore::Exact).shard_plan().is_none());
+        assert!(farout_estimators::Exact::new(margin).shard_plan().is_none());
+    }
+}
