@@ -108,6 +108,38 @@ pub struct DocForward {
     entries: Vec<BagEntry>,
 }
 
+/// The gradients of a batch's loss with respect to the encoder ([`DocEncoder::gradients`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DocGrads {
+    /// The table rows the batch used, ascending.
+    pub features: Vec<u32>,
+    /// `dL/dE_f` for each of `features` (`[features, d_model]`).
+    pub rows: Matrix,
+    /// `dL/db` of the hidden bias (`d_model` values).
+    pub bias: Vec<f32>,
+}
+
+impl DocGrads {
+    /// The sum of several batches' gradients (of one encoder): the union of their rows, each
+    /// row the sum of its gradients in the order given.
+    pub fn add(parts: &[DocGrads]) -> DocGrads {
+        let d = parts.first().map_or(0, |p| p.bias.len());
+        let mut features: Vec<u32> = parts.iter().flat_map(|p| p.features.iter().copied()).collect();
+        features.sort_unstable();
+        features.dedup();
+        let mut rows = Matrix::zeros(features.len(), d);
+        let mut bias = vec![0.0; d];
+        for p in parts {
+            for (j, &f) in p.features.iter().enumerate() {
+                let at = features.binary_search(&f).expect("every feature is in the union");
+                farout_core::kernels::axpy(1.0, p.rows.row(j), rows.row_mut(at));
+            }
+            farout_core::kernels::axpy(1.0, &p.bias, &mut bias);
+        }
+        DocGrads { features, rows, bias }
+    }
+}
+
 /// One non-zero of a batch: document `doc` has value `x` at feature `uniq[at]`.
 struct BagEntry {
     doc: u32,
@@ -219,23 +251,45 @@ impl DocEncoder {
     /// Backward pass with upstream gradient `dphi` (`[batch, d_model]`): updates the table rows
     /// the batch used and the bias.
     pub fn backward(&mut self, fwd: DocForward, dphi: &Matrix) {
-        let grads = bridge::backward_with_upstream(fwd.phi, dphi);
+        let grads = self.gradients(fwd, dphi);
+        self.apply(&grads);
+    }
+
+    /// The gradients of a batch's loss with upstream gradient `dphi` (`[batch, d_model]`),
+    /// without updating anything: for data-parallel training, where the ranks sum their
+    /// batches' gradients ([`DocGrads::add`]) before each applies the total.
+    pub fn gradients(&self, fwd: DocForward, dphi: &Matrix) -> DocGrads {
+        let d = self.d_model();
+        let mut grads = bridge::backward_with_upstream(fwd.phi, dphi);
+        let mut rows = Matrix::zeros(fwd.uniq.len(), d);
         if let Some(g) = fwd.bag.grad(&grads) {
             // dL/dE_f = sum over the batch's entries at f of x dL/dbag_doc.
             let g = bridge::to_matrix(g);
-            let d = self.d_model();
-            let mut rows = Matrix::zeros(fwd.uniq.len(), d);
             for e in &fwd.entries {
                 farout_core::kernels::axpy(e.x, g.row(e.doc as usize), rows.row_mut(e.at as usize));
             }
-            let rule = self.table_opt.rule();
-            for (j, &f) in fwd.uniq.iter().enumerate() {
-                let f = f as usize;
-                rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), rows.row(j));
-            }
+        }
+        let mut gp = GradientsParams::from_module(&mut grads, self.hidden());
+        let bias = match gp.remove::<1>(self.hidden().bias.id) {
+            Some(t) => t.into_data().try_to_vec::<f32>().expect("farout tensors are f32"),
+            None => vec![0.0; d],
+        };
+        DocGrads { features: fwd.uniq, rows, bias }
+    }
+
+    /// One optimiser step with `grads` (of this encoder's shapes): the rows of the table it
+    /// names and the bias.
+    pub fn apply(&mut self, grads: &DocGrads) {
+        let d = self.d_model();
+        assert_eq!((grads.rows.cols(), grads.bias.len()), (d, d), "gradients of another encoder");
+        let rule = self.table_opt.rule();
+        for (j, &f) in grads.features.iter().enumerate() {
+            let f = f as usize;
+            rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), grads.rows.row(j));
         }
         let hidden = self.hidden.take().expect("hidden module is present between steps");
-        let gp = GradientsParams::from_grads(grads, &hidden);
+        let mut gp = GradientsParams::new();
+        gp.register(hidden.bias.id, Tensor::<1>::from_data(TensorData::new(grads.bias.clone(), [d]), &crate::device()));
         let lr = self.table_opt.lr() as f64;
         self.hidden = Some(self.hidden_opt.step(lr, hidden, gp));
         self.table_opt.advance();
@@ -366,6 +420,39 @@ mod tests {
             let s: f32 = (0..4).map(|i| dphi.row(i)[j]).sum();
             assert!((b[j] + 0.5 * s).abs() < 1e-5);
         }
+    }
+
+    /// The gradients of two halves of a batch, summed, step the encoder as the whole batch does
+    /// (data parallelism over ranks), with AdaGrad and a nonlinearity.
+    #[test]
+    fn summed_gradients_of_parts_step_like_the_whole_batch() {
+        let cfg = DocEncoderConfig {
+            d_model: 3,
+            activation: Activation::Tanh,
+            optimizer: OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 },
+            ..Default::default()
+        };
+        let (mut whole, mut parts) = (DocEncoder::new(&cfg, 6, 4).unwrap(), DocEncoder::new(&cfg, 6, 4).unwrap());
+        let (c, v) = docs();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let dphi = Matrix::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.1 - 0.5).collect()).unwrap();
+        for _ in 0..3 {
+            whole.backward(whole.forward(&batch, &mut rng::seeded(0, 0)), &dphi);
+            let halves: Vec<DocGrads> = [0..2, 2..4]
+                .into_iter()
+                .map(|r| {
+                    let rows = Matrix::from_vec(2, 3, dphi.as_slice()[r.start * 3..r.end * 3].to_vec()).unwrap();
+                    parts.gradients(parts.forward(&batch[r], &mut rng::seeded(0, 0)), &rows)
+                })
+                .collect();
+            parts.apply(&DocGrads::add(&halves));
+            let (a, b) = (whole.encode(&batch), parts.encode(&batch));
+            for (x, y) in a.as_slice().iter().zip(b.as_slice()) {
+                assert!((x - y).abs() < 1e-6, "{x} vs {y}");
+            }
+            assert_eq!(whole.table_opt.step(), parts.table_opt.step());
+        }
+        assert_ne!(whole.encode(&batch), DocEncoder::new(&cfg, 6, 4).unwrap().encode(&batch), "the steps move it");
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! With one process ([`farout_dist::Local`]) both functions cost nothing and change nothing.
 
 use crate::{Config, Error};
+use farout_core::Matrix;
 use farout_dist::Collective;
+use farout_models::DocGrads;
 
 /// Whether any rank's `result` is an error: on every rank, `Ok` only if no rank failed.
 /// When every rank failed, each returns its own error; otherwise a failing rank returns its
@@ -45,6 +47,40 @@ pub fn check_same_config(comm: &dyn Collective, config: &Config) -> Result<(), E
     comm.allgather_u32(&[u32::from(differs)], &mut flags)?;
     let ranks: Vec<usize> = (0..comm.size()).filter(|&r| flags[r] != 0).collect();
     if ranks.is_empty() { Ok(()) } else { Err(Error::ConfigMismatch { ranks }) }
+}
+
+/// The sum over the ranks of every rank's encoder gradients `grads`, on every rank: the union
+/// of the table rows the ranks' batches used (ids and rows gathered), and the bias gradients
+/// summed.
+pub fn sum_doc_grads(comm: &dyn Collective, grads: DocGrads) -> Result<DocGrads, Error> {
+    if comm.size() == 1 {
+        return Ok(grads);
+    }
+    let d = grads.bias.len();
+    let mut n = vec![0u32; comm.size()];
+    comm.allgather_u32(&[grads.features.len() as u32], &mut n)?;
+    let counts: Vec<usize> = n.iter().map(|&c| c as usize).collect();
+    let mut features = vec![0u32; counts.iter().sum()];
+    comm.allgatherv_u32(&grads.features, &counts, &mut features)?;
+    let row_counts: Vec<usize> = counts.iter().map(|c| c * d).collect();
+    let mut rows = vec![0f32; features.len() * d];
+    comm.allgatherv_f32(grads.rows.as_slice(), &row_counts, &mut rows)?;
+    let mut bias = grads.bias;
+    comm.allreduce_sum_f32(&mut bias)?;
+    let mut at = 0;
+    let parts: Vec<DocGrads> = counts
+        .iter()
+        .map(|&c| {
+            let part = DocGrads {
+                features: features[at..at + c].to_vec(),
+                rows: Matrix::from_vec(c, d, rows[at * d..(at + c) * d].to_vec()).expect("c rows of d"),
+                bias: vec![0.0; d],
+            };
+            at += c;
+            part
+        })
+        .collect();
+    Ok(DocGrads { bias, ..DocGrads::add(&parts) })
 }
 
 /// Every rank's `bytes`, in rank order, on every rank (one broadcast per rank: for small

@@ -159,25 +159,11 @@ fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
     Ok((-steps[1] as u64, steps[0] as u64))
 }
 
-/// Whether `config` can train with its output layer split over ranks (or, on one rank, with
-/// `output.class_chunk` set), and if not the key that says why. The estimator itself is checked
-/// once built ([`check_sharded_estimator`]).
-fn check_shardable(config: &Config, ranks: usize) -> Result<(), Error> {
+/// Whether `output.class_chunk`, when set, goes with the exact softmax and no warm-up, and if
+/// not the key that says why. The estimator of a class-sharded layer is checked once built
+/// ([`check_sharded_estimator`]).
+fn check_class_chunk(config: &Config) -> Result<(), Error> {
     let why = |key: &str, msg: String| Err(Error::Key(ConfigError::key(key, msg)));
-    let on = if ranks > 1 {
-        format!("on {ranks} MPI ranks")
-    } else {
-        format!("with output.class_chunk = {}", config.output.class_chunk)
-    };
-    if config.model.encoder != EncoderKind::FaceHead {
-        return why(
-            "model.encoder",
-            format!(
-                "{on} the output layer is class-sharded, and the encoder must be the frozen face head \
-                 (\"face_head\"); the document encoder trains in one process with output.class_chunk = 0"
-            ),
-        );
-    }
     if config.output.class_chunk > 0 {
         if config.output.estimator.name() != "softmax" {
             return why(
@@ -218,6 +204,36 @@ fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> R
 /// ranks' normalisers ([`sharded::softmax_step`]).
 fn is_exact_softmax(estimator: &dyn GradientEstimator) -> bool {
     estimator.name() == "softmax"
+}
+
+/// One step of a class-sharded layer (or of one process's layer in class chunks): the rows
+/// `first..` of a `k`-class layer on the ranks of `comm`.
+struct ShardedStep<'a> {
+    layer: &'a mut OutputLayer,
+    first: usize,
+    k: usize,
+    comm: &'a dyn Collective,
+    class_chunk: usize,
+}
+
+impl ShardedStep<'_> {
+    /// The step of `estimator` (checked by [`check_sharded_estimator`]) on `batch`, the same on
+    /// every rank, with `dL/dphi` summed over the ranks when `want_dphi`.
+    fn step(
+        self,
+        estimator: &dyn GradientEstimator,
+        batch: Batch,
+        rng: &mut rng::Rng,
+        want_dphi: bool,
+    ) -> Result<farout_layer::StepStats, Error> {
+        let ShardedStep { layer, first, k, comm, class_chunk } = self;
+        Ok(match estimator.shard_plan() {
+            Some(plan) if !is_exact_softmax(estimator) => {
+                sharded_sparse::sparse_step(layer, first, k, comm, plan, batch, rng, want_dphi)?.0
+            }
+            _ => sharded::softmax_step(layer, first, k, comm, batch.phi, batch.positives, want_dphi, class_chunk)?.0,
+        })
+    }
 }
 
 /// What one optimisation step did.
@@ -274,9 +290,7 @@ impl Trainer {
     /// [`Trainer::new`] as one of the ranks of `comm`: with several ranks, each holds an even
     /// share of the output layer's classes (see [`farout_layer::sharded`]).
     pub fn new_on(config: Config, comm: &dyn Collective) -> Result<Self, Error> {
-        if comm.size() > 1 || config.output.class_chunk > 0 {
-            check_shardable(&config, comm.size())?;
-        }
+        check_class_chunk(&config)?;
         let mut data = data::load(&config)?;
         if data.train.is_empty() {
             return Err(Error::NoData("the training set is empty"));
@@ -637,28 +651,46 @@ impl Trainer {
             Some(w) if self.state.step < self.config.output.warmup_steps => w.as_ref(),
             _ => self.estimator.as_ref(),
         };
-        if self.shard.is_some() || class_chunk > 0 {
-            // Checked by `check_shardable` and `check_sharded_estimator`: frozen face features,
-            // and the exact softmax or an estimator with a shard plan.
-            let Features::Dense(m) = &self.data.train.features else { unreachable!("face features are dense") };
-            gather_rows_into(m, idx, &mut self.phi);
-            let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
-            let stats = match estimator.shard_plan() {
-                Some(plan) if !is_exact_softmax(estimator) => {
-                    let batch = Batch::new(&self.phi, &positives);
-                    sharded_sparse::sparse_step(&mut self.layer, first, k, comm, plan, batch, &mut step_rng, false)?.0
-                }
-                _ => {
-                    sharded::softmax_step(&mut self.layer, first, k, comm, &self.phi, &positives, false, class_chunk)?.0
-                }
-            };
-            return self.step_result(idx, stats, t0);
-        }
+        let sharded = self.shard.is_some() || class_chunk > 0;
+        let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
                 gather_rows_into(m, idx, &mut self.phi);
-                let batch = Batch::new(&self.phi, &positives).with_ids(idx);
-                self.layer.train_step(estimator, batch, &mut step_rng, false)
+                if sharded {
+                    let (layer, phi) = (&mut self.layer, &self.phi);
+                    let on = ShardedStep { layer, first, k, comm, class_chunk };
+                    on.step(estimator, Batch::new(phi, &positives), &mut step_rng, false)?
+                } else {
+                    let batch = Batch::new(&self.phi, &positives).with_ids(idx);
+                    self.layer.train_step(estimator, batch, &mut step_rng, false)
+                }
+            }
+            (Encoder::Doc(enc), Features::Sparse(s)) if sharded => {
+                // Data parallel: each rank encodes its share of the batch, the ranks gather the
+                // features for the class-sharded layer, and each backpropagates its rows of
+                // dL/dphi; the encoder's gradients are summed over the ranks, so every rank's
+                // copy of the encoder takes the same step. Dropout masks come from a generator
+                // of the rank's own.
+                let (ranks, rank) = (comm.size(), comm.rank());
+                let part = |r: usize| idx.len() * r / ranks..idx.len() * (r + 1) / ranks;
+                let mine = part(rank);
+                let docs: Vec<_> = idx[mine.clone()].iter().map(|&i| s.row(i)).collect();
+                let mut dropout_rng =
+                    rng::seeded(self.config.seed ^ 0xD20, self.state.step * ranks as u64 + rank as u64);
+                let fwd = enc.forward(&docs, &mut dropout_rng);
+                let d = enc.d_model();
+                let counts: Vec<usize> = (0..ranks).map(|r| part(r).len() * d).collect();
+                self.phi.reshape_for_overwrite(idx.len(), d);
+                comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, self.phi.as_mut_slice())?;
+                let (layer, phi) = (&mut self.layer, &self.phi);
+                let on = ShardedStep { layer, first, k, comm, class_chunk };
+                let stats = on.step(estimator, Batch::new(phi, &positives), &mut step_rng, true)?;
+                if stats.loss_sum.is_finite() {
+                    let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
+                    let grads = enc.gradients(fwd, &Matrix::from_vec(mine.len(), d, rows.to_vec()).expect("rows of D"));
+                    enc.apply(&crate::dist::sum_doc_grads(comm, grads)?);
+                }
+                stats
             }
             (Encoder::Doc(enc), Features::Sparse(s)) => {
                 let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
