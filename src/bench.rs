@@ -11,8 +11,8 @@ use std::path::PathBuf;
 pub enum BenchCommand {
     /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates),
     /// against a plain matrix product of the same shape measured in the same run. Under
-    /// `mpirun -np P`: the classes split over the ranks (exact softmax, mips, ldgs or sampled
-    /// softmax), with the time spent in collectives and the bytes sent per step.
+    /// `mpirun -np P`: the classes split over the ranks (exact softmax or margin, mips, ldgs or
+    /// sampled softmax), with the time spent in collectives and the bytes sent per step.
     Layer {
         /// The gradient estimator: an exact one (`softmax`, `margin`), a sampling one, or `mips`
         /// or `ldgs` over the default index (no bias), with its config defaults

@@ -189,8 +189,8 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
     let memoir = config(dir.path(), "memoir");
     once(&mpirun(2, &args("train", &memoir, &dir.path().join("m"), &[])), "key `linear.solver`");
     let quick = PathBuf::from("configs/quickstart.toml");
-    let margin = ["--set", "output.estimator=\"margin\""];
-    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &margin)), "key `output.estimator`");
+    let negative = ["--set", "output.estimator=\"negative_sampling\""];
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &negative)), "key `output.estimator`");
     let corpus = PathBuf::from("configs/skipgram-quickstart.toml");
     once(&mpirun(2, &args("train", &corpus, &dir.path().join("s"), &[])), "run it without mpirun");
     let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
@@ -248,7 +248,7 @@ fn a_class_sharded_softmax_layer_steps_like_one_process() {
             assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, chunk {chunk}, step {step}: {a} against {b}");
         }
     }
-    let o = bench(2, "margin");
+    let o = bench(2, "ove");
     assert!(!o.status.success());
     let err = stderr(&o);
     assert_eq!(err.matches("error:").count(), 1, "{err}");
@@ -340,13 +340,14 @@ fn estimator_sets(estimator: &str) -> Vec<String> {
     sets.into_iter().flat_map(|s| ["--set".to_string(), s]).collect()
 }
 
-/// With brute-force indexes, every block's top-Q over the ranks is the top-Q of the whole
-/// layer, and sampled softmax draws the same classes on every rank: mips, ldgs and sampled
-/// softmax take one process's steps at 2 and 4 ranks.
+/// The exact margin gathers the classes near each sample's best negative; with brute-force
+/// indexes, every block's top-Q over the ranks is the top-Q of the whole layer; sampled softmax
+/// draws the same classes on every rank: the exact margin, mips, ldgs and sampled softmax take
+/// one process's steps at 2 and 4 ranks.
 #[test]
-fn search_and_sampling_estimators_step_like_one_process_with_brute_force_indexes() {
+fn margin_search_and_sampling_estimators_step_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for estimator in ["mips", "ldgs", "sampled_softmax"] {
+    for estimator in ["margin", "mips", "ldgs", "sampled_softmax"] {
         let mut sets = estimator_sets(estimator);
         sets.extend(["--set".to_string(), "index.kind=\"exact\"".to_string()]);
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();

@@ -33,6 +33,12 @@ impl<L: Loss> GradientEstimator for Exact<L> {
         self.loss.name()
     }
 
+    /// Losses that depend only on the scores near the top ([`Loss::support_width`]) shard by
+    /// gathering those; the exact softmax has its own sharded step.
+    fn shard_plan(&self) -> Option<crate::ShardPlan<'_>> {
+        self.loss.support_width().map(|width| crate::ShardPlan::Near { width, loss: &self.loss })
+    }
+
     fn estimate(
         &self,
         ctx: &Ctx,

@@ -16,6 +16,14 @@ pub trait Loss: Send + Sync {
     /// Whether `dL/dz` is sparse (few non-zeros out of K), which makes sparse row updates pay.
     fn sparse_gradient(&self) -> bool;
 
+    /// A width `w` such that every negative class scoring more than `w` below the best
+    /// negative has a zero gradient and leaves the loss as it is: the loss and its gradient are
+    /// then those of the scores within `w` of the top and the positives. `None` when every score
+    /// counts (softmax).
+    fn support_width(&self) -> Option<f32> {
+        None
+    }
+
     /// Like [`Self::value_and_grad`], overwriting the scores `z` with the gradient. The default
     /// copies the scores into `scratch`; losses that can work in place override it.
     fn value_and_grad_in_place(&self, z: &mut [f32], positives: &[ClassId], scratch: &mut LossScratch) -> f32 {
@@ -172,6 +180,12 @@ impl Loss for SmoothedMargin {
 
     fn sparse_gradient(&self) -> bool {
         true
+    }
+
+    /// `mu`: a negative with `v = (z + 1) / mu` more than 1 below the top's is never in the
+    /// projection's support (see `bisimplex.rs`).
+    fn support_width(&self) -> Option<f32> {
+        Some(self.mu)
     }
 }
 

@@ -10,6 +10,10 @@
 //!   the per-shard top-Q is the top-Q of the whole layer). `U` is their union with the
 //!   positives, as in one process, and each class of `U` is scored exactly by the rank that
 //!   owns it ([`complete_scores`](crate::complete_scores)).
+//! - **Near** ([`ShardPlan::Near`]: the exact smoothed margin). Each rank scores all its
+//!   classes; the ranks agree on each sample's best negative score `M` (an allreduce max) and
+//!   gather the classes scoring at least `M - width`: the only ones the loss depends on, with
+//!   the positives. Exact, and as cheap to move as the gradient's support is small.
 //! - **Draw** ([`ShardPlan::Draw`]: sampled softmax). The candidates are drawn over all K
 //!   classes from the global proposal; every rank draws the same ones from the same generator,
 //!   and each class is scored by its owner (a sum over ranks of one score per candidate).
@@ -27,6 +31,14 @@ pub enum ShardPlan<'a> {
     Search {
         /// Classes retrieved per block index (Q).
         top: usize,
+        /// The loss evaluated on the candidates' scores.
+        loss: &'a dyn Loss,
+    },
+    /// Every class scored, and the candidates the classes within `width` of the best
+    /// negative's score (exact losses with [`Loss::support_width`]: the exact margin).
+    Near {
+        /// The loss's [`Loss::support_width`].
+        width: f32,
         /// The loss evaluated on the candidates' scores.
         loss: &'a dyn Loss,
     },

@@ -88,6 +88,11 @@ struct Attached {
     steps_since_refresh: u64,
     steps_since_build: u64,
     rebuilds: u64,
+    /// Rebuild before the next search, whatever the index says.
+    rebuild_requested: bool,
+    /// Each block's norm bound at least these largest norms at the next build (shared by the
+    /// ranks of a class-sharded layer).
+    norm_floors: Vec<f32>,
 }
 
 /// The output layer: `W` (K x D), optional bias, their optimisers, an optional MIPS index and
@@ -257,8 +262,38 @@ impl OutputLayer {
             steps_since_refresh: 0,
             steps_since_build: 0,
             rebuilds: 0,
+            rebuild_requested: false,
+            norm_floors: Vec::new(),
         });
         Ok(())
+    }
+
+    /// Whether the attached index is built from scratch before its next search: not built
+    /// yet, asked for by the index (a row outgrew its norm bound) or by
+    /// [`Self::request_index_rebuild`], or due by [`IndexUpkeep::rebuild_every`].
+    pub fn index_rebuild_due(&self) -> bool {
+        self.attached.as_ref().is_some_and(|a| {
+            a.rebuild_requested
+                || a.index.as_ref().is_none_or(|i| i.needs_rebuild())
+                || (a.upkeep.rebuild_every > 0 && a.steps_since_build >= a.upkeep.rebuild_every)
+        })
+    }
+
+    /// Builds the attached index from scratch before its next search, each block's norm bound
+    /// fitted as though its rows' largest norm were at least `norm_floors[j]`: the ranks of a
+    /// class-sharded layer rebuild together when one of them must (so that one rank's rebuild
+    /// does not stall the others on its own), with the bound of the whole layer's rows (so that
+    /// a rank's rows outgrow it no sooner than one index's would).
+    pub fn request_index_rebuild(&mut self, norm_floors: Vec<f32>) {
+        if let Some(a) = &mut self.attached {
+            a.rebuild_requested = true;
+            a.norm_floors = norm_floors;
+        }
+    }
+
+    /// The largest norm of a row in each column block of the attached index (none without).
+    pub fn index_block_norms(&self) -> Vec<f32> {
+        self.attached.as_ref().map_or_else(Vec::new, |a| BlockIndex::block_norms(&self.w, a.n_blocks))
     }
 
     /// The attached indexes, once built.
@@ -284,13 +319,13 @@ impl OutputLayer {
     }
 
     fn ensure_index(&mut self) {
-        if let Some(a) = &mut self.attached
-            && (a.index.is_none()
-                || a.index.as_ref().is_some_and(|i| i.needs_rebuild())
-                || (a.upkeep.rebuild_every > 0 && a.steps_since_build >= a.upkeep.rebuild_every))
+        if self.index_rebuild_due()
+            && let Some(a) = &mut self.attached
         {
+            a.rebuild_requested = false;
             a.index = None; // free the old index before building the new one
-            a.index = Some(BlockIndex::build(&self.w, &a.config, a.n_blocks));
+            a.index = Some(BlockIndex::build_with_norm_floors(&self.w, &a.config, a.n_blocks, &a.norm_floors));
+            a.norm_floors.clear();
             a.rebuilds += 1;
             a.dirty.fill(false);
             a.dirty_rows.clear();

@@ -139,7 +139,7 @@ impl OwnerScratch {
 
 thread_local! {
     /// The batch's candidates, kept with their capacity across steps (on the calling thread).
-    static CANDIDATES: RefCell<(Vec<Candidates>, Vec<Drawn>)> = RefCell::new(Default::default());
+    static CANDIDATES: RefCell<(Vec<Candidates>, Vec<Drawn>, Vec<f32>)> = RefCell::new(Default::default());
     static OWNER: RefCell<OwnerScratch> = RefCell::new(OwnerScratch::default());
     static SLOTS: RefCell<FxHashMap<ClassId, u32>> = RefCell::new(FxHashMap::default());
 }
@@ -169,8 +169,19 @@ pub fn sparse_step(
         comm_seconds += t.elapsed().as_secs_f64();
         r
     };
+    if comm.size() > 1 && matches!(plan, ShardPlan::Search { .. }) {
+        // One rank's rebuild is every rank's (otherwise each rank's would stall the others),
+        // with the norm bound of the whole layer's rows.
+        let mut due = [f32::from(u8::from(layer.index_rebuild_due()))];
+        timed(&mut || comm.allreduce_max_f32(&mut due))?;
+        if due[0] > 0.0 {
+            let mut norms = layer.index_block_norms();
+            timed(&mut || comm.allreduce_max_f32(&mut norms))?;
+            layer.request_index_rebuild(norms);
+        }
+    }
     let stats = layer.train_step_with(batch, want_dphi, |ctx, batch, grads| {
-        CANDIDATES.with_borrow_mut(|(cands, drawn)| {
+        CANDIDATES.with_borrow_mut(|(cands, drawn, scores_buf)| {
             let b = batch.phi.rows();
             cands.resize_with(b, Candidates::default);
             cands.truncate(b);
@@ -201,6 +212,47 @@ pub fn sparse_step(
                         SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
                     });
                     (loss, n_blocks)
+                }
+                ShardPlan::Near { width, loss } => {
+                    let (k_local, d) = (ctx.n_classes(), ctx.w.cols());
+                    // Every score of the rank, without the bias (the owner's scoring adds it).
+                    scores_buf.resize(b * k_local, 0.0);
+                    farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k_local, d, scores_buf);
+                    cost += b * k_local;
+                    let with_bias = |l: usize, z: f32| z + ctx.bias.map_or(0.0, |bias| bias[l]);
+                    let is_pos = |i: usize, l: usize| batch.positives[i].contains(&((first + l) as ClassId));
+                    let mut best: Vec<f32> = scores_buf
+                        .par_chunks(k_local.max(1))
+                        .enumerate()
+                        .map(|(i, z)| {
+                            let negatives = z.iter().enumerate().filter(|&(l, _)| !is_pos(i, l));
+                            negatives.map(|(l, &z)| with_bias(l, z)).fold(f32::NEG_INFINITY, f32::max)
+                        })
+                        .collect();
+                    timed(&mut || comm.allreduce_max_f32(&mut best))?;
+                    // The positives, and the negatives a little wider than the loss needs (a
+                    // class at the edge has no gradient anyway). `!(z < cut)` keeps non-finite
+                    // scores, so that a diverged model's loss is NaN, as in one process.
+                    let mut local: Vec<Vec<Hit>> = scores_buf
+                        .par_chunks(k_local.max(1))
+                        .zip(&best)
+                        .enumerate()
+                        .map(|(i, (z, &m))| {
+                            let cut = m - width * (1.0 + 1e-4) - 1e-6 * m.abs();
+                            let near = z.iter().enumerate().filter(|&(l, &z)| is_pos(i, l) || !(with_bias(l, z) < cut));
+                            near.map(|(l, &score)| Hit { class: (first + l) as ClassId, score }).collect()
+                        })
+                        .collect();
+                    let (mut merged, mut sent) = (Vec::new(), 0);
+                    timed(&mut || {
+                        (merged, sent) = crate::sharded::gather_all_hits(comm, std::mem::take(&mut local))?;
+                        Ok(())
+                    })?;
+                    comm_bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
+                    cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
+                        SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
+                    });
+                    (loss, 1)
                 }
                 ShardPlan::Draw { draw, loss } => {
                     draw.draw_batch(n_classes, batch.positives, rng, drawn);
@@ -303,8 +355,19 @@ mod tests {
         index: Option<(IndexConfig, usize)>,
         bias: bool,
     ) {
+        steps_like_the_estimator_from(name, est, index, bias, 0.5);
+    }
+
+    /// [`steps_like_the_estimator`] from W with entries of standard deviation `init_std`.
+    fn steps_like_the_estimator_from(
+        name: &str,
+        est: &dyn GradientEstimator,
+        index: Option<(IndexConfig, usize)>,
+        bias: bool,
+        init_std: f32,
+    ) {
         let (k, d, b) = (2000, 32, 40);
-        let cfg = OutputLayerConfig { bias, init_std: 0.5, ..Default::default() };
+        let cfg = OutputLayerConfig { bias, init_std, ..Default::default() };
         let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
         let mut sharded = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
         let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
@@ -329,7 +392,7 @@ mod tests {
             };
             assert!(diff(sharded.dphi(), whole.dphi()) < 1e-5, "{name}, step {step}");
             assert!(diff(sharded.weights(), whole.weights()) < 1e-5, "{name}, step {step}");
-            assert!(e.rows_updated > 0, "{name}: the step moves rows");
+            assert!(step > 0 || e.rows_updated > 0, "{name}: the first step moves rows: {e:?}");
         }
     }
 
@@ -352,6 +415,18 @@ mod tests {
         }
     }
 
+    /// The exact margin from the classes near the best negative: with scores spread (few
+    /// candidates) and with an untrained layer's near-equal scores (every class a candidate).
+    #[test]
+    fn one_rank_steps_like_the_exact_margin() {
+        for mu in [1.0, 5.0] {
+            let exact = farout_estimators::Exact::new(SmoothedMargin::new(mu).unwrap());
+            for (bias, init_std) in [(false, 0.5), (true, 0.5), (true, 1e-3)] {
+                steps_like_the_estimator_from(&format!("margin mu {mu}, std {init_std}"), &exact, None, bias, init_std);
+            }
+        }
+    }
+
     /// Only LDGS's fixed point with exact rescoring is a loss on its candidates.
     #[test]
     fn ldgs_shards_only_at_its_exact_fixed_point() {
@@ -360,6 +435,6 @@ mod tests {
         assert!(ldgs(Iterations::FixedPoint, Rescore::Exact).shard_plan().is_some());
         assert!(ldgs(Iterations::FixedPoint, Rescore::Partial).shard_plan().is_none());
         assert!(ldgs(Iterations::Steps(5), Rescore::Exact).shard_plan().is_none());
-        assert!(farout_estimators::Exact::new(margin).shard_plan().is_none());
+        assert!(farout_estimators::Exact::new(Softmax).shard_plan().is_none(), "the softmax has its own step");
     }
 }

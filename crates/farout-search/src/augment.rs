@@ -39,10 +39,10 @@ pub(crate) struct NormAugmentation {
 
 impl NormAugmentation {
     /// The bound for the rows of `w`: `M = (1 + headroom) max_k |w_k|` (a negative headroom
-    /// counts as 0), or 1 when every row is zero or there are none (any positive bound holds
-    /// them).
+    /// counts as 0; the largest norm at least `w`'s [`Rows::norm_floor`]), or 1 when every row
+    /// is zero or there are none (any positive bound holds them).
     pub(crate) fn fit(w: Rows, headroom: f32) -> Self {
-        let largest = w.iter().map(kernels::norm).fold(0.0f32, f32::max);
+        let largest = w.iter().map(kernels::norm).fold(w.norm_floor(), f32::max);
         let max_norm = if largest > 0.0 { largest * (1.0 + headroom.max(0.0)) } else { 1.0 };
         Self { max_norm }
     }
@@ -98,6 +98,11 @@ mod tests {
         assert!((NormAugmentation::fit(Rows::all(&w), -0.5).max_norm() - 3.0).abs() < 1e-5);
         assert_eq!(NormAugmentation::fit(Rows::all(&Matrix::zeros(3, 4)), 0.1).max_norm(), 1.0);
         assert_eq!(NormAugmentation::fit(Rows::all(&Matrix::zeros(0, 4)), 0.1).max_norm(), 1.0);
+        // A norm floor (the largest norm of the other shards' rows) raises the bound, never lowers it.
+        let floored = |floor| NormAugmentation::fit(Rows::all(&w).with_norm_floor(floor), 0.1).max_norm();
+        assert!((floored(10.0) - 11.0).abs() < 1e-5 && (floored(1.0) - 3.3).abs() < 1e-5);
+        let zeros = Matrix::zeros(3, 4);
+        assert!((NormAugmentation::fit(Rows::all(&zeros).with_norm_floor(2.0), 0.1).max_norm() - 2.2).abs() < 1e-5);
     }
 
     #[test]

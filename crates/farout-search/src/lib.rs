@@ -144,18 +144,31 @@ pub struct Rows<'a> {
     m: &'a Matrix,
     start: usize,
     end: usize,
+    norm_floor: f32,
 }
 
 impl<'a> Rows<'a> {
     /// All columns of `m`.
     pub fn all(m: &'a Matrix) -> Self {
-        Self { m, start: 0, end: m.cols() }
+        Self { m, start: 0, end: m.cols(), norm_floor: 0.0 }
     }
 
     /// Columns `start..end` of `m`.
     pub fn block(m: &'a Matrix, start: usize, end: usize) -> Self {
         assert!(start <= end && end <= m.cols(), "column block {start}..{end} of a {}-column matrix", m.cols());
-        Self { m, start, end }
+        Self { m, start, end, norm_floor: 0.0 }
+    }
+
+    /// The same rows, for an index that bounds row norms (norm augmentation) as though their
+    /// largest norm were at least `floor`: the shards of a class-sharded layer share one bound,
+    /// as one index over all the rows would have.
+    pub fn with_norm_floor(self, floor: f32) -> Self {
+        Self { norm_floor: floor, ..self }
+    }
+
+    /// See [`Rows::with_norm_floor`] (0 when not set).
+    pub fn norm_floor(&self) -> f32 {
+        self.norm_floor
     }
 
     /// Row `i` restricted to the view's columns.
@@ -309,10 +322,31 @@ impl BlockIndex {
     /// Builds `n_blocks` indexes of `config` over the column blocks of `w` (`w.cols()` must be a
     /// multiple of `n_blocks`; callers validate it).
     pub fn build(w: &Matrix, config: &IndexConfig, n_blocks: usize) -> Self {
+        Self::build_with_norm_floors(w, config, n_blocks, &[])
+    }
+
+    /// [`BlockIndex::build`] with block `j`'s norm bound fitted as though its rows' largest
+    /// norm were at least `floors[j]` (when given; see [`Rows::with_norm_floor`]).
+    pub fn build_with_norm_floors(w: &Matrix, config: &IndexConfig, n_blocks: usize, floors: &[f32]) -> Self {
         assert!(n_blocks > 0 && w.cols().is_multiple_of(n_blocks), "{} columns in {n_blocks} blocks", w.cols());
         let width = w.cols() / n_blocks;
-        let blocks = (0..n_blocks).map(|j| config.build(Rows::block(w, j * width, (j + 1) * width))).collect();
+        let blocks = (0..n_blocks)
+            .map(|j| {
+                let rows = Rows::block(w, j * width, (j + 1) * width);
+                config.build(rows.with_norm_floor(floors.get(j).copied().unwrap_or(0.0)))
+            })
+            .collect();
         Self { blocks, width }
+    }
+
+    /// The largest norm of a row of `w` in each of `n_blocks` column blocks.
+    pub fn block_norms(w: &Matrix, n_blocks: usize) -> Vec<f32> {
+        let width = w.cols() / n_blocks.max(1);
+        (0..n_blocks)
+            .map(|j| {
+                Rows::block(w, j * width, (j + 1) * width).iter().map(farout_core::kernels::norm).fold(0.0f32, f32::max)
+            })
+            .collect()
     }
 
     /// Number of blocks B.

@@ -207,8 +207,8 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         return Err(option(
             "estimator",
             "on several ranks (or with --class-chunk), bench layer measures the class-sharded exact softmax \
-             (softmax, which alone takes --class-chunk) and the search and sampling estimators \
-             (mips, ldgs, sampled_softmax)",
+             (softmax, which alone takes --class-chunk), the exact margin and the search and sampling \
+             estimators (margin, mips, ldgs, sampled_softmax)",
         ));
     }
     let (rank, ranks) = (comm.rank(), comm.size());
