@@ -1,5 +1,6 @@
-//! Search and sampling estimators on a class-sharded output layer (see [`crate::sharded`] for
-//! the layout and [`farout_estimators::ShardPlan`] for why these estimators decompose).
+//! Search, sampling and margin estimators on a class-sharded output layer (see
+//! [`crate::sharded`] for the layout and [`farout_estimators::ShardPlan`] for why these
+//! estimators decompose).
 //!
 //! One step on `B` samples, the same batch on every rank:
 //!
@@ -7,6 +8,8 @@
 //! search:  each rank searches its block indexes -> every block's top-Q of its rows (global ids)
 //!          gather over the ranks                -> every block's top-Q of the whole layer
 //!          U = their union + the positives      -> as one process builds it
+//! near:    each rank scores all its classes; the best negative score M over the ranks;
+//!          gather the classes scoring at least M - width, and the positives
 //! draw:    every rank draws the same classes    -> the candidates, with score corrections
 //! score:   each rank scores the candidates it owns exactly (completing the block scores its
 //!          searches found), 0 for the others; allreduce sum
@@ -17,6 +20,7 @@
 //! A search step moves, per sample, every rank's `B Q` hits (scores and ids) and one score per
 //! candidate; a draw step one score per candidate. On one rank the step is the estimator's own
 //! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
+//! The ranks' indexes rebuild together, with the norm bound of all the ranks' rows.
 
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::Hit;
@@ -174,9 +178,11 @@ pub fn sparse_step(
         // with the norm bound of the whole layer's rows.
         let mut due = [f32::from(u8::from(layer.index_rebuild_due()))];
         timed(&mut || comm.allreduce_max_f32(&mut due))?;
+        comm_bytes += 4;
         if due[0] > 0.0 {
             let mut norms = layer.index_block_norms();
             timed(&mut || comm.allreduce_max_f32(&mut norms))?;
+            comm_bytes += 4 * norms.len();
             layer.request_index_rebuild(norms);
         }
     }
