@@ -27,7 +27,7 @@ use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::{Hit, by_score, top_k};
 use farout_core::{ClassId, Matrix, Rng, vexp};
 use farout_dist::{Collective, DistError, Shards};
-use farout_estimators::{Batch, BatchEstimate, ShardPlan};
+use farout_estimators::{Batch, BatchEstimate};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -120,27 +120,30 @@ impl ShardedLayer {
         Ok(stats)
     }
 
-    /// One step of a search or sampling estimator ([`crate::sharded_sparse::sparse_step`]): the
-    /// loss of the whole layer's estimate (the same on every rank), `dL/dphi` summed over the
-    /// ranks (when `want_dphi`), and this rank's rows updated. `rng` must be in the same state on
-    /// every rank.
-    pub fn sparse_step(
+    /// One step of `estimator` ([`crate::sharded_sparse::estimator_step`]): the loss of the
+    /// whole layer's estimate (the same on every rank), `dL/dphi` summed over the ranks (when
+    /// `want_dphi`), and this rank's rows updated. `rng` must be in the same state on every
+    /// rank; `class_chunk` as in [`softmax_step`].
+    pub fn step(
         &mut self,
         comm: &dyn Collective,
-        plan: ShardPlan,
+        estimator: &dyn farout_estimators::GradientEstimator,
         batch: Batch,
         rng: &mut Rng,
         want_dphi: bool,
+        class_chunk: usize,
     ) -> Result<StepStats, DistError> {
-        let (stats, cost) = crate::sharded_sparse::sparse_step(
-            &mut self.layer,
-            self.first,
-            self.n_classes,
+        let (layer, first, k) = (&mut self.layer, self.first, self.n_classes);
+        let (stats, cost) = crate::sharded_sparse::estimator_step(
+            layer,
+            first,
+            k,
             comm,
-            plan,
+            estimator,
             batch,
             rng,
             want_dphi,
+            class_chunk,
         )?;
         self.comm_seconds += cost.seconds;
         self.comm_bytes += cost.bytes;
@@ -187,18 +190,28 @@ pub fn softmax_step(
         softmax_step_whole(layer, first, n_classes, comm, phi, positives, want_dphi)?
     };
     if want_dphi {
-        let t = Instant::now();
-        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
-        comm_seconds += t.elapsed().as_secs_f64();
+        comm_seconds += allreduce_dphi(layer, comm)?;
     }
     Ok((stats, comm_seconds))
+}
+
+/// Sums `layer.dphi()` over the ranks of `comm`, in place; returns the seconds it took.
+pub(crate) fn allreduce_dphi(layer: &mut OutputLayer, comm: &dyn Collective) -> Result<f64, DistError> {
+    let t = Instant::now();
+    comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The offset of global class `c` among the `n` classes `first..first + n`, if it is one.
+pub(crate) fn local_class(c: ClassId, first: usize, n: usize) -> Option<usize> {
+    (c as usize).checked_sub(first).filter(|&l| l < n)
 }
 
 /// The positives of a row among the local classes `rows` of a rank owning `first..`, as offsets
 /// into `rows`.
 fn positives_in<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
     let (start, n) = (first + rows.start, rows.len());
-    pos.iter().filter_map(move |&p| (p as usize).checked_sub(start).filter(|&l| l < n))
+    pos.iter().filter_map(move |&p| local_class(p, start, n))
 }
 
 /// [`softmax_step`] with all the rank's classes at once (the B x K_r gradients in the layer's

@@ -22,11 +22,14 @@
 //! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
 //! The ranks' indexes rebuild together, with the norm bound of all the ranks' rows.
 
+use crate::sharded::{allreduce_dphi, local_class};
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Rng};
 use farout_dist::{Collective, DistError};
-use farout_estimators::{Batch, BatchEstimate, Ctx, Drawn, LossScratch, RescoreScratch, ShardPlan, complete_scores};
+use farout_estimators::{
+    Batch, BatchEstimate, Ctx, Drawn, GradientEstimator, LossScratch, RescoreScratch, ShardPlan, complete_scores,
+};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::cell::RefCell;
@@ -118,7 +121,7 @@ impl OwnerScratch {
         self.at.clear();
         self.of.clear();
         for (u, &class) in c.classes.iter().enumerate() {
-            match (class as usize).checked_sub(first).filter(|&l| l < k) {
+            match local_class(class, first, k) {
                 Some(l) => {
                     self.of.push(self.local.len() as u32);
                     self.local.push(l as ClassId);
@@ -296,7 +299,7 @@ pub fn sparse_step(
                 at += n;
             }
             // 3. The same loss on every rank; each keeps the gradient of its own classes.
-            let owned = |c: ClassId| (c as usize).checked_sub(first).filter(|&l| l < ctx.n_classes());
+            let owned = |c: ClassId| local_class(c, first, ctx.n_classes());
             grads.reset_sparse(b);
             grads.losses.resize(b, 0.0);
             let loss_sum = grads
@@ -324,12 +327,53 @@ pub fn sparse_step(
         })
     })?;
     if want_dphi {
-        let t = Instant::now();
-        comm.allreduce_sum_f32(layer.dphi_mut().as_mut_slice())?;
-        comm_seconds += t.elapsed().as_secs_f64();
+        comm_seconds += allreduce_dphi(layer, comm)?;
         comm_bytes += 4 * layer.dphi().as_slice().len();
     }
     Ok((stats, CommCost { seconds: comm_seconds, bytes: comm_bytes }))
+}
+
+/// Whether `estimator` trains a class-sharded layer: the exact softmax, from the ranks'
+/// normalisers ([`crate::sharded::softmax_step`]), or an estimator with a [`ShardPlan`]
+/// ([`sparse_step`]).
+pub fn trains_sharded(estimator: &dyn GradientEstimator) -> bool {
+    is_exact_softmax(estimator) || estimator.shard_plan().is_some()
+}
+
+/// Whether `estimator` is the exact softmax, the one a class-sharded layer may visit in class
+/// chunks.
+pub fn is_exact_softmax(estimator: &dyn GradientEstimator) -> bool {
+    estimator.name() == "softmax"
+}
+
+/// One step of `estimator` ([`trains_sharded`]) on `layer`, the rows `first..` of an
+/// `n_classes`-class layer split over the ranks of `comm`: [`crate::sharded::softmax_step`]
+/// (visiting the classes `class_chunk` at a time, when > 0) for the exact softmax,
+/// [`sparse_step`] for the others, which take no `class_chunk`.
+#[allow(clippy::too_many_arguments)]
+pub fn estimator_step(
+    layer: &mut OutputLayer,
+    first: usize,
+    n_classes: usize,
+    comm: &dyn Collective,
+    estimator: &dyn GradientEstimator,
+    batch: Batch,
+    rng: &mut Rng,
+    want_dphi: bool,
+    class_chunk: usize,
+) -> Result<(StepStats, CommCost), DistError> {
+    match estimator.shard_plan() {
+        Some(plan) if !is_exact_softmax(estimator) => {
+            sparse_step(layer, first, n_classes, comm, plan, batch, rng, want_dphi)
+        }
+        _ => {
+            let (phi, positives) = (batch.phi, batch.positives);
+            let (stats, seconds) =
+                crate::sharded::softmax_step(layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk)?;
+            let bytes = crate::ShardedLayer::softmax_step_bytes(phi.rows(), layer.d_model(), want_dphi);
+            Ok((stats, CommCost { seconds, bytes }))
+        }
+    }
 }
 
 /// What the collectives of a step cost one rank.

@@ -9,7 +9,7 @@ use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_dist::Collective;
 use farout_estimators::{Batch, Problem};
-use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer};
+use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer, sharded_sparse};
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
 use serde_json::Value;
@@ -202,8 +202,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
     let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
     let built = estimator_config(estimator, &[])?.build(&problem)?;
     let est = built.estimator.as_ref();
-    let exact_softmax = est.name() == "softmax";
-    if !exact_softmax && (est.shard_plan().is_none() || class_chunk > 0) {
+    if !sharded_sparse::trains_sharded(est) || (class_chunk > 0 && !sharded_sparse::is_exact_softmax(est)) {
         return Err(option(
             "estimator",
             "on several ranks (or with --class-chunk), bench layer measures the class-sharded exact softmax \
@@ -221,10 +220,8 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         layer.layer_mut().attach_index(index, shape.blocks, IndexUpkeep::default())?;
     }
     let positives: Vec<&[u32]> = labels.iter().map(|l| l.as_slice()).collect();
-    let mut step = |layer: &mut ShardedLayer| match est.shard_plan() {
-        Some(plan) if !exact_softmax => layer.sparse_step(comm, plan, Batch::new(&phi, &positives), &mut rng, true),
-        _ => layer.softmax_step(comm, &phi, &positives, true, class_chunk),
-    };
+    let mut step =
+        |layer: &mut ShardedLayer| layer.step(comm, est, Batch::new(&phi, &positives), &mut rng, true, class_chunk);
     step(&mut layer)?; // warm-up: buffers, thread pool, the index built
     layer.take_comm_seconds();
     layer.take_comm_bytes();

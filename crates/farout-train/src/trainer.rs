@@ -183,10 +183,10 @@ fn check_class_chunk(config: &Config) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether `estimator` trains a layer whose classes are split over `ranks` ranks: the exact
-/// softmax, or an estimator with a [`farout_estimators::ShardPlan`].
+/// Whether `estimator` trains a layer whose classes are split over `ranks` ranks
+/// ([`sharded_sparse::trains_sharded`]), and if not the error naming the key.
 fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> Result<(), Error> {
-    if is_exact_softmax(estimator) || estimator.shard_plan().is_some() {
+    if sharded_sparse::trains_sharded(estimator) {
         return Ok(());
     }
     Err(Error::Key(ConfigError::key(
@@ -198,12 +198,6 @@ fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> R
             estimator.name()
         ),
     )))
-}
-
-/// Whether `estimator` is the exact softmax, which a class-sharded layer computes from the
-/// ranks' normalisers ([`sharded::softmax_step`]).
-fn is_exact_softmax(estimator: &dyn GradientEstimator) -> bool {
-    estimator.name() == "softmax"
 }
 
 /// One step of a class-sharded layer (or of one process's layer in class chunks): the rows
@@ -227,12 +221,9 @@ impl ShardedStep<'_> {
         want_dphi: bool,
     ) -> Result<farout_layer::StepStats, Error> {
         let ShardedStep { layer, first, k, comm, class_chunk } = self;
-        Ok(match estimator.shard_plan() {
-            Some(plan) if !is_exact_softmax(estimator) => {
-                sharded_sparse::sparse_step(layer, first, k, comm, plan, batch, rng, want_dphi)?.0
-            }
-            _ => sharded::softmax_step(layer, first, k, comm, batch.phi, batch.positives, want_dphi, class_chunk)?.0,
-        })
+        let (stats, _) =
+            sharded_sparse::estimator_step(layer, first, k, comm, estimator, batch, rng, want_dphi, class_chunk)?;
+        Ok(stats)
     }
 }
 
