@@ -67,6 +67,7 @@ mod local;
 #[cfg(feature = "mpi")]
 mod mpi_impl;
 mod shards;
+mod threads;
 
 pub use error::DistError;
 pub use launch::{Launch, connect, detect, detect_from};
@@ -74,6 +75,7 @@ pub use local::Local;
 #[cfg(feature = "mpi")]
 pub use mpi_impl::{MpiCollective, init};
 pub use shards::Shards;
+pub use threads::Threads;
 
 /// Collective operations over the `size()` ranks of one job.
 ///
