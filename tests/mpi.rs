@@ -157,6 +157,66 @@ fn label_parallel_models_equal_the_one_process_model() {
     }
 }
 
+/// Label `k` of `model` as a dense row of `d` weights.
+fn dense_label(model: &SparseModel, k: usize, d: usize) -> Vec<f32> {
+    let mut row = vec![0f32; d];
+    let (features, weights, _) = model.label(k);
+    features.iter().zip(weights).for_each(|(&j, &w)| row[j as usize] = w);
+    row
+}
+
+#[test]
+fn memoir_with_its_class_matrix_split_over_ranks_trains_the_one_process_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "memoir");
+    // The exact oracle (the default HNSW draws its graph levels unseeded), 4 epochs.
+    let set = ["--set", "linear.oracle={kind=\"exact\"}", "--set", "linear.epochs=4"];
+    let mut reference: Option<(SparseModel, serde_json::Value)> = None;
+    for ranks in [1, 2, 4] {
+        let run = dir.path().join(format!("memoir-np{ranks}"));
+        let summary = json(&mpirun(ranks, &args("train", &cfg, &run, &set)));
+        let model = saved_model(&run);
+        assert_eq!(model.n_labels(), 57);
+        let stats = &summary["linear"]["stats"];
+        let epochs = if ranks == 1 { &stats["epochs"] } else { &stats["per_rank"][0]["epochs"] };
+        let violations: Vec<f64> =
+            epochs.as_array().unwrap().iter().map(|e| e["violations"].as_f64().unwrap()).collect();
+        assert_eq!(violations.len(), 4, "{summary}");
+        match &reference {
+            None => reference = Some((model, summary.clone())),
+            Some((m1, s1)) => {
+                // An even split of the classes, as the output layer's.
+                let counts: Vec<u64> =
+                    stats["rank_labels"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+                assert_eq!(counts.iter().sum::<u64>(), 57);
+                assert!(counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1, "{counts:?}");
+                // Every pair is decided as in one process; the weights differ by the rounding of
+                // the summed norms only.
+                let v1: Vec<f64> = s1["linear"]["stats"]["epochs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| e["violations"].as_f64().unwrap())
+                    .collect();
+                assert_eq!(violations, v1, "{ranks} ranks");
+                let d = m1.n_features();
+                let mut largest = 0f32;
+                for k in 0..57 {
+                    for (a, b) in dense_label(&model, k, d).iter().zip(dense_label(m1, k, d)) {
+                        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{ranks} ranks, label {k}: {a} vs {b}");
+                        largest = largest.max(b.abs());
+                    }
+                }
+                assert!(largest > 0.0);
+                for key in ["p@1", "p@3", "p@5"] {
+                    let (a, b) = (summary["metrics"][key].as_f64().unwrap(), s1["metrics"][key].as_f64().unwrap());
+                    assert!((a - b).abs() <= 1e-3, "{key}: {ranks} ranks {a}, one process {b}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_sharded_model_evaluates_and_predicts_at_any_rank_count() {
     let dir = tempfile::tempdir().unwrap();
@@ -186,8 +246,6 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
         assert_eq!(err.matches("error:").count(), 1, "{err}");
         assert!(err.contains(needle), "{err}");
     };
-    let memoir = config(dir.path(), "memoir");
-    once(&mpirun(2, &args("train", &memoir, &dir.path().join("m"), &[])), "key `linear.solver`");
     let quick = PathBuf::from("configs/quickstart.toml");
     let negative = ["--set", "output.estimator=\"negative_sampling\""];
     once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &negative)), "key `output.estimator`");

@@ -105,6 +105,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A collective operation between MPI ranks failed (a solver trained on several ranks).
+    #[error(transparent)]
+    Dist(#[from] farout_dist::DistError),
     /// A model file is not a valid farout-linear model.
     #[error("{}: not a valid farout-linear model: {problem}", path.display())]
     ModelFile {

@@ -27,15 +27,37 @@
 //!   the oracle rebuilt) only if it falls below [`ACC_FLOOR`].
 //! - The oracle ([`ArgmaxOracle`]) indexes an f32 copy of V (argmax is invariant to acc > 0).
 //!   A batch's queries run in parallel against the batch-start V (top 2, so that y can be
-//!   dropped); the violation test and the updates then run sequentially on the current W, in
-//!   f64. After the batch the changed rows are copied to the f32 copy and the oracle refreshes
-//!   them (or rebuilds, see [`crate::oracle::MipsOracle`]).
+//!   dropped). After the batch the changed rows are copied to the f32 copy and the oracle
+//!   refreshes them (or rebuilds, see [`crate::oracle::MipsOracle`]).
+//! - The violation test and the updates run sequentially, in f64, on the current W, whose
+//!   scores come in two parts: `ω_kᵀx` at the batch start (after the ℓ2 scaling), computed for
+//!   all pairs in parallel, plus `Σ a·x_qᵀx` over the batch's earlier updates `ω_k += a·x_q` of
+//!   row k (usually none: a batch touches a row about 2|b|/C = 200/√C times).
 //! - While W = 0 (before the first update) every class scores 0, so the lowest class ≠ y is an
 //!   exact argmax (brute force breaks ties the same way) and no oracle is asked.
 //! - Multi-label samples become one pair per label (\[E\] "Datasets"); a batch is a slice of a
 //!   per-epoch random permutation of the pairs (seeded by `(seed, epoch)`); T counts batches.
 //! - The model is the last iterate (\[E\] Theorems 2–3 bound the average; the experiments'
 //!   choice is unstated). Prediction is the exact argmax of `Wx` (no bias).
+//!
+//! # Several ranks
+//!
+//! Under `mpirun -np P` each rank holds a contiguous slice of W's rows (V, its f32 copy and its
+//! oracle over them) and every rank reads all pairs in the same order
+//! ([`Memoir::train_shard`]). Per batch:
+//!
+//! 1. each rank's oracle finds every pair's top two among its rows; an allgather of (score,
+//!    class) and a merge give the top two over all classes, ties to the lower class as brute
+//!    force breaks them;
+//! 2. the owners of r and y compute the batch-start scores, which one allreduce shares;
+//! 3. every rank runs the sequential loop above on the same scores, so all ranks decide every
+//!    pair alike, and applies the updates of its own rows;
+//! 4. ‖W‖²_F for the ℓ2 projection (and the objective's norms) are allreduced; R_t of Alg. 2 is
+//!    known to every rank.
+//!
+//! Per batch that is `2P|b|` (score, class) pairs gathered and `2|b|` scores reduced. One
+//! process runs the same code with the identity collective; with the exact oracle, P ranks
+//! train the model of one process up to the rounding of the summed scores.
 //!
 //! Parameters (`[linear] solver = "memoir"`), defaults from \[E\] Table 4:
 //!
@@ -59,10 +81,12 @@ use crate::model::SparseModel;
 use crate::oracle::{ArgmaxOracle, MipsOracle, RefreshKind, best_excluding};
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
-use farout_core::topk::Hit;
+use farout_core::topk::{Hit, by_score};
 use farout_core::{ClassId, Matrix, ParamError, rng};
 use farout_data::SparseRows;
+use farout_dist::{Collective, Local, Shards};
 use farout_search::{HnswConfig, IndexConfig};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::time::Instant;
@@ -204,7 +228,19 @@ impl LinearSolver for MemoirConfig {
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {
-        let trained = Memoir::new(self)?.train_with(data, progress, &mut |_, _| {})?;
+        self.fit_shard(data, &Shards::even(data.n_labels(), 1)?, &Local, progress)
+    }
+
+    /// Trains this rank's rows of W, `shards.range(comm.rank())`, together with the other
+    /// ranks (see "Several ranks" in the module docs).
+    fn fit_shard(
+        &self,
+        data: &TrainSet,
+        shards: &Shards,
+        comm: &dyn Collective,
+        progress: &dyn Progress,
+    ) -> Result<Fitted> {
+        let trained = Memoir::new(self)?.train_shard(data, shards, comm, progress, &mut |_, _| {})?;
         let r = &trained.report;
         let (recall, _) = mean_and_q95(r.epochs.iter().map(|e| e.recall));
         let stats = json!({
@@ -479,11 +515,26 @@ impl Memoir {
         self
     }
 
-    /// Trains; `on_epoch` sees each epoch's statistics and V (`[C, d]`, f32; W = acc·V has the
-    /// same argmax).
+    /// Trains in one process; `on_epoch` sees each epoch's statistics and V (`[C, d]`, f32;
+    /// W = acc·V has the same argmax).
     pub fn train_with(
         &self,
         data: &TrainSet,
+        progress: &dyn Progress,
+        on_epoch: &mut dyn FnMut(&EpochStats, &Matrix),
+    ) -> Result<Trained> {
+        let shards = Shards::even(data.n_labels(), 1)?;
+        self.train_shard(data, &shards, &Local, progress, on_epoch)
+    }
+
+    /// Trains the rows `shards.range(comm.rank())` of W jointly with the other ranks of `comm`
+    /// (see "Several ranks" in the module docs). Every rank sees the same statistics; the
+    /// model, the weights and V (`on_epoch`) are the rank's own rows.
+    pub fn train_shard(
+        &self,
+        data: &TrainSet,
+        shards: &Shards,
+        comm: &dyn Collective,
         progress: &dyn Progress,
         on_epoch: &mut dyn FnMut(&EpochStats, &Matrix),
     ) -> Result<Trained> {
@@ -496,6 +547,17 @@ impl Memoir {
         if c < 2 || d == 0 || n == 0 || n > u32::MAX as usize {
             return Err(shape(format!("{c} classes, {d} features, {n} pairs: needs >= 2, >= 1, 1..2^32")));
         }
+        if shards.rows() != c || shards.parts() != comm.size() || (0..comm.size()).any(|r| shards.len(r) == 0) {
+            return Err(shape(format!(
+                "{c} classes over {} ranks as {:?}: every rank needs at least one class",
+                comm.size(),
+                shards.counts()
+            )));
+        }
+        let own = shards.range(comm.rank());
+        let shard = Shard { comm, first: own.start, rows: own.len() };
+        let (first, rows) = (own.start, own.len());
+        let local = move |k: ClassId| local_row(k, first, rows);
         let b = if cfg.batch == 0 { (100.0 * (c as f64).sqrt()).round() as usize } else { cfg.batch }.clamp(1, n);
         let per_epoch = n.div_ceil(b);
         let total = if cfg.epochs > 0 { cfg.epochs * per_epoch } else { cfg.batches };
@@ -505,19 +567,23 @@ impl Memoir {
             epoch_order(cfg.seed ^ 0x4D0_417, 0, n)[..cfg.monitor].to_vec()
         };
 
-        let mut w = ScaledWeights::zeros(c, d);
-        let mut mirror = Matrix::zeros(c, d);
+        let mut w = ScaledWeights::zeros(own.len(), d);
+        let mut mirror = Matrix::zeros(own.len(), d);
         let mut oracle: Option<MipsOracle> = None;
         let mut all_zero = true;
+        // Rows marked in this batch (global ids): R_t of Alg. 2, and the rows to copy and refresh.
         let mut changed = vec![false; c];
         let mut changed_rows: Vec<ClassId> = Vec::new();
+        let mut own_changed: Vec<ClassId> = Vec::new();
+        let mut updates = BatchUpdates::new(c, d);
         let mut r_of: Vec<Option<Hit>> = Vec::with_capacity(b);
+        let mut s0: Vec<f64> = Vec::with_capacity(2 * b);
         let mut hits: Vec<Vec<Hit>> = Vec::new();
         let mut queries = Matrix::zeros(0, d);
         let mut epochs = Vec::new();
         let mut stats = EpochStats::default();
         let mut order = Vec::new();
-        let (mut cost_total, mut queried, mut violated, mut refresh_s) = (0usize, 0usize, 0usize, Vec::new());
+        let (mut cost_total, mut queried, mut violated, mut refresh_s) = (0u64, 0usize, 0usize, Vec::new());
         progress.begin(total as u64, "batches");
 
         for t in 1..=total {
@@ -532,7 +598,8 @@ impl Memoir {
             let batch = &order[pos * b..((pos + 1) * b).min(n)];
             let eta = self.schedule.eta(t, self.lambda);
 
-            // r for every pair of the batch, against the batch-start V.
+            // r for every pair of the batch, against the batch-start V: the best two of every
+            // rank's oracle over its rows, merged.
             let q_start = Instant::now();
             r_of.clear();
             if all_zero {
@@ -544,14 +611,18 @@ impl Memoir {
                 let chunk = (QUERY_FLOATS / d).clamp(1, b);
                 for part in batch.chunks(chunk) {
                     densify(x, part.iter().map(|&p| pairs[p as usize].0), &mut queries);
-                    cost_total += o.top2_batch(&mirror, &queries, &mut hits);
+                    cost_total += o.top2_batch(&mirror, &queries, &mut hits) as u64;
+                    merge_top2(comm, own.start, &mut hits)?;
                     queried += part.len();
                     r_of.extend(part.iter().zip(&hits).map(|(&p, h)| best_excluding(h, pairs[p as usize].1)));
                 }
             }
             stats.query_seconds += q_start.elapsed().as_secs_f64();
 
-            // Sequential updates on the current W (Alg. 1 / Alg. 2).
+            // Alg. 1 / Alg. 2's sequential updates. A pair's scores at its turn are its
+            // batch-start scores (after the ℓ2 scaling; each from the row's owner) plus what the
+            // batch's earlier updates of the two rows added (`updates`): every rank decides
+            // every pair alike and updates its own rows.
             let u_start = Instant::now();
             if self.config.variant == Variant::L2 {
                 let f = 1.0 - self.lambda * eta;
@@ -561,14 +632,36 @@ impl Memoir {
                 }
                 w.scale(f.max(0.0));
             }
-            for (&p, r) in batch.iter().zip(&r_of) {
+            s0.clear();
+            s0.resize(2 * batch.len(), 0.0);
+            if !all_zero {
+                s0.par_chunks_mut(2).zip(batch.par_iter().zip(&r_of)).for_each(|(s, (&p, r))| {
+                    let (i, y) = pairs[p as usize];
+                    let (cols, vals) = x.row(i as usize);
+                    if let Some(k) = r.and_then(|r| local(r.class)) {
+                        s[0] = w.dot(k, cols, vals);
+                    }
+                    if let Some(k) = local(y) {
+                        s[1] = w.dot(k, cols, vals);
+                    }
+                });
+                comm.allreduce_sum_f64(&mut s0)?;
+            }
+            for (at, (&p, r)) in batch.iter().zip(&r_of).enumerate() {
                 let (i, y) = pairs[p as usize];
                 let Some(r) = r else { continue };
-                let (cols, vals) = x.row(i as usize);
                 let r = r.class;
-                if 1.0 + w.dot(r as usize, cols, vals) - w.dot(y as usize, cols, vals) > 0.0 {
-                    w.add(r as usize, -eta, cols, vals);
-                    w.add(y as usize, eta, cols, vals);
+                let (cols, vals) = x.row(i as usize);
+                let (sr, sy) = updates.scores(x, i, [r, y], [s0[2 * at], s0[2 * at + 1]]);
+                if 1.0 + sr - sy > 0.0 {
+                    if let Some(k) = local(r) {
+                        w.add(k, -eta, cols, vals);
+                    }
+                    if let Some(k) = local(y) {
+                        w.add(k, eta, cols, vals);
+                    }
+                    updates.push(x, r, i, -eta);
+                    updates.push(x, y, i, eta);
                     violated += 1;
                     all_zero = false;
                     mark(&mut changed, &mut changed_rows, r);
@@ -578,9 +671,12 @@ impl Memoir {
                     mark(&mut changed, &mut changed_rows, y);
                 }
             }
+            updates.clear(x);
             match self.config.variant {
                 Variant::L2 => {
-                    let norm = w.norm_sq().sqrt();
+                    let mut norm_sq = [w.norm_sq()];
+                    comm.allreduce_sum_f64(&mut norm_sq)?;
+                    let norm = norm_sq[0].sqrt();
                     if norm > 0.0 {
                         w.scale((1.0 / (self.lambda.sqrt() * norm)).min(1.0));
                     }
@@ -588,8 +684,8 @@ impl Memoir {
                 Variant::L1 => {
                     // R_t = the rows marked above (eq. 13 with ξ = |R_t|).
                     let tau = c as f64 / changed_rows.len().max(1) as f64 * self.lambda * eta;
-                    for &k in &changed_rows {
-                        w.soft_threshold_row(k as usize, tau);
+                    for k in changed_rows.iter().filter_map(|&k| local(k)) {
+                        w.soft_threshold_row(k, tau);
                     }
                 }
             }
@@ -599,15 +695,19 @@ impl Memoir {
             }
             stats.update_seconds += u_start.elapsed().as_secs_f64();
 
-            // The f32 copy and the oracle follow the changed rows.
+            // The f32 copy and the oracle follow the rank's changed rows.
             let r_start = Instant::now();
+            own_changed.clear();
             for &k in &changed_rows {
-                w.copy_row_to(k as usize, mirror.row_mut(k as usize));
                 changed[k as usize] = false;
+                if let Some(l) = local(k) {
+                    w.copy_row_to(l, mirror.row_mut(l));
+                    own_changed.push(l as ClassId);
+                }
             }
             stats.rows_changed_mean += changed_rows.len() as f64;
             if let Some(o) = oracle.as_mut()
-                && o.refresh(&mirror, &changed_rows) == RefreshKind::Rebuilt
+                && o.refresh(&mirror, &own_changed) == RefreshKind::Rebuilt
             {
                 stats.rebuilds += 1;
             }
@@ -627,9 +727,13 @@ impl Memoir {
                 stats.refresh_ms_mean = 1e3 * refresh_s.iter().sum::<f64>() / nb;
                 let seen = ((pos + 1) * b).min(n) as f64;
                 stats.violations = violated as f64 / seen;
-                stats.oracle_cost_mean = if queried > 0 { cost_total as f64 / queried as f64 } else { 0.0 };
+                // Inner products and rebuilds add up over the ranks.
+                let mut counts = [cost_total, stats.rebuilds as u64];
+                comm.allreduce_sum_u64(&mut counts)?;
+                stats.rebuilds = counts[1] as usize;
+                stats.oracle_cost_mean = if queried > 0 { counts[0] as f64 / queried as f64 } else { 0.0 };
                 let view = oracle.as_ref().map(|o| o as &dyn ArgmaxOracle);
-                self.monitor(data, &pairs, &monitored, &w, &mirror, view, &mut stats);
+                self.monitor(data, &pairs, &monitored, &w, &mirror, view, &shard, &mut stats)?;
                 on_epoch(&stats, &mirror);
                 epochs.push(std::mem::take(&mut stats));
             }
@@ -637,7 +741,7 @@ impl Memoir {
 
         let mut model = SparseModel::new(d, false);
         let (mut nnz, mut f, mut v) = (0usize, Vec::new(), Vec::new());
-        for k in 0..c {
+        for k in 0..own.len() {
             f.clear();
             v.clear();
             for j in 0..d {
@@ -665,7 +769,8 @@ impl Memoir {
     }
 
     /// Exact scores of the monitored pairs: oracle recall, |m − m̄|, the objective (eq. 10 or
-    /// 11 with the loss averaged over the monitored pairs) and training accuracy.
+    /// 11 with the loss averaged over the monitored pairs) and training accuracy. Over several
+    /// ranks the best classes are merged and each score comes from its row's owner.
     #[allow(clippy::too_many_arguments)]
     fn monitor(
         &self,
@@ -675,55 +780,275 @@ impl Memoir {
         w: &ScaledWeights,
         mirror: &Matrix,
         oracle: Option<&dyn ArgmaxOracle>,
+        shard: &Shard<'_>,
         stats: &mut EpochStats,
-    ) {
+    ) -> Result<()> {
         if monitored.is_empty() {
-            return;
+            return Ok(());
         }
         let x = &data.features;
         let exact = MipsOracle::build(&IndexConfig::exact(), mirror, 1.0);
         let chunk = (QUERY_FLOATS / mirror.cols()).clamp(1, monitored.len());
-        let (mut loss, mut found, mut correct, mut gaps) = (0.0, 0usize, 0usize, Vec::with_capacity(monitored.len()));
+        // Per pair: y, the exact r and the oracle's r.
+        let mut best: Vec<(ClassId, Option<ClassId>, Option<ClassId>)> = Vec::with_capacity(monitored.len());
         let (mut queries, mut e_hits, mut o_hits) = (Matrix::zeros(0, 0), Vec::new(), Vec::new());
         for part in monitored.chunks(chunk) {
             densify(x, part.iter().map(|&p| pairs[p as usize].0), &mut queries);
             exact.top2_batch(mirror, &queries, &mut e_hits);
+            merge_top2(shard.comm, shard.first, &mut e_hits)?;
             match oracle {
                 Some(o) => {
                     o.top2_batch(mirror, &queries, &mut o_hits);
+                    merge_top2(shard.comm, shard.first, &mut o_hits)?;
                 }
                 None => o_hits.clone_from(&e_hits),
             }
             for ((&p, e), o) in part.iter().zip(&e_hits).zip(&o_hits) {
-                let (i, y) = pairs[p as usize];
-                let (cols, vals) = x.row(i as usize);
-                let sy = w.dot(y as usize, cols, vals);
-                let Some(re) = best_excluding(e, y) else { continue };
-                let se = w.dot(re.class as usize, cols, vals);
-                let so = best_excluding(o, y).map_or(f64::NEG_INFINITY, |h| w.dot(h.class as usize, cols, vals));
-                let gap = se - so;
-                found += (gap <= 1e-9 * (1.0 + se.abs())) as usize;
-                gaps.push(gap.abs());
-                loss += (1.0 + se - sy).max(0.0);
-                correct += (sy > se) as usize;
+                let y = pairs[p as usize].1;
+                best.push((y, best_excluding(e, y).map(|h| h.class), best_excluding(o, y).map(|h| h.class)));
             }
+        }
+        // ω_yᵀx, ω_{r*}ᵀx and ω_{r̄}ᵀx of every pair, each from its row's owner.
+        let mut scores = vec![0.0f64; 3 * best.len()];
+        for ((s, &p), &(y, re, ro)) in scores.chunks_mut(3).zip(monitored).zip(&best) {
+            let (cols, vals) = x.row(pairs[p as usize].0 as usize);
+            for (s, k) in s.iter_mut().zip([Some(y), re, ro]) {
+                if let Some(l) = k.and_then(|k| shard.local(k)) {
+                    *s = w.dot(l, cols, vals);
+                }
+            }
+        }
+        shard.comm.allreduce_sum_f64(&mut scores)?;
+        let (mut loss, mut found, mut correct, mut gaps) = (0.0, 0usize, 0usize, Vec::with_capacity(best.len()));
+        for (s, &(_, re, ro)) in scores.chunks(3).zip(&best) {
+            let (sy, se) = (s[0], s[1]);
+            if re.is_none() {
+                continue;
+            }
+            let so = if ro.is_some() { s[2] } else { f64::NEG_INFINITY };
+            let gap = se - so;
+            found += (gap <= 1e-9 * (1.0 + se.abs())) as usize;
+            gaps.push(gap.abs());
+            loss += (1.0 + se - sy).max(0.0);
+            correct += (sy > se) as usize;
         }
         let m = monitored.len() as f64;
         stats.recall = found as f64 / m;
         let (mean, q95) = mean_and_q95(gaps);
         (stats.margin_gap_mean, stats.margin_gap_q95) = (mean, q95);
+        let l1 = if self.config.variant == Variant::L1 { w.l1_norm() } else { 0.0 };
+        let mut norms = [w.norm_sq(), l1];
+        shard.comm.allreduce_sum_f64(&mut norms)?;
         let reg = match self.config.variant {
-            Variant::L2 => 0.5 * self.lambda * w.norm_sq(),
-            Variant::L1 => 0.5 * self.lambda * w.l1_norm(),
+            Variant::L2 => 0.5 * self.lambda * norms[0],
+            Variant::L1 => 0.5 * self.lambda * norms[1],
         };
         stats.objective = reg + loss / m;
         stats.train_accuracy = correct as f64 / m;
+        Ok(())
     }
 
     /// As [`Memoir::train_with`] without progress or epoch callback.
     pub fn train(&self, data: &TrainSet) -> Result<Trained> {
         self.train_with(data, &Silent, &mut |_, _| {})
     }
+}
+
+/// A rank's rows of W, `first..first + rows`, in a run over `comm`.
+struct Shard<'a> {
+    comm: &'a dyn Collective,
+    first: usize,
+    rows: usize,
+}
+
+impl Shard<'_> {
+    /// Row `k`'s index in this rank's rows, if it owns it.
+    fn local(&self, k: ClassId) -> Option<usize> {
+        local_row(k, self.first, self.rows)
+    }
+}
+
+/// Row `k`'s index among the rows `first..first + rows`, if it is one of them.
+fn local_row(k: ClassId, first: usize, rows: usize) -> Option<usize> {
+    (k as usize).checked_sub(first).filter(|&l| l < rows)
+}
+
+/// Every rank's best two hits per query (over its own rows, local ids) become the best two
+/// over all ranks (global ids), ties to the lower class as brute force breaks them.
+fn merge_top2(comm: &dyn Collective, first: usize, hits: &mut [Vec<Hit>]) -> Result<()> {
+    hits.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
+    let ranks = comm.size();
+    if ranks == 1 {
+        return Ok(());
+    }
+    let n = hits.len();
+    let (mut scores, mut ids) = (vec![f32::NEG_INFINITY; 2 * n], vec![ClassId::MAX; 2 * n]);
+    for (j, h) in hits.iter().enumerate() {
+        for (s, hit) in h.iter().take(2).enumerate() {
+            (scores[2 * j + s], ids[2 * j + s]) = (hit.score, hit.class);
+        }
+    }
+    let (mut all_scores, mut all_ids) = (vec![0f32; ranks * 2 * n], vec![0 as ClassId; ranks * 2 * n]);
+    comm.allgather_f32(&scores, &mut all_scores)?;
+    comm.allgather_u32(&ids, &mut all_ids)?;
+    for (j, h) in hits.iter_mut().enumerate() {
+        h.clear();
+        for at in (0..ranks).flat_map(|r| (r * 2 * n + 2 * j)..(r * 2 * n + 2 * j + 2)) {
+            if all_ids[at] != ClassId::MAX {
+                h.push(Hit { class: all_ids[at], score: all_scores[at] });
+            }
+        }
+        h.sort_unstable_by(by_score);
+        h.truncate(2);
+    }
+    Ok(())
+}
+
+/// The updates `ω_k += a·x_i` made so far in the current batch, row by row. A later pair's
+/// score of row k is its batch-start score plus `Σ a·x_iᵀx` over row k's updates: every rank
+/// computes it alike, whichever rank owns row k, and it equals `ω_kᵀx` of the current W.
+///
+/// A row with few updates keeps them as a list (`Σ a·x_iᵀx` costs their non-zeros). A row
+/// updated more than [`HOT_UPDATES`] times, typically a class that is the most violating one
+/// of many samples, gets a dense sum `Σ a·x_i` instead, so that its score costs one sparse dot
+/// (with lists only, a batch whose pairs share one r would cost |b|² dots). At most
+/// [`SUMS_FLOATS`] floats go to these sums; beyond, rows keep their lists.
+struct BatchUpdates {
+    /// Per row (global id): 1 + the index in `list` of its latest update, 0 for none yet.
+    head: Vec<u32>,
+    /// Per row: its updates in this batch.
+    count: Vec<u32>,
+    /// Per row: 1 + the index of its dense sum in `sums`, 0 for none.
+    slot: Vec<u32>,
+    /// (sample i, a, 1 + the index of the same row's previous update or 0).
+    list: Vec<(u32, f64, u32)>,
+    /// The rows with updates (to reset the per-row entries).
+    rows: Vec<ClassId>,
+    /// Dense sums `Σ a·x_i` of the rows with many updates, `d` floats each; zero when unused.
+    sums: Vec<f64>,
+    /// Sums in use.
+    used: usize,
+    /// Most sums at once.
+    max_sums: usize,
+    /// The pair's sample scattered densely; zero between pairs.
+    dense: Vec<f64>,
+}
+
+/// Updates of a row in one batch beyond which it gets a dense sum.
+const HOT_UPDATES: u32 = 4;
+/// Floats the dense sums may take (2^25: 256 MiB).
+const SUMS_FLOATS: usize = 1 << 25;
+
+impl BatchUpdates {
+    fn new(c: usize, d: usize) -> Self {
+        Self::with_max_sums(c, d, SUMS_FLOATS / d.max(1))
+    }
+
+    fn with_max_sums(c: usize, d: usize, max_sums: usize) -> Self {
+        Self {
+            head: vec![0; c],
+            count: vec![0; c],
+            slot: vec![0; c],
+            list: Vec::new(),
+            rows: Vec::new(),
+            sums: Vec::new(),
+            used: 0,
+            max_sums,
+            dense: vec![0.0; d],
+        }
+    }
+
+    fn d(&self) -> usize {
+        self.dense.len()
+    }
+
+    /// Records `ω_k += a·x_i`.
+    fn push(&mut self, x: &SparseRows, k: ClassId, i: u32, a: f64) {
+        let ku = k as usize;
+        let prev = self.head[ku];
+        if prev == 0 {
+            self.rows.push(k);
+        }
+        self.list.push((i, a, prev));
+        self.head[ku] = self.list.len() as u32;
+        self.count[ku] += 1;
+        let d = self.d();
+        if self.slot[ku] != 0 {
+            let sum = &mut self.sums[(self.slot[ku] as usize - 1) * d..][..d];
+            add_scaled(sum, a, x.row(i as usize));
+        } else if self.count[ku] > HOT_UPDATES && self.used < self.max_sums {
+            if self.sums.len() < (self.used + 1) * d {
+                self.sums.resize((self.used + 1) * d, 0.0);
+            }
+            self.used += 1;
+            self.slot[ku] = self.used as u32;
+            let sum = &mut self.sums[(self.used - 1) * d..][..d];
+            let mut at = self.head[ku];
+            while at != 0 {
+                let (q, a, prev) = self.list[at as usize - 1];
+                add_scaled(sum, a, x.row(q as usize));
+                at = prev;
+            }
+        }
+    }
+
+    /// The current scores `ω_kᵀx_i` of the rows `ks`, from their batch-start scores `s0`.
+    fn scores(&mut self, x: &SparseRows, i: u32, ks: [ClassId; 2], s0: [f64; 2]) -> (f64, f64) {
+        if ks.iter().all(|&k| self.head[k as usize] == 0) {
+            return (s0[0], s0[1]);
+        }
+        let d = self.d();
+        let (cols, vals) = x.row(i as usize);
+        let mut scattered = false;
+        let mut out = s0;
+        for (o, &k) in out.iter_mut().zip(&ks) {
+            let ku = k as usize;
+            if self.slot[ku] != 0 {
+                *o += dot_v(&self.sums[(self.slot[ku] as usize - 1) * d..][..d], cols, vals);
+                continue;
+            }
+            let mut at = self.head[ku];
+            if at != 0 && !scattered {
+                cols.iter().zip(vals).for_each(|(&j, &v)| self.dense[j as usize] += f64::from(v));
+                scattered = true;
+            }
+            while at != 0 {
+                let (q, a, prev) = self.list[at as usize - 1];
+                *o += a * dot_v(&self.dense, x.row(q as usize).0, x.row(q as usize).1);
+                at = prev;
+            }
+        }
+        if scattered {
+            cols.iter().for_each(|&j| self.dense[j as usize] = 0.0);
+        }
+        (out[0], out[1])
+    }
+
+    /// Forgets the batch (the dense sums are zeroed where their updates wrote).
+    fn clear(&mut self, x: &SparseRows) {
+        let d = self.d();
+        for &k in &self.rows {
+            let ku = k as usize;
+            if self.slot[ku] != 0 {
+                let sum = &mut self.sums[(self.slot[ku] as usize - 1) * d..][..d];
+                let mut at = self.head[ku];
+                while at != 0 {
+                    let (q, _, prev) = self.list[at as usize - 1];
+                    x.row(q as usize).0.iter().for_each(|&j| sum[j as usize] = 0.0);
+                    at = prev;
+                }
+            }
+            (self.head[ku], self.count[ku], self.slot[ku]) = (0, 0, 0);
+        }
+        self.rows.clear();
+        self.list.clear();
+        self.used = 0;
+    }
+}
+
+/// `sum += a·x` for a sparse row x.
+fn add_scaled(sum: &mut [f64], a: f64, (cols, vals): (&[u32], &[f32])) {
+    cols.iter().zip(vals).for_each(|(&j, &v)| sum[j as usize] += a * f64::from(v));
 }
 
 fn mark(changed: &mut [bool], rows: &mut Vec<ClassId>, k: ClassId) {
@@ -755,6 +1080,7 @@ mod tests {
     use super::*;
     use crate::testutil::{dense_rows, random_dataset};
     use farout_data::LabelSets;
+    use farout_dist::Threads;
 
     fn exact() -> IndexConfig {
         IndexConfig::exact()
@@ -844,7 +1170,10 @@ mod tests {
         let configs = [
             MemoirConfig { variant: Variant::L2, lambda: 0.5, eta0: 0.5, eta_step: 0.1, ..base.clone() },
             MemoirConfig { variant: Variant::L1, lambda: 0.05, eta0: 0.5, eta_step: 0.1, ..base.clone() },
-            MemoirConfig { variant: Variant::L2, lambda: 0.01, seed: 9, batch: 3, batches: 40, ..base },
+            MemoirConfig { variant: Variant::L2, lambda: 0.01, seed: 9, batch: 3, batches: 40, ..base.clone() },
+            // Batches where rows take many updates each (dense sums in `BatchUpdates`).
+            MemoirConfig { variant: Variant::L2, lambda: 0.1, eta0: 0.5, batch: 45, batches: 12, ..base.clone() },
+            MemoirConfig { variant: Variant::L1, lambda: 0.01, eta0: 0.5, batch: 45, batches: 12, ..base },
         ];
         for cfg in configs {
             let trained = Memoir::new(&cfg).unwrap().train(&data).unwrap();
@@ -1070,6 +1399,119 @@ mod tests {
             }
             assert!(acc >= exact_acc - 0.03, "{name}: mean accuracy {acc} vs exact {exact_acc}");
         }
+    }
+
+    #[test]
+    fn batch_updates_score_like_the_updated_rows_with_lists_and_with_dense_sums() {
+        use farout_core::rng::RngExt;
+        let (x, _) = random_dataset(11, 50, 9, 4);
+        let (c, d) = (6, x.n_cols);
+        let mut r = rng::seeded(12, 0);
+        for max_sums in [0, 1, 100] {
+            let mut updates = BatchUpdates::with_max_sums(c, d, max_sums);
+            for _batch in 0..3 {
+                let mut w = vec![vec![0.0f64; d]; c];
+                let mut count = vec![0u32; c];
+                for _ in 0..40 {
+                    let (i, k): (u32, ClassId) = (r.random_range(0..50), r.random_range(0..c as ClassId));
+                    let a = f64::from(rng::normal(&mut r));
+                    updates.push(&x, k, i, a);
+                    count[k as usize] += 1;
+                    let (cols, vals) = x.row(i as usize);
+                    cols.iter().zip(vals).for_each(|(&j, &v)| w[k as usize][j as usize] += a * f64::from(v));
+                    let (p, ks) = (r.random_range(0..50u32), [k, (k + 1) % c as ClassId]);
+                    let (s0, s1) = updates.scores(&x, p, ks, [0.5, -0.25]);
+                    let (cols, vals) = x.row(p as usize);
+                    for (got, (k, base)) in [s0, s1].into_iter().zip(ks.into_iter().zip([0.5, -0.25])) {
+                        let want = base + dot_v(&w[k as usize], cols, vals);
+                        assert!((got - want).abs() <= 1e-12 * (1.0 + want.abs()), "{max_sums} sums: {got} vs {want}");
+                    }
+                }
+                let hot = count.iter().filter(|&&n| n > HOT_UPDATES).count();
+                assert!(hot >= 2, "{count:?}");
+                assert_eq!(updates.used, max_sums.min(hot));
+                updates.clear(&x);
+                assert!(updates.sums.iter().all(|&v| v == 0.0) && updates.dense.iter().all(|&v| v == 0.0));
+            }
+        }
+    }
+
+    /// Trains `cfg` on `ranks` ranks that are threads of this process.
+    fn on_ranks(cfg: &MemoirConfig, data: &TrainSet, ranks: usize) -> (Shards, Vec<Trained>) {
+        let shards = Shards::even(data.n_labels(), ranks).unwrap();
+        let memoir = Memoir::new(cfg).unwrap();
+        let parts =
+            Threads::run(ranks, |comm| memoir.train_shard(data, &shards, comm, &Silent, &mut |_, _| {}).unwrap());
+        (shards, parts)
+    }
+
+    #[test]
+    fn ranks_holding_slices_of_w_train_the_model_of_one_process() {
+        let (faces, _, _) = face(40);
+        let cases = [
+            (
+                tiny(5),
+                MemoirConfig { oracle: exact(), batch: 7, batches: 30, lambda: 0.5, eta0: 0.5, ..Default::default() },
+            ),
+            (
+                tiny(6),
+                MemoirConfig {
+                    variant: Variant::L1,
+                    oracle: exact(),
+                    batch: 5,
+                    batches: 30,
+                    lambda: 0.05,
+                    eta0: 0.5,
+                    ..Default::default()
+                },
+            ),
+            (faces, MemoirConfig { oracle: exact(), epochs: 3, lambda: 1e-4, monitor: 200, ..Default::default() }),
+        ];
+        for (data, cfg) in cases {
+            let one = Memoir::new(&cfg).unwrap().train(&data).unwrap();
+            let d = data.n_features();
+            for ranks in [2, 3] {
+                let (shards, parts) = on_ranks(&cfg, &data, ranks);
+                let mut largest = 0.0f64;
+                for (r, part) in parts.iter().enumerate() {
+                    for (l, k) in shards.range(r).enumerate() {
+                        for j in 0..d {
+                            let (got, want) = (part.weights.w(l, j), one.weights.w(k, j));
+                            assert!(
+                                (got - want).abs() <= 1e-9 * (1.0 + want.abs()),
+                                "{:?} at {ranks} ranks: W[{k}][{j}] = {got}, one process {want}",
+                                cfg.variant
+                            );
+                            largest = largest.max(want.abs());
+                        }
+                    }
+                    // Every rank reports the same run as one process.
+                    for (a, b) in part.report.epochs.iter().zip(&one.report.epochs) {
+                        assert_eq!(
+                            (a.violations, a.recall, a.train_accuracy),
+                            (b.violations, b.recall, b.train_accuracy)
+                        );
+                        assert!((a.objective - b.objective).abs() <= 1e-9 * (1.0 + b.objective.abs()), "{a:?} {b:?}");
+                        assert_eq!(a.oracle_cost_mean, b.oracle_cost_mean, "brute force scores every class once");
+                    }
+                    assert_eq!(part.report.epochs.len(), one.report.epochs.len());
+                }
+                assert!(largest > 0.01, "the run must move W ({largest})");
+                let models: Vec<SparseModel> = parts.into_iter().map(|p| p.model).collect();
+                assert_eq!(SparseModel::concat(&models).unwrap().n_labels(), data.n_labels());
+            }
+        }
+    }
+
+    #[test]
+    fn more_ranks_than_classes_is_a_shape_error() {
+        let data = tiny(5);
+        let memoir = Memoir::new(&MemoirConfig { oracle: exact(), batch: 7, ..Default::default() }).unwrap();
+        let shards = Shards::even(data.n_labels(), 6).unwrap();
+        let errors = Threads::run(6, |comm| {
+            memoir.train_shard(&data, &shards, comm, &Silent, &mut |_, _| {}).unwrap_err().to_string()
+        });
+        assert!(errors.iter().all(|e| e.contains("every rank needs at least one class")), "{errors:?}");
     }
 
     #[test]

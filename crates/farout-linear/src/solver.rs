@@ -22,6 +22,7 @@ use crate::memoir::MemoirConfig;
 use crate::model::SparseModel;
 use crate::ppdsparse::PpdSparseConfig;
 use farout_core::ParamError;
+use farout_dist::{Collective, Shards};
 use serde::Serialize;
 use std::ops::Range;
 
@@ -53,7 +54,9 @@ pub trait LinearSolver: Send + Sync + std::fmt::Debug {
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted>;
 
     /// Whether every label is a problem of its own (one-vs-all), so that the labels can be
-    /// split over processes and trained by [`LinearSolver::fit_labels`].
+    /// split over processes and trained by [`LinearSolver::fit_labels`] without talking to
+    /// each other. Such a run's shards are balanced by label cost; the shards of a solver that
+    /// trains its labels jointly are even.
     fn label_parallel(&self) -> bool {
         false
     }
@@ -72,6 +75,20 @@ pub trait LinearSolver: Send + Sync + std::fmt::Debug {
                 data.n_labels()
             ),
         })
+    }
+
+    /// One rank's part of a run on `comm.size()` ranks: the model of the labels
+    /// `shards.range(comm.rank())`. Label-parallel solvers train their labels alone
+    /// ([`LinearSolver::fit_labels`]); a solver that trains all labels jointly overrides this
+    /// and exchanges what it needs through `comm` (MEMOIR).
+    fn fit_shard(
+        &self,
+        data: &TrainSet,
+        shards: &Shards,
+        comm: &dyn Collective,
+        progress: &dyn Progress,
+    ) -> Result<Fitted> {
+        self.fit_labels(data, shards.range(comm.rank()), progress)
     }
 }
 

@@ -17,8 +17,12 @@
 //! any number of ranks: with P ranks each reads its own file; otherwise the shards are joined
 //! and split again.
 //! Every label is trained exactly as by one process, so the model equals the one-process model.
+//!
+//! MEMOIR trains all classes jointly: its class matrix W is split evenly over the ranks, as the
+//! output layer is, and the ranks exchange each batch's most violating classes and scores
+//! (`farout_linear::memoir`, "Several ranks"). Its model is saved, read and merged the same way.
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::data::{self, TaskData};
 use crate::dist::agree;
 use crate::metrics::RankingSums;
@@ -157,21 +161,14 @@ impl LinearRun {
         let cfg = &self.config;
         let solver = self.solver();
         let (rank, ranks) = (comm.rank(), comm.size());
-        if ranks > 1 && !solver.params().label_parallel() {
-            return Err(ConfigError::key(
-                "linear.solver",
-                format!(
-                    "\"{}\" trains all labels jointly and cannot split them over {ranks} MPI ranks; \
-                     run it without mpirun, or use \"dismec\" or \"ppdsparse\"",
-                    solver.name()
-                ),
-            )
-            .into());
-        }
         let log_dir = cfg.log_dir();
         let mut sinks = Sinks::open_on_root(comm, &log_dir, &cfg.log, true)?;
         let train = TrainSet::from_dataset(&self.data.train)?;
-        let shards = label_shards(&train, ranks)?;
+        let shards = if solver.params().label_parallel() {
+            label_shards(&train, ranks)?
+        } else {
+            Shards::even(train.n_labels(), ranks)?
+        };
         let labels = shards.range(rank);
         let ranks_note = if ranks > 1 { format!(", {ranks} MPI ranks") } else { String::new() };
         log::info!(
@@ -190,7 +187,7 @@ impl LinearRun {
         );
         let of_rank = if ranks > 1 { ", rank 0's labels" } else { "" };
         bar.set_prefix(format!("{} ({}{of_rank})", cfg.name, solver.name()));
-        let fitted = solver.params().fit_labels(&train, labels.clone(), &Bar(bar.clone())).map_err(Error::from);
+        let fitted = solver.params().fit_shard(&train, &shards, comm, &Bar(bar.clone())).map_err(Error::from);
         let mut fitted = agree(comm, fitted)?;
         bar.finish();
         let n_labels = train.n_labels();
