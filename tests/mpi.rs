@@ -247,8 +247,8 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
         assert!(err.contains(needle), "{err}");
     };
     let quick = PathBuf::from("configs/quickstart.toml");
-    let negative = ["--set", "output.estimator=\"negative_sampling\""];
-    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &negative)), "key `output.estimator`");
+    let ove = ["--set", "output.estimator=\"ove\""];
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &ove)), "key `output.estimator`");
     let corpus = PathBuf::from("configs/skipgram-quickstart.toml");
     once(&mpirun(2, &args("train", &corpus, &dir.path().join("s"), &[])), "run it without mpirun");
     let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
@@ -400,12 +400,12 @@ fn estimator_sets(estimator: &str) -> Vec<String> {
 
 /// The exact margin gathers the classes near each sample's best negative; with brute-force
 /// indexes, every block's top-Q over the ranks is the top-Q of the whole layer; sampled softmax
-/// draws the same classes on every rank: the exact margin, mips, ldgs and sampled softmax take
-/// one process's steps at 2 and 4 ranks.
+/// and negative sampling draw the same classes on every rank: all five take one process's steps
+/// at 2 and 4 ranks.
 #[test]
 fn margin_search_and_sampling_estimators_step_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for estimator in ["margin", "mips", "ldgs", "sampled_softmax"] {
+    for estimator in ["margin", "mips", "ldgs", "sampled_softmax", "negative_sampling"] {
         let mut sets = estimator_sets(estimator);
         sets.extend(["--set".to_string(), "index.kind=\"exact\"".to_string()]);
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
@@ -413,7 +413,13 @@ fn margin_search_and_sampling_estimators_step_like_one_process() {
         let one = json(&mpirun(1, &face_args("train", &run(1), &sets)));
         let losses1 = step_losses(&run(1));
         assert_eq!(losses1.len(), 64, "{estimator}");
-        assert!(losses1[63].1 < 0.9 * losses1[0].1, "{estimator}: the loss falls: {losses1:?}");
+        if estimator == "negative_sampling" {
+            // Its objective rises over the first steps here (rows align with the features' common
+            // direction, so random negatives score higher), but it learns: P@1 0.085, chance 0.001.
+            assert!(one["metrics"]["p@1"].as_f64().unwrap() > 0.05, "{estimator}: {one}");
+        } else {
+            assert!(losses1[63].1 < 0.9 * losses1[0].1, "{estimator}: the loss falls: {losses1:?}");
+        }
         for ranks in [2, 4] {
             let s = json(&mpirun(ranks, &face_args("train", &run(ranks), &sets)));
             for ((step, a), (_, b)) in step_losses(&run(ranks)).iter().zip(&losses1) {

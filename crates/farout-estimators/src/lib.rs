@@ -42,7 +42,7 @@ pub use bisimplex::project_bisimplex;
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::{Exact, MarginConfig, SoftmaxConfig};
 pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore, RescoreScratch, complete_scores};
-pub use loss::{Loss, LossScratch, SmoothedMargin, Softmax};
+pub use loss::{BinaryLogistic, Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, MipsConfig, dphi_cosine};
 pub use proposal::{Draws, Proposal, ProposalKind};
 pub use registry::{Built, EstimatorConfig, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};

@@ -1,4 +1,5 @@
 use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
+use crate::sampled::{sigmoid, softplus};
 use farout_core::{ClassId, vexp};
 
 /// A loss `L(z, P)` of a score vector `z` and a set of positive positions `P`.
@@ -107,6 +108,48 @@ impl Loss for Softmax {
     }
 }
 
+/// The binary logistic losses of negative sampling on a candidate set: label 1 for the
+/// positions in `positives`, 0 for the others,
+///
+/// `L = sum_{p in P} softplus(-z_p) + sum_{c not in P} softplus(z_c)`,
+/// `dL/dz_p = sigma(z_p) - 1`, `dL/dz_c = sigma(z_c)`
+///
+/// (`softplus(x) = log(1 + exp(x))`; a class listed twice counts twice).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BinaryLogistic;
+
+impl Loss for BinaryLogistic {
+    fn name(&self) -> &'static str {
+        "binary_logistic"
+    }
+
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
+        debug_assert_eq!(z.len(), grad.len());
+        let is_pos = &mut scratch.is_positive;
+        is_pos.clear();
+        is_pos.resize(z.len(), false);
+        for &p in positives {
+            is_pos[p as usize] = true;
+        }
+        let mut loss = 0.0f64;
+        for ((&z, g), &p) in z.iter().zip(grad.iter_mut()).zip(is_pos.iter()) {
+            let z = f64::from(z);
+            if p {
+                loss += softplus(-z);
+                *g = (sigmoid(z) - 1.0) as f32;
+            } else {
+                loss += softplus(z);
+                *g = sigmoid(z) as f32;
+            }
+        }
+        loss as f32
+    }
+
+    fn sparse_gradient(&self) -> bool {
+        true
+    }
+}
+
 /// Smoothed max-margin loss, eq. (10)-(11) of the LDGS paper (Nesterov smoothing of the
 /// max-margin loss (3) with parameter `mu`):
 ///
@@ -192,6 +235,20 @@ impl Loss for SmoothedMargin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_logistic_by_hand() {
+        // Position 0 positive, 1 and 2 negatives, 2 listed twice.
+        let z = [2.0f32, -1.0, 0.5, 0.5];
+        let mut grad = [0f32; 4];
+        let loss = BinaryLogistic.value_and_grad(&z, &[0], &mut grad, &mut LossScratch::default());
+        let (sp, sg) = (|x: f64| (1.0 + x.exp()).ln(), |x: f64| 1.0 / (1.0 + (-x).exp()));
+        let want = sp(-2.0) + sp(-1.0) + 2.0 * sp(0.5);
+        assert!((f64::from(loss) - want).abs() < 1e-6, "{loss} vs {want}");
+        for (g, w) in grad.iter().zip([sg(2.0) - 1.0, sg(-1.0), sg(0.5), sg(0.5)]) {
+            assert!((f64::from(*g) - w).abs() < 1e-6, "{grad:?}");
+        }
+    }
 
     #[test]
     fn non_finite_scores_give_a_nan_margin_loss_and_no_gradient() {

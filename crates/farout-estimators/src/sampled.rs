@@ -1,5 +1,5 @@
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
-use crate::loss::{Loss, LossScratch, Softmax};
+use crate::loss::{BinaryLogistic, Loss, LossScratch, Softmax};
 use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::shard::{Drawn, ShardDraw, ShardPlan};
@@ -207,32 +207,60 @@ pub(crate) fn sigmoid(x: f64) -> f64 {
     }
 }
 
+impl NegativeSampling {
+    /// One sample's candidates: its positives, then each of the `n_samples` draws from `rng`
+    /// that is not a positive (duplicates kept). No corrections.
+    fn candidates(&self, k: usize, positives: &[ClassId], rng: &mut Rng, out: &mut Drawn) {
+        out.classes.clear();
+        out.classes.extend_from_slice(positives);
+        for _ in 0..self.n_samples {
+            let c = self.proposal.draw(k, rng);
+            if !positives.contains(&c) {
+                out.classes.push(c);
+            }
+        }
+        out.corrections.clear();
+        out.corrections.resize(out.classes.len(), 0.0);
+    }
+}
+
+impl ShardDraw for NegativeSampling {
+    /// The draws of [`GradientEstimator::estimate_batch`]: one generator per sample, seeded from
+    /// one draw of `rng`.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+        out.resize_with(positives.len(), Drawn::default);
+        out.truncate(positives.len());
+        let seed = rng.next_u64();
+        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
+            self.candidates(n_classes, pos, &mut farout_core::rng::seeded(seed, i as u64), drawn);
+        }
+    }
+}
+
 impl GradientEstimator for NegativeSampling {
     fn name(&self) -> &'static str {
         "negative_sampling"
     }
 
+    /// The same draws on every rank, each class scored by the rank that owns it.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        Some(ShardPlan::Draw { draw: self, loss: &BinaryLogistic })
+    }
+
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
-        let k = ctx.n_classes();
-        out.clear();
-        let mut loss = 0.0f64;
-        for &p in positives {
-            let z = ctx.score(p as usize, phi) as f64;
-            loss += softplus(-z);
-            out.push(p, (sigmoid(z) - 1.0) as f32);
-        }
-        let mut scored = positives.len();
-        for _ in 0..self.n_samples {
-            let c = self.proposal.draw(k, rng);
-            if positives.contains(&c) {
-                continue;
-            }
-            let z = ctx.score(c as usize, phi) as f64;
-            loss += softplus(z);
-            out.push(c, sigmoid(z) as f32);
-            scored += 1;
-        }
-        Estimate { loss: loss as f32, classes_scored: scored }
+        SCRATCH.with_borrow_mut(|s| {
+            self.candidates(ctx.n_classes(), positives, rng, &mut s.candidates);
+            let classes = &s.candidates.classes;
+            s.z.clear();
+            s.z.extend(classes.iter().map(|&c| ctx.score(c as usize, phi)));
+            s.pos.clear();
+            s.pos.extend(0..positives.len() as ClassId);
+            s.grad.resize(s.z.len(), 0.0);
+            let loss = BinaryLogistic.value_and_grad(&s.z, &s.pos, &mut s.grad, &mut s.loss);
+            out.clear();
+            classes.iter().zip(&s.grad).for_each(|(&c, &g)| out.push(c, g));
+            Estimate { loss, classes_scored: classes.len() }
+        })
     }
 }
 

@@ -14,7 +14,7 @@
 //!   classes; the ranks agree on each sample's best negative score `M` (an allreduce max) and
 //!   gather the classes scoring at least `M - width`: the only ones the loss depends on, with
 //!   the positives. Exact, and as cheap to move as the gradient's support is small.
-//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax). The candidates are drawn over all K
+//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax, negative sampling). The candidates are drawn over all K
 //!   classes from the global proposal; every rank draws the same ones from the same generator,
 //!   and each class is scored by its owner (a sum over ranks of one score per candidate).
 //!

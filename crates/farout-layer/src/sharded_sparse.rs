@@ -392,8 +392,8 @@ mod tests {
     use farout_core::{Matrix, rng};
     use farout_dist::Local;
     use farout_estimators::{
-        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, Proposal, Rescore, SampledSoftmax, SmoothedMargin,
-        Softmax,
+        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, NegativeSampling, Proposal, Rescore, SampledSoftmax,
+        SmoothedMargin, Softmax,
     };
     use farout_search::IndexConfig;
 
@@ -462,6 +462,10 @@ mod tests {
         for (unique, shared) in [(true, false), (false, false), (true, true)] {
             let est = SampledSoftmax::with_proposal(100, Proposal::LogUniform, unique, shared).unwrap();
             steps_like_the_estimator(&format!("sampled unique={unique} shared={shared}"), &est, None, true);
+        }
+        for proposal in [Proposal::Uniform, Proposal::LogUniform] {
+            let est = NegativeSampling::new(100, proposal).unwrap();
+            steps_like_the_estimator("negative sampling", &est, None, true);
         }
     }
 
