@@ -247,8 +247,8 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
         assert!(err.contains(needle), "{err}");
     };
     let quick = PathBuf::from("configs/quickstart.toml");
-    let ove = ["--set", "output.estimator=\"ove\""];
-    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &ove)), "key `output.estimator`");
+    let ar = ["--set", "output.estimator=\"ar_softmax\""];
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &ar)), "key `output.estimator`");
     let corpus = PathBuf::from("configs/skipgram-quickstart.toml");
     once(&mpirun(2, &args("train", &corpus, &dir.path().join("s"), &[])), "run it without mpirun");
     let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
@@ -306,7 +306,7 @@ fn a_class_sharded_softmax_layer_steps_like_one_process() {
             assert!((a - b).abs() <= 1e-4 * b.abs(), "{ranks} ranks, chunk {chunk}, step {step}: {a} against {b}");
         }
     }
-    let o = bench(2, "ove");
+    let o = bench(2, "ar_softmax");
     assert!(!o.status.success());
     let err = stderr(&o);
     assert_eq!(err.matches("error:").count(), 1, "{err}");
@@ -400,12 +400,12 @@ fn estimator_sets(estimator: &str) -> Vec<String> {
 
 /// The exact margin gathers the classes near each sample's best negative; with brute-force
 /// indexes, every block's top-Q over the ranks is the top-Q of the whole layer; sampled softmax
-/// and negative sampling draw the same classes on every rank: all five take one process's steps
-/// at 2 and 4 ranks.
+/// negative sampling and OVE draw the same classes on every rank: all six take one process's
+/// steps at 2 and 4 ranks.
 #[test]
 fn margin_search_and_sampling_estimators_step_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for estimator in ["margin", "mips", "ldgs", "sampled_softmax", "negative_sampling"] {
+    for estimator in ["margin", "mips", "ldgs", "sampled_softmax", "negative_sampling", "ove"] {
         let mut sets = estimator_sets(estimator);
         sets.extend(["--set".to_string(), "index.kind=\"exact\"".to_string()]);
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();

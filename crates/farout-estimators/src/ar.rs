@@ -15,8 +15,10 @@
 //! that sampling reduces.
 
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
+use crate::loss::{Loss, LossScratch};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::sampled::{sigmoid, softplus};
+use crate::shard::{Drawn, ShardDraw, ShardPlan};
 use crate::state::SampleState;
 use farout_core::rng::{RngCore, RngExt};
 use farout_core::{ClassId, Rng, SparseGrad};
@@ -96,13 +98,95 @@ thread_local! {
 #[derive(Clone, Debug)]
 pub struct Ove {
     n_samples: usize,
+    /// The loss on drawn candidates, once the number of classes is known: what a class-sharded
+    /// layer evaluates ([`Ove::with_classes`]).
+    loss: Option<OneVsEach>,
 }
 
 impl Ove {
     /// `n_samples` negatives per sample.
     pub fn new(n_samples: usize) -> Result<Self, crate::Error> {
         check_samples(n_samples)?;
-        Ok(Self { n_samples })
+        Ok(Self { n_samples, loss: None })
+    }
+
+    /// The same estimator for a layer of `n_classes` classes, which then also trains with its
+    /// classes split over ranks ([`GradientEstimator::shard_plan`]).
+    pub fn with_classes(mut self, n_classes: usize) -> Self {
+        self.loss = Some(OneVsEach { scale: class_scale(n_classes, self.n_samples) });
+        self
+    }
+}
+
+/// OVE's estimate as a loss on its candidates: position `y = positives[0]` is the label, every
+/// other position a drawn negative, `L = c sum_j softplus(z_j - z_y)`,
+/// `dL/dz_j = c sigma(z_j - z_y)`, `dL/dz_y = -sum_j`. No positive: loss 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OneVsEach {
+    /// `c = (K - 1)/|S|`.
+    pub scale: f64,
+}
+
+impl Loss for OneVsEach {
+    fn name(&self) -> &'static str {
+        "one_vs_each"
+    }
+
+    fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], _: &mut LossScratch) -> f32 {
+        grad.fill(0.0);
+        let Some(&y) = positives.first() else { return 0.0 };
+        let (y, psi_y) = (y as usize, f64::from(z[y as usize]));
+        let (mut loss, mut sum) = (0.0f64, 0.0f64);
+        for (j, (&z, g)) in z.iter().zip(grad.iter_mut()).enumerate() {
+            if j != y {
+                let d = f64::from(z) - psi_y;
+                let v = self.scale * sigmoid(d);
+                loss += softplus(d);
+                sum += v;
+                *g = v as f32;
+            }
+        }
+        grad[y] = -sum as f32;
+        (self.scale * loss) as f32
+    }
+
+    fn sparse_gradient(&self) -> bool {
+        true
+    }
+}
+
+impl ShardDraw for Ove {
+    /// The draws of [`GradientEstimator::estimate_batch`]: per sample, a generator seeded from
+    /// one draw of `rng`; the label `y` first, then `n_samples` uniform classes other than `y`.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+        out.resize_with(positives.len(), Drawn::default);
+        out.truncate(positives.len());
+        let seed = rng.next_u64();
+        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
+            drawn.classes.clear();
+            drawn.positives = 0;
+            if let Some(&y) = pos.first() {
+                self.candidates(n_classes, y, &mut farout_core::rng::seeded(seed, i as u64), &mut drawn.classes);
+                drawn.positives = 1;
+            }
+            drawn.corrections.clear();
+            drawn.corrections.resize(drawn.classes.len(), 0.0);
+        }
+    }
+}
+
+impl Ove {
+    /// The label `y`, then `n_samples` classes drawn uniformly from `{0..k} \ {y}` (with
+    /// replacement), into `out`.
+    fn candidates(&self, k: usize, y: ClassId, rng: &mut Rng, out: &mut Vec<ClassId>) {
+        out.clear();
+        out.push(y);
+        if k >= 2 {
+            out.extend((0..self.n_samples).map(|_| {
+                let c = rng.random_range(0..k as ClassId - 1);
+                if c >= y { c + 1 } else { c }
+            }));
+        }
     }
 }
 
@@ -115,17 +199,38 @@ impl GradientEstimator for Ove {
         true
     }
 
+    /// With [`Ove::with_classes`]: the same draws on every rank, each class scored by its owner.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        self.loss.as_ref().map(|loss| ShardPlan::Draw { draw: self, loss })
+    }
+
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
         out.clear();
         let Some(&y) = positives.first() else { return Estimate::default() };
-        let c = class_scale(ctx.n_classes(), self.n_samples);
-        NEG.with_borrow_mut(|neg| {
-            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
-            let loss: f64 = c * neg.iter().map(|&(_, d)| softplus(d)).sum::<f64>();
-            push_grad(out, y, neg, |d| c * sigmoid(d));
-            Estimate { loss: loss as f32, classes_scored: neg.len() + 1 }
+        let loss = OneVsEach { scale: class_scale(ctx.n_classes(), self.n_samples) };
+        OVE_SCRATCH.with_borrow_mut(|s| {
+            self.candidates(ctx.n_classes(), y, rng, &mut s.classes);
+            s.z.clear();
+            s.z.extend(s.classes.iter().map(|&c| ctx.score(c as usize, phi)));
+            s.grad.resize(s.z.len(), 0.0);
+            let l = loss.value_and_grad(&s.z, &[0], &mut s.grad, &mut s.loss);
+            s.classes.iter().zip(&s.grad).for_each(|(&c, &g)| out.push(c, g));
+            Estimate { loss: l, classes_scored: s.classes.len() }
         })
     }
+}
+
+/// OVE's per-thread buffers: the candidates, their scores and gradient, the loss's scratch.
+#[derive(Default)]
+struct OveScratch {
+    classes: Vec<ClassId>,
+    z: Vec<f32>,
+    grad: Vec<f32>,
+    loss: LossScratch,
+}
+
+thread_local! {
+    static OVE_SCRATCH: std::cell::RefCell<OveScratch> = std::cell::RefCell::new(OveScratch::default());
 }
 
 /// Softmax A&R, Algorithm 1 of the A&R paper. With Gumbel noise the optimal `q(eps)` is
@@ -499,7 +604,7 @@ macro_rules! negatives_config {
 
 negatives_config!(
     /// `[output] estimator = "ove"`.
-    OveConfig => |n, _problem| Ove::new(n)?
+    OveConfig => |n, problem| Ove::new(n)?.with_classes(problem.n_classes)
 );
 negatives_config!(
     /// `[output] estimator = "ar_softmax"`.

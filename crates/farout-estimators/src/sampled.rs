@@ -66,6 +66,7 @@ impl SampledSoftmax {
     /// are not positives, each with the correction `-log E_c` of its logit.
     fn candidates(&self, k: usize, positives: &[ClassId], d: &Draws, out: &mut Drawn) {
         out.classes.clear();
+        out.positives = positives.len();
         out.corrections.clear();
         for &p in positives {
             out.classes.push(p);
@@ -213,6 +214,7 @@ impl NegativeSampling {
     fn candidates(&self, k: usize, positives: &[ClassId], rng: &mut Rng, out: &mut Drawn) {
         out.classes.clear();
         out.classes.extend_from_slice(positives);
+        out.positives = positives.len();
         for _ in 0..self.n_samples {
             let c = self.proposal.draw(k, rng);
             if !positives.contains(&c) {

@@ -14,7 +14,7 @@
 //!   classes; the ranks agree on each sample's best negative score `M` (an allreduce max) and
 //!   gather the classes scoring at least `M - width`: the only ones the loss depends on, with
 //!   the positives. Exact, and as cheap to move as the gradient's support is small.
-//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax, negative sampling). The candidates are drawn over all K
+//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax, negative sampling, OVE). The candidates are drawn over all K
 //!   classes from the global proposal; every rank draws the same ones from the same generator,
 //!   and each class is scored by its owner (a sum over ranks of one score per candidate).
 //!
@@ -51,12 +51,15 @@ pub enum ShardPlan<'a> {
     },
 }
 
-/// One sample's drawn candidates: its positives first, then the drawn classes (global ids),
-/// each with the correction added to its score.
+/// One sample's drawn candidates: the positives the loss sees first, then the drawn classes
+/// (global ids), each with the correction added to its score.
 #[derive(Clone, Debug, Default)]
 pub struct Drawn {
-    /// Classes over all K: the sample's positives, then the drawn classes that are not positives.
+    /// Classes over all K: `positives` positive classes, then the drawn classes.
     pub classes: Vec<ClassId>,
+    /// How many of `classes` (at the front) are positives of the loss: the sample's positives,
+    /// or only its label for single-label estimators (OVE).
+    pub positives: usize,
     /// Added to each class's score before the loss (sampled softmax: `-log E_c`).
     pub corrections: Vec<f32>,
 }

@@ -82,12 +82,12 @@ impl Candidates {
     }
 
     /// Drawn classes: the positives come first.
-    fn set_drawn(&mut self, drawn: &Drawn, n_positives: usize) {
+    fn set_drawn(&mut self, drawn: &Drawn) {
         self.classes.clone_from(&drawn.classes);
         self.z.clone_from(&drawn.corrections);
         self.found.clear();
         self.pos.clear();
-        self.pos.extend(0..n_positives as ClassId);
+        self.pos.extend(0..drawn.positives as ClassId);
     }
 }
 
@@ -265,9 +265,7 @@ pub fn sparse_step(
                 }
                 ShardPlan::Draw { draw, loss } => {
                     draw.draw_batch(n_classes, batch.positives, rng, drawn);
-                    cands.par_iter_mut().zip(drawn.par_iter()).zip(batch.positives).for_each(|((c, d), pos)| {
-                        c.set_drawn(d, pos.len());
-                    });
+                    cands.par_iter_mut().zip(drawn.par_iter()).for_each(|(c, d)| c.set_drawn(d));
                     (loss, 1)
                 }
             };
@@ -392,7 +390,7 @@ mod tests {
     use farout_core::{Matrix, rng};
     use farout_dist::Local;
     use farout_estimators::{
-        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, NegativeSampling, Proposal, Rescore, SampledSoftmax,
+        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, NegativeSampling, Ove, Proposal, Rescore, SampledSoftmax,
         SmoothedMargin, Softmax,
     };
     use farout_search::IndexConfig;
@@ -467,6 +465,7 @@ mod tests {
             let est = NegativeSampling::new(100, proposal).unwrap();
             steps_like_the_estimator("negative sampling", &est, None, true);
         }
+        steps_like_the_estimator("ove", &Ove::new(100).unwrap().with_classes(2000), None, true);
     }
 
     /// The exact margin from the classes near the best negative: with scores spread (few

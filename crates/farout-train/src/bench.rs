@@ -207,7 +207,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
             "estimator",
             "on several ranks (or with --class-chunk), bench layer measures the class-sharded exact softmax \
              (softmax, which alone takes --class-chunk), the exact margin and the search and sampling \
-             estimators (margin, mips, ldgs, sampled_softmax, negative_sampling)",
+             estimators (margin, mips, ldgs, sampled_softmax, negative_sampling, ove)",
         ));
     }
     let (rank, ranks) = (comm.rank(), comm.size());

@@ -193,7 +193,7 @@ fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> R
         "output.estimator",
         format!(
             "on {ranks} MPI ranks the class-sharded layer trains the exact \"softmax\" and \"margin\", \
-             \"mips\", \"sampled_softmax\", \"negative_sampling\", and \"ldgs\" with iterations = \"fixed_point\" and rescore = \
+             \"mips\", \"sampled_softmax\", \"negative_sampling\", \"ove\", and \"ldgs\" with iterations = \"fixed_point\" and rescore = \
              \"exact\" (its defaults); found {:?} with these settings, which trains in one process",
             estimator.name()
         ),
