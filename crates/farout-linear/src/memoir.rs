@@ -32,7 +32,8 @@
 //! - The violation test and the updates run sequentially, in f64, on the current W, whose
 //!   scores come in two parts: `ω_kᵀx` at the batch start (after the ℓ2 scaling), computed for
 //!   all pairs in parallel, plus `Σ a·x_qᵀx` over the batch's earlier updates `ω_k += a·x_q` of
-//!   row k (usually none: a batch touches a row about 2|b|/C = 200/√C times).
+//!   row k (a batch updates a row about 2|b|/C = 200/√C times on average; see
+//!   `BatchUpdates` for rows updated far more often).
 //! - While W = 0 (before the first update) every class scores 0, so the lowest class ≠ y is an
 //!   exact argmax (brute force breaks ties the same way) and no oracle is asked.
 //! - Multi-label samples become one pair per label (\[E\] "Datasets"); a batch is a slice of a
