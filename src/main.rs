@@ -528,7 +528,13 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             }
             w.flush()?;
         }
-        Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => bench::run(command, comm)?,
+        Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => {
+            if comm.size() > 1 {
+                // The node's cores shared among its ranks, as `train` shares them.
+                let _ = rayon::ThreadPoolBuilder::new().num_threads(threads_per_rank()).build_global();
+            }
+            bench::run(command, comm)?
+        }
         _ if comm.size() > 1 => one_process(comm, "this command")?,
         Command::Export { config: path, set, out } => {
             let config = load_config(&path, &set, comm.size())?;
