@@ -62,6 +62,7 @@
 #![warn(missing_docs)]
 
 mod error;
+mod hits;
 mod launch;
 mod local;
 #[cfg(feature = "mpi")]
@@ -70,11 +71,12 @@ mod shards;
 mod threads;
 
 pub use error::DistError;
+pub use hits::{gather_all_hits, merge_top_k};
 pub use launch::{Launch, connect, detect, detect_from};
 pub use local::Local;
 #[cfg(feature = "mpi")]
 pub use mpi_impl::{MpiCollective, init};
-pub use shards::Shards;
+pub use shards::{Shards, local_index};
 pub use threads::Threads;
 
 /// Collective operations over the `size()` ranks of one job.

@@ -149,6 +149,12 @@ impl Shards {
     }
 }
 
+/// The index of `row` among the rows `first..first + len` (a rank's own rows), or `None` if it
+/// is not one of them.
+pub fn local_index(row: usize, first: usize, len: usize) -> Option<usize> {
+    row.checked_sub(first).filter(|&l| l < len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,9 +24,9 @@
 //! the rows with their offset.
 
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
-use farout_core::topk::{Hit, by_score, top_k};
+use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, Rng, vexp};
-use farout_dist::{Collective, DistError, Shards};
+use farout_dist::{Collective, DistError, Shards, local_index, merge_top_k};
 use farout_estimators::{Batch, BatchEstimate};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -202,16 +202,11 @@ pub(crate) fn allreduce_dphi(layer: &mut OutputLayer, comm: &dyn Collective) -> 
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// The offset of global class `c` among the `n` classes `first..first + n`, if it is one.
-pub(crate) fn local_class(c: ClassId, first: usize, n: usize) -> Option<usize> {
-    (c as usize).checked_sub(first).filter(|&l| l < n)
-}
-
 /// The positives of a row among the local classes `rows` of a rank owning `first..`, as offsets
 /// into `rows`.
 fn positives_in<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
     let (start, n) = (first + rows.start, rows.len());
-    pos.iter().filter_map(move |&p| local_class(p, start, n))
+    pos.iter().filter_map(move |&p| local_index(p as usize, start, n))
 }
 
 /// [`softmax_step`] with all the rank's classes at once (the B x K_r gradients in the layer's
@@ -429,108 +424,6 @@ impl Normalisers {
     fn loss(&self, i: usize, n_pos: usize) -> f64 {
         n_pos as f64 * (f64::from(self.max[i]) + self.sums[i].ln()) - self.sums[self.max.len() + i]
     }
-}
-
-/// Rows whose per-rank hits travel in one exchange, at most (bounds the buffers of
-/// [`merge_top_k`] and [`gather_all_hits`]) ...
-const MERGE_ROWS: usize = 16_384;
-/// ... and hits per rank in one exchange, about (at least one row).
-const MERGE_VALUES: usize = 1 << 22;
-
-/// Every rank's top-k per row (`local[i]`: at most `k` hits, global ids) merged into the top-k
-/// over all ranks, on every rank; ties go to the lower class, as [`top_k`] breaks them over all
-/// scores, so the result equals a one-process prediction. Every rank must pass as many rows.
-pub fn merge_top_k(comm: &dyn Collective, local: Vec<Vec<Hit>>, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
-    gather_hits(comm, local, k, k)
-}
-
-/// Every rank's hits per row (global ids) gathered on every rank: each row's hits over all
-/// ranks, best first (ties to the lower class); on one rank, `local` as it is. Every rank must
-/// pass as many rows. Also returns the hits each rank sent per row (the most any rank holds).
-pub fn gather_all_hits(comm: &dyn Collective, local: Vec<Vec<Hit>>) -> Result<(Vec<Vec<Hit>>, usize), DistError> {
-    let mut width = [local.iter().map(Vec::len).max().unwrap_or(0) as f64];
-    if comm.size() == 1 {
-        return Ok((local, width[0] as usize));
-    }
-    comm.allreduce_max_f64(&mut width)?;
-    let width = width[0] as usize;
-    Ok((gather_hits(comm, local, width, usize::MAX)?, width))
-}
-
-/// Every rank's at most `width` hits per row gathered on every rank, sorted best first and cut
-/// to the `keep` best.
-fn gather_hits(
-    comm: &dyn Collective,
-    mut local: Vec<Vec<Hit>>,
-    width: usize,
-    keep: usize,
-) -> Result<Vec<Vec<Hit>>, DistError> {
-    let ranks = comm.size();
-    if ranks == 1 || width == 0 {
-        return Ok(local);
-    }
-    // Each rank's lists best first (searches return them so; then this costs one pass), so
-    // that the ranks' lists of a row merge in one pass.
-    local.par_iter_mut().for_each(|hits| {
-        if !hits.is_sorted_by(|a, b| by_score(a, b).is_le()) {
-            hits.sort_unstable_by(by_score);
-        }
-    });
-    let mut merged = Vec::with_capacity(local.len());
-    let (mut scores, mut ids) = (Vec::new(), Vec::new());
-    let (mut all_scores, mut all_ids) = (Vec::new(), Vec::new());
-    // Rows per exchange: at most MERGE_ROWS, and about MERGE_VALUES values from each rank.
-    let rows = (MERGE_VALUES / width).clamp(1, MERGE_ROWS);
-    for chunk in local.chunks(rows) {
-        scores.clear();
-        ids.clear();
-        for hits in chunk {
-            // Padded to `width`: a rank may hold fewer hits.
-            scores.extend(hits.iter().map(|h| h.score).chain(std::iter::repeat(f32::NEG_INFINITY)).take(width));
-            ids.extend(hits.iter().map(|h| h.class).chain(std::iter::repeat(u32::MAX)).take(width));
-        }
-        all_scores.resize(scores.len() * ranks, 0.0);
-        all_ids.resize(ids.len() * ranks, 0);
-        comm.allgather_f32(&scores, &mut all_scores)?;
-        comm.allgather_u32(&ids, &mut all_ids)?;
-        let per_rank = scores.len();
-        let (all_scores, all_ids) = (&all_scores, &all_ids);
-        let rows_merged: Vec<Vec<Hit>> = (0..chunk.len())
-            .into_par_iter()
-            .map(|i| {
-                // The ranks' sorted lists of row i, each up to its padding.
-                let lists: Vec<(&[f32], &[u32])> = (0..ranks)
-                    .map(|r| {
-                        let at = r * per_rank + i * width;
-                        let ids = &all_ids[at..at + width];
-                        let n = ids.iter().position(|&c| c == u32::MAX).unwrap_or(width);
-                        (&all_scores[at..at + n], &ids[..n])
-                    })
-                    .collect();
-                merge_sorted(&lists, keep)
-            })
-            .collect();
-        merged.extend(rows_merged);
-    }
-    Ok(merged)
-}
-
-/// The `keep` best hits of `lists` (each `(scores, ids)` sorted best first, as [`by_score`]
-/// orders), best first: a merge of the lists' heads.
-fn merge_sorted(lists: &[(&[f32], &[u32])], keep: usize) -> Vec<Hit> {
-    let total: usize = lists.iter().map(|l| l.1.len()).sum();
-    let mut out = Vec::with_capacity(total.min(keep));
-    let mut heads = vec![0usize; lists.len()];
-    while out.len() < keep {
-        let best = (0..lists.len())
-            .filter(|&r| heads[r] < lists[r].1.len())
-            .map(|r| (r, Hit { class: lists[r].1[heads[r]], score: lists[r].0[heads[r]] }))
-            .min_by(|a, b| by_score(&a.1, &b.1));
-        let Some((r, hit)) = best else { break };
-        out.push(hit);
-        heads[r] += 1;
-    }
-    out
 }
 
 #[cfg(test)]

@@ -22,11 +22,11 @@
 //! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
 //! The ranks' indexes rebuild together, with the norm bound of all the ranks' rows.
 
-use crate::sharded::{allreduce_dphi, local_class};
+use crate::sharded::allreduce_dphi;
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Rng};
-use farout_dist::{Collective, DistError};
+use farout_dist::{Collective, DistError, local_index};
 use farout_estimators::{
     Batch, BatchEstimate, Ctx, Drawn, GradientEstimator, LossScratch, RescoreScratch, ShardPlan, complete_scores,
 };
@@ -121,7 +121,7 @@ impl OwnerScratch {
         self.at.clear();
         self.of.clear();
         for (u, &class) in c.classes.iter().enumerate() {
-            match local_class(class, first, k) {
+            match local_index(class as usize, first, k) {
                 Some(l) => {
                     self.of.push(self.local.len() as u32);
                     self.local.push(l as ClassId);
@@ -212,7 +212,7 @@ pub fn sparse_step(
                     comm_bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
                     let mut merged = Vec::new();
                     timed(&mut || {
-                        merged = crate::sharded::merge_top_k(comm, std::mem::take(&mut rows), top)?;
+                        merged = farout_dist::merge_top_k(comm, std::mem::take(&mut rows), top)?;
                         Ok(())
                     })?;
                     let merged = &merged;
@@ -254,7 +254,7 @@ pub fn sparse_step(
                         .collect();
                     let (mut merged, mut sent) = (Vec::new(), 0);
                     timed(&mut || {
-                        (merged, sent) = crate::sharded::gather_all_hits(comm, std::mem::take(&mut local))?;
+                        (merged, sent) = farout_dist::gather_all_hits(comm, std::mem::take(&mut local))?;
                         Ok(())
                     })?;
                     comm_bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
@@ -297,7 +297,7 @@ pub fn sparse_step(
                 at += n;
             }
             // 3. The same loss on every rank; each keeps the gradient of its own classes.
-            let owned = |c: ClassId| local_class(c, first, ctx.n_classes());
+            let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
             grads.reset_sparse(b);
             grads.losses.resize(b, 0.0);
             let loss_sum = grads

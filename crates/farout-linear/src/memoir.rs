@@ -82,14 +82,15 @@ use crate::model::SparseModel;
 use crate::oracle::{ArgmaxOracle, MipsOracle, RefreshKind, best_excluding};
 use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
-use farout_core::topk::{Hit, by_score};
+use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, rng};
 use farout_data::SparseRows;
-use farout_dist::{Collective, Local, Shards};
+use farout_dist::{Collective, Local, Shards, local_index, merge_top_k};
 use farout_search::{HnswConfig, IndexConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::ops::Range;
 use std::time::Instant;
 
 /// `acc` below this is folded into V (V ← acc·V, acc ← 1) so that V stays well inside f32's range.
@@ -556,9 +557,7 @@ impl Memoir {
             )));
         }
         let own = shards.range(comm.rank());
-        let shard = Shard { comm, first: own.start, rows: own.len() };
-        let (first, rows) = (own.start, own.len());
-        let local = move |k: ClassId| local_row(k, first, rows);
+        let local = |k: ClassId| local_index(k as usize, own.start, own.len());
         let b = if cfg.batch == 0 { (100.0 * (c as f64).sqrt()).round() as usize } else { cfg.batch }.clamp(1, n);
         let per_epoch = n.div_ceil(b);
         let total = if cfg.epochs > 0 { cfg.epochs * per_epoch } else { cfg.batches };
@@ -734,7 +733,7 @@ impl Memoir {
                 stats.rebuilds = counts[1] as usize;
                 stats.oracle_cost_mean = if queried > 0 { counts[0] as f64 / queried as f64 } else { 0.0 };
                 let view = oracle.as_ref().map(|o| o as &dyn ArgmaxOracle);
-                self.monitor(data, &pairs, &monitored, &w, &mirror, view, &shard, &mut stats)?;
+                self.monitor(data, &pairs, &monitored, &w, &mirror, view, comm, &own, &mut stats)?;
                 on_epoch(&stats, &mirror);
                 epochs.push(std::mem::take(&mut stats));
             }
@@ -781,7 +780,8 @@ impl Memoir {
         w: &ScaledWeights,
         mirror: &Matrix,
         oracle: Option<&dyn ArgmaxOracle>,
-        shard: &Shard<'_>,
+        comm: &dyn Collective,
+        own: &Range<usize>,
         stats: &mut EpochStats,
     ) -> Result<()> {
         if monitored.is_empty() {
@@ -796,11 +796,11 @@ impl Memoir {
         for part in monitored.chunks(chunk) {
             densify(x, part.iter().map(|&p| pairs[p as usize].0), &mut queries);
             exact.top2_batch(mirror, &queries, &mut e_hits);
-            merge_top2(shard.comm, shard.first, &mut e_hits)?;
+            merge_top2(comm, own.start, &mut e_hits)?;
             match oracle {
                 Some(o) => {
                     o.top2_batch(mirror, &queries, &mut o_hits);
-                    merge_top2(shard.comm, shard.first, &mut o_hits)?;
+                    merge_top2(comm, own.start, &mut o_hits)?;
                 }
                 None => o_hits.clone_from(&e_hits),
             }
@@ -814,12 +814,12 @@ impl Memoir {
         for ((s, &p), &(y, re, ro)) in scores.chunks_mut(3).zip(monitored).zip(&best) {
             let (cols, vals) = x.row(pairs[p as usize].0 as usize);
             for (s, k) in s.iter_mut().zip([Some(y), re, ro]) {
-                if let Some(l) = k.and_then(|k| shard.local(k)) {
+                if let Some(l) = k.and_then(|k| local_index(k as usize, own.start, own.len())) {
                     *s = w.dot(l, cols, vals);
                 }
             }
         }
-        shard.comm.allreduce_sum_f64(&mut scores)?;
+        comm.allreduce_sum_f64(&mut scores)?;
         let (mut loss, mut found, mut correct, mut gaps) = (0.0, 0usize, 0usize, Vec::with_capacity(best.len()));
         for (s, &(_, re, ro)) in scores.chunks(3).zip(&best) {
             let (sy, se) = (s[0], s[1]);
@@ -839,7 +839,7 @@ impl Memoir {
         (stats.margin_gap_mean, stats.margin_gap_q95) = (mean, q95);
         let l1 = if self.config.variant == Variant::L1 { w.l1_norm() } else { 0.0 };
         let mut norms = [w.norm_sq(), l1];
-        shard.comm.allreduce_sum_f64(&mut norms)?;
+        comm.allreduce_sum_f64(&mut norms)?;
         let reg = match self.config.variant {
             Variant::L2 => 0.5 * self.lambda * norms[0],
             Variant::L1 => 0.5 * self.lambda * norms[1],
@@ -855,53 +855,11 @@ impl Memoir {
     }
 }
 
-/// A rank's rows of W, `first..first + rows`, in a run over `comm`.
-struct Shard<'a> {
-    comm: &'a dyn Collective,
-    first: usize,
-    rows: usize,
-}
-
-impl Shard<'_> {
-    /// Row `k`'s index in this rank's rows, if it owns it.
-    fn local(&self, k: ClassId) -> Option<usize> {
-        local_row(k, self.first, self.rows)
-    }
-}
-
-/// Row `k`'s index among the rows `first..first + rows`, if it is one of them.
-fn local_row(k: ClassId, first: usize, rows: usize) -> Option<usize> {
-    (k as usize).checked_sub(first).filter(|&l| l < rows)
-}
-
-/// Every rank's best two hits per query (over its own rows, local ids) become the best two
-/// over all ranks (global ids), ties to the lower class as brute force breaks them.
-fn merge_top2(comm: &dyn Collective, first: usize, hits: &mut [Vec<Hit>]) -> Result<()> {
+/// Every rank's best two hits per query (over its own rows `first..`, local ids) become the
+/// best two over all ranks (global ids), ties to the lower class as brute force breaks them.
+fn merge_top2(comm: &dyn Collective, first: usize, hits: &mut Vec<Vec<Hit>>) -> Result<()> {
     hits.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
-    let ranks = comm.size();
-    if ranks == 1 {
-        return Ok(());
-    }
-    let n = hits.len();
-    let (mut scores, mut ids) = (vec![f32::NEG_INFINITY; 2 * n], vec![ClassId::MAX; 2 * n]);
-    for (j, h) in hits.iter().enumerate() {
-        for (s, hit) in h.iter().take(2).enumerate() {
-            (scores[2 * j + s], ids[2 * j + s]) = (hit.score, hit.class);
-        }
-    }
-    let (mut all_scores, mut all_ids) = (vec![0f32; ranks * 2 * n], vec![0 as ClassId; ranks * 2 * n]);
-    comm.allgather_f32(&scores, &mut all_scores)?;
-    comm.allgather_u32(&ids, &mut all_ids)?;
-    for (j, h) in hits.iter_mut().enumerate() {
-        h.clear();
-        for at in (0..ranks).flat_map(|r| (r * 2 * n + 2 * j)..(r * 2 * n + 2 * j + 2)) {
-            if all_ids[at] != ClassId::MAX {
-                h.push(Hit { class: all_ids[at], score: all_scores[at] });
-            }
-        }
-        h.sort_unstable_by(by_score);
-        h.truncate(2);
-    }
+    *hits = merge_top_k(comm, std::mem::take(hits), 2)?;
     Ok(())
 }
 

@@ -13,7 +13,7 @@
 //! training its range with all of its threads. Rank r writes its labels to
 //! `linear.model.<r>-of-<P>` and rank 0 the manifest `linear.shards.json` (the ranges and files).
 //! Evaluation and prediction score each sample on every rank's labels and merge the per-rank
-//! top-k ([`farout_layer::sharded::merge_top_k`]). A model trained on P ranks is read back by
+//! top-k ([`farout_dist::merge_top_k`]). A model trained on P ranks is read back by
 //! any number of ranks: with P ranks each reads its own file; otherwise the shards are joined
 //! and split again.
 //! Every label is trained exactly as by one process, so the model equals the one-process model.
@@ -32,8 +32,7 @@ use crate::trainer::peak_rss_bytes;
 use crate::{Error, Summary, io_err};
 use farout_core::topk::Hit;
 use farout_data::{Dataset, Features, SparseRows};
-use farout_dist::{Collective, Shards};
-use farout_layer::sharded::merge_top_k;
+use farout_dist::{Collective, Shards, merge_top_k};
 use farout_linear::{SolverConfig, SparseModel, TrainSet};
 use indicatif::ProgressBar;
 use rayon::prelude::*;
