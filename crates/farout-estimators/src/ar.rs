@@ -18,7 +18,7 @@ use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientE
 use crate::loss::{Loss, LossScratch};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::sampled::{sigmoid, softplus};
-use crate::shard::{Drawn, ShardDraw, ShardPlan};
+use crate::shard::{Drawn, ShardDraw, ShardPlan, draw_per_sample};
 use crate::state::SampleState;
 use farout_core::rng::{RngCore, RngExt};
 use farout_core::{ClassId, Rng, SparseGrad};
@@ -159,19 +159,16 @@ impl ShardDraw for Ove {
     /// The draws of [`GradientEstimator::estimate_batch`]: per sample, a generator seeded from
     /// one draw of `rng`; the label `y` first, then `n_samples` uniform classes other than `y`.
     fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
-        out.resize_with(positives.len(), Drawn::default);
-        out.truncate(positives.len());
-        let seed = rng.next_u64();
-        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
+        draw_per_sample(positives, rng, out, |pos, r, drawn| {
             drawn.classes.clear();
             drawn.positives = 0;
             if let Some(&y) = pos.first() {
-                self.candidates(n_classes, y, &mut farout_core::rng::seeded(seed, i as u64), &mut drawn.classes);
+                self.candidates(n_classes, y, r, &mut drawn.classes);
                 drawn.positives = 1;
             }
             drawn.corrections.clear();
             drawn.corrections.resize(drawn.classes.len(), 0.0);
-        }
+        });
     }
 }
 

@@ -45,6 +45,16 @@ pub struct LossScratch {
     scores: Vec<f32>,
 }
 
+/// `mask` as `n` flags, true at the positions `positives`.
+fn mark_positives<'a>(mask: &'a mut Vec<bool>, n: usize, positives: &[ClassId]) -> &'a [bool] {
+    mask.clear();
+    mask.resize(n, false);
+    for &p in positives {
+        mask[p as usize] = true;
+    }
+    mask
+}
+
 /// Multi-label cross-entropy, eq. (2) of the LDGS paper:
 ///
 /// `L(z, P) = sum_{p in P} ( log sum_j exp(z_j) - z_p )`,
@@ -125,12 +135,7 @@ impl Loss for BinaryLogistic {
 
     fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
         debug_assert_eq!(z.len(), grad.len());
-        let is_pos = &mut scratch.is_positive;
-        is_pos.clear();
-        is_pos.resize(z.len(), false);
-        for &p in positives {
-            is_pos[p as usize] = true;
-        }
+        let is_pos = mark_positives(&mut scratch.is_positive, z.len(), positives);
         let mut loss = 0.0f64;
         for ((&z, g), &p) in z.iter().zip(grad.iter_mut()).zip(is_pos.iter()) {
             let z = f64::from(z);
@@ -191,12 +196,7 @@ impl Loss for SmoothedMargin {
     }
 
     fn value_and_grad(&self, z: &[f32], positives: &[ClassId], grad: &mut [f32], scratch: &mut LossScratch) -> f32 {
-        let is_pos = &mut scratch.is_positive;
-        is_pos.clear();
-        is_pos.resize(z.len(), false);
-        for &p in positives {
-            is_pos[p as usize] = true;
-        }
+        let is_pos = mark_positives(&mut scratch.is_positive, z.len(), positives);
         let inv_mu = 1.0 / self.mu;
         // v = (z + 1_N) / mu, written into grad and projected in place.
         let mut finite = true;

@@ -2,7 +2,7 @@ use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientE
 use crate::loss::{BinaryLogistic, Loss, LossScratch, Softmax};
 use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
-use crate::shard::{Drawn, ShardDraw, ShardPlan};
+use crate::shard::{Drawn, ShardDraw, ShardPlan, draw_per_sample};
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Rng, SparseGrad};
 use std::cell::RefCell;
@@ -108,27 +108,20 @@ impl ShardDraw for SampledSoftmax {
     /// The draws of [`GradientEstimator::estimate_batch`]: one generator per sample seeded from
     /// one draw of `rng`, or one draw for the batch when `shared`.
     fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
-        out.resize_with(positives.len(), Drawn::default);
-        out.truncate(positives.len());
         let mut d = Draws::default();
         if self.shared {
+            out.resize_with(positives.len(), Drawn::default);
+            out.truncate(positives.len());
             d.sample(&self.proposal, n_classes, self.n_samples, self.unique, rng);
             for (pos, drawn) in positives.iter().zip(out.iter_mut()) {
                 self.candidates(n_classes, pos, &d, drawn);
             }
             return;
         }
-        let seed = rng.next_u64();
-        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
-            d.sample(
-                &self.proposal,
-                n_classes,
-                self.n_samples,
-                self.unique,
-                &mut farout_core::rng::seeded(seed, i as u64),
-            );
+        draw_per_sample(positives, rng, out, |pos, r, drawn| {
+            d.sample(&self.proposal, n_classes, self.n_samples, self.unique, r);
             self.candidates(n_classes, pos, &d, drawn);
-        }
+        });
     }
 }
 
@@ -230,12 +223,7 @@ impl ShardDraw for NegativeSampling {
     /// The draws of [`GradientEstimator::estimate_batch`]: one generator per sample, seeded from
     /// one draw of `rng`.
     fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
-        out.resize_with(positives.len(), Drawn::default);
-        out.truncate(positives.len());
-        let seed = rng.next_u64();
-        for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
-            self.candidates(n_classes, pos, &mut farout_core::rng::seeded(seed, i as u64), drawn);
-        }
+        draw_per_sample(positives, rng, out, |pos, r, drawn| self.candidates(n_classes, pos, r, drawn));
     }
 }
 

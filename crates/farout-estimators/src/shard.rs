@@ -70,3 +70,21 @@ pub trait ShardDraw: Sync {
     /// `positives`), drawn with `rng` exactly as the one-process estimator draws them.
     fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>);
 }
+
+/// One [`Drawn`] per sample in `out`, each filled by `draw(positives, generator, drawn)` with a
+/// generator seeded from one draw of `rng` and the sample's index: the generators the default
+/// [`GradientEstimator::estimate_batch`](crate::GradientEstimator::estimate_batch) hands its
+/// samples, so that the ranks draw what one process draws.
+pub fn draw_per_sample(
+    positives: &[&[ClassId]],
+    rng: &mut Rng,
+    out: &mut Vec<Drawn>,
+    mut draw: impl FnMut(&[ClassId], &mut Rng, &mut Drawn),
+) {
+    out.resize_with(positives.len(), Drawn::default);
+    out.truncate(positives.len());
+    let seed = farout_core::rng::RngCore::next_u64(rng);
+    for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
+        draw(pos, &mut farout_core::rng::seeded(seed, i as u64), drawn);
+    }
+}
