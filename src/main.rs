@@ -451,8 +451,8 @@ fn one_process(comm: &dyn Collective, what: &str) -> Result<()> {
     if comm.size() > 1 {
         anyhow::bail!(
             "{what} runs in one process, but mpirun started {} ranks (each would do the whole job); run it \
-             without mpirun. Under mpirun, farout trains, evaluates and predicts with linear configs whose \
-             solver is label-parallel (dismec, ppdsparse) and face-head configs with the exact softmax",
+             without mpirun. Under mpirun, farout trains, evaluates and predicts with linear configs and with \
+             the face head and document encoder (their output layer split over the ranks)",
             comm.size()
         );
     }

@@ -247,8 +247,8 @@ fn what_cannot_run_on_several_ranks_says_so_once() {
         assert!(err.contains(needle), "{err}");
     };
     let quick = PathBuf::from("configs/quickstart.toml");
-    let ar = ["--set", "output.estimator=\"ar_softmax\""];
-    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &ar)), "key `output.estimator`");
+    let partial = ["--set", "output.estimator=\"ldgs\"", "--set", "output.rescore=\"partial\""];
+    once(&mpirun(2, &args("train", &quick, &dir.path().join("q"), &partial)), "key `output.estimator`");
     let corpus = PathBuf::from("configs/skipgram-quickstart.toml");
     once(&mpirun(2, &args("train", &corpus, &dir.path().join("s"), &[])), "run it without mpirun");
     let corpus = ["data", "gen", "corpus", "--tokens", "10", "--vocab", "5", "--out"];
@@ -399,13 +399,14 @@ fn estimator_sets(estimator: &str) -> Vec<String> {
 }
 
 /// The exact margin gathers the classes near each sample's best negative; with brute-force
-/// indexes, every block's top-Q over the ranks is the top-Q of the whole layer; sampled softmax
-/// negative sampling and OVE draw the same classes on every rank: all six take one process's
-/// steps at 2 and 4 ranks.
+/// indexes, every block's top-Q over the ranks is the top-Q of the whole layer; sampled softmax,
+/// negative sampling, OVE and A&R draw the same classes on every rank (A&R's per-sample state
+/// updated alike on every rank): all nine take one process's steps at 2 and 4 ranks.
 #[test]
 fn margin_search_and_sampling_estimators_step_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
-    for estimator in ["margin", "mips", "ldgs", "sampled_softmax", "negative_sampling", "ove"] {
+    let estimators = ["margin", "mips", "ldgs", "sampled_softmax", "negative_sampling", "ove"];
+    for estimator in estimators.into_iter().chain(["ar_softmax", "ar_probit", "ar_logistic"]) {
         let mut sets = estimator_sets(estimator);
         sets.extend(["--set".to_string(), "index.kind=\"exact\"".to_string()]);
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();

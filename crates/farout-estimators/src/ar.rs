@@ -18,33 +18,118 @@ use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientE
 use crate::loss::{Loss, LossScratch};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::sampled::{sigmoid, softplus};
-use crate::shard::{Drawn, ShardDraw, ShardPlan, draw_per_sample};
+use crate::shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan, draw_per_sample};
 use crate::state::SampleState;
 use farout_core::rng::{RngCore, RngExt};
 use farout_core::{ClassId, Rng, SparseGrad};
 
-/// Draws `n` negatives uniformly from `{0..k} \ {y}` (with replacement) and scores them:
-/// `neg` gets `(class, psi_class - psi_y)`. Returns `psi_y`.
-fn draw_and_score(ctx: &Ctx, phi: &[f32], y: ClassId, n: usize, rng: &mut Rng, neg: &mut Vec<(ClassId, f64)>) -> f64 {
-    let k = ctx.n_classes() as ClassId;
-    let psi_y = ctx.score(y as usize, phi) as f64;
-    neg.clear();
-    if k < 2 {
-        return psi_y;
+/// The candidates of OVE and A&R: the label `y`, then `n` classes drawn uniformly from
+/// `{0..k} \ {y}` (with replacement), into `out`.
+fn draw_candidates(k: usize, y: ClassId, n: usize, rng: &mut Rng, out: &mut Vec<ClassId>) {
+    out.clear();
+    out.push(y);
+    if k >= 2 {
+        out.extend((0..n).map(|_| {
+            let c = rng.random_range(0..k as ClassId - 1);
+            if c >= y { c + 1 } else { c }
+        }));
     }
-    for _ in 0..n {
-        let mut c = rng.random_range(0..k - 1);
-        if c >= y {
-            c += 1;
+}
+
+/// [`draw_candidates`] for every sample of a batch over `n_classes` classes, from the
+/// generators the one-process batch path gives its samples (a sample without a label draws
+/// nothing): the [`ShardDraw`] of OVE and A&R.
+fn draw_batch_candidates(n: usize, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+    draw_per_sample(positives, rng, out, |pos, r, drawn| {
+        drawn.classes.clear();
+        drawn.positives = 0;
+        if let Some(&y) = pos.first() {
+            draw_candidates(n_classes, y, n, r, &mut drawn.classes);
+            drawn.positives = 1;
         }
-        neg.push((c, ctx.score(c as usize, phi) as f64 - psi_y));
+        drawn.corrections.clear();
+        drawn.corrections.resize(drawn.classes.len(), 0.0);
+    });
+}
+
+/// The gaps `d_j = psi_j - psi_y` of the drawn negatives, from the candidates' scores `z`
+/// (the label's first).
+fn gaps(z: &[f32]) -> impl Iterator<Item = f64> + '_ {
+    let psi_y = z.first().map_or(0.0, |&v| f64::from(v));
+    z.iter().skip(1).map(move |&v| f64::from(v) - psi_y)
+}
+
+/// Writes `dL/dz_j = g(d_j)` for the negatives and `-sum_j g(d_j)` for the label (position 0).
+fn fill_grad(grad: &mut [f32], z: &[f32], g: impl Fn(f64) -> f64) {
+    let mut sum = 0.0;
+    for (out, d) in grad[1..].iter_mut().zip(gaps(z)) {
+        let v = g(d);
+        sum += v;
+        *out = v as f32;
     }
-    psi_y
+    grad[0] = -sum as f32;
+}
+
+/// One sample's estimate on its candidates, as the one-process path computes it: draws the
+/// label `positives[0]` and `n` negatives with `rng`, scores them, evaluates
+/// `loss(z, rng, grad, scratch)` (which may draw more from `rng`) and writes the gradient's
+/// nonzeros by class (a probit gradient underflows to 0 far below the label). No positive:
+/// nothing drawn, a zero estimate.
+fn estimate_on_candidates(
+    ctx: &Ctx,
+    phi: &[f32],
+    positives: &[ClassId],
+    n: usize,
+    rng: &mut Rng,
+    out: &mut SparseGrad,
+    loss: impl FnOnce(&[f32], &mut Rng, &mut [f32], &mut LossScratch) -> f32,
+) -> Estimate {
+    out.clear();
+    let Some(&y) = positives.first() else { return Estimate::default() };
+    SCRATCH.with_borrow_mut(|s| {
+        draw_candidates(ctx.n_classes(), y, n, rng, &mut s.classes);
+        s.z.clear();
+        s.z.extend(s.classes.iter().map(|&c| ctx.score(c as usize, phi)));
+        s.grad.clear();
+        s.grad.resize(s.z.len(), 0.0);
+        let l = loss(&s.z, rng, &mut s.grad, &mut s.loss);
+        out.set_nonzero(&s.classes, &s.grad);
+        Estimate { loss: l, classes_scored: s.classes.len() }
+    })
+}
+
+/// Per-thread buffers of [`estimate_on_candidates`]: the candidates, their scores and
+/// gradient, the loss's scratch.
+#[derive(Default)]
+struct CandidateScratch {
+    classes: Vec<ClassId>,
+    z: Vec<f32>,
+    grad: Vec<f32>,
+    loss: LossScratch,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<CandidateScratch> = std::cell::RefCell::new(CandidateScratch::default());
+}
+
+/// Runs `step` on the row of sample `id` in `state` and writes the row it returns back;
+/// `step(None)` without a sample id (no state is read or written).
+fn with_state<T, const W: usize>(
+    state: &SampleState,
+    id: Option<usize>,
+    step: impl FnOnce(Option<[f64; W]>) -> (T, [f64; W]),
+) -> T {
+    let Some(id) = id else { return step(None).0 };
+    let mut row = [0.0f32; W];
+    state.read(id, &mut row);
+    let (out, next) = step(Some(row.map(f64::from)));
+    state.write(id, &next.map(|v| v as f32));
+    out
 }
 
 /// The batch path of the estimators with per-sample state: for every sample `i` in parallel,
-/// reads its row of `state` (at `batch.ids[i]`), runs `step(i, row, rng_i, grad_i)` with a
-/// generator seeded from one draw of `rng` and `i`, and writes the returned row back.
+/// runs `step(i, row, rng_i, grad_i)` on its row of `state` (at `batch.ids[i]`, written back)
+/// with a generator seeded from one draw of `rng` and `i`.
 fn with_sample_state<const W: usize>(
     name: &str,
     state: &SampleState,
@@ -57,11 +142,7 @@ fn with_sample_state<const W: usize>(
     let seed = rng.next_u64();
     for_each_sample(out, batch.phi.rows(), |i, g| {
         let mut r = farout_core::rng::seeded(seed, i as u64);
-        let mut row = [0.0f32; W];
-        state.read(batch.ids[i], &mut row);
-        let (e, next) = step(i, row.map(|v| v as f64), &mut r, g);
-        state.write(batch.ids[i], &next.map(|v| v as f32));
-        e
+        with_state(state, Some(batch.ids[i]), |row| step(i, row.expect("a sample id"), &mut r, g))
     })
 }
 
@@ -72,22 +153,6 @@ fn class_scale(k: usize, n: usize) -> f64 {
 
 fn check_samples(n: usize) -> Result<(), crate::Error> {
     crate::at_least_one("n_samples", n, "the bound needs at least one sampled negative class")
-}
-
-/// Writes the sparse class gradient `(c_j, g_j)` for the negatives and `-sum_j g_j` for `y`.
-fn push_grad(out: &mut SparseGrad, y: ClassId, neg: &[(ClassId, f64)], g: impl Fn(f64) -> f64) {
-    out.clear();
-    let mut sum = 0.0;
-    for &(c, d) in neg {
-        let v = g(d);
-        sum += v;
-        out.push(c, v as f32);
-    }
-    out.push(y, -sum as f32);
-}
-
-thread_local! {
-    static NEG: std::cell::RefCell<Vec<(ClassId, f64)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One-vs-Each bound (Titsias 2016; eq. 10 of the A&R paper), a lower bound on the softmax
@@ -159,31 +224,7 @@ impl ShardDraw for Ove {
     /// The draws of [`GradientEstimator::estimate_batch`]: per sample, a generator seeded from
     /// one draw of `rng`; the label `y` first, then `n_samples` uniform classes other than `y`.
     fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
-        draw_per_sample(positives, rng, out, |pos, r, drawn| {
-            drawn.classes.clear();
-            drawn.positives = 0;
-            if let Some(&y) = pos.first() {
-                self.candidates(n_classes, y, r, &mut drawn.classes);
-                drawn.positives = 1;
-            }
-            drawn.corrections.clear();
-            drawn.corrections.resize(drawn.classes.len(), 0.0);
-        });
-    }
-}
-
-impl Ove {
-    /// The label `y`, then `n_samples` classes drawn uniformly from `{0..k} \ {y}` (with
-    /// replacement), into `out`.
-    fn candidates(&self, k: usize, y: ClassId, rng: &mut Rng, out: &mut Vec<ClassId>) {
-        out.clear();
-        out.push(y);
-        if k >= 2 {
-            out.extend((0..self.n_samples).map(|_| {
-                let c = rng.random_range(0..k as ClassId - 1);
-                if c >= y { c + 1 } else { c }
-            }));
-        }
+        draw_batch_candidates(self.n_samples, n_classes, positives, rng, out);
     }
 }
 
@@ -202,32 +243,11 @@ impl GradientEstimator for Ove {
     }
 
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
-        out.clear();
-        let Some(&y) = positives.first() else { return Estimate::default() };
         let loss = OneVsEach { scale: class_scale(ctx.n_classes(), self.n_samples) };
-        OVE_SCRATCH.with_borrow_mut(|s| {
-            self.candidates(ctx.n_classes(), y, rng, &mut s.classes);
-            s.z.clear();
-            s.z.extend(s.classes.iter().map(|&c| ctx.score(c as usize, phi)));
-            s.grad.resize(s.z.len(), 0.0);
-            let l = loss.value_and_grad(&s.z, &[0], &mut s.grad, &mut s.loss);
-            s.classes.iter().zip(&s.grad).for_each(|(&c, &g)| out.push(c, g));
-            Estimate { loss: l, classes_scored: s.classes.len() }
+        estimate_on_candidates(ctx, phi, positives, self.n_samples, rng, out, |z, _, grad, scratch| {
+            loss.value_and_grad(z, &[0], grad, scratch)
         })
     }
-}
-
-/// OVE's per-thread buffers: the candidates, their scores and gradient, the loss's scratch.
-#[derive(Default)]
-struct OveScratch {
-    classes: Vec<ClassId>,
-    z: Vec<f32>,
-    grad: Vec<f32>,
-    loss: LossScratch,
-}
-
-thread_local! {
-    static OVE_SCRATCH: std::cell::RefCell<OveScratch> = std::cell::RefCell::new(OveScratch::default());
 }
 
 /// Softmax A&R, Algorithm 1 of the A&R paper. With Gumbel noise the optimal `q(eps)` is
@@ -250,17 +270,52 @@ pub struct ArSoftmax {
     n_samples: usize,
     /// Per sample: `[log eta, visits]`.
     state: SampleState,
+    /// `c = (K - 1)/|S|` once the number of classes is known ([`ArSoftmax::with_classes`]).
+    scale: Option<f64>,
 }
 
 impl ArSoftmax {
     /// `n_samples` negatives per sample, state for `n_data` training samples.
     pub fn new(n_samples: usize, n_data: usize) -> Result<Self, crate::Error> {
         check_samples(n_samples)?;
-        Ok(Self { n_samples, state: SampleState::new(n_data, &[0.0, 0.0]) })
+        Ok(Self { n_samples, state: SampleState::new(n_data, &[0.0, 0.0]), scale: None })
     }
 
-    /// One sample: local step on `log eta` (from `prev`, `None` = stateless), then the global
-    /// gradient. Returns the estimate and the new `(log eta, visits)`.
+    /// The same estimator for a layer of `n_classes` classes, which then also trains with its
+    /// classes split over ranks ([`GradientEstimator::shard_plan`]).
+    pub fn with_classes(mut self, n_classes: usize) -> Self {
+        self.scale = Some(class_scale(n_classes, self.n_samples));
+        self
+    }
+
+    /// One sample on its candidates' scores `z` (the label's first) with `c = (K-1)/|S|`:
+    /// local step on `log eta` (from `prev`, `None` = stateless), then the global gradient
+    /// into `grad`. Returns the loss and the new `(log eta, visits)`.
+    fn sample_loss(c: f64, z: &[f32], prev: Option<[f64; 2]>, grad: &mut [f32]) -> (f32, [f64; 2]) {
+        // log eta_hat = log(1 + c sum_j exp(d_j)) = softplus(log c + logsumexp(d)).
+        let m = gaps(z).fold(f64::NEG_INFINITY, f64::max);
+        let lse = if z.len() < 2 { f64::NEG_INFINITY } else { m + gaps(z).map(|d| (d - m).exp()).sum::<f64>().ln() };
+        let log_eta_hat = softplus(c.ln() + lse);
+        // Without state (`prev = None`) the local step takes a = 1: eta = eta_hat.
+        let [log_eta, visits] = match prev {
+            Some([log_eta, visits]) => {
+                let t = visits + 1.0;
+                let a = (1.0 + t).powf(-0.9);
+                [log_add_exp((1.0 - a).ln() + log_eta, a.ln() + log_eta_hat), t]
+            }
+            None => [log_eta_hat, 0.0],
+        };
+        Self::global_step(grad, z, c, log_eta);
+        let elbo = 1.0 - log_eta - (log_eta_hat - log_eta).exp();
+        (-elbo as f32, [log_eta, visits])
+    }
+
+    /// The global step given `eta`: `dL/dpsi_j = (c / eta) exp(psi_j - psi_y)`.
+    fn global_step(grad: &mut [f32], z: &[f32], c: f64, log_eta: f64) {
+        fill_grad(grad, z, |d| c * (d - log_eta).exp());
+    }
+
+    /// One sample in one process: its candidates drawn and scored, then [`Self::sample_loss`].
     fn step(
         &self,
         ctx: &Ctx,
@@ -270,39 +325,14 @@ impl ArSoftmax {
         rng: &mut Rng,
         out: &mut SparseGrad,
     ) -> (Estimate, [f64; 2]) {
-        out.clear();
-        let Some(&y) = positives.first() else { return (Estimate::default(), prev.unwrap_or_default()) };
         let c = class_scale(ctx.n_classes(), self.n_samples);
-        NEG.with_borrow_mut(|neg| {
-            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
-            // log eta_hat = log(1 + c sum_j exp(d_j)) = softplus(log c + logsumexp(d)).
-            let m = neg.iter().map(|&(_, d)| d).fold(f64::NEG_INFINITY, f64::max);
-            let lse = if neg.is_empty() {
-                f64::NEG_INFINITY
-            } else {
-                m + neg.iter().map(|&(_, d)| (d - m).exp()).sum::<f64>().ln()
-            };
-            let log_eta_hat = softplus(c.ln() + lse);
-            // Without state (`prev = None`) the local step takes a = 1: eta = eta_hat.
-            let [log_eta, visits] = match prev {
-                Some([log_eta, visits]) => {
-                    let t = visits + 1.0;
-                    let a = (1.0 + t).powf(-0.9);
-                    [log_add_exp((1.0 - a).ln() + log_eta, a.ln() + log_eta_hat), t]
-                }
-                None => [log_eta_hat, 0.0],
-            };
-            Self::global_step(out, y, neg, c, log_eta);
-            let elbo = 1.0 - log_eta - (log_eta_hat - log_eta).exp();
-            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, [log_eta, visits])
-        })
-    }
-}
-
-impl ArSoftmax {
-    /// The global step given `eta`: `dL/dpsi_j = (c / eta) exp(psi_j - psi_y)`.
-    fn global_step(out: &mut SparseGrad, y: ClassId, neg: &[(ClassId, f64)], c: f64, log_eta: f64) {
-        push_grad(out, y, neg, |d| c * (d - log_eta).exp());
+        let mut next = prev.unwrap_or_default();
+        let e = estimate_on_candidates(ctx, phi, positives, self.n_samples, rng, out, |z, _, grad, _| {
+            let (loss, state) = Self::sample_loss(c, z, prev, grad);
+            next = state;
+            loss
+        });
+        (e, next)
     }
 }
 
@@ -310,6 +340,32 @@ impl ArSoftmax {
 fn log_add_exp(a: f64, b: f64) -> f64 {
     let m = a.max(b);
     if m == f64::NEG_INFINITY { m } else { m + ((a - m).exp() + (b - m).exp()).ln() }
+}
+
+impl ShardDraw for ArSoftmax {
+    /// The draws of [`GradientEstimator::estimate_batch`], as OVE's.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+        draw_batch_candidates(self.n_samples, n_classes, positives, rng, out);
+    }
+}
+
+impl DrawnLoss for ArSoftmax {
+    /// [`ArSoftmax::sample_loss`] on the sample's state (`id`), as the one-process step.
+    fn drawn_value_and_grad(
+        &self,
+        id: Option<usize>,
+        drawn: &Drawn,
+        z: &[f32],
+        _: &[ClassId],
+        grad: &mut [f32],
+        _: &mut LossScratch,
+    ) -> f32 {
+        grad.fill(0.0);
+        match self.scale {
+            Some(c) if drawn.positives > 0 => with_state(&self.state, id, |prev| Self::sample_loss(c, z, prev, grad)),
+            _ => 0.0,
+        }
+    }
 }
 
 impl GradientEstimator for ArSoftmax {
@@ -323,6 +379,12 @@ impl GradientEstimator for ArSoftmax {
 
     fn sample_state(&self) -> Option<&SampleState> {
         Some(&self.state)
+    }
+
+    /// With [`ArSoftmax::with_classes`]: the same draws on every rank, each class scored by its
+    /// owner, and every rank's copy of the per-sample state updated alike.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        self.scale.map(|_| ShardPlan::Draw { draw: self, loss: self })
     }
 
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
@@ -440,6 +502,8 @@ pub struct ArUtility<N: Noise> {
     n_samples: usize,
     /// Per sample: `[mu, gamma, visits]`.
     state: SampleState,
+    /// `c = (K - 1)/|S|` once the number of classes is known ([`ArUtility::with_classes`]).
+    scale: Option<f64>,
     noise: std::marker::PhantomData<N>,
 }
 
@@ -453,20 +517,49 @@ impl<N: Noise> ArUtility<N> {
         Ok(Self {
             n_samples,
             state: SampleState::new(n_data, &[0.0, GAMMA_UNIT, 0.0]),
+            scale: None,
             noise: std::marker::PhantomData,
         })
     }
 
+    /// The same estimator for a layer of `n_classes` classes, which then also trains with its
+    /// classes split over ranks ([`GradientEstimator::shard_plan`]).
+    pub fn with_classes(mut self, n_classes: usize) -> Self {
+        self.scale = Some(class_scale(n_classes, self.n_samples));
+        self
+    }
+
     /// The reparameterised one-sample gradient of the ELBO in `(mu, gamma)` (eq. 9) for the
-    /// standard draw `u`, with `d_j = psi_j - psi_y` of the drawn negatives.
-    fn local_gradient(neg: &[(ClassId, f64)], c: f64, mu: f64, gamma: f64, u: f64) -> (f64, f64) {
+    /// standard draw `u`, on the candidates' scores `z` (the label's first).
+    fn local_gradient(z: &[f32], c: f64, mu: f64, gamma: f64, u: f64) -> (f64, f64) {
         let sigma = softplus(gamma);
         let eps = mu + sigma * u;
-        let g_eps = N::dlog_pdf(eps) + c * neg.iter().map(|&(_, d)| N::dlog_cdf(eps - d)).sum::<f64>();
+        let g_eps = N::dlog_pdf(eps) + c * gaps(z).map(|d| N::dlog_cdf(eps - d)).sum::<f64>();
         // d eps/d mu = 1; d eps/d gamma = u sigmoid(gamma); dH/d gamma = sigmoid(gamma) / sigma.
         (g_eps, (g_eps * u + 1.0 / sigma) * sigmoid(gamma))
     }
 
+    /// One sample on its candidates' scores `z` (the label's first) with `c = (K-1)/|S|`: the
+    /// local step on `(mu, gamma)` from `prev` (`None`: the initial `q`, no local step), then
+    /// the global gradient into `grad` with a fresh `eps ~ q`; both draw from `rng`. Returns
+    /// the loss and the new `(mu, gamma, visits)`.
+    fn sample_loss(c: f64, z: &[f32], prev: Option<[f64; 3]>, rng: &mut Rng, grad: &mut [f32]) -> (f32, [f64; 3]) {
+        let [mut mu, mut gamma, mut visits] = prev.unwrap_or([0.0, GAMMA_UNIT as f64, 0.0]);
+        if prev.is_some() {
+            visits += 1.0;
+            let a = 0.01 * (1.0 + visits).powf(-0.9);
+            let (g_mu, g_gamma) = Self::local_gradient(z, c, mu, gamma, N::standard(rng));
+            mu += a * g_mu;
+            gamma += a * g_gamma;
+        }
+        let sigma = softplus(gamma);
+        let eps = mu + sigma * N::standard(rng);
+        fill_grad(grad, z, |d| c * N::dlog_cdf(eps - d));
+        let elbo = N::log_pdf(eps) + N::entropy(sigma) + c * gaps(z).map(|d| N::log_cdf(eps - d)).sum::<f64>();
+        (-elbo as f32, [mu, gamma, visits])
+    }
+
+    /// One sample in one process: its candidates drawn and scored, then [`Self::sample_loss`].
     fn step(
         &self,
         ctx: &Ctx,
@@ -476,29 +569,40 @@ impl<N: Noise> ArUtility<N> {
         rng: &mut Rng,
         out: &mut SparseGrad,
     ) -> (Estimate, [f64; 3]) {
-        out.clear();
-        // Without state: the initial q and no local step.
-        let local = prev.is_some();
-        let prev = prev.unwrap_or([0.0, GAMMA_UNIT as f64, 0.0]);
-        let Some(&y) = positives.first() else { return (Estimate::default(), prev) };
         let c = class_scale(ctx.n_classes(), self.n_samples);
-        NEG.with_borrow_mut(|neg| {
-            draw_and_score(ctx, phi, y, self.n_samples, rng, neg);
-            let [mut mu, mut gamma, mut visits] = prev;
-            if local {
-                visits += 1.0;
-                let a = 0.01 * (1.0 + visits).powf(-0.9);
-                let (g_mu, g_gamma) = Self::local_gradient(neg, c, mu, gamma, N::standard(rng));
-                mu += a * g_mu;
-                gamma += a * g_gamma;
-            }
-            let sigma = softplus(gamma);
-            let eps = mu + sigma * N::standard(rng);
-            push_grad(out, y, neg, |d| c * N::dlog_cdf(eps - d));
-            let elbo =
-                N::log_pdf(eps) + N::entropy(sigma) + c * neg.iter().map(|&(_, d)| N::log_cdf(eps - d)).sum::<f64>();
-            (Estimate { loss: -elbo as f32, classes_scored: neg.len() + 1 }, [mu, gamma, visits])
-        })
+        let mut next = prev.unwrap_or([0.0, GAMMA_UNIT as f64, 0.0]);
+        let e = estimate_on_candidates(ctx, phi, positives, self.n_samples, rng, out, |z, rng, grad, _| {
+            let (loss, state) = Self::sample_loss(c, z, prev, rng, grad);
+            next = state;
+            loss
+        });
+        (e, next)
+    }
+}
+
+impl<N: Noise> ShardDraw for ArUtility<N> {
+    /// The draws of [`GradientEstimator::estimate_batch`], as OVE's.
+    fn draw_batch(&self, n_classes: usize, positives: &[&[ClassId]], rng: &mut Rng, out: &mut Vec<Drawn>) {
+        draw_batch_candidates(self.n_samples, n_classes, positives, rng, out);
+    }
+}
+
+impl<N: Noise> DrawnLoss for ArUtility<N> {
+    /// [`ArUtility::sample_loss`] on the sample's state (`id`), its noise drawn from the
+    /// sample's generator after its candidates, as the one-process step.
+    fn drawn_value_and_grad(
+        &self,
+        id: Option<usize>,
+        drawn: &Drawn,
+        z: &[f32],
+        _: &[ClassId],
+        grad: &mut [f32],
+        _: &mut LossScratch,
+    ) -> f32 {
+        grad.fill(0.0);
+        let Some(c) = self.scale.filter(|_| drawn.positives > 0) else { return 0.0 };
+        let mut rng = drawn.rng.clone().expect("A&R's draws keep every sample's generator");
+        with_state(&self.state, id, |prev| Self::sample_loss(c, z, prev, &mut rng, grad))
     }
 }
 
@@ -513,6 +617,12 @@ impl<N: Noise> GradientEstimator for ArUtility<N> {
 
     fn sample_state(&self) -> Option<&SampleState> {
         Some(&self.state)
+    }
+
+    /// With [`ArUtility::with_classes`]: the same draws on every rank, each class scored by its
+    /// owner, and every rank's copy of the per-sample state updated alike.
+    fn shard_plan(&self) -> Option<ShardPlan<'_>> {
+        self.scale.map(|_| ShardPlan::Draw { draw: self, loss: self })
     }
 
     /// Without a sample id: the initial `q` (`mu = 0, sigma = 1`), no local step.
@@ -605,15 +715,15 @@ negatives_config!(
 );
 negatives_config!(
     /// `[output] estimator = "ar_softmax"`.
-    ArSoftmaxConfig => |n, problem| ArSoftmax::new(n, problem.n_data)?
+    ArSoftmaxConfig => |n, problem| ArSoftmax::new(n, problem.n_data)?.with_classes(problem.n_classes)
 );
 negatives_config!(
     /// `[output] estimator = "ar_probit"`.
-    ArProbitConfig => |n, problem| ArProbit::new(n, problem.n_data)?
+    ArProbitConfig => |n, problem| ArProbit::new(n, problem.n_data)?.with_classes(problem.n_classes)
 );
 negatives_config!(
     /// `[output] estimator = "ar_logistic"`.
-    ArLogisticConfig => |n, problem| ArLogistic::new(n, problem.n_data)?
+    ArLogisticConfig => |n, problem| ArLogistic::new(n, problem.n_data)?.with_classes(problem.n_classes)
 );
 
 #[cfg(test)]
@@ -624,6 +734,15 @@ mod tests {
     /// A K x 1 layer whose scores are its biases (phi = [0]): psi is set directly.
     fn layer(psi: &[f32]) -> (Matrix, Vec<f32>) {
         (Matrix::zeros(psi.len(), 1), psi.to_vec())
+    }
+
+    /// The label `y` and `n` uniform negatives of a layer whose scores are its biases, with their
+    /// scores (the label's first).
+    fn drawn_scores(ctx: &Ctx, y: ClassId, n: usize, r: &mut Rng) -> (Vec<ClassId>, Vec<f32>) {
+        let mut classes = Vec::new();
+        draw_candidates(ctx.n_classes(), y, n, r, &mut classes);
+        let z = classes.iter().map(|&c| ctx.score(c as usize, &[0.0])).collect();
+        (classes, z)
     }
 
     fn random_psi(k: usize, spread: f32, seed: u64) -> Vec<f32> {
@@ -703,9 +822,11 @@ mod tests {
         let (y, n, log_eta) = (7u32, 5, 1.3f64);
         let c = class_scale(k, n);
         let (mean, se) = gradient_moments(k, 40_000, |r, g| {
-            let mut neg = Vec::new();
-            draw_and_score(&ctx, &[0.0], y, n, r, &mut neg);
-            ArSoftmax::global_step(g, y, &neg, c, log_eta);
+            let (classes, z) = drawn_scores(&ctx, y, n, r);
+            let mut grad = vec![0.0; z.len()];
+            ArSoftmax::global_step(&mut grad, &z, c, log_eta);
+            g.clear();
+            classes.iter().zip(&grad).for_each(|(&c, &v)| g.push(c, v));
         });
         let mut exact: Vec<f64> = psi.iter().map(|&p| (p as f64 - psi[y as usize] as f64 - log_eta).exp()).collect();
         exact[y as usize] = 0.0;
@@ -858,11 +979,10 @@ mod tests {
         let c = class_scale(k, n);
         let draws = 200_000;
         let (mut s1, mut s2) = ([0.0f64; 2], [0.0f64; 2]);
-        let mut neg = Vec::new();
         let mut r = rng::seeded(21, 0);
         for _ in 0..draws {
-            draw_and_score(&ctx, &[0.0], y, n, &mut r, &mut neg);
-            let (gm, gg) = ArUtility::<N>::local_gradient(&neg, c, mu, gamma, N::standard(&mut r));
+            let (_, z) = drawn_scores(&ctx, y, n, &mut r);
+            let (gm, gg) = ArUtility::<N>::local_gradient(&z, c, mu, gamma, N::standard(&mut r));
             for (j, v) in [gm, gg].into_iter().enumerate() {
                 s1[j] += v;
                 s2[j] += v * v;

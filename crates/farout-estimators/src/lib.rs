@@ -47,7 +47,7 @@ pub use mips::{Mips, MipsConfig, dphi_cosine};
 pub use proposal::{Draws, Proposal, ProposalKind};
 pub use registry::{Built, EstimatorConfig, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
 pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
-pub use shard::{Drawn, ShardDraw, ShardPlan};
+pub use shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan};
 pub use state::SampleState;
 
 /// Errors of estimator construction.

@@ -115,6 +115,7 @@ impl ShardDraw for SampledSoftmax {
             d.sample(&self.proposal, n_classes, self.n_samples, self.unique, rng);
             for (pos, drawn) in positives.iter().zip(out.iter_mut()) {
                 self.candidates(n_classes, pos, &d, drawn);
+                drawn.rng = None;
             }
             return;
         }

@@ -14,14 +14,16 @@
 //!   classes; the ranks agree on each sample's best negative score `M` (an allreduce max) and
 //!   gather the classes scoring at least `M - width`: the only ones the loss depends on, with
 //!   the positives. Exact, and as cheap to move as the gradient's support is small.
-//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax, negative sampling, OVE). The candidates are drawn over all K
-//!   classes from the global proposal; every rank draws the same ones from the same generator,
-//!   and each class is scored by its owner (a sum over ranks of one score per candidate).
+//! - **Draw** ([`ShardPlan::Draw`]: sampled softmax, negative sampling, OVE, A&R). The
+//!   candidates are drawn over all K classes from the global proposal; every rank draws the
+//!   same ones from the same generator, and each class is scored by its owner (a sum over ranks
+//!   of one score per candidate). A&R's loss also keeps per-sample state and draws its noise
+//!   after scoring ([`DrawnLoss`]): every rank holds all samples' state and updates it alike.
 //!
 //! Every rank then evaluates the same loss on the same scores and keeps the gradient of the
-//! classes it owns. On one rank both plans are the estimator's own one-process estimate.
+//! classes it owns. On one rank every plan is the estimator's own one-process estimate.
 
-use crate::loss::Loss;
+use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng};
 
 /// An estimator's candidate sets on a class-sharded layer; see the module documentation.
@@ -47,7 +49,7 @@ pub enum ShardPlan<'a> {
         /// The draws, the same on every rank for the same generator.
         draw: &'a dyn ShardDraw,
         /// The loss evaluated on the corrected scores.
-        loss: &'a dyn Loss,
+        loss: &'a dyn DrawnLoss,
     },
 }
 
@@ -62,6 +64,41 @@ pub struct Drawn {
     pub positives: usize,
     /// Added to each class's score before the loss (sampled softmax: `-log E_c`).
     pub corrections: Vec<f32>,
+    /// The sample's own generator after its draws, from which a [`DrawnLoss`] that draws
+    /// after scoring continues (A&R's noise); `None` when the batch shares one draw.
+    pub rng: Option<Rng>,
+}
+
+/// The loss of a [`ShardPlan::Draw`] on one sample's drawn candidates. Every [`Loss`] is one,
+/// of the scores alone; A&R's also reads and writes the sample's variational state and draws
+/// from the sample's generator.
+pub trait DrawnLoss: Sync {
+    /// The loss of the sample `id` (its index in the training set, when the batch has ids)
+    /// whose candidates are `drawn`, on their scores `z` (corrections added) with the positives
+    /// at `positions` (`0..drawn.positives`); `dL/dz` into `grad` (one per candidate).
+    fn drawn_value_and_grad(
+        &self,
+        id: Option<usize>,
+        drawn: &Drawn,
+        z: &[f32],
+        positions: &[ClassId],
+        grad: &mut [f32],
+        scratch: &mut LossScratch,
+    ) -> f32;
+}
+
+impl<L: Loss> DrawnLoss for L {
+    fn drawn_value_and_grad(
+        &self,
+        _: Option<usize>,
+        _: &Drawn,
+        z: &[f32],
+        positions: &[ClassId],
+        grad: &mut [f32],
+        scratch: &mut LossScratch,
+    ) -> f32 {
+        self.value_and_grad(z, positions, grad, scratch)
+    }
 }
 
 /// The draws of a sampling estimator over all classes.
@@ -85,6 +122,8 @@ pub fn draw_per_sample(
     out.truncate(positives.len());
     let seed = farout_core::rng::RngCore::next_u64(rng);
     for (i, (pos, drawn)) in positives.iter().zip(out.iter_mut()).enumerate() {
-        draw(pos, &mut farout_core::rng::seeded(seed, i as u64), drawn);
+        let mut r = farout_core::rng::seeded(seed, i as u64);
+        draw(pos, &mut r, drawn);
+        drawn.rng = Some(r);
     }
 }

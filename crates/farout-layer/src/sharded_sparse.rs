@@ -28,7 +28,8 @@ use farout_core::topk::Hit;
 use farout_core::{ClassId, Rng};
 use farout_dist::{Collective, DistError, local_index};
 use farout_estimators::{
-    Batch, BatchEstimate, Ctx, Drawn, GradientEstimator, LossScratch, RescoreScratch, ShardPlan, complete_scores,
+    Batch, BatchEstimate, Ctx, Drawn, DrawnLoss, GradientEstimator, Loss, LossScratch, RescoreScratch, ShardPlan,
+    complete_scores,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -220,7 +221,7 @@ pub fn sparse_step(
                         let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
                         SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
                     });
-                    (loss, n_blocks)
+                    (StepLoss::Scores(loss), n_blocks)
                 }
                 ShardPlan::Near { width, loss } => {
                     let (k_local, d) = (ctx.n_classes(), ctx.w.cols());
@@ -261,12 +262,12 @@ pub fn sparse_step(
                     cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
                         SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
                     });
-                    (loss, 1)
+                    (StepLoss::Scores(loss), 1)
                 }
                 ShardPlan::Draw { draw, loss } => {
                     draw.draw_batch(n_classes, batch.positives, rng, drawn);
                     cands.par_iter_mut().zip(drawn.par_iter()).for_each(|(c, d)| c.set_drawn(d));
-                    (loss, 1)
+                    (StepLoss::Drawn(loss, drawn.as_slice()), 1)
                 }
             };
             // 2. The exact scores, each from the rank that owns the class.
@@ -305,11 +306,18 @@ pub fn sparse_step(
                 .par_iter_mut()
                 .zip(grads.losses.par_iter_mut())
                 .zip(cands.par_iter())
+                .enumerate()
                 .map_init(
                     || (Vec::new(), LossScratch::default()),
-                    |(grad, scratch), ((g, l), c)| {
+                    |(grad, scratch), (i, ((g, l), c))| {
                         grad.resize(c.z.len(), 0.0);
-                        *l = loss.value_and_grad(&c.z, &c.pos, grad, scratch);
+                        *l = match loss {
+                            StepLoss::Scores(loss) => loss.value_and_grad(&c.z, &c.pos, grad, scratch),
+                            StepLoss::Drawn(loss, drawn) => {
+                                let id = batch.ids.get(i).copied();
+                                loss.drawn_value_and_grad(id, &drawn[i], &c.z, &c.pos, grad, scratch)
+                            }
+                        };
                         for (&class, &v) in c.classes.iter().zip(grad.iter()) {
                             if let Some(local) = owned(class)
                                 && v != 0.0
@@ -329,6 +337,14 @@ pub fn sparse_step(
         comm_bytes += 4 * layer.dphi().as_slice().len();
     }
     Ok((stats, CommCost { seconds: comm_seconds, bytes: comm_bytes }))
+}
+
+/// The loss a step evaluates on every sample's candidates: of their scores alone, or of a
+/// Draw plan's draws too (which may keep per-sample state by the batch's ids).
+#[derive(Clone, Copy)]
+enum StepLoss<'a> {
+    Scores(&'a dyn Loss),
+    Drawn(&'a dyn DrawnLoss, &'a [Drawn]),
 }
 
 /// Whether `estimator` trains a class-sharded layer: the exact softmax, from the ranks'
@@ -390,8 +406,8 @@ mod tests {
     use farout_core::{Matrix, rng};
     use farout_dist::Local;
     use farout_estimators::{
-        ActiveSet, GradientEstimator, Iterations, Ldgs, Mips, NegativeSampling, Ove, Proposal, Rescore, SampledSoftmax,
-        SmoothedMargin, Softmax,
+        ActiveSet, ArLogistic, ArProbit, ArSoftmax, GradientEstimator, Iterations, Ldgs, Mips, NegativeSampling, Ove,
+        Proposal, Rescore, SampledSoftmax, SmoothedMargin, Softmax,
     };
     use farout_search::IndexConfig;
 
@@ -403,13 +419,16 @@ mod tests {
         index: Option<(IndexConfig, usize)>,
         bias: bool,
     ) {
-        steps_like_the_estimator_from(name, est, index, bias, 0.5);
+        steps_like_the_estimator_from(name, est, est, index, bias, 0.5);
     }
 
-    /// [`steps_like_the_estimator`] from W with entries of standard deviation `init_std`.
+    /// [`steps_like_the_estimator`] from W with entries of standard deviation `init_std`, the
+    /// sharded step taken by `est` and the one-process step by `twin` (a second instance of
+    /// the same estimator when it keeps per-sample state). The batch has sample ids.
     fn steps_like_the_estimator_from(
         name: &str,
         est: &dyn GradientEstimator,
+        twin: &dyn GradientEstimator,
         index: Option<(IndexConfig, usize)>,
         bias: bool,
         init_std: f32,
@@ -423,16 +442,15 @@ mod tests {
             sharded.attach_index(config.clone(), blocks, IndexUpkeep::default()).unwrap();
             whole.attach_index(config, blocks, IndexUpkeep::default()).unwrap();
         }
-        let mut r = rng::seeded(2, 0);
-        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
-        let labels: Vec<Vec<u32>> =
-            (0..b).map(|i| if i == 5 { vec![] } else { vec![(i * 97 % k) as u32, (i * 13 % k) as u32] }).collect();
+        let (phi, labels) = problem(k, d, b);
         let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let ids: Vec<usize> = (0..b).map(|i| 3 * i + 1).collect();
+        let batch = Batch::new(&phi, &pos).with_ids(&ids);
         let plan = est.shard_plan().unwrap_or_else(|| panic!("{name} has a shard plan"));
         let (mut ra, mut rb) = (rng::seeded(9, 0), rng::seeded(9, 0));
         for step in 0..4 {
-            let (a, _) = sparse_step(&mut sharded, 0, k, &Local, plan, Batch::new(&phi, &pos), &mut ra, true).unwrap();
-            let e = whole.train_step(est, Batch::new(&phi, &pos), &mut rb, true);
+            let (a, _) = sparse_step(&mut sharded, 0, k, &Local, plan, batch, &mut ra, true).unwrap();
+            let e = whole.train_step(twin, batch, &mut rb, true);
             assert!((a.loss_sum - e.loss_sum).abs() <= 1e-5 * e.loss_sum.abs(), "{name}, step {step}: {a:?} vs {e:?}");
             assert_eq!((a.classes_scored, a.rows_updated), (e.classes_scored, e.rows_updated), "{name}, step {step}");
             let diff = |x: &Matrix, y: &Matrix| {
@@ -442,6 +460,24 @@ mod tests {
             assert!(diff(sharded.weights(), whole.weights()) < 1e-5, "{name}, step {step}");
             assert!(step > 0 || e.rows_updated > 0, "{name}: the first step moves rows: {e:?}");
         }
+        if let (Some(a), Some(b)) = (est.sample_state(), twin.sample_state()) {
+            assert_eq!(a.to_vec(), b.to_vec(), "{name}: the per-sample state");
+            // A&R counts its visits last: 4 for every batch sample with a label, by its id.
+            let mut row = vec![0.0; a.width()];
+            for (i, &id) in ids.iter().enumerate() {
+                a.read(id, &mut row);
+                assert_eq!(row[a.width() - 1], if i == 5 { 0.0 } else { 4.0 }, "{name}: visits of sample {id}");
+            }
+        }
+    }
+
+    /// Phi (`b x d`, standard normal) and two labels per sample (none for sample 5).
+    fn problem(k: usize, d: usize, b: usize) -> (Matrix, Vec<Vec<u32>>) {
+        let mut r = rng::seeded(2, 0);
+        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let labels =
+            (0..b).map(|i| if i == 5 { vec![] } else { vec![(i * 97 % k) as u32, (i * 13 % k) as u32] }).collect();
+        (phi, labels)
     }
 
     #[test]
@@ -466,6 +502,76 @@ mod tests {
             steps_like_the_estimator("negative sampling", &est, None, true);
         }
         steps_like_the_estimator("ove", &Ove::new(100).unwrap().with_classes(2000), None, true);
+        for (name, [est, twin]) in augment_and_reduce(2000, 200) {
+            steps_like_the_estimator_from(name, est.as_ref(), twin.as_ref(), None, true, 0.5);
+        }
+    }
+
+    /// At 2 and 3 ranks (threads of this process), the sampling estimators take one process's
+    /// steps: the same losses, every rank's rows those of the whole layer, and every rank's
+    /// copy of A&R's per-sample state the one process's.
+    #[test]
+    fn ranks_as_threads_step_like_one_process_with_the_sampling_estimators() {
+        let (k, d, b) = (2000, 32, 40);
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.5, ..Default::default() };
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let (phi, labels) = problem(k, d, b);
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let ids: Vec<usize> = (0..b).map(|i| 3 * i + 1).collect();
+        let batch = Batch::new(&phi, &pos).with_ids(&ids);
+        type Make = Box<dyn Fn() -> Box<dyn GradientEstimator> + Sync>;
+        let mut makes: Vec<(&str, Make)> = vec![
+            ("ove", Box::new(move || Box::new(Ove::new(100).unwrap().with_classes(k)))),
+            ("negative sampling", Box::new(|| Box::new(NegativeSampling::new(100, Proposal::LogUniform).unwrap()))),
+            (
+                "sampled softmax",
+                Box::new(|| Box::new(SampledSoftmax::with_proposal(100, Proposal::LogUniform, true, false).unwrap())),
+            ),
+        ];
+        for (i, name) in ["ar_softmax", "ar_probit", "ar_logistic"].into_iter().enumerate() {
+            makes.push((
+                name,
+                Box::new(move || augment_and_reduce(k, 200).swap_remove(i).1.into_iter().next().unwrap()),
+            ));
+        }
+        for (name, make) in &makes {
+            let one = make();
+            let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+            let mut r = rng::seeded(9, 0);
+            let losses: Vec<f64> =
+                (0..4).map(|_| whole.train_step(one.as_ref(), batch, &mut r, true).loss_sum).collect();
+            for ranks in [2, 3] {
+                farout_dist::Threads::run(ranks, |comm| {
+                    let est = make();
+                    let mut layer = crate::ShardedLayer::new(k, comm.rank(), ranks, d, &cfg, &opt, 5).unwrap();
+                    let mut r = rng::seeded(9, 0);
+                    for (step, want) in losses.iter().enumerate() {
+                        let got = layer.step(comm, est.as_ref(), batch, &mut r, true, 0).unwrap().loss_sum;
+                        assert!((got - want).abs() <= 1e-5 * want.abs(), "{name}, {ranks} ranks, step {step}");
+                    }
+                    let rows = layer.rows();
+                    let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
+                    let diff = layer.layer().weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                    assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{name}, {ranks} ranks, rank {}", comm.rank());
+                    if let Some(state) = est.sample_state() {
+                        assert_eq!(state.to_vec(), one.sample_state().unwrap().to_vec(), "{name}, {ranks} ranks");
+                    }
+                });
+            }
+        }
+    }
+
+    /// Two instances of each A&R estimator (the per-sample state is the estimator's) for a
+    /// `k`-class layer, with state for `n_data` samples.
+    fn augment_and_reduce(k: usize, n_data: usize) -> Vec<(&'static str, [Box<dyn GradientEstimator>; 2])> {
+        let softmax = || Box::new(ArSoftmax::new(50, n_data).unwrap().with_classes(k)) as Box<dyn GradientEstimator>;
+        let probit = || Box::new(ArProbit::new(50, n_data).unwrap().with_classes(k)) as Box<dyn GradientEstimator>;
+        let logistic = || Box::new(ArLogistic::new(50, n_data).unwrap().with_classes(k)) as Box<dyn GradientEstimator>;
+        vec![
+            ("ar_softmax", [softmax(), softmax()]),
+            ("ar_probit", [probit(), probit()]),
+            ("ar_logistic", [logistic(), logistic()]),
+        ]
     }
 
     /// The exact margin from the classes near the best negative: with scores spread (few
@@ -475,7 +581,8 @@ mod tests {
         for mu in [1.0, 5.0] {
             let exact = farout_estimators::Exact::new(SmoothedMargin::new(mu).unwrap());
             for (bias, init_std) in [(false, 0.5), (true, 0.5), (true, 1e-3)] {
-                steps_like_the_estimator_from(&format!("margin mu {mu}, std {init_std}"), &exact, None, bias, init_std);
+                let name = format!("margin mu {mu}, std {init_std}");
+                steps_like_the_estimator_from(&name, &exact, &exact, None, bias, init_std);
             }
         }
     }

@@ -202,12 +202,13 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
     let problem = Problem { n_classes: k, n_data: batch, dim: d, label_counts: &no_counts };
     let built = estimator_config(estimator, &[])?.build(&problem)?;
     let est = built.estimator.as_ref();
-    if !sharded_sparse::trains_sharded(est) || (class_chunk > 0 && !sharded_sparse::is_exact_softmax(est)) {
+    let measured = sharded_sparse::trains_sharded(est) && est.sample_state().is_none();
+    if !measured || (class_chunk > 0 && !sharded_sparse::is_exact_softmax(est)) {
         return Err(option(
             "estimator",
             "on several ranks (or with --class-chunk), bench layer measures the class-sharded exact softmax \
              (softmax, which alone takes --class-chunk), the exact margin and the search and sampling \
-             estimators (margin, mips, ldgs, sampled_softmax, negative_sampling, ove)",
+             estimators without per-sample state (margin, mips, ldgs, sampled_softmax, negative_sampling, ove)",
         ));
     }
     let (rank, ranks) = (comm.rank(), comm.size());

@@ -57,16 +57,16 @@ pub fn train(config: &Config, options: &TrainOptions) -> Result<RunSummary, Erro
     train_on(config, options, &Local)
 }
 
-/// [`train`] as one of the ranks of `comm`. With several ranks, only the label-parallel linear
-/// solvers (DiSMEC, PPDSparse) run: every rank must have loaded the same config, rank 0 locks
-/// the run's directories and writes logs, each rank trains its share of the labels.
+/// [`train`] as one of the ranks of `comm`. With several ranks every rank must have loaded the
+/// same config; rank 0 locks the run's directories and writes logs; each rank trains its share
+/// of a linear model's labels (or MEMOIR's classes), or of a network's output layer.
 pub fn train_on(config: &Config, options: &TrainOptions, comm: &dyn Collective) -> Result<RunSummary, Error> {
     check_same_config(comm, config)?;
     if comm.size() > 1 && config.model.encoder == EncoderKind::SkipGram && !config.is_linear() {
         return Err(Error::NoData(
-            "under mpirun, farout trains linear configs with a label-parallel solver ([linear] solver = \"dismec\" \
-             or \"ppdsparse\") and face-head configs with the exact softmax (the output layer split over the \
-             ranks); skip-gram runs in one process: run it without mpirun",
+            "under mpirun, farout trains linear configs (the labels or classes split over the ranks) and the \
+             face head and document encoder (the output layer split over the ranks); skip-gram runs in one \
+             process: run it without mpirun",
         ));
     }
     let start = match (options.resume, options.overwrite) {

@@ -193,8 +193,9 @@ fn check_sharded_estimator(estimator: &dyn GradientEstimator, ranks: usize) -> R
         "output.estimator",
         format!(
             "on {ranks} MPI ranks the class-sharded layer trains the exact \"softmax\" and \"margin\", \
-             \"mips\", \"sampled_softmax\", \"negative_sampling\", \"ove\", and \"ldgs\" with iterations = \"fixed_point\" and rescore = \
-             \"exact\" (its defaults); found {:?} with these settings, which trains in one process",
+             \"mips\", \"sampled_softmax\", \"negative_sampling\", \"ove\", \"ar_softmax\", \"ar_probit\", \"ar_logistic\", \
+             and \"ldgs\" with iterations = \"fixed_point\" and rescore = \"exact\" (its defaults); found {:?} with \
+             these settings, which trains in one process",
             estimator.name()
         ),
     )))
@@ -650,7 +651,7 @@ impl Trainer {
                 if sharded {
                     let (layer, phi) = (&mut self.layer, &self.phi);
                     let on = ShardedStep { layer, first, k, comm, class_chunk };
-                    on.step(estimator, Batch::new(phi, &positives), &mut step_rng, false)?
+                    on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, false)?
                 } else {
                     let batch = Batch::new(&self.phi, &positives).with_ids(idx);
                     self.layer.train_step(estimator, batch, &mut step_rng, false)
@@ -675,7 +676,7 @@ impl Trainer {
                 comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, self.phi.as_mut_slice())?;
                 let (layer, phi) = (&mut self.layer, &self.phi);
                 let on = ShardedStep { layer, first, k, comm, class_chunk };
-                let stats = on.step(estimator, Batch::new(phi, &positives), &mut step_rng, true)?;
+                let stats = on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, true)?;
                 if stats.loss_sum.is_finite() {
                     let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
                     let grads = enc.gradients(fwd, &Matrix::from_vec(mine.len(), d, rows.to_vec()).expect("rows of D"));
