@@ -85,24 +85,41 @@ impl SphericalIndex {
             .map_init(
                 || (Vec::new(), Vec::new()),
                 |(positions, kept), ((qs, (z, stride)), cluster)| {
-                    let (mut hits, mut starts) = (Vec::new(), Vec::with_capacity(qs.len() + 1));
-                    // Most rows are needed by some query: start loading them all in one stream.
-                    if !qs.is_empty() {
+                    // The rows reaching each query's cut: `positions[starts[s]..starts[s + 1]]`.
+                    let mut starts = Vec::with_capacity(qs.len() + 1);
+                    positions.clear();
+                    for (s, &q) in qs.iter().enumerate() {
+                        starts.push(positions.len() as u32);
+                        kept.clear();
+                        kernels::keep_at_least(
+                            &z[s * stride..s * stride + cluster.len()],
+                            cuts[q as usize],
+                            positions,
+                            kept,
+                        );
+                    }
+                    starts.push(positions.len() as u32);
+                    // With many results per query most rows are needed by some query: load them
+                    // all in one stream. With few, load only the rows needed, a few ahead.
+                    let stream = positions.len() >= cluster.len() / 2;
+                    if stream {
                         kernels::prefetch(&cluster.rows);
                     }
+                    let mut hits = Vec::with_capacity(positions.len());
                     for (s, &q) in qs.iter().enumerate() {
-                        starts.push(hits.len() as u32);
-                        let approximate = &z[s * stride..s * stride + cluster.len()];
-                        positions.clear();
-                        kept.clear();
-                        kernels::keep_at_least(approximate, cuts[q as usize], positions, kept);
+                        let mine = &positions[starts[s] as usize..starts[s + 1] as usize];
                         let query = queries.row(q as usize);
-                        hits.extend(positions.iter().map(|&i| Hit {
-                            class: cluster.ids[i as usize],
-                            score: kernels::dot_simd(cluster.row(i as usize, d), query),
-                        }));
+                        if !stream {
+                            mine.iter().take(AHEAD).for_each(|&i| kernels::prefetch(cluster.row(i as usize, d)));
+                        }
+                        for (t, &i) in mine.iter().enumerate() {
+                            if let (false, Some(&next)) = (stream, mine.get(t + AHEAD)) {
+                                kernels::prefetch(cluster.row(next as usize, d));
+                            }
+                            let score = kernels::dot_simd(cluster.row(i as usize, d), query);
+                            hits.push(Hit { class: cluster.ids[i as usize], score });
+                        }
                     }
-                    starts.push(hits.len() as u32);
                     (hits, starts)
                 },
             )
