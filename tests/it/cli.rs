@@ -275,6 +275,34 @@ fn bench_search_exports_and_searches_given_vectors() {
     assert!(stderr(&o).contains("has 16 columns") && stderr(&o).contains("has 8"), "{}", stderr(&o));
 }
 
+/// `FAROUT_SIMD` caps the kernels' vector instructions: the bench reports what ran, and the
+/// portable and AVX2 paths find what the widest one finds.
+#[test]
+fn farout_simd_caps_the_kernels_and_the_bench_says_which_ran() {
+    let run = |level: &str| {
+        let args = ["bench", "search", "--k", "3000", "--d", "32", "--top", "10", "--queries", "100"];
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_farout"))
+            .args(args.iter().chain(&["--candidate-factor", "20", "--scoring", "int8"]))
+            .env("FAROUT_SIMD", level)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        (serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap(), stderr(&o))
+    };
+    let (widest, _) = run("avx512");
+    let (baseline, _) = run("baseline");
+    assert_eq!(baseline["simd"], serde_json::json!({ "f32": "baseline", "int8": "scalar" }), "{baseline}");
+    let (avx2, _) = run("avx2");
+    assert!(["avx2", "baseline"].contains(&avx2["simd"]["f32"].as_str().unwrap()), "{avx2}");
+    assert_ne!(avx2["simd"]["int8"], "vnni", "{avx2}");
+    for other in [&baseline, &avx2] {
+        let (a, b) = (other["recall"].as_f64().unwrap(), widest["recall"].as_f64().unwrap());
+        assert!((a - b).abs() <= 0.01, "recall {a} with {} against {b}", other["simd"]);
+    }
+    let (_, err) = run("avx1024");
+    assert!(err.contains("FAROUT_SIMD=\"avx1024\" is not avx512, avx2 or baseline; ignored"), "{err}");
+}
+
 fn bench_estimator(args: &[&str]) -> serde_json::Value {
     let base = ["bench", "estimator", "--k", "2000", "--d", "32", "--samples", "300", "--json"];
     let o = farout(&[&base[..], args].concat());

@@ -63,6 +63,50 @@ pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, k
     keep_at_least_scalar(scores, threshold, positions, kept);
 }
 
+/// A level of x86 vector instructions that kernels may use, narrowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    /// Whatever the build targets (SSE2 on x86-64).
+    Baseline,
+    /// AVX2 with FMA.
+    Avx2,
+    /// AVX-512 (and the extensions each kernel checks for).
+    Avx512,
+}
+
+/// The environment variable that caps [`simd_cap`].
+pub const SIMD_ENV: &str = "FAROUT_SIMD";
+
+/// The widest vector instructions farout's kernels may use, whatever the CPU has:
+/// `FAROUT_SIMD=avx2` (or `baseline`) makes a machine with AVX-512 run the kernels of a CPU
+/// without it, to measure and test those paths; unset or `avx512`, no cap. Read once; another
+/// value is reported on standard error and ignored.
+pub fn simd_cap() -> SimdLevel {
+    static CAP: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| match std::env::var(SIMD_ENV).as_deref() {
+        Err(_) | Ok("" | "avx512") => SimdLevel::Avx512,
+        Ok("avx2") => SimdLevel::Avx2,
+        Ok("baseline") => SimdLevel::Baseline,
+        Ok(other) => {
+            eprintln!("warning: {SIMD_ENV}={other:?} is not avx512, avx2 or baseline; ignored");
+            SimdLevel::Avx512
+        }
+    })
+}
+
+/// The vector instructions the kernels of this crate run with: the CPU's widest within
+/// [`simd_cap`].
+pub fn simd_in_use() -> SimdLevel {
+    #[cfg(target_arch = "x86_64")]
+    return match Isa::best() {
+        Isa::Avx512 => SimdLevel::Avx512,
+        Isa::Avx2 => SimdLevel::Avx2,
+        Isa::Baseline => SimdLevel::Baseline,
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    SimdLevel::Baseline
+}
+
 /// The widest vector instruction set of this CPU that the kernels use.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,14 +120,15 @@ pub(crate) enum Isa {
 }
 
 impl Isa {
-    /// Checked once.
+    /// Checked once, within [`simd_cap`].
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn best() -> Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
-            if is_x86_feature_detected!("avx512f") {
+            let cap = simd_cap();
+            if cap >= SimdLevel::Avx512 && is_x86_feature_detected!("avx512f") {
                 Isa::Avx512
-            } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            } else if cap >= SimdLevel::Avx2 && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 Isa::Avx2
             } else {
                 Isa::Baseline

@@ -215,21 +215,24 @@ pub enum Kernel {
 }
 
 impl Kernel {
-    /// The kernels this CPU runs, fastest first (checked once).
+    /// The kernels this CPU runs within [`simd_cap`](farout_core::kernels::simd_cap), fastest
+    /// first (checked once).
     pub fn available() -> &'static [Kernel] {
+        use farout_core::kernels::{SimdLevel, simd_cap};
         use std::sync::OnceLock;
         static HAS: OnceLock<Vec<Kernel>> = OnceLock::new();
         HAS.get_or_init(|| {
             let mut kernels = Vec::new();
             #[cfg(target_arch = "x86_64")]
             {
-                if is_x86_feature_detected!("avx512f")
+                if simd_cap() >= SimdLevel::Avx512
+                    && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
                 {
                     kernels.push(Kernel::Vnni);
                 }
-                if is_x86_feature_detected!("avx2") {
+                if simd_cap() >= SimdLevel::Avx2 && is_x86_feature_detected!("avx2") {
                     kernels.push(Kernel::Avx2);
                 }
             }

@@ -128,6 +128,14 @@ impl LayerBench {
     }
 }
 
+/// The vector instructions the kernels ran with (within `FAROUT_SIMD`): the f32 kernels' and
+/// the int8 scoring kernel's.
+fn simd() -> Value {
+    let level = format!("{:?}", kernels::simd_in_use()).to_lowercase();
+    let int8 = format!("{:?}", farout_search::quant::Kernel::best()).to_lowercase();
+    serde_json::json!({ "f32": level, "int8": int8 })
+}
+
 /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates) against
 /// a plain matrix product of the same shape measured in the same run.
 pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
@@ -177,6 +185,7 @@ pub fn bench_layer(b: &LayerBench) -> Result<Value, Error> {
         "batch": batch,
         "steps": steps,
         "threads": rayon::current_num_threads(),
+        "simd": simd(),
         "seconds": secs,
         "samples_per_s": (batch * steps) as f64 / secs,
         "gflops": gflops,
@@ -416,6 +425,7 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
             None => means.describe(d),
         },
         "threads": rayon::current_num_threads(),
+        "simd": simd(),
         "recall": recall,
         "qps": qps,
         "exact_qps": exact_qps,
@@ -571,6 +581,7 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
         "samples": samples,
         "means": means.describe(d),
         "threads": rayon::current_num_threads(),
+        "simd": simd(),
         "us_per_sample": seconds * 1e6 / n,
         "exact_us_per_sample": exact_seconds * 1e6 / n,
         "speedup": exact_seconds / seconds.max(1e-12),
@@ -659,6 +670,7 @@ pub fn bench_linear(b: &LinearBench) -> Result<Value, Error> {
         "bench": "linear",
         "task": b.config.task(),
         "threads": rayon::current_num_threads(),
+        "simd": simd(),
         "n_train": train.n_samples(),
         "n_features": train.n_features(),
         "n_labels": train.n_labels(),
