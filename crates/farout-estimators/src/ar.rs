@@ -128,22 +128,68 @@ fn with_state<T, const W: usize>(
 }
 
 /// The batch path of the estimators with per-sample state: for every sample `i` in parallel,
-/// runs `step(i, row, rng_i, grad_i)` on its row of `state` (at `batch.ids[i]`, written back)
-/// with a generator seeded from one draw of `rng` and `i`.
+/// runs `step(i, Some(row), rng_i, grad_i)` on its row of `state` (at `batch.ids[i]`, written
+/// back) with a generator seeded from one draw of `rng` and `i`.
 fn with_sample_state<const W: usize>(
     name: &str,
     state: &SampleState,
     batch: Batch,
     rng: &mut Rng,
     out: &mut BatchGrad,
-    step: impl Fn(usize, [f64; W], &mut Rng, &mut SparseGrad) -> (Estimate, [f64; W]) + Sync + Send,
+    step: impl Fn(usize, Option<[f64; W]>, &mut Rng, &mut SparseGrad) -> (Estimate, [f64; W]) + Sync + Send,
 ) -> BatchEstimate {
     assert_eq!(batch.ids.len(), batch.phi.rows(), "{name} keeps per-sample state: the batch needs sample ids");
     let seed = rng.next_u64();
     for_each_sample(out, batch.phi.rows(), |i, g| {
         let mut r = farout_core::rng::seeded(seed, i as u64);
-        with_state(state, Some(batch.ids[i]), |row| step(i, row.expect("a sample id"), &mut r, g))
+        with_state(state, Some(batch.ids[i]), |row| step(i, row, &mut r, g))
     })
+}
+
+/// One A&R sample's local and global step on its candidates' scores `z` (the label's first),
+/// with `c = (K-1)/|S|` and the sample's state (`None`: stateless), drawing from the sample's
+/// generator: the loss, `dL/dz` into the gradient, and the new state.
+type ArSampleLoss<const W: usize> = fn(f64, &[f32], Option<[f64; W]>, &mut Rng, &mut [f32]) -> (f32, [f64; W]);
+
+/// An A&R estimator's step on one sample in one process: its label and `n` negatives drawn and
+/// scored, then `loss`. Returns the estimate and the new state (`prev` without a label).
+#[allow(clippy::too_many_arguments)]
+fn ar_step<const W: usize>(
+    ctx: &Ctx,
+    phi: &[f32],
+    positives: &[ClassId],
+    n: usize,
+    prev: Option<[f64; W]>,
+    rng: &mut Rng,
+    out: &mut SparseGrad,
+    loss: ArSampleLoss<W>,
+) -> (Estimate, [f64; W]) {
+    let c = class_scale(ctx.n_classes(), n);
+    let mut next = prev.unwrap_or([0.0; W]);
+    let e = estimate_on_candidates(ctx, phi, positives, n, rng, out, |z, rng, grad, _| {
+        let (l, state) = loss(c, z, prev, rng, grad);
+        next = state;
+        l
+    });
+    (e, next)
+}
+
+/// An A&R estimator's [`DrawnLoss`]: `loss` on the sample's state (`id`) with `c = scale`,
+/// drawing from the sample's generator after its candidates, as [`ar_step`] does in one
+/// process. Loss 0 without a label (or without `scale`: no shard plan).
+fn ar_drawn_loss<const W: usize>(
+    scale: Option<f64>,
+    state: &SampleState,
+    id: Option<usize>,
+    drawn: &Drawn,
+    z: &[f32],
+    grad: &mut [f32],
+    loss: ArSampleLoss<W>,
+) -> f32 {
+    grad.fill(0.0);
+    let Some(c) = scale.filter(|_| drawn.positives > 0) else { return 0.0 };
+    let mut rng = drawn.rng.clone().expect("A&R's draws keep every sample's generator");
+    with_state(state, id, |prev| loss(c, z, prev, &mut rng, grad))
 }
 
 /// The importance weight `(K-1)/|S|` of one drawn negative.
@@ -290,8 +336,8 @@ impl ArSoftmax {
 
     /// One sample on its candidates' scores `z` (the label's first) with `c = (K-1)/|S|`:
     /// local step on `log eta` (from `prev`, `None` = stateless), then the global gradient
-    /// into `grad`. Returns the loss and the new `(log eta, visits)`.
-    fn sample_loss(c: f64, z: &[f32], prev: Option<[f64; 2]>, grad: &mut [f32]) -> (f32, [f64; 2]) {
+    /// into `grad` (no draws). Returns the loss and the new `(log eta, visits)`.
+    fn sample_loss(c: f64, z: &[f32], prev: Option<[f64; 2]>, _: &mut Rng, grad: &mut [f32]) -> (f32, [f64; 2]) {
         // log eta_hat = log(1 + c sum_j exp(d_j)) = softplus(log c + logsumexp(d)).
         let m = gaps(z).fold(f64::NEG_INFINITY, f64::max);
         let lse = if z.len() < 2 { f64::NEG_INFINITY } else { m + gaps(z).map(|d| (d - m).exp()).sum::<f64>().ln() };
@@ -313,26 +359,6 @@ impl ArSoftmax {
     /// The global step given `eta`: `dL/dpsi_j = (c / eta) exp(psi_j - psi_y)`.
     fn global_step(grad: &mut [f32], z: &[f32], c: f64, log_eta: f64) {
         fill_grad(grad, z, |d| c * (d - log_eta).exp());
-    }
-
-    /// One sample in one process: its candidates drawn and scored, then [`Self::sample_loss`].
-    fn step(
-        &self,
-        ctx: &Ctx,
-        phi: &[f32],
-        positives: &[ClassId],
-        prev: Option<[f64; 2]>,
-        rng: &mut Rng,
-        out: &mut SparseGrad,
-    ) -> (Estimate, [f64; 2]) {
-        let c = class_scale(ctx.n_classes(), self.n_samples);
-        let mut next = prev.unwrap_or_default();
-        let e = estimate_on_candidates(ctx, phi, positives, self.n_samples, rng, out, |z, _, grad, _| {
-            let (loss, state) = Self::sample_loss(c, z, prev, grad);
-            next = state;
-            loss
-        });
-        (e, next)
     }
 }
 
@@ -360,11 +386,7 @@ impl DrawnLoss for ArSoftmax {
         grad: &mut [f32],
         _: &mut LossScratch,
     ) -> f32 {
-        grad.fill(0.0);
-        match self.scale {
-            Some(c) if drawn.positives > 0 => with_state(&self.state, id, |prev| Self::sample_loss(c, z, prev, grad)),
-            _ => 0.0,
-        }
+        ar_drawn_loss(self.scale, &self.state, id, drawn, z, grad, Self::sample_loss)
     }
 }
 
@@ -388,12 +410,12 @@ impl GradientEstimator for ArSoftmax {
     }
 
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
-        self.step(ctx, phi, positives, None, rng, out).0
+        ar_step(ctx, phi, positives, self.n_samples, None, rng, out, Self::sample_loss).0
     }
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        with_sample_state(self.name(), &self.state, batch, rng, out, |i, prev: [f64; 2], r, g| {
-            self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), r, g)
+        with_sample_state(self.name(), &self.state, batch, rng, out, |i, prev, r, g| {
+            ar_step(ctx, batch.phi.row(i), batch.positives[i], self.n_samples, prev, r, g, Self::sample_loss)
         })
     }
 }
@@ -558,26 +580,6 @@ impl<N: Noise> ArUtility<N> {
         let elbo = N::log_pdf(eps) + N::entropy(sigma) + c * gaps(z).map(|d| N::log_cdf(eps - d)).sum::<f64>();
         (-elbo as f32, [mu, gamma, visits])
     }
-
-    /// One sample in one process: its candidates drawn and scored, then [`Self::sample_loss`].
-    fn step(
-        &self,
-        ctx: &Ctx,
-        phi: &[f32],
-        positives: &[ClassId],
-        prev: Option<[f64; 3]>,
-        rng: &mut Rng,
-        out: &mut SparseGrad,
-    ) -> (Estimate, [f64; 3]) {
-        let c = class_scale(ctx.n_classes(), self.n_samples);
-        let mut next = prev.unwrap_or([0.0, GAMMA_UNIT as f64, 0.0]);
-        let e = estimate_on_candidates(ctx, phi, positives, self.n_samples, rng, out, |z, rng, grad, _| {
-            let (loss, state) = Self::sample_loss(c, z, prev, rng, grad);
-            next = state;
-            loss
-        });
-        (e, next)
-    }
 }
 
 impl<N: Noise> ShardDraw for ArUtility<N> {
@@ -599,10 +601,7 @@ impl<N: Noise> DrawnLoss for ArUtility<N> {
         grad: &mut [f32],
         _: &mut LossScratch,
     ) -> f32 {
-        grad.fill(0.0);
-        let Some(c) = self.scale.filter(|_| drawn.positives > 0) else { return 0.0 };
-        let mut rng = drawn.rng.clone().expect("A&R's draws keep every sample's generator");
-        with_state(&self.state, id, |prev| Self::sample_loss(c, z, prev, &mut rng, grad))
+        ar_drawn_loss(self.scale, &self.state, id, drawn, z, grad, Self::sample_loss)
     }
 }
 
@@ -627,12 +626,12 @@ impl<N: Noise> GradientEstimator for ArUtility<N> {
 
     /// Without a sample id: the initial `q` (`mu = 0, sigma = 1`), no local step.
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate {
-        self.step(ctx, phi, positives, None, rng, out).0
+        ar_step(ctx, phi, positives, self.n_samples, None, rng, out, Self::sample_loss).0
     }
 
     fn estimate_batch(&self, ctx: &Ctx, batch: Batch, rng: &mut Rng, out: &mut BatchGrad) -> BatchEstimate {
-        with_sample_state(N::NAME, &self.state, batch, rng, out, |i, prev: [f64; 3], r, g| {
-            self.step(ctx, batch.phi.row(i), batch.positives[i], Some(prev), r, g)
+        with_sample_state(N::NAME, &self.state, batch, rng, out, |i, prev, r, g| {
+            ar_step(ctx, batch.phi.row(i), batch.positives[i], self.n_samples, prev, r, g, Self::sample_loss)
         })
     }
 }

@@ -113,7 +113,7 @@ impl SphericalIndex {
                             mine.iter().take(AHEAD).for_each(|&i| kernels::prefetch(cluster.row(i as usize, d)));
                         }
                         for (t, &i) in mine.iter().enumerate() {
-                            if let (false, Some(&next)) = (stream, mine.get(t + AHEAD)) {
+                            if !stream && let Some(&next) = mine.get(t + AHEAD) {
                                 kernels::prefetch(cluster.row(next as usize, d));
                             }
                             let score = kernels::dot_simd(cluster.row(i as usize, d), query);
