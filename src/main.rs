@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 use farout_core::topk::Hit;
 use farout_data::Dataset;
 use farout_dist::Collective;
+use farout_train::config::EncoderKind;
 use farout_train::dist::agree;
 use farout_train::linear::{self, LinearModel, LinearRun};
 use farout_train::report::StderrLogger;
@@ -55,16 +56,27 @@ enum Command {
     /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss), or word
     /// vectors (`eval analogy`, `eval similarity`); prints JSON.
     Eval(EvalArgs),
-    /// Write a skip-gram checkpoint's input vectors in word2vec format or as a farout model.
+    /// Write a checkpoint's vectors: a skip-gram model's word (input) or context (output)
+    /// vectors, or a network's output-layer rows or features, the two sides of the search its
+    /// output layer does (e.g. for `farout bench search --vectors`).
     Export {
-        /// The skip-gram config.
+        /// The config (skip-gram or network).
         config: PathBuf,
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Output file: word2vec binary for `.bin`, farout's model (with the subword n-gram
-        /// rows) for `.model`, else word2vec text.
+        /// Output file: `.npy` (f32 matrix), or for skip-gram word2vec binary for `.bin`,
+        /// farout's model (with the subword n-gram rows) for `.model`, else word2vec text.
         #[arg(long)]
         out: PathBuf,
+        /// Which rows. Skip-gram: `input` (the word vectors, default) or `output` (the context
+        /// vectors). Network (`.npy` only): `output` (the output layer, one row per class, the
+        /// bias as a last column if it has one; default) or `features` (the encoder's features
+        /// of the test set or of `--input`, with a trailing 1 if the layer has a bias).
+        #[arg(long, value_enum)]
+        rows: Option<ExportRows>,
+        /// With `--rows features`: the data to encode (default: the config's test set).
+        #[arg(long)]
+        input: Option<PathBuf>,
     },
     /// Print the vectors of words, one `word v1 ... v_dim` line each (fastText's
     /// `print-word-vectors`): from a `.model` file, words outside the vocabulary get the mean
@@ -399,6 +411,61 @@ fn load_config(path: &Path, set: &[String], ranks: usize) -> Result<Config> {
 
 /// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
 /// (a linear model: this rank's labels of it).
+/// The rows `farout export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExportRows {
+    Input,
+    Output,
+    Features,
+}
+
+/// `farout export`: writes the rows of the config's checkpoint to `out`; returns their number.
+fn export(
+    config: Config,
+    out: &Path,
+    rows: Option<ExportRows>,
+    input: Option<&Path>,
+    comm: &dyn Collective,
+) -> Result<usize> {
+    use farout_train::skipgram::{SkipGramRows, export_checkpoint};
+    if config.is_linear() {
+        anyhow::bail!(
+            "a linear model has no checkpoint vectors to export: its weights are in the model file (`farout predict` uses it)"
+        );
+    }
+    if input.is_some() && rows != Some(ExportRows::Features) {
+        anyhow::bail!("--input names the data to encode with --rows features");
+    }
+    if config.model.encoder == EncoderKind::SkipGram {
+        let rows = match rows.unwrap_or(ExportRows::Input) {
+            ExportRows::Input => SkipGramRows::Input,
+            ExportRows::Output => SkipGramRows::Output,
+            ExportRows::Features => anyhow::bail!(
+                "--rows features: a skip-gram model's rows are `input` (word vectors) or `output` (context vectors)"
+            ),
+        };
+        return Ok(export_checkpoint(&config, out, rows)?);
+    }
+    if out.extension().is_none_or(|e| e != "npy") {
+        anyhow::bail!("--out {}: a network's rows are written as .npy", out.display());
+    }
+    let rows = rows.unwrap_or(ExportRows::Output);
+    if rows == ExportRows::Input {
+        anyhow::bail!("--rows input: a network's rows are `output` (the output layer) or `features` (the encoder's)");
+    }
+    let t = Trained::load(config, None, comm)?;
+    let Trained::Network(trainer, _) = &t else { unreachable!("linear configs are refused above") };
+    let m = match rows {
+        ExportRows::Features => match input {
+            Some(p) => trainer.feature_rows(&t.load_input(p, None)?),
+            None => trainer.feature_rows(t.test().context("no --input and the config names no test set")?),
+        },
+        _ => trainer.class_rows(),
+    };
+    farout_data::npy::write_f32_matrix(out, &m)?;
+    Ok(m.rows())
+}
+
 enum Trained<'c> {
     Network(Box<Trainer>, &'c dyn Collective),
     Linear(Box<LinearRun>, LinearModel, &'c dyn Collective),
@@ -536,10 +603,10 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             bench::run(command, comm)?
         }
         _ if comm.size() > 1 => one_process(comm, "this command")?,
-        Command::Export { config: path, set, out } => {
+        Command::Export { config: path, set, out, rows, input } => {
             let config = load_config(&path, &set, comm.size())?;
-            refuse_to_overwrite("--out", &out, &path, &config, &[])?;
-            let n = farout_train::skipgram::export_checkpoint(&config, &out)?;
+            refuse_to_overwrite("--out", &out, &path, &config, &[("--input", input.as_deref())])?;
+            let n = export(config, &out, rows, input.as_deref(), comm)?;
             log::info!("wrote {n} vectors to {}", out.display());
         }
         Command::Vectors { vectors, words } => print_vectors(&vectors, words)?,

@@ -94,11 +94,43 @@ fn eval_and_predict_use_the_checkpoint() {
     let text = String::from_utf8(p.stdout).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len() as u64, trained["n_test"].as_u64().unwrap());
-    for line in lines {
+    for line in &lines {
         let scores: Vec<f64> = line.split(' ').map(|t| t.split_once(':').unwrap().1.parse().unwrap()).collect();
         assert_eq!(scores.len(), 3);
         assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {line}");
     }
+    // `farout export` writes the layer's two sides of its search: features · rowsᵀ are the
+    // scores `predict` printed.
+    let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let (rows_npy, features_npy) = (out("rows.npy"), out("features.npy"));
+    args.truncate(args.len() - 2);
+    args[0] = "export";
+    for (rows, path) in [("output", &rows_npy), ("features", &features_npy)] {
+        let o = farout(&[&args[..], &["--rows", rows, "--out", path]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let w = npy_matrix(&rows_npy);
+    let phi = npy_matrix(&features_npy);
+    assert_eq!(w.len(), 200, "one row per class");
+    assert_eq!(phi.len(), lines.len(), "one row per test sample");
+    for (f, line) in phi.iter().zip(&lines) {
+        let best = line.split(' ').next().unwrap().split_once(':').unwrap();
+        let (class, score): (usize, f64) = (best.0.parse().unwrap(), best.1.parse().unwrap());
+        let dot = |r: &[f32]| r.iter().zip(f).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>();
+        assert!((dot(&w[class]) - score).abs() < 1e-4, "{} against {score}", dot(&w[class]));
+        assert!(w.iter().all(|r| dot(r) <= score + 1e-4), "no row scores above the predicted best");
+    }
+    let bad = farout(&[&args[..], &["--rows", "input", "--out", &rows_npy]].concat());
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("`output` (the output layer) or `features`"), "{}", stderr(&bad));
+    let bad = farout(&[&args[..], &["--out", &out("rows.txt")]].concat());
+    assert!(stderr(&bad).contains("written as .npy"), "{}", stderr(&bad));
+}
+
+/// The rows of a `.npy` matrix farout wrote.
+pub fn npy_matrix(path: &str) -> Vec<Vec<f32>> {
+    let m = farout_data::npy::read_f32_matrix(std::path::Path::new(path)).unwrap();
+    m.iter_rows().map(<[f32]>::to_vec).collect()
 }
 
 #[test]

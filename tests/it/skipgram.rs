@@ -69,6 +69,28 @@ fn skipgram_trains_exports_and_evaluates() {
     let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(b["spearman"].as_f64().unwrap(), rho);
     assert!(dir.path().join("log/metrics.jsonl").exists());
+    // `.npy` exports: the input rows are the text file's vectors in its order, and the output
+    // (context) vectors are the same in `.npy` and in word2vec text.
+    let out = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let export_rows = |rows: &str, path: &str| {
+        let o = farout(&[&export[..2], &["--rows", rows, "--out", path], &export[4..]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+    };
+    export_rows("input", &out("input.npy"));
+    export_rows("output", &out("output.npy"));
+    export_rows("output", &out("output.txt"));
+    let text_rows = |path: &str| -> Vec<Vec<f32>> {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines().skip(1).map(|l| l.split(' ').skip(1).map(|v| v.parse().unwrap()).collect()).collect()
+    };
+    // Text holds each f32 in its shortest round-trip form: equal bit for bit.
+    let input = crate::cli::npy_matrix(&out("input.npy"));
+    let output = crate::cli::npy_matrix(&out("output.npy"));
+    assert_eq!(input, text_rows(txt.to_str().unwrap()));
+    assert_eq!(output, text_rows(&out("output.txt")));
+    assert_ne!(input, output, "context vectors are not the word vectors");
+    let o = farout(&[&export[..2], &["--rows", "output", "--out", &out("output.model")], &export[4..]].concat());
+    assert!(stderr(&o).contains("a .model file holds input vectors"), "{}", stderr(&o));
 }
 
 #[test]

@@ -224,12 +224,40 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
     Ok(path.to_path_buf())
 }
 
-/// Writes the input vectors of the config's checkpoint to `out` (word2vec binary for `.bin`,
-/// farout's model with the n-gram rows for `.model`, else text); returns the number of words.
-pub fn export_checkpoint(config: &Config, out: &Path) -> Result<usize, Error> {
+/// Which vectors of a skip-gram checkpoint [`export_checkpoint`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipGramRows {
+    /// The words' input vectors (with subwords, the means of their rows): the word vectors.
+    Input,
+    /// The words' output (context) vectors: the rows the skip-gram gradient searches, with an
+    /// input vector as the query.
+    Output,
+}
+
+/// Writes the config's checkpoint's `rows` to `out`: a `.npy` matrix (f32, one row per word,
+/// most frequent first, as in the checkpoint's `vocab.txt`), word2vec binary for `.bin`,
+/// farout's model with the n-gram rows for `.model` (input vectors only), else word2vec text;
+/// returns the number of words.
+pub fn export_checkpoint(config: &Config, out: &Path, rows: SkipGramRows) -> Result<usize, Error> {
     let sg = &config.model.skip_gram;
     let (vocab, subwords, emb, _) = load_checkpoint(&config.checkpoint_dir(), sg.dim, sg.ngrams())?;
-    vectors(&vocab, &subwords, &emb.input)?.save(out, Format::from_path(out))?;
+    let npy = out.extension().is_some_and(|e| e == "npy");
+    match rows {
+        SkipGramRows::Input if npy => farout_data::npy::write_f32_matrix(out, &word_inputs(&subwords, &emb.input))?,
+        SkipGramRows::Input => vectors(&vocab, &subwords, &emb.input)?.save(out, Format::from_path(out))?,
+        SkipGramRows::Output if npy => farout_data::npy::write_f32_matrix(out, &emb.output)?,
+        SkipGramRows::Output => match Format::from_path(out) {
+            Format::Model => {
+                return Err(Error::Option {
+                    name: "out",
+                    msg: "a .model file holds input vectors and their n-gram rows; write output vectors \
+                          to .npy, .bin (word2vec binary) or a text file"
+                        .into(),
+                });
+            }
+            format => Vectors::borrowed(vocab.words().to_vec(), &emb.output)?.save(out, format)?,
+        },
+    }
     Ok(vocab.len())
 }
 

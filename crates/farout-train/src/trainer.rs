@@ -440,6 +440,41 @@ impl Trainer {
         }
     }
 
+    /// The output layer's search problem, its rows: W, with the bias as a last column when the
+    /// layer has one, so that [`Trainer::feature_rows`] · rowsᵀ are the layer's scores (a
+    /// class-sharded layer gives its own rows).
+    pub fn class_rows(&self) -> Matrix {
+        let w = self.layer.weights();
+        let Some(bias) = self.layer.bias() else { return w.clone() };
+        let d = w.cols();
+        let mut rows = Matrix::zeros(w.rows(), d + 1);
+        for (k, &b) in bias.iter().enumerate() {
+            rows.row_mut(k)[..d].copy_from_slice(w.row(k));
+            rows.row_mut(k)[d] = b;
+        }
+        rows
+    }
+
+    /// The queries of the output layer's search: the encoder's features of every sample of
+    /// `ds`, with a trailing 1 when the layer has a bias ([`Trainer::class_rows`]).
+    pub fn feature_rows(&self, ds: &Dataset) -> Matrix {
+        let d = self.layer.d_model();
+        let cols = d + usize::from(self.layer.bias().is_some());
+        let mut rows = Matrix::zeros(ds.len(), cols);
+        for start in (0..ds.len()).step_by(self.config.eval.batch_size.max(1)) {
+            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
+            let phi = self.features(ds, &idx);
+            for (r, &i) in idx.iter().enumerate() {
+                let row = rows.row_mut(i);
+                row[..d].copy_from_slice(phi.row(r));
+                if cols > d {
+                    row[d] = 1.0;
+                }
+            }
+        }
+        rows
+    }
+
     /// Evaluates on (the first `max_samples`, 0 = all, of) `ds`: P@k, nDCG@k, exact loss.
     pub fn evaluate(&self, ds: &Dataset, max_samples: usize) -> BTreeMap<String, f64> {
         debug_assert!(self.shard.is_none(), "a class-sharded layer evaluates with evaluate_on");
