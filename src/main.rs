@@ -409,13 +409,14 @@ fn load_config(path: &Path, set: &[String], ranks: usize) -> Result<Config> {
     Ok(config)
 }
 
-/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
-/// (a linear model: this rank's labels of it).
 /// The rows `farout export` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum ExportRows {
+    /// Skip-gram word (input) vectors.
     Input,
+    /// Skip-gram context (output) vectors, or a network's output layer.
     Output,
+    /// A network's encoder features.
     Features,
 }
 
@@ -466,6 +467,8 @@ fn export(
     Ok(m.rows())
 }
 
+/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
+/// (a linear model: this rank's labels of it).
 enum Trained<'c> {
     Network(Box<Trainer>, &'c dyn Collective),
     Linear(Box<LinearRun>, LinearModel, &'c dyn Collective),
