@@ -57,8 +57,9 @@
 //! (LINEAR.md §2). A row that shares no feature with w̃ has z_i = 0 and −∇_iG = 1 − y_i w_0: all
 //! such negatives tie, and the search takes the lowest indices among them. With
 //! `column_threshold` > 0, columns are stored sorted by |x_ij| descending, so the two-level
-//! sparsification of \[P\] Sect. 5.3 stops a column's walk at the first |x_ij| < `column_threshold` (approximate searches only; the exact
-//! search that decides convergence walks every entry).
+//! sparsification of \[P\] Sect. 5.3 stops a column's walk at the first |x_ij| <
+//! `column_threshold` (approximate searches only; the exact search that decides convergence
+//! walks every entry).
 //!
 //! # Project choices (\[P\] leaves them open)
 //!
@@ -521,13 +522,6 @@ fn sparsify_draws(l1: f64, delta: f64, nnz: usize) -> Option<usize> {
     (r >= 1.0 && r < nnz as f64).then_some(r as usize)
 }
 
-/// Fisher–Yates: a uniformly random order of `a`.
-fn shuffle(a: &mut [u32], rng: &mut Rng) {
-    for i in (1..a.len()).rev() {
-        a.swap(i, rng.random_range(0..=i));
-    }
-}
-
 /// `sign(v) max(|v| − λ, 0)`, without branches: the sign of v is data, so a branch on it is
 /// mispredicted about half the time (it was the costliest instruction of Alg. 2 on Bibtex).
 #[inline]
@@ -849,7 +843,7 @@ impl Label<'_, '_> {
         let mut steps = 0u64;
         for _ in 0..sweeps {
             let mut max_pg = 0.0f64;
-            shuffle(&mut self.s.active, rng);
+            rng::shuffle(&mut self.s.active, rng);
             for at in 0..n_active {
                 let i = self.s.active[at] as usize;
                 let g = self.gradient_from_v(i);
