@@ -461,9 +461,7 @@ impl Trainer {
         let d = self.layer.d_model();
         let cols = d + usize::from(self.layer.bias().is_some());
         let mut rows = Matrix::zeros(ds.len(), cols);
-        for start in (0..ds.len()).step_by(self.config.eval.batch_size.max(1)) {
-            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(ds.len())).collect();
-            let phi = self.features(ds, &idx);
+        let Ok(()) = self.feature_batches(ds, ds.len(), |idx, phi| {
             for (r, &i) in idx.iter().enumerate() {
                 let row = rows.row_mut(i);
                 row[..d].copy_from_slice(phi.row(r));
@@ -471,7 +469,8 @@ impl Trainer {
                     row[d] = 1.0;
                 }
             }
-        }
+            Ok::<_, std::convert::Infallible>(())
+        });
         rows
     }
 
@@ -522,10 +521,23 @@ impl Trainer {
         mut f: impl FnMut(&[usize], &Matrix) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let mut z = Matrix::default();
+        self.feature_batches(ds, n, |idx, phi| {
+            self.layer.scores(phi, &mut z);
+            f(idx, &z)
+        })
+    }
+
+    /// Runs `f(idx, features)` on the first `n` samples of `ds` in batches of
+    /// `eval.batch_size`.
+    fn feature_batches<E>(
+        &self,
+        ds: &Dataset,
+        n: usize,
+        mut f: impl FnMut(&[usize], &Matrix) -> Result<(), E>,
+    ) -> Result<(), E> {
         for start in (0..n).step_by(self.config.eval.batch_size) {
             let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
-            self.layer.scores(&self.features(ds, &idx), &mut z);
-            f(&idx, &z)?;
+            f(&idx, &self.features(ds, &idx))?;
         }
         Ok(())
     }
