@@ -91,10 +91,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 128)]
         d: usize,
         /// Classes retrieved per block (mips, ldgs: `output.top`) or negatives drawn (sampling:
-        /// `output.n_samples`); default: the config's, K / 100.
+        /// `output.n_samples`); default: the config's (K / 100; at most 300 for ldgs).
         #[arg(long)]
         top: Option<usize>,
-        /// LDGS blocks B (`output.blocks`; default: the config's, D / 16).
+        /// LDGS blocks B (`output.blocks`; default: the config's, D / 64).
         #[arg(long)]
         blocks: Option<usize>,
         /// LDGS message-passing steps T, or fixed_point (`output.iterations`).
