@@ -570,7 +570,7 @@ impl Default for LdgsConfig {
 /// The default of `top`, per block, at large K (below 30,000 classes K / 100 is smaller).
 ///
 /// Chosen by measurement (`farout bench estimator --estimator ldgs --k 1000000 --d 128`, 2
-/// blocks, index calibrated to recall 0.9, 2-core Intel Xeon): top 300 ran 22.9-24.7x the
+/// blocks, index calibrated to recall 0.9, 2-core Intel Xeon): top 300 ran 22.9-27.2x the
 /// exact gradient's speed at gradient cosine 0.991, top 1,000 15.6x at 0.998, K / 100 = 10,000
 /// slower than exact. The cost of LDGS per sample grows with top, not with the rows its
 /// indexes scan: every block's top classes are selected and rescored, and the loss evaluated
