@@ -334,14 +334,19 @@ impl OutputLayer {
         }
     }
 
-    /// Records that `rows` changed (all rows when `None`): syncs them into the index now (its
-    /// scores stay exact) and re-indexes every changed row when a refresh is due.
+    /// Records that `rows` changed (all rows when `None`): re-indexes every changed row when a
+    /// refresh is due, else syncs them into the index now (its scores stay exact).
     fn after_update(&mut self, rows: Option<&[ClassId]>) {
         let Some(a) = &mut self.attached else { return };
         let Some(index) = &mut a.index else { return };
+        a.steps_since_refresh += 1;
+        a.steps_since_build += 1;
+        let refresh = a.steps_since_refresh >= a.upkeep.refresh_every;
         match rows {
             Some(rows) => {
-                index.sync(&self.w, rows);
+                if !refresh {
+                    index.sync(&self.w, rows);
+                }
                 for &r in rows {
                     if !a.dirty[r as usize] {
                         a.dirty[r as usize] = true;
@@ -353,12 +358,13 @@ impl OutputLayer {
                 a.dirty_rows.clear();
                 a.dirty_rows.extend(0..a.dirty.len() as ClassId);
                 a.dirty.fill(true);
-                index.sync(&self.w, &a.dirty_rows);
+                if !refresh {
+                    index.sync(&self.w, &a.dirty_rows);
+                }
             }
         }
-        a.steps_since_refresh += 1;
-        a.steps_since_build += 1;
-        if a.steps_since_refresh >= a.upkeep.refresh_every {
+        // A refresh syncs the rows it re-indexes.
+        if refresh {
             index.refresh(&self.w, &a.dirty_rows);
             for &r in &a.dirty_rows {
                 a.dirty[r as usize] = false;
@@ -1035,18 +1041,26 @@ mod tests {
     }
 
     /// Between refreshes the index finds rows where it last indexed them, but scores them with
-    /// their current values (synced after every step).
+    /// their current values (synced after every step); refreshed every step, the refresh syncs
+    /// them. The spherical index scans its own copies of the rows, so a row left unsynced would
+    /// show as a stale score.
     #[test]
     fn index_scores_stay_exact_between_refreshes() {
+        for refresh_every in [1_000, 1] {
+            index_scores_stay_exact_with(refresh_every);
+        }
+    }
+
+    fn index_scores_stay_exact_with(refresh_every: u64) {
         use farout_estimators::{Mips, SmoothedMargin};
-        use farout_search::Hit;
+        use farout_search::{Hit, SphericalConfig};
         let (phi, pos) = setup(6);
         let refs: Vec<&[u32]> = pos.iter().map(|p| p.as_slice()).collect();
         let cfg = OutputLayerConfig { bias: false, init_std: 0.3, ..Default::default() };
         let opt = OptimizerConfig::Adagrad { lr: 0.005, eps: 1e-8, l2: 0.0 };
         let mut layer = OutputLayer::new(300, 6, &cfg, &opt, 5).unwrap();
-        let index = IndexConfig::default();
-        layer.attach_index(index, 2, IndexUpkeep { refresh_every: 1_000, rebuild_every: 0 }).unwrap();
+        let index = IndexConfig::Spherical(SphericalConfig { exact_below: 0, ..SphericalConfig::default() });
+        layer.attach_index(index, 2, IndexUpkeep { refresh_every, rebuild_every: 0 }).unwrap();
         let est = Mips::new(SmoothedMargin::new(1.0).unwrap(), 50).unwrap();
         let mut hits: Vec<Hit> = Vec::new();
         let mut changed = 0;

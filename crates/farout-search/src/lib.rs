@@ -35,6 +35,7 @@ pub use lsh::{SimpleLshConfig, SimpleLshIndex};
 pub use spherical::{Calibrated, Scoring, SphericalConfig, SphericalIndex};
 
 use farout_core::{ClassId, Matrix};
+use rayon::prelude::*;
 
 /// Errors of index configuration: a parameter outside its range.
 #[derive(Debug, thiserror::Error)]
@@ -386,20 +387,20 @@ impl BlockIndex {
         self.blocks[j].search_batch(self.rows(w, j), &q, k, out)
     }
 
-    /// Syncs `rows` in every block ([`MipsIndex::sync`]).
+    /// Syncs `rows` in every block ([`MipsIndex::sync`]), the blocks in parallel.
     pub fn sync(&mut self, w: &Matrix, rows: &[ClassId]) {
         let width = self.width;
-        for (j, b) in self.blocks.iter_mut().enumerate() {
+        self.blocks.par_iter_mut().enumerate().for_each(|(j, b)| {
             b.sync(Rows::block(w, j * width, (j + 1) * width), rows);
-        }
+        });
     }
 
-    /// Re-indexes `rows` in every block.
+    /// Re-indexes `rows` in every block, the blocks in parallel.
     pub fn refresh(&mut self, w: &Matrix, rows: &[ClassId]) {
         let width = self.width;
-        for (j, b) in self.blocks.iter_mut().enumerate() {
+        self.blocks.par_iter_mut().enumerate().for_each(|(j, b)| {
             b.refresh(Rows::block(w, j * width, (j + 1) * width), rows);
-        }
+        });
     }
 
     /// Whether any block asks for a rebuild.
