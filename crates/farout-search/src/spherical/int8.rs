@@ -62,14 +62,15 @@ impl SphericalIndex {
     /// Which rows can reach the cut: every query has a floor, a score no higher than its cut,
     /// shared by the threads scanning different clusters. It starts at the `depth`-th best
     /// score of the query's first probed clusters, scored alone (about [`SEED`] `x depth`
-    /// rows, at most 1 / [`SEED_SHARE`] of the `budget` it probes): the `depth`-th best of a subset of the probed rows is at most the cut, the
-    /// `depth`-th best of all of them. Rows below the floor are dropped as they are scored. When
-    /// a thread holds [`COMPACT_AT`] `x depth` rows of a query, the `depth`-th best of them is
-    /// again a lower bound of the cut, so it raises the floor and drops the rows below it.
-    /// The scan thus writes a few times `depth` rows per query instead of all the probed rows'
-    /// scores, which were read twice after (once for the cut, once for the rows reaching it):
-    /// at K = 672,000 with 108,000 rows probed per query, 110 MB less memory per batch of 256
-    /// queries.
+    /// rows, at most 1 / [`SEED_SHARE`] of the `budget` it probes): the `depth`-th best of a
+    /// subset of the probed rows is at most the cut, the `depth`-th best of all of them. Rows
+    /// below the floor are dropped as they are scored. When a thread holds [`COMPACT_AT`]
+    /// `x depth` rows of a query, the `depth`-th best of them is again a lower bound of the cut,
+    /// so it raises the floor and drops the rows below it. The scan thus writes a few times
+    /// `depth` rows per query instead of all the probed rows' scores, which
+    /// [`SphericalIndex::rescore_batch`] reads twice (once for the cut, once for the rows
+    /// reaching it): at K = 672,000 with 108,000 rows probed per query, 110 MB less memory per
+    /// batch of 256 queries.
     pub(super) fn search_int8_batch(
         &self,
         probes: &BatchProbes,
@@ -83,7 +84,7 @@ impl SphericalIndex {
         let seed = (SEED * depth).min(budget / SEED_SHARE);
         // Each query's floor starts at the `depth`-th best score of its first probed clusters
         // (best centroid score first: the clusters holding most of its best rows), scored
-        // alone before the scan: at least `SEED * depth` rows.
+        // alone before the scan: `seed` rows or a few more.
         let floors: Vec<AtomicU32> = probes
             .slots
             .par_iter()
@@ -181,10 +182,10 @@ impl SphericalIndex {
         })
     }
 
-    /// Cluster by cluster, the rows `rows_of(j, s, q, positions, scratch)` appends (members of
-    /// cluster `j` for query `q`, its `s`-th prober, ascending) are rescored exactly from the copy for every query
-    /// `q` probing `j` (each copy read once, while it is in cache, for all its queries, instead
-    /// of gathering rows query by query); then each query's `k` best of its rescored rows go to
+    /// Cluster by cluster, for every query `q` probing cluster `j` (its `s`-th), the members
+    /// `rows_of(j, s, q, positions, scratch)` appends (ascending) are rescored exactly from the
+    /// copy (each copy read once, while it is in cache, for all its queries, instead of
+    /// gathering rows query by query); then each query's `k` best of its rescored rows go to
     /// `out`. Returns the number of rows rescored.
     fn rescore_by_cluster(
         &self,
