@@ -72,24 +72,27 @@ pub enum SimdLevel {
     Avx2,
     /// AVX-512 (and the extensions each kernel checks for).
     Avx512,
+    /// AVX-512 and the AMX tile instructions (int8 scoring).
+    Amx,
 }
 
 /// The environment variable that caps [`simd_cap`].
 pub const SIMD_ENV: &str = "FAROUT_SIMD";
 
 /// The widest vector instructions farout's kernels may use, whatever the CPU has:
-/// `FAROUT_SIMD=avx2` (or `baseline`) makes a machine with AVX-512 run the kernels of a CPU
-/// without it, to measure and test those paths; unset or `avx512`, no cap. Read once; another
-/// value is reported on standard error and ignored.
+/// `FAROUT_SIMD=avx512` makes a machine with AMX run the AVX-512 kernels only, `avx2` (or
+/// `baseline`) the kernels of a CPU without AVX-512, to measure and test those paths; unset or
+/// `amx`, no cap. Read once; another value is reported on standard error and ignored.
 pub fn simd_cap() -> SimdLevel {
     static CAP: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| match std::env::var(SIMD_ENV).as_deref() {
-        Err(_) | Ok("" | "avx512") => SimdLevel::Avx512,
+        Err(_) | Ok("" | "amx") => SimdLevel::Amx,
+        Ok("avx512") => SimdLevel::Avx512,
         Ok("avx2") => SimdLevel::Avx2,
         Ok("baseline") => SimdLevel::Baseline,
         Ok(other) => {
-            eprintln!("warning: {SIMD_ENV}={other:?} is not avx512, avx2 or baseline; ignored");
-            SimdLevel::Avx512
+            eprintln!("warning: {SIMD_ENV}={other:?} is not amx, avx512, avx2 or baseline; ignored");
+            SimdLevel::Amx
         }
     })
 }

@@ -18,7 +18,16 @@
 //! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
 //! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
 //! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
-//! (8 accumulators).
+//! (8 accumulators). Each group starts on a cache line, so no 64-byte load straddles two.
+//!
+//! **AMX** (Intel Sapphire Rapids and later) multiplies whole tiles: `tdpbusd` takes 16 queries'
+//! codes of 64 dimensions (16 rows of 64 bytes) and 16 chunks of one group, which in the layout
+//! above are 16 rows of 64 bytes, exactly its second operand's layout, and adds 16 x 16 32-bit
+//! sums: 16,384 multiply-adds per instruction. The kernel gathers the queries into tiles, scores
+//! two query tiles against two groups at a time, then converts the sums as the other kernels
+//! do. It runs when the dimension is a multiple of 64 and at least [`AMX_MIN_QUERIES`] queries
+//! share the rows (the VNNI kernel scores the others): in the batched search, a cluster against
+//! the queries probing it.
 //!
 //! **AVX2** has no VNNI, and its unsigned-by-signed byte product `vpmaddubsw` saturates the
 //! 16-bit sum of two products (`2 x 255 x 127 > 32767`). Its kernel multiplies signed codes
@@ -31,7 +40,7 @@
 //! All kernels compute the same integers and the same float operations as the portable
 //! [`scores_scalar`], so all give bit-identical scores (a test checks every kernel the CPU
 //! has). [`scores`] picks the fastest the CPU has ([`Kernel::best`]); the portable code is far
-//! slower than f32 scoring, so int8 scoring is for CPUs with AVX2 or AVX-512 VNNI.
+//! slower than f32 scoring, so int8 scoring is for CPUs with AVX2, AVX-512 VNNI or AMX.
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
@@ -44,6 +53,13 @@ pub const ROW_TILE: usize = GROUP * GROUPS_PER_TILE;
 /// Queries scored together by the kernel.
 const QUERY_TILE: usize = 4;
 
+/// 64 bytes on a cache line of their own: the unit of the codes' storage, so that no load of
+/// a group's chunk (64 bytes) straddles two lines (AMX's tile loads, 16 such rows each, run
+/// several times slower when they do).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Line([i8; 64]);
+
 /// The int8 codes of a growing and changing set of rows of dimension `dim` (see the module
 /// docs), addressed by position `0..len()`.
 #[derive(Clone, Debug)]
@@ -52,8 +68,8 @@ pub struct QuantRows {
     /// `ceil(dim / 4)`.
     chunks: usize,
     len: usize,
-    /// `padded_len / 16` groups of `chunks x 64` bytes.
-    codes: Vec<i8>,
+    /// `padded_len / 16` groups of `chunks` lines of 64 bytes.
+    codes: Vec<Line>,
     /// `s_w` per row (0 in the padding).
     scale: Vec<f32>,
     /// `-128 sum_i c_i` per row (0 in the padding).
@@ -83,13 +99,13 @@ impl QuantRows {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.codes.capacity() + 4 * (self.scale.capacity() + self.offset.capacity())
+        64 * self.codes.capacity() + 4 * (self.scale.capacity() + self.offset.capacity())
     }
 
     /// Appends `row` (length `dim`).
     pub fn push(&mut self, row: &[f32]) {
         if self.len == self.padded_len() {
-            self.codes.resize(self.codes.len() + ROW_TILE * self.chunks * 4, 0);
+            self.codes.resize(self.codes.len() + GROUPS_PER_TILE * self.chunks, Line([0; 64]));
             self.scale.resize(self.scale.len() + ROW_TILE, 0.0);
             self.offset.resize(self.offset.len() + ROW_TILE, 0);
         }
@@ -109,7 +125,7 @@ impl QuantRows {
                 sum += *b as i32;
             }
             let at = self.byte(at, c);
-            self.codes[at..at + 4].copy_from_slice(&code);
+            self.code_bytes_mut()[at..at + 4].copy_from_slice(&code);
         }
         self.scale[at] = scale;
         self.offset[at] = -128 * sum;
@@ -122,8 +138,8 @@ impl QuantRows {
         let last = self.len - 1;
         for c in 0..self.chunks {
             let (from, to) = (self.byte(last, c), self.byte(at, c));
-            self.codes.copy_within(from..from + 4, to);
-            self.codes[from..from + 4].fill(0);
+            self.code_bytes_mut().copy_within(from..from + 4, to);
+            self.code_bytes_mut()[from..from + 4].fill(0);
         }
         self.scale[at] = self.scale[last];
         self.offset[at] = self.offset[last];
@@ -132,13 +148,26 @@ impl QuantRows {
         // Give back a whole tile once it is empty.
         if self.padded_len() - self.len >= ROW_TILE {
             let rows = self.padded_len() - ROW_TILE;
-            self.codes.truncate(rows * self.chunks * 4);
+            self.codes.truncate(rows / GROUP * self.chunks);
             self.scale.truncate(rows);
             self.offset.truncate(rows);
         }
     }
 
-    /// Position in `codes` of chunk `c` of row `at`.
+    /// The codes as bytes.
+    fn code_bytes(&self) -> &[i8] {
+        // SAFETY: a `Line` is 64 bytes (`repr(C)`, no padding), so the lines are contiguous
+        // bytes; `i8` has no alignment or validity requirement.
+        unsafe { std::slice::from_raw_parts(self.codes.as_ptr().cast(), 64 * self.codes.len()) }
+    }
+
+    /// The codes as bytes, writable.
+    fn code_bytes_mut(&mut self) -> &mut [i8] {
+        // SAFETY: as for `code_bytes`; every byte pattern is a valid `Line`.
+        unsafe { std::slice::from_raw_parts_mut(self.codes.as_mut_ptr().cast(), 64 * self.codes.len()) }
+    }
+
+    /// Position in [`QuantRows::code_bytes`] of chunk `c` of row `at`.
     fn byte(&self, at: usize, c: usize) -> usize {
         (at / GROUP) * self.chunks * 64 + c * 64 + (at % GROUP) * 4
     }
@@ -206,6 +235,10 @@ pub fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut
 /// An implementation of [`scores`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
+    /// AMX-INT8 tiles: `tdpbusd`, 16,384 multiply-adds per instruction, for rows of a
+    /// dimension that is a multiple of 64 scored against at least [`AMX_MIN_QUERIES`]
+    /// queries; the VNNI kernel scores the others.
+    Amx,
     /// AVX-512 with VNNI: `vpdpbusd`, 64 multiply-adds per instruction.
     Vnni,
     /// AVX2: the sign trick with `vpmaddubsw` and `vpmaddwd`.
@@ -230,6 +263,10 @@ impl Kernel {
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
                 {
+                    #[cfg(target_os = "linux")]
+                    if simd_cap() >= SimdLevel::Amx && amx::usable() {
+                        kernels.push(Kernel::Amx);
+                    }
                     kernels.push(Kernel::Vnni);
                 }
                 if simd_cap() >= SimdLevel::Avx2 && is_x86_feature_detected!("avx2") {
@@ -260,17 +297,28 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
     // kernels read within `rows`, `queries` and `out` as sized here.
     unsafe {
         match kernel {
-            Kernel::Vnni => by_query_tiles(rows, queries, which, out, vnni::tile::<QUERY_TILE>, vnni::tile::<1>),
+            #[cfg(target_os = "linux")]
+            Kernel::Amx if amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES => {
+                amx::scores(rows, queries, which, out)
+            }
+            Kernel::Amx | Kernel::Vnni => {
+                by_query_tiles(rows, queries, which, out, vnni::tile::<QUERY_TILE>, vnni::tile::<1>)
+            }
             Kernel::Avx2 => by_query_tiles(rows, queries, which, out, avx2::tile::<QUERY_TILE>, avx2::tile::<1>),
             Kernel::Scalar => unreachable!(),
         }
     }
 }
 
+/// Queries scored together at least for the AMX kernel, which scores them 32 at a time (and
+/// pads the last 32): fewer go to the VNNI kernel.
+const AMX_MIN_QUERIES: usize = 8;
+
 /// Checks that `rows` and `queries` have the same dimension and sizes `out` for [`scores`].
 fn size_output(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
     assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
-    out.clear();
+    // Every kernel writes every score: only the length matters (zeroing a block of scores that
+    // is about to be overwritten cost an eighth of the AMX kernel's time).
     out.resize(which.len() * rows.padded_len(), 0.0);
 }
 
@@ -285,7 +333,7 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
             for c in 0..rows.chunks {
                 let at = rows.byte(i, c);
                 for b in 0..4 {
-                    acc += u[4 * c + b] as i32 * rows.codes[at + b] as i32;
+                    acc += u[4 * c + b] as i32 * rows.code_bytes()[at + b] as i32;
                 }
             }
             out[s * n + i] = (acc + rows.offset[i]) as f32 * rows.scale[i] * sq;
@@ -341,7 +389,7 @@ mod vnni {
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
         let sq: [__m512; Q] = std::array::from_fn(|s| _mm512_set1_ps(queries.scale[which[s] as usize]));
-        let codes = rows.codes.as_ptr();
+        let codes = rows.code_bytes().as_ptr();
         for g in (0..n / GROUP).step_by(GROUPS_PER_TILE) {
             let mut acc = [[_mm512_setzero_si512(); GROUPS_PER_TILE]; Q];
             for c in 0..chunks {
@@ -381,6 +429,183 @@ mod vnni {
     }
 }
 
+/// AMX (Intel Sapphire Rapids and later): int8 matrix products on tiles of 16 rows x 64 bytes.
+/// `tdpbusd` multiplies a tile of 16 queries' unsigned codes (64 dimensions each) by a tile of
+/// one 16-row group (16 chunks: a tile row is one chunk of the 16 rows, the layout `tdpbusd`
+/// reads its second operand in, so the groups are loaded as they are stored) and adds into
+/// 16 x 16 32-bit sums: 16,384 multiply-adds per instruction against 64 for `vpdpbusd`. The
+/// kernel holds two query tiles against two groups (four tiles of sums), stores the sums and
+/// turns them into scores with the same float operations as the other kernels.
+///
+/// The tile registers need Linux's permission (`arch_prctl`, asked once by [`usable`]) and are
+/// written by inline assembly: Rust has no stable AMX intrinsics.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx {
+    use super::{GROUP, Line, QuantQueries, QuantRows};
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::cell::RefCell;
+
+    /// Chunks in a tile row (64 bytes).
+    const STEP: usize = 16;
+    /// Queries in a tile.
+    const TILE: usize = 16;
+    /// Queries scored per pass over the rows: two tiles.
+    const PASS: usize = 2 * TILE;
+
+    /// Whether the kernel scores rows of `chunks` chunks (dimension a multiple of 64).
+    pub fn fits(chunks: usize) -> bool {
+        chunks.is_multiple_of(STEP)
+    }
+
+    /// Whether the CPU has AMX-INT8 and Linux lets this process use the tile registers: asks
+    /// for them (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, Linux 5.16 and later).
+    pub fn usable() -> bool {
+        // Leaf 7 counts only where it exists.
+        let (max_leaf, features) = (__cpuid(0).eax, __cpuid_count(7, 0).edx);
+        let (amx_tile, amx_int8) = (features >> 24 & 1 == 1, features >> 25 & 1 == 1);
+        if max_leaf < 7 || !amx_tile || !amx_int8 {
+            return false;
+        }
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a system call without memory arguments; older kernels refuse it cleanly.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    }
+
+    /// A tile configuration (palette 1): `colsb` bytes per row and `rows` rows of each tile.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+        reserved_end: [u8; 16],
+    }
+
+    /// Eight tiles of 16 rows x 64 bytes: tmm0-3 the sums (query tile a or b by group 0 or 1:
+    /// a0, a1, b0, b1), tmm4-5 the query tiles, tmm6-7 the groups.
+    static CONFIG: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+        reserved_end: [0; 16],
+    };
+
+    /// The four tiles of sums, stored (`sums[t][r]`: row `r` of tile `t`).
+    #[repr(C, align(64))]
+    struct Sums([[[i32; GROUP]; TILE]; 4]);
+
+    thread_local! {
+        /// The queries' codes gathered into tile rows (whole lines: `fits` makes a query's
+        /// codes a multiple of 64 bytes).
+        static GATHERED: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// Scores all rows against the queries `which` into `out[s * n + i]`, [`PASS`] queries at
+    /// a time (the last pass padded with zero codes, whose scores are dropped).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F and AMX-INT8, enabled by [`usable`]; `fits(rows.chunks)`;
+    /// `out` holds `which.len() x rows.padded_len()` floats.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let (n, chunks) = (rows.padded_len(), rows.chunks);
+        let (query_bytes, group_bytes) = (4 * chunks, 64 * chunks);
+        GATHERED.with_borrow_mut(|gathered| {
+            gathered.clear();
+            gathered.resize(which.len().next_multiple_of(PASS) * query_bytes / 64, Line([0; 64]));
+            for (to, &q) in gathered.chunks_exact_mut(query_bytes / 64).zip(which) {
+                for (line, from) in to.iter_mut().zip(queries.codes(q as usize).chunks_exact(64)) {
+                    line.0.iter_mut().zip(from).for_each(|(b, &u)| *b = u as i8);
+                }
+            }
+            let mut sums = Sums([[[0; GROUP]; TILE]; 4]);
+            // SAFETY: the CPU has AMX, enabled (the caller's contract); CONFIG is a valid
+            // palette-1 configuration.
+            unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+            for first in (0..which.len()).step_by(PASS) {
+                let a = gathered[first * query_bytes / 64..].as_ptr().cast::<u8>();
+                for g in (0..n / GROUP).step_by(2) {
+                    let b = rows.code_bytes()[g * group_bytes..].as_ptr();
+                    // SAFETY: the tiles read 16 rows of 64 bytes from query row `first` (+ 16)
+                    // at byte 4c of `query_bytes`-byte rows (gathered holds whole passes), and
+                    // from group g (+ 1) at byte 64c of the 64-byte chunk rows (the padded
+                    // storage holds an even number of groups); c + 16 <= chunks (`fits`).
+                    unsafe {
+                        asm!(
+                            "tilezero tmm0",
+                            "tilezero tmm1",
+                            "tilezero tmm2",
+                            "tilezero tmm3",
+                            options(nostack, nomem)
+                        );
+                        for c in (0..chunks).step_by(STEP) {
+                            asm!(
+                                "tileloadd tmm4, [{a} + {sa} * 1]",
+                                "tileloadd tmm5, [{a2} + {sa} * 1]",
+                                "tileloadd tmm6, [{b} + {sb} * 1]",
+                                "tileloadd tmm7, [{b2} + {sb} * 1]",
+                                "tdpbusd tmm0, tmm4, tmm6",
+                                "tdpbusd tmm1, tmm4, tmm7",
+                                "tdpbusd tmm2, tmm5, tmm6",
+                                "tdpbusd tmm3, tmm5, tmm7",
+                                a = in(reg) a.add(4 * c),
+                                a2 = in(reg) a.add(TILE * query_bytes + 4 * c),
+                                b = in(reg) b.add(64 * c),
+                                b2 = in(reg) b.add(group_bytes + 64 * c),
+                                sa = in(reg) query_bytes,
+                                sb = in(reg) 64usize,
+                                options(nostack, readonly),
+                            );
+                        }
+                        let to = sums.0.as_mut_ptr().cast::<u8>();
+                        asm!(
+                            "tilestored [{t0} + {s} * 1], tmm0",
+                            "tilestored [{t1} + {s} * 1], tmm1",
+                            "tilestored [{t2} + {s} * 1], tmm2",
+                            "tilestored [{t3} + {s} * 1], tmm3",
+                            t0 = in(reg) to,
+                            t1 = in(reg) to.add(1024),
+                            t2 = in(reg) to.add(2048),
+                            t3 = in(reg) to.add(3072),
+                            s = in(reg) 64usize,
+                            options(nostack),
+                        );
+                    }
+                    for (t, tile) in sums.0.iter().enumerate() {
+                        let row = (g + t % 2) * GROUP;
+                        // SAFETY: rows row..row + 16 exist in `offset` and `scale` (padded).
+                        let (offset, scale) = unsafe {
+                            (
+                                _mm512_loadu_si512(rows.offset.as_ptr().add(row).cast()),
+                                _mm512_loadu_ps(rows.scale.as_ptr().add(row)),
+                            )
+                        };
+                        let from = first + TILE * (t / 2);
+                        for (s, sum) in (from..which.len().min(from + TILE)).zip(tile) {
+                            let sq = _mm512_set1_ps(queries.scale[which[s] as usize]);
+                            // SAFETY: a 16-lane row of `sums`.
+                            let sum = unsafe { _mm512_loadu_si512(sum.as_ptr().cast()) };
+                            let v = _mm512_mul_ps(
+                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, offset)), scale),
+                                sq,
+                            );
+                            // SAFETY: out holds which.len() x n floats (the caller's contract).
+                            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                        }
+                    }
+                }
+            }
+            // SAFETY: gives the tile state back (cheaper context switches).
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        });
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{GROUP, QuantQueries, QuantRows};
@@ -395,7 +620,7 @@ mod avx2 {
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
         let sq: [__m256; Q] = std::array::from_fn(|s| _mm256_set1_ps(queries.scale[which[s] as usize]));
-        let (codes, ones) = (rows.codes.as_ptr(), _mm256_set1_epi16(1));
+        let (codes, ones) = (rows.code_bytes().as_ptr(), _mm256_set1_epi16(1));
         // Flips the top bit of each byte: the unsigned code u becomes the signed u - 128.
         let flip = _mm256_set1_epi8(-128);
         for g in 0..n / GROUP {
@@ -444,11 +669,24 @@ mod tests {
     }
 
     /// Every kernel the CPU has and the scalar code agree bit for bit, on dimensions
-    /// that are and are not multiples of 4, row counts that do and do not fill a tile, and
-    /// query counts with and without a remainder of the 4-query tile.
+    /// that are and are not multiples of 4 (and of 64, AMX's tile row), row counts that do and
+    /// do not fill a tile, and query counts with and without a remainder of the 4-query tile
+    /// (and of AMX's 32 queries per pass, above and below its minimum).
     #[test]
     fn kernel_equals_scalar_code() {
-        for (dim, n_rows, n_queries) in [(128, 100, 7), (13, 33, 4), (64, 32, 1), (5, 1, 3), (16, 0, 2)] {
+        let shapes = [
+            (128, 100, 7),
+            (13, 33, 4),
+            (64, 32, 1),
+            (5, 1, 3),
+            (16, 0, 2),
+            (128, 100, 50),
+            (64, 70, 33),
+            (192, 40, 8),
+            (128, 64, 64),
+            (100, 40, 40),
+        ];
+        for (dim, n_rows, n_queries) in shapes {
             let w = random(n_rows, dim, 1);
             let mut rows = QuantRows::new(dim);
             w.chunks_exact(dim).for_each(|r| rows.push(r));
