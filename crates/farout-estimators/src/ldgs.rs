@@ -262,14 +262,22 @@ pub fn complete_scores(
         total[u] += score;
         n_known[u] += 1;
     }
+    // Whether all of class `u`'s row is computed at once (else its unknown blocks one by one).
+    let whole_row = |u: usize| 4 * (b - n_known[u] as usize) >= 3 * b;
     let mut block_dots = 0;
     for u in 0..n {
+        // Ask for the parts of a row a few classes ahead that will be read: with B = 2 and one
+        // block found, half the row (fetching the whole row doubled the memory traffic).
         if let Some(&ahead) = classes.get(u + PREFETCH_AHEAD) {
-            kernels::prefetch(ctx.w.row(ahead as usize));
+            let a = u + PREFETCH_AHEAD;
+            if whole_row(a) {
+                kernels::prefetch(ctx.w.row(ahead as usize));
+            } else {
+                (0..b).filter(|&j| !known[j * n + a]).for_each(|j| kernels::prefetch(block_row(ahead, j)));
+            }
         }
         let c = classes[u] as usize;
-        let unknown = b - n_known[u] as usize;
-        if 4 * unknown >= 3 * b {
+        if whole_row(u) {
             total[u] = kernels::dot(ctx.w.row(c), phi);
             block_dots += b;
         } else {
