@@ -308,7 +308,7 @@ fn bench_search_exports_and_searches_given_vectors() {
 }
 
 /// `FAROUT_SIMD` caps the kernels' vector instructions: the bench reports what ran, and the
-/// portable and AVX2 paths find what the widest one finds.
+/// AVX-512 (no AMX), AVX2 and portable paths find what the widest one finds.
 #[test]
 fn farout_simd_caps_the_kernels_and_the_bench_says_which_ran() {
     let run = |level: &str| {
@@ -321,18 +321,20 @@ fn farout_simd_caps_the_kernels_and_the_bench_says_which_ran() {
         assert!(o.status.success(), "{}", stderr(&o));
         (serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap(), stderr(&o))
     };
-    let (widest, _) = run("avx512");
+    let (widest, _) = run("amx");
+    let (avx512, _) = run("avx512");
+    assert_ne!(avx512["simd"]["int8"], "amx", "{avx512}");
     let (baseline, _) = run("baseline");
     assert_eq!(baseline["simd"], serde_json::json!({ "f32": "baseline", "int8": "scalar" }), "{baseline}");
     let (avx2, _) = run("avx2");
     assert!(["avx2", "baseline"].contains(&avx2["simd"]["f32"].as_str().unwrap()), "{avx2}");
     assert_ne!(avx2["simd"]["int8"], "vnni", "{avx2}");
-    for other in [&baseline, &avx2] {
+    for other in [&avx512, &baseline, &avx2] {
         let (a, b) = (other["recall"].as_f64().unwrap(), widest["recall"].as_f64().unwrap());
         assert!((a - b).abs() <= 0.01, "recall {a} with {} against {b}", other["simd"]);
     }
     let (_, err) = run("avx1024");
-    assert!(err.contains("FAROUT_SIMD=\"avx1024\" is not avx512, avx2 or baseline; ignored"), "{err}");
+    assert!(err.contains("FAROUT_SIMD=\"avx1024\" is not amx, avx512, avx2 or baseline; ignored"), "{err}");
 }
 
 fn bench_estimator(args: &[&str]) -> serde_json::Value {
