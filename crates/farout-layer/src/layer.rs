@@ -344,9 +344,6 @@ impl OutputLayer {
         let refresh = a.steps_since_refresh >= a.upkeep.refresh_every;
         match rows {
             Some(rows) => {
-                if !refresh {
-                    index.sync(&self.w, rows);
-                }
                 for &r in rows {
                     if !a.dirty[r as usize] {
                         a.dirty[r as usize] = true;
@@ -358,13 +355,12 @@ impl OutputLayer {
                 a.dirty_rows.clear();
                 a.dirty_rows.extend(0..a.dirty.len() as ClassId);
                 a.dirty.fill(true);
-                if !refresh {
-                    index.sync(&self.w, &a.dirty_rows);
-                }
             }
         }
-        // A refresh syncs the rows it re-indexes.
-        if refresh {
+        if !refresh {
+            index.sync(&self.w, rows.unwrap_or(&a.dirty_rows));
+        } else {
+            // A refresh syncs the rows it re-indexes.
             index.refresh(&self.w, &a.dirty_rows);
             for &r in &a.dirty_rows {
                 a.dirty[r as usize] = false;

@@ -325,7 +325,7 @@ fn size_output(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mu
 /// [`scores`] in portable scalar code (the reference the kernels are tested against).
 pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut Vec<f32>) {
     size_output(rows, queries, which, out);
-    let n = rows.padded_len();
+    let (n, codes) = (rows.padded_len(), rows.code_bytes());
     for (s, &j) in which.iter().enumerate() {
         let (u, sq) = (queries.codes(j as usize), queries.scale[j as usize]);
         for i in 0..n {
@@ -333,7 +333,7 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
             for c in 0..rows.chunks {
                 let at = rows.byte(i, c);
                 for b in 0..4 {
-                    acc += u[4 * c + b] as i32 * rows.code_bytes()[at + b] as i32;
+                    acc += u[4 * c + b] as i32 * codes[at + b] as i32;
                 }
             }
             out[s * n + i] = (acc + rows.offset[i]) as f32 * rows.scale[i] * sq;
