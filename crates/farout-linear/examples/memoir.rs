@@ -5,10 +5,11 @@
 //! ```text
 //! cargo run --release -p farout-linear --example memoir -- --classes 100000 --per-class 5 --dim 128 --oracle hnsw
 //! cargo run --release -p farout-linear --example memoir -- --data ../shared/data/xmc/bibtex --oracle exact
-//! options: --oracle exact|hnsw|simple_lsh  --variant l2|l1  --epochs N  --batch N  --eta0 X
+//! options: --oracle exact|hnsw|simple_lsh|hamming  --variant l2|l1  --epochs N  --batch N  --eta0 X
 //!          --eta-step X  --lambda X  --seed N  --threads N  --test-sample N  --rebuild-fraction X
 //!          --headroom X (norm headroom of hnsw/simple_lsh)  --ef-construction N  --ef-search N
 //!          --max-connections N  --bits N  --tables N  --candidate-factor X  --noise X
+//!          --code-bits N (hamming)
 //!          --intrinsic-dim N
 //! ```
 //!
@@ -22,7 +23,7 @@ use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_data::{Dataset, Features, LabelSets, SparseRows, xmc};
 use farout_linear::TrainSet;
 use farout_linear::memoir::{EpochStats, Memoir, MemoirConfig, Variant};
-use farout_search::{HnswConfig, IndexConfig, MipsIndex, Rows, SimpleLshConfig};
+use farout_search::{HammingConfig, HnswConfig, IndexConfig, MipsIndex, Rows, SimpleLshConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -39,6 +40,7 @@ struct Args {
     threads: usize,
     hnsw: HnswConfig,
     lsh: SimpleLshConfig,
+    hamming: HammingConfig,
     config: MemoirConfig,
 }
 
@@ -52,6 +54,7 @@ fn parse_args() -> Result<Args> {
         test_sample: 10_000,
         hnsw: HnswConfig { norm_headroom: 1.0, ..Default::default() },
         lsh: SimpleLshConfig { norm_headroom: 1.0, ..Default::default() },
+        hamming: HammingConfig { norm_headroom: 1.0, ..Default::default() },
         config: MemoirConfig { epochs: 3, ..Default::default() },
         ..Default::default()
     };
@@ -91,6 +94,7 @@ fn parse_args() -> Result<Args> {
             "--headroom" => {
                 num!(a.hnsw.norm_headroom);
                 a.lsh.norm_headroom = a.hnsw.norm_headroom;
+                a.hamming.norm_headroom = a.hnsw.norm_headroom;
             }
             "--ef-construction" => num!(a.hnsw.ef_construction),
             "--ef-search" => num!(a.hnsw.ef_search),
@@ -98,9 +102,11 @@ fn parse_args() -> Result<Args> {
             "--stale-fraction" => num!(a.hnsw.stale_fraction),
             "--bits" => num!(a.lsh.bits),
             "--tables" => num!(a.lsh.tables),
+            "--code-bits" => num!(a.hamming.bits),
             "--candidate-factor" => {
                 num!(a.lsh.candidate_factor);
                 a.hnsw.candidate_factor = a.lsh.candidate_factor;
+                a.hamming.candidate_factor = a.lsh.candidate_factor;
             }
             other => bail!("unknown option {other}"),
         }
@@ -109,7 +115,8 @@ fn parse_args() -> Result<Args> {
         "exact" => IndexConfig::exact(),
         "hnsw" => IndexConfig::Hnsw(a.hnsw.clone()),
         "simple_lsh" => IndexConfig::SimpleLsh(a.lsh.clone()),
-        other => bail!("--oracle {other}: expected exact, hnsw or simple_lsh"),
+        "hamming" => IndexConfig::Hamming(a.hamming.clone()),
+        other => bail!("--oracle {other}: expected exact, hnsw, simple_lsh or hamming"),
     };
     Ok(a)
 }

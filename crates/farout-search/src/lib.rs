@@ -10,6 +10,8 @@
 //!   centroids, probing the best centroids until enough candidates, exact rescoring.
 //! - [`SimpleLshIndex`]: SimpleLSH (Neyshabur & Srebro 2015), sign random projections of the
 //!   norm-augmented rows in several tables, multi-probe, exact rescoring.
+//! - [`HammingIndex`]: one long SimpleLSH code per row, the rows nearest the query's code in
+//!   Hamming distance rescored exactly (MEMOIR's LSH oracle).
 //! - [`HnswIndex`]: an HNSW graph (`hnsw_rs`) over the norm-augmented rows with `DistL2`,
 //!   versioned re-insertion on refresh, exact rescoring.
 //!
@@ -21,6 +23,7 @@ mod augment;
 #[cfg(test)]
 mod conformance;
 mod exact;
+mod hamming;
 mod hnsw;
 mod lsh;
 pub mod quant;
@@ -30,6 +33,7 @@ mod testutil;
 
 pub use exact::{ExactConfig, ExactIndex};
 pub use farout_core::topk::Hit;
+pub use hamming::{HammingConfig, HammingIndex};
 pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
 pub use spherical::{Calibrated, Scoring, SphericalConfig, SphericalIndex};
@@ -264,6 +268,8 @@ farout_core::plugin_registry! {
         Spherical(SphericalConfig) = "spherical",
         /// SimpleLSH (Neyshabur & Srebro 2015): sign random projections, multi-probe.
         SimpleLsh(SimpleLshConfig) = "simple_lsh",
+        /// SimpleLSH codes ranked by Hamming distance, exact rescoring (MEMOIR's LSH oracle).
+        Hamming(HammingConfig) = "hamming",
         /// HNSW graph (Malkov & Yashunin 2018, via hnsw_rs) over the norm-augmented rows.
         Hnsw(HnswConfig) = "hnsw",
     }
