@@ -43,7 +43,7 @@ pub enum BenchCommand {
     /// force, queries per second of the index and of brute force (same run, same threads),
     /// build time and refresh speed.
     Search {
-        /// The index (`index.kind`: spherical, hnsw, simple_lsh, exact).
+        /// The index (`index.kind`: spherical, hnsw, simple_lsh, hamming, exact).
         #[arg(long, default_value = "spherical")]
         index: String,
         /// Number of rows (classes) K.
@@ -158,7 +158,7 @@ pub struct IndexParams {
     /// Spherical: centroids (`n_centroids`; 0 = sqrt(K)).
     #[arg(long)]
     centroids: Option<usize>,
-    /// Spherical, SimpleLSH, HNSW: candidates scored per result (`candidate_factor`; for the
+    /// Spherical, SimpleLSH, Hamming, HNSW: candidates scored per result (`candidate_factor`; for the
     /// spherical index this replaces the calibration to `--recall`).
     #[arg(long)]
     candidate_factor: Option<f32>,
@@ -168,7 +168,7 @@ pub struct IndexParams {
     /// SimpleLSH: hash tables (`tables`).
     #[arg(long)]
     tables: Option<usize>,
-    /// SimpleLSH: bits per table (`bits`; 0 = log2(K / 32)).
+    /// SimpleLSH: bits per table (`bits`; 0 = log2(K / 32)); Hamming: bits per code.
     #[arg(long)]
     bits: Option<usize>,
     /// HNSW: search list size (`ef_search`; raised to the candidates fetched).

@@ -88,7 +88,7 @@ impl HammingIndex {
             words: bits / 64,
             augmentation: NormAugmentation::fit(w, config.norm_headroom),
             planes,
-            codes: vec![0; k * bits / 64],
+            codes: Vec::new(),
             rebuild: false,
         };
         let all: Vec<ClassId> = (0..k as ClassId).collect();
@@ -126,6 +126,10 @@ fn distances_generic(codes: &[u64], q: &[u64], out: &mut [u16]) {
         for (o, c) in out.iter_mut().zip(codes) {
             *o = (c ^ q0).count_ones() as u16;
         }
+    } else if let [q0, q1] = q {
+        for (o, c) in out.iter_mut().zip(codes.chunks_exact(2)) {
+            *o = ((c[0] ^ q0).count_ones() + (c[1] ^ q1).count_ones()) as u16;
+        }
     } else {
         for (o, c) in out.iter_mut().zip(codes.chunks_exact(q.len())) {
             *o = c.iter().zip(q).map(|(a, b)| (a ^ b).count_ones()).sum::<u32>() as u16;
@@ -135,7 +139,7 @@ fn distances_generic(codes: &[u64], q: &[u64], out: &mut [u16]) {
 
 /// [`distances_generic`] compiled for AVX-512 with `vpopcntq` (8 codes per instruction).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vpopcntdq")]
+#[target_feature(enable = "popcnt,avx512f,avx512bw,avx512vpopcntdq")]
 fn distances_avx512(codes: &[u64], q: &[u64], out: &mut [u16]) {
     distances_generic(codes, q, out)
 }
