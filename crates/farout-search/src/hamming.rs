@@ -351,6 +351,13 @@ mod tests {
             assert_eq!(out, expected, "{words} words");
             distances_generic(&codes, &q, &mut out);
             assert_eq!(out, expected, "{words} words, generic");
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("popcnt") {
+                out.fill(0);
+                // SAFETY: the CPU has popcnt (checked just above).
+                unsafe { distances_popcnt(&codes, &q, &mut out) };
+                assert_eq!(out, expected, "{words} words, popcnt");
+            }
         }
     }
 
