@@ -853,9 +853,10 @@ mod tests {
         let mut dw = Matrix::zeros(k, d);
         let mut dphi = Matrix::zeros(phi.rows(), d);
         let mut db = vec![0.0; k];
-        for i in 0..phi.rows() {
+        assert_eq!(pos.len(), phi.rows(), "one positive set per sample");
+        for (i, pos_i) in pos.iter().enumerate() {
             let mut g = farout_core::SparseGrad::new();
-            est.estimate(&layer.ctx(), phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
+            est.estimate(&layer.ctx(), phi.row(i), pos_i, &mut rng::seeded(0, 0), &mut g);
             for (c, v) in g.iter() {
                 kernels::axpy(v, phi.row(i), dw.row_mut(c as usize));
                 kernels::axpy(v, layer.weights().row(c as usize), dphi.row_mut(i));

@@ -85,7 +85,9 @@ pub struct Progress {
     pub words: u64,
     /// Words of the whole schedule.
     pub total_words: u64,
-    /// Mean pair loss since the last report.
+    /// Mean pair loss since the last report (that report's loss when no pair was sampled since;
+    /// reports during training wait for the first sampled pair, and only an epoch without any
+    /// reports NaN).
     pub loss: f64,
     /// Current step size.
     pub lr: f32,
@@ -185,6 +187,10 @@ impl NsJob<'_> {
         if start_epoch >= self.epochs {
             return Ok(all);
         }
+        // The loss of the latest report: a report with no pair sampled since the one before
+        // (the reporting thread can wake between two flushes of a loaded machine) repeats it
+        // rather than saying NaN.
+        let mut last_loss = f64::NAN;
         for epoch in start_epoch..self.epochs {
             // The tables are shared by the threads during the epoch, in their own memory (no
             // copy where the layout allows, see `hogwild`), and handed back after it.
@@ -256,10 +262,13 @@ impl NsJob<'_> {
                     if last.elapsed() >= REPORT_INTERVAL {
                         last = Instant::now();
                         let done = shared.words.load(Ordering::Relaxed);
-                        let mut g = shared.window_loss.lock().expect("loss lock");
-                        let loss = if g.1 > 0 { g.0 / g.1 as f64 } else { f64::NAN };
-                        *g = (0.0, 0);
-                        drop(g);
+                        let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
+                        if n > 0 {
+                            last_loss = l / n as f64;
+                        } else if last_loss.is_nan() {
+                            continue; // nothing sampled yet: nothing to report
+                        }
+                        let loss = last_loss;
                         let lr = self.lr_at(done, total_words);
                         progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: false });
                     }
@@ -269,7 +278,10 @@ impl NsJob<'_> {
             *emb = Embeddings { input: input.into_matrix(), output: output.into_matrix() };
             let done = shared.words.load(Ordering::Relaxed);
             let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
-            let loss = if n > 0 { l / n as f64 } else { f64::NAN };
+            if n > 0 {
+                last_loss = l / n as f64;
+            }
+            let loss = last_loss;
             let lr = self.lr_at(done, total_words);
             progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: true });
             for r in results {
