@@ -74,7 +74,7 @@
 //! rebuild_fraction = 0.5    # rebuild the oracle when more rows than this fraction changed
 //! prune_threshold = 0.0     # drop |w| below this from the model (0 keeps every non-zero)
 //! monitor = 1000            # pairs sampled per epoch for recall, |m − m̄| and the objective
-//! oracle = { kind = "hamming" }   # any [index] of farout-search
+//! oracle = { kind = "hnsw", norm_headroom = 1.0 }   # any [index] of farout-search
 //! ```
 
 use crate::data::TrainSet;
@@ -86,7 +86,7 @@ use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, rng};
 use farout_data::SparseRows;
 use farout_dist::{Collective, Local, Shards, local_index, merge_top_k};
-use farout_search::{HammingConfig, IndexConfig};
+use farout_search::IndexConfig;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -144,7 +144,7 @@ impl Default for MemoirConfig {
     fn default() -> Self {
         Self {
             variant: Variant::L2,
-            oracle: IndexConfig::Hamming(HammingConfig::default()),
+            oracle: IndexConfig::Hnsw(farout_search::HnswConfig { norm_headroom: 1.0, ..Default::default() }),
             eta0: 0.1,
             eta_step: 0.02,
             batch: 0,
@@ -1349,7 +1349,7 @@ mod tests {
         // its graph's levels from an unseeded generator, so an HNSW run's accuracy is random
         // (0.655 to 0.686 in 9 runs, exact 0.691): its mean over 5 runs is what is checked
         // (standard error about 0.004); SimpleLSH is seeded, one run is its accuracy.
-        let hamming = IndexConfig::Hamming(HammingConfig::default());
+        let hamming = IndexConfig::Hamming(farout_search::HammingConfig::default());
         for (oracle, min_recall, runs) in [(hnsw, 0.9, 5), (lsh, 0.25, 1), (hamming, 0.75, 1)] {
             let name = oracle.name();
             let mut acc = 0.0;
