@@ -85,9 +85,9 @@ pub struct Progress {
     pub words: u64,
     /// Words of the whole schedule.
     pub total_words: u64,
-    /// Mean pair loss since the last report (that report's loss when no pair was sampled since;
-    /// reports during training wait for the first sampled pair, and only an epoch without any
-    /// reports NaN).
+    /// Mean pair loss since the last report, or that report's loss when no pair was sampled
+    /// since. Reports during training wait for the first sampled pair, so the loss is NaN only
+    /// when the loss itself diverged or an epoch's closing report comes before any pair.
     pub loss: f64,
     /// Current step size.
     pub lr: f32,
@@ -135,6 +135,12 @@ impl Shared {
             g.1 += n;
         }
         (done, l)
+    }
+
+    /// The mean pair loss flushed since the last call, or `None` when no pair was sampled since.
+    fn take_window_loss(&self) -> Option<f64> {
+        let (l, n) = std::mem::take(&mut *self.window_loss.lock().expect("loss lock"));
+        (n > 0).then(|| l / n as f64)
     }
 }
 
@@ -262,11 +268,10 @@ impl NsJob<'_> {
                     if last.elapsed() >= REPORT_INTERVAL {
                         last = Instant::now();
                         let done = shared.words.load(Ordering::Relaxed);
-                        let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
-                        if n > 0 {
-                            last_loss = l / n as f64;
-                        } else if last_loss.is_nan() {
-                            continue; // nothing sampled yet: nothing to report
+                        match shared.take_window_loss() {
+                            Some(loss) => last_loss = loss,
+                            None if last_loss.is_nan() => continue, // nothing sampled yet
+                            None => {}
                         }
                         let loss = last_loss;
                         let lr = self.lr_at(done, total_words);
@@ -277,9 +282,8 @@ impl NsJob<'_> {
             });
             *emb = Embeddings { input: input.into_matrix(), output: output.into_matrix() };
             let done = shared.words.load(Ordering::Relaxed);
-            let (l, n) = std::mem::take(&mut *shared.window_loss.lock().expect("loss lock"));
-            if n > 0 {
-                last_loss = l / n as f64;
+            if let Some(loss) = shared.take_window_loss() {
+                last_loss = loss;
             }
             let loss = last_loss;
             let lr = self.lr_at(done, total_words);
