@@ -110,12 +110,19 @@ impl HammingIndex {
             || vec![0.0f32; d + 1],
             |x, (code, &i)| {
                 self.augmentation.augment_row(w.row(i as usize), x);
-                for (j, plane) in self.planes.iter_rows().enumerate() {
-                    code[j / 64] |= ((kernels::dot(plane, x) >= 0.0) as u64) << (j % 64);
-                }
+                self.sign_code(x, code);
             },
         );
         out
+    }
+
+    /// ORs into `code` (zeroed, `words` long) bit j = `a_j . x >= 0`, over the first `x.len()`
+    /// coordinates of each projection: all D + 1 for an augmented row, D for a query (whose
+    /// augmented coordinate is 0).
+    fn sign_code(&self, x: &[f32], code: &mut [u64]) {
+        for (j, plane) in self.planes.iter_rows().enumerate() {
+            code[j / 64] |= ((kernels::dot(&plane[..x.len()], x) >= 0.0) as u64) << (j % 64);
+        }
     }
 }
 
@@ -262,25 +269,26 @@ impl MipsIndex for HammingIndex {
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
-        let (d, n) = (w.dim(), w.len());
+        let n = w.len();
         let budget = ((k as f32 * self.config.candidate_factor).ceil() as usize).max(k);
         SCRATCH.with_borrow_mut(|s| {
             let Scratch { code, distances: dist, selection, cand } = s;
             cand.clear();
-            if budget >= n {
+            // Inner products besides the rows scored: the query's projections.
+            let overhead = if budget >= n {
                 cand.extend((0..n).map(|i| Hit { class: i as ClassId, score: kernels::dot(w.row(i), query) }));
+                0
             } else {
                 code.clear();
                 code.resize(self.words, 0);
-                for (j, plane) in self.planes.iter_rows().enumerate() {
-                    code[j / 64] |= ((kernels::dot(&plane[..d], query) >= 0.0) as u64) << (j % 64);
-                }
+                self.sign_code(query, code);
                 dist.resize(n, 0);
                 distances(&self.codes, code, dist);
                 nearest(dist, self.bits(), budget, selection, |i| {
                     cand.push(Hit { class: i as ClassId, score: kernels::dot(w.row(i), query) })
                 });
-            }
+                self.bits()
+            };
             let scored = cand.len();
             if cand.len() > k {
                 cand.select_nth_unstable_by(k, farout_core::topk::by_score);
@@ -288,7 +296,7 @@ impl MipsIndex for HammingIndex {
             }
             out.clear();
             out.extend_from_slice(cand);
-            scored + if budget >= n { 0 } else { self.bits() }
+            scored + overhead
         })
     }
 
