@@ -86,7 +86,7 @@ use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, rng};
 use farout_data::SparseRows;
 use farout_dist::{Collective, Local, Shards, local_index, merge_top_k};
-use farout_search::IndexConfig;
+use farout_search::{HnswConfig, IndexConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -144,7 +144,7 @@ impl Default for MemoirConfig {
     fn default() -> Self {
         Self {
             variant: Variant::L2,
-            oracle: IndexConfig::Hnsw(farout_search::HnswConfig { norm_headroom: 1.0, ..Default::default() }),
+            oracle: IndexConfig::Hnsw(HnswConfig { norm_headroom: 1.0, ..HnswConfig::default() }),
             eta0: 0.1,
             eta_step: 0.02,
             batch: 0,
@@ -1329,7 +1329,6 @@ mod tests {
 
     #[test]
     fn hnsw_and_lsh_oracles_reach_the_accuracy_of_the_exact_oracle() {
-        use farout_search::HnswConfig;
         let (train, test_x, test_y) = face(400);
         let run = |oracle: IndexConfig| {
             // Table 4's λ = 1 confines ‖W‖_F to 1 over all classes and learns next to nothing on
@@ -1345,10 +1344,10 @@ mod tests {
         let lsh = IndexConfig::SimpleLsh(farout_search::SimpleLshConfig { norm_headroom: 1.0, ..Default::default() });
         // SimpleLSH finds the exact r for about 37% of the pairs here (rows of small norm share the
         // pole's buckets), the Hamming ranking for 81% (accuracy 0.680), HNSW for about all; all
-        // train as well as brute force. hnsw_rs draws
-        // its graph's levels from an unseeded generator, so an HNSW run's accuracy is random
-        // (0.655 to 0.686 in 9 runs, exact 0.691): its mean over 5 runs is what is checked
-        // (standard error about 0.004); SimpleLSH is seeded, one run is its accuracy.
+        // train as well as brute force. hnsw_rs draws its graph's levels from an unseeded
+        // generator, so an HNSW run's accuracy is random (0.655 to 0.686 in 9 runs, exact 0.691):
+        // its mean over 5 runs is what is checked (standard error about 0.004); the LSH indexes
+        // are seeded, one run is their accuracy.
         let hamming = IndexConfig::Hamming(farout_search::HammingConfig::default());
         for (oracle, min_recall, runs) in [(hnsw, 0.9, 5), (lsh, 0.25, 1), (hamming, 0.75, 1)] {
             let name = oracle.name();
@@ -1503,7 +1502,7 @@ mod tests {
         assert!(toml::from_str::<MemoirConfig>("variant = \"l3\"").is_err());
         assert!(toml::from_str::<MemoirConfig>("oracle = { kind = \"hnsw\", bogus = 1 }").is_err());
         let d = MemoirConfig::default;
-        let hnsw = |h: farout_search::HnswConfig| IndexConfig::Hnsw(h);
+        let hnsw = |h: HnswConfig| IndexConfig::Hnsw(h);
         let cases: Vec<(MemoirConfig, &str)> = vec![
             (MemoirConfig { eta0: 0.0, ..d() }, "`eta0` = 0: must be"),
             (MemoirConfig { eta0: 2.0, ..d() }, "`eta0` = 2: must be at most 1/lambda"),
@@ -1513,10 +1512,7 @@ mod tests {
             (MemoirConfig { rebuild_fraction: -0.5, ..d() }, "`rebuild_fraction` = -0.5: must be"),
             (MemoirConfig { prune_threshold: f64::INFINITY, ..d() }, "`prune_threshold` = inf: must be"),
             (
-                MemoirConfig {
-                    oracle: hnsw(farout_search::HnswConfig { max_connections: 1, ..Default::default() }),
-                    ..d()
-                },
+                MemoirConfig { oracle: hnsw(HnswConfig { max_connections: 1, ..Default::default() }), ..d() },
                 "`oracle.max_connections` = 1: must be",
             ),
         ];
