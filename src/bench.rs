@@ -43,7 +43,7 @@ pub enum BenchCommand {
     /// force, queries per second of the index and of brute force (same run, same threads),
     /// build time and refresh speed.
     Search {
-        /// The index (`index.kind`: spherical, hnsw, simple_lsh, hamming, exact).
+        /// The index (`index.kind`: spherical, hnsw, simple_lsh, hamming, flat_int8, exact).
         #[arg(long, default_value = "spherical")]
         index: String,
         /// Number of rows (classes) K.
@@ -178,7 +178,7 @@ pub struct IndexParams {
     /// exactly (`scoring`: f32 or int8).
     #[arg(long)]
     scoring: Option<String>,
-    /// Spherical, int8 scoring: rows rescored exactly per result (`rescore`).
+    /// Spherical (int8 scoring), flat_int8: rows rescored exactly per result (`rescore`).
     #[arg(long)]
     rescore: Option<f32>,
     /// Any other `[index]` key of the index, e.g. `--index-set iterations=20` (repeatable).

@@ -1,6 +1,6 @@
 //! Int8 scoring in [`SphericalIndex`] (`scoring = "int8"`): the probed clusters are scanned on
 //! int8 codes of their rows ([`crate::quant`]), which rank them almost as exact scores do; this
-//! file rescores the best `rescore * k` of them (at least [`RESCORE_MARGIN`] more than `k`)
+//! file rescores the best `rescore * k` of them (at least [`quant::RESCORE_MARGIN`] more than `k`)
 //! exactly from the f32 copies and keeps the top `k`, for one query
 //! ([`SphericalIndex::rescore`]) or a batch ([`SphericalIndex::search_int8_batch`]).
 //!
@@ -8,18 +8,13 @@
 
 use super::SphericalIndex;
 use super::cluster::Cluster;
-use super::search::{BatchProbes, per_result, probed};
+use super::search::{BatchProbes, probed};
 use crate::Hit;
 use crate::quant::{self, QuantQueries};
 use farout_core::topk::{self, NthBest};
 use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
-
-/// Rows rescored beyond `k` at least: at small `k` a few near-ties on the codes decide the last
-/// places (at top 10 of 200,000 rows, rescoring 10 rows lost 0.6 points of recall against f32
-/// scoring, rescoring 50 none), and a few dozen dot products cost nothing beside the scan.
-const RESCORE_MARGIN: usize = 32;
 
 /// Rows whose copies are requested ahead of the one being rescored: the gathered rows are
 /// scattered over the clusters, so loading them a few at a time overlaps the memory latency.
@@ -28,7 +23,7 @@ const AHEAD: usize = 8;
 impl SphericalIndex {
     /// Rows rescored exactly per query for `k` results (int8 scoring).
     pub(super) fn depth(&self, k: usize) -> usize {
-        per_result(k, self.config.rescore).max(k + RESCORE_MARGIN)
+        quant::rescore_depth(k, self.config.rescore)
     }
 
     /// The per-query end of int8 scoring: `candidates` (the best probed rows by approximate
