@@ -523,3 +523,42 @@ fn compare_writes_a_table_and_curves() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(again.join("summary.csv")).unwrap(), csv);
 }
+
+/// MEMOIR logs each epoch as it ends (a line on standard error, a `metrics.jsonl` record at
+/// step = epoch), then the final evaluation at the last epoch's step.
+#[test]
+fn memoir_logs_every_epoch_as_it_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "train",
+        "configs/face-synthetic-memoir.toml",
+        "--set",
+        "data.face.n_classes=300",
+        "--set",
+        "data.face.n_samples=4000",
+        "--set",
+        "linear.epochs=3",
+        "--set",
+        "linear.oracle={ kind = \"flat_int8\" }",
+    ];
+    let q = quiet_in(dir.path());
+    args.extend(q.iter().map(String::as_str));
+    let o = farout(&args);
+    let s = summary(&o);
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("log/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 4, "{records:?}");
+    let epochs = s["linear"]["stats"]["epochs"].as_array().unwrap();
+    for (e, r) in records[..3].iter().enumerate() {
+        assert_eq!(r["step"].as_u64(), Some(e as u64 + 1));
+        assert_eq!(r["train/accuracy"], epochs[e]["train_accuracy"]);
+        assert_eq!(r["train/oracle_recall"], epochs[e]["recall"]);
+        assert!(stderr(&o).contains(&format!("epoch {}: accuracy", e + 1)), "{}", stderr(&o));
+    }
+    assert_eq!((records[3]["step"].as_u64(), records[3]["eval/epoch"].as_f64()), (Some(3), Some(3.0)));
+    assert_eq!(records[3]["eval/accuracy"], s["metrics"]["accuracy"]);
+    assert_eq!(s["linear"]["stats"]["oracle"], "flat_int8");
+}

@@ -461,6 +461,21 @@ pub struct EpochStats {
     pub eta: f64,
 }
 
+impl EpochStats {
+    /// The statistics a training log follows, as named values ([`Progress::epoch`]).
+    pub fn values(&self) -> [(&'static str, f64); 7] {
+        [
+            ("train/accuracy", self.train_accuracy),
+            ("train/objective", self.objective),
+            ("train/violations", self.violations),
+            ("train/oracle_recall", self.recall),
+            ("train/epoch_seconds", self.seconds),
+            ("train/query_seconds", self.query_seconds),
+            ("train/rows_changed_mean", self.rows_changed_mean),
+        ]
+    }
+}
+
 /// What [`Memoir::train_with`] returns.
 #[derive(Debug)]
 pub struct Trained {
@@ -734,6 +749,7 @@ impl Memoir {
                 stats.oracle_cost_mean = if queried > 0 { counts[0] as f64 / queried as f64 } else { 0.0 };
                 let view = oracle.as_ref().map(|o| o as &dyn ArgmaxOracle);
                 self.monitor(data, &pairs, &monitored, &w, &mirror, view, comm, &own, &mut stats)?;
+                progress.epoch(stats.epoch, &stats.values());
                 on_epoch(&stats, &mirror);
                 epochs.push(std::mem::take(&mut stats));
             }

@@ -99,6 +99,9 @@ pub trait Progress: Sync {
     fn begin(&self, total: u64, unit: &'static str);
     /// `n` more units are done.
     fn advance(&self, n: u64);
+    /// Epoch `epoch` (from 1) of an iterative solver ended, with its statistics as named
+    /// values (`"train/accuracy"`, ...). Solvers without epochs never call it.
+    fn epoch(&self, _epoch: usize, _values: &[(&'static str, f64)]) {}
 }
 
 /// Progress that goes nowhere.

@@ -39,6 +39,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// The model's file name in the checkpoint directory.
 pub const MODEL_FILE: &str = "linear.model";
@@ -111,17 +113,46 @@ pub struct LinearRun {
     data: TaskData,
 }
 
-/// The progress bar as farout-linear's progress sink.
-struct Bar(ProgressBar);
+/// farout-linear's progress sink: the progress bar, and for solvers with epochs (MEMOIR) a log
+/// line and a `metrics.jsonl` / TensorBoard record per epoch as it ends (step = epoch).
+struct Reporter<'a> {
+    bar: ProgressBar,
+    name: &'a str,
+    start: Instant,
+    sinks: Mutex<&'a mut Sinks>,
+    /// The last epoch reported, and the first error writing its record.
+    last: Mutex<(usize, Option<Error>)>,
+}
 
-impl farout_linear::Progress for Bar {
+impl farout_linear::Progress for Reporter<'_> {
     fn begin(&self, total: u64, unit: &'static str) {
-        self.0.set_length(total);
-        self.0.set_message(unit);
+        self.bar.set_length(total);
+        self.bar.set_message(unit);
     }
 
     fn advance(&self, n: u64) {
-        self.0.inc(n);
+        self.bar.inc(n);
+    }
+
+    fn epoch(&self, epoch: usize, values: &[(&'static str, f64)]) {
+        let text: Vec<String> = values
+            .iter()
+            .map(|(k, v)| {
+                let k = k.trim_start_matches("train/");
+                if v.abs() >= 100.0 { format!("{k} {v:.0}") } else { format!("{k} {v:.4}") }
+            })
+            .collect();
+        log::info!("{}: epoch {epoch}: {}", self.name, text.join(", "));
+        let mut values = values.to_vec();
+        values.push(("train/epoch", epoch as f64));
+        let mut sinks = self.sinks.lock().unwrap_or_else(|e| e.into_inner());
+        let written =
+            sinks.record(epoch as u64, self.start.elapsed().as_secs_f64(), &values).and_then(|()| sinks.flush());
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.0 = epoch;
+        if let (Err(e), None) = (written, &last.1) {
+            last.1 = Some(e);
+        }
     }
 }
 
@@ -186,8 +217,16 @@ impl LinearRun {
         );
         let of_rank = if ranks > 1 { ", rank 0's labels" } else { "" };
         bar.set_prefix(format!("{} ({}{of_rank})", cfg.name, solver.name()));
-        let fitted = solver.params().fit_shard(&train, &shards, comm, &Bar(bar.clone())).map_err(Error::from);
-        let mut fitted = agree(comm, fitted)?;
+        let reporter = Reporter {
+            bar: bar.clone(),
+            name: &cfg.name,
+            start: Instant::now(),
+            sinks: Mutex::new(&mut sinks),
+            last: Mutex::new((0, None)),
+        };
+        let fitted = solver.params().fit_shard(&train, &shards, comm, &reporter).map_err(Error::from);
+        let (epochs, logged) = reporter.last.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut fitted = agree(comm, fitted.and_then(|f| logged.map_or(Ok(f), Err)))?;
         bar.finish();
         let n_labels = train.n_labels();
         drop(train);
@@ -207,10 +246,13 @@ impl LinearRun {
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
         let metrics = evaluate(&model, test, cfg.eval.final_max_samples, comm)?;
         if comm.is_root() {
-            let mut values: Vec<(String, f64)> = vec![("eval/epoch".into(), 1.0), ("train/seconds".into(), seconds)];
+            // After the last epoch's record (step = epoch) for solvers with epochs.
+            let epochs = epochs.max(1);
+            let mut values: Vec<(String, f64)> =
+                vec![("eval/epoch".into(), epochs as f64), ("train/seconds".into(), seconds)];
             values.extend(metrics.iter().map(|(k, v)| (format!("eval/{k}"), *v)));
             let values: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            sinks.record(1, seconds, &values)?;
+            sinks.record(epochs as u64, seconds, &values)?;
             sinks.flush()?;
         }
         if cfg.checkpoint.enabled {

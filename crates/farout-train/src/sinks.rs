@@ -8,8 +8,8 @@ use crate::config::LogConfig;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Receives named scalars at a training step.
-pub trait MetricsSink {
+/// Receives named scalars at a training step (from whichever thread reports them).
+pub trait MetricsSink: Send {
     /// Records `values` at `step`, `wall_seconds` after the start of training.
     fn record(&mut self, step: u64, wall_seconds: f64, values: &[(&str, f64)]) -> Result<(), Error>;
     /// Makes everything recorded so far durable.
