@@ -24,6 +24,9 @@
 //! (a lower bound of its `depth`-th best approximate score so far) are kept; when a query holds
 //! [`COMPACT_AT`] times `depth` rows, the floor rises to their `depth`-th best and the rest
 //! are dropped. At the end the `depth` best kept rows are rescored exactly.
+//!
+//! On a CPU without a SIMD int8 kernel (neither AVX2 nor AVX-512 VNNI) the portable int8 code
+//! is slower than f32 brute force, so the index is brute force there.
 
 use crate::quant::{self, QuantQueries, QuantRows};
 use crate::{Hit, MipsIndex, Rows};
@@ -71,6 +74,9 @@ pub struct FlatInt8Index {
     /// The codes of rows `b * BLOCK_ROWS ..` in block `b`.
     blocks: Vec<QuantRows>,
     rows: usize,
+    /// The CPU has no SIMD int8 kernel (neither AVX2 nor AVX-512 VNNI, or `FAROUT_SIMD` caps
+    /// them): portable int8 code is slower than f32 brute force, which answers instead.
+    f32_only: bool,
 }
 
 /// A query's rows kept during the scan: ids and approximate scores, side by side.
@@ -96,9 +102,11 @@ thread_local! {
 }
 
 impl FlatInt8Index {
-    /// Quantises every row of `w`.
+    /// Quantises every row of `w` (nothing on a CPU without a SIMD int8 kernel: brute force
+    /// in f32 answers there).
     pub fn build(w: Rows, config: &FlatInt8Config) -> Self {
-        let blocks = (0..w.len().div_ceil(BLOCK_ROWS))
+        let f32_only = quant::Kernel::best() == quant::Kernel::Scalar;
+        let blocks = (0..if f32_only { 0 } else { w.len().div_ceil(BLOCK_ROWS) })
             .into_par_iter()
             .map(|b| {
                 let mut codes = QuantRows::new(w.dim());
@@ -106,7 +114,7 @@ impl FlatInt8Index {
                 codes
             })
             .collect();
-        Self { config: config.clone(), blocks, rows: w.len() }
+        Self { config: config.clone(), blocks, rows: w.len(), f32_only }
     }
 
     /// Rows rescored exactly per query for `k` results.
@@ -184,6 +192,9 @@ impl MipsIndex for FlatInt8Index {
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+        if self.f32_only {
+            return crate::ExactIndex.search(w, query, k, out);
+        }
         let codes = QuantQueries::new(query, w.dim());
         self.search_chunk(w, query, &codes, &[0], k, std::slice::from_mut(out))
     }
@@ -191,6 +202,9 @@ impl MipsIndex for FlatInt8Index {
     /// The queries in chunks of [`QUERY_CHUNK`], the chunks in parallel, each scanning every
     /// block of codes.
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        if self.f32_only {
+            return crate::ExactIndex.search_batch(w, queries, k, out);
+        }
         out.resize_with(queries.rows(), Vec::new);
         out.truncate(queries.rows());
         let codes = QuantQueries::new(queries.as_slice(), w.dim());
@@ -210,6 +224,9 @@ impl MipsIndex for FlatInt8Index {
 
     fn refresh(&mut self, w: Rows, rows: &[ClassId]) {
         assert_eq!(w.len(), self.rows, "the index was built over {} rows, not {}", self.rows, w.len());
+        if self.f32_only {
+            return;
+        }
         for &i in rows {
             let i = i as usize;
             self.blocks[i / BLOCK_ROWS].set(i % BLOCK_ROWS, w.row(i));
@@ -233,7 +250,7 @@ mod tests {
     fn batched_and_single_searches_return_brute_force_top_k_over_several_blocks() {
         let (w, q) = clustered(10_000, 128);
         let index = FlatInt8Index::build(Rows::all(&w), &FlatInt8Config::default());
-        assert_eq!(index.blocks.len(), 3);
+        assert_eq!(index.blocks.len(), if index.f32_only { 0 } else { 3 });
         let mut batched = Vec::new();
         index.search_batch(Rows::all(&w), &q, 10, &mut batched);
         // Rescoring 42 rows per query for 10 results: rounding never pushes one of the ten
