@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p farout-linear --example memoir -- --classes 100000 --per-class 5 --dim 128 --oracle hnsw
 //! cargo run --release -p farout-linear --example memoir -- --data ../shared/data/xmc/bibtex --oracle exact
-//! options: --oracle exact|hnsw|simple_lsh|hamming  --variant l2|l1  --epochs N  --batch N  --eta0 X
+//! options: --oracle exact|hnsw|simple_lsh|hamming|flat_int8  --variant l2|l1  --epochs N  --batch N  --eta0 X
 //!          --eta-step X  --lambda X  --seed N  --threads N  --test-sample N  --rebuild-fraction X
 //!          --headroom X (norm headroom of hnsw/simple_lsh)  --ef-construction N  --ef-search N
 //!          --max-connections N  --bits N  --tables N  --candidate-factor X  --noise X
@@ -116,7 +116,8 @@ fn parse_args() -> Result<Args> {
         "hnsw" => IndexConfig::Hnsw(a.hnsw.clone()),
         "simple_lsh" => IndexConfig::SimpleLsh(a.lsh.clone()),
         "hamming" => IndexConfig::Hamming(a.hamming.clone()),
-        other => bail!("--oracle {other}: expected exact, hnsw, simple_lsh or hamming"),
+        "flat_int8" => IndexConfig::FlatInt8(farout_search::FlatInt8Config::default()),
+        other => bail!("--oracle {other}: expected exact, hnsw, simple_lsh, hamming or flat_int8"),
     };
     Ok(a)
 }
