@@ -10,13 +10,14 @@ and vectors written by farout:
     farout bench search --k 200000 --d 128 --top 100 --queries 1000 --export DIR
 Run:
     /tmp/search-venv/bin/python benches/peers/search_peers.py DIR --top 100 [--threads 2]
-        [--tools numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout]
+        [--tools numpy,faiss-flat,faiss-sq8,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout]
         [--farout target/release/farout] [--plot recall-qps.png]
 
 `farout` runs `farout bench search --vectors DIR/w.npy --query-vectors DIR/queries.npy` last, in
 the same run: with its defaults (the spherical index calibrating its budget to recall 0.9 on the
-first batch of the queries), then with int8 scoring at fixed candidate factors that scan 1,000
-to 32,000 candidates.
+first batch of the queries), brute force (`exact`) and brute force on int8 codes (`flat_int8`),
+then the spherical index with int8 scoring at fixed candidate factors that scan 1,000 to 32,000
+candidates.
 `--plot` draws recall against batched queries per second for every tool (needs matplotlib).
 
 Fields: tool, params, recall (mean over the queries of |found ∩ exact top-Q| / Q), qps (batches
@@ -93,7 +94,7 @@ def main():
     p.add_argument("--top", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--single", type=int, default=200, help="queries timed one at a time")
-    p.add_argument("--tools", default="numpy,faiss-flat,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout")
+    p.add_argument("--tools", default="numpy,faiss-flat,faiss-sq8,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout")
     p.add_argument("--farout", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), "target/release/farout"))
     p.add_argument("--plot", help="write recall against queries/s here (PNG)")
@@ -126,6 +127,19 @@ def main():
             build = time.perf_counter() - t
             found, qps, single = timed(faiss_search(index), q, a.single)
             emit("faiss-flat", "IndexFlatIP", found, qps, single, build, truth)
+        if "faiss-sq8" in tools:
+            # Every row scanned on 8-bit scalar-quantised codes, the best k_factor x Q re-ranked
+            # exactly: FAISS's counterpart of farout's flat_int8.
+            for k_factor in [1, 4, 16]:
+                t = time.perf_counter()
+                quantised = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_8bit, ip)
+                quantised.train(w)
+                index = faiss.IndexRefineFlat(quantised)
+                index.k_factor = k_factor
+                index.add(w)
+                build = time.perf_counter() - t
+                found, qps, single = timed(faiss_search(index), q, a.single)
+                emit("faiss-sq8", f"SQ8 + RefineFlat k_factor={k_factor}", found, qps, single, build, truth)
         nlist = int(4 * np.sqrt(k))
         if "faiss-ivf" in tools:
             t = time.perf_counter()
@@ -212,6 +226,11 @@ def main():
                          for c in r.get("calibrations", []))
         row("farout", f"spherical defaults ({r['index']}; {fits or 'not calibrated'})", r["recall"], r["qps"],
             r["qps_single"], r["build_seconds"])
+        # Brute force in f32, and on int8 codes with exact rescoring.
+        for kind in ["exact", "flat_int8"]:
+            r = json.loads(subprocess.run(base + ["--index", kind], capture_output=True, text=True, check=True,
+                                          env=env).stdout)
+            row("farout", kind, r["recall"], r["qps"], r["qps_single"], r["build_seconds"])
         # Candidate factors that scan 1,000 to 32,000 candidates whatever Q is.
         for factor in sorted({max(1, c // top) for c in [1000, 2000, 4000, 8000, 16000, 32000]}):
             cmd = base + ["--scoring", "int8", "--candidate-factor", str(factor)]
