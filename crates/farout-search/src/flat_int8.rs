@@ -152,16 +152,7 @@ impl FlatInt8Index {
                     q.ids.extend(positions.iter().map(|&p| first + p));
                     if q.scores.len() >= COMPACT_AT * depth {
                         q.floor = nth.of(&[&q.scores], depth);
-                        let floor = q.floor;
-                        let mut at = 0;
-                        for i in 0..q.scores.len() {
-                            if q.scores[i] >= floor {
-                                (q.scores[at], q.ids[at]) = (q.scores[i], q.ids[i]);
-                                at += 1;
-                            }
-                        }
-                        q.scores.truncate(at);
-                        q.ids.truncate(at);
+                        quant::retain_at_least(&mut q.scores, &mut q.ids, q.floor);
                     }
                 }
             }
@@ -174,12 +165,7 @@ impl FlatInt8Index {
                     h.score = kernels::dot(w.row(h.class as usize), query);
                 }
                 scored += candidates.len();
-                if candidates.len() > k && k > 0 {
-                    candidates.select_nth_unstable_by(k - 1, topk::by_score);
-                }
-                candidates.truncate(k);
-                o.clear();
-                o.append(candidates);
+                quant::keep_best(candidates, k, o);
             }
             scored
         })

@@ -65,6 +65,35 @@ pub(crate) fn rescore_depth(k: usize, rescore: f32) -> usize {
     ((k as f32 * rescore).ceil() as usize).max(k + RESCORE_MARGIN)
 }
 
+/// Keeps the `scores` at or above `floor` and the `tags` beside them (in the same order): a
+/// query's rows kept while scanning codes, cut back when its floor rises.
+#[inline]
+pub(crate) fn retain_at_least<T: Copy>(scores: &mut Vec<f32>, tags: &mut Vec<T>, floor: f32) {
+    let mut m = 0;
+    for t in 0..scores.len() {
+        if scores[t] >= floor {
+            scores[m] = scores[t];
+            tags[m] = tags[t];
+            m += 1;
+        }
+    }
+    scores.truncate(m);
+    tags.truncate(m);
+}
+
+/// The `k` best of `candidates` (emptied; exact scores after rescoring) into `out`, in no
+/// particular order.
+pub(crate) fn keep_best(candidates: &mut Vec<crate::Hit>, k: usize, out: &mut Vec<crate::Hit>) {
+    if candidates.len() > k {
+        if k > 0 {
+            candidates.select_nth_unstable_by(k - 1, farout_core::topk::by_score);
+        }
+        candidates.truncate(k);
+    }
+    out.clear();
+    out.append(candidates);
+}
+
 /// 64 bytes on a cache line of their own: the unit of the codes' storage, so that no load of
 /// a group's chunk (64 bytes) straddles two lines (AMX's tile loads, 16 such rows each, run
 /// several times slower when they do).

@@ -11,7 +11,7 @@ use super::cluster::Cluster;
 use super::search::{BatchProbes, probed};
 use crate::Hit;
 use crate::quant::{self, QuantQueries};
-use farout_core::topk::{self, NthBest};
+use farout_core::topk::NthBest;
 use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -41,7 +41,7 @@ impl SphericalIndex {
             candidates[t].score = kernels::dot(self.copy_of(candidates[t].class, d), query);
         }
         let rescored = candidates.len();
-        keep_best(candidates, k, out);
+        quant::keep_best(candidates, k, out);
         rescored
     }
 
@@ -244,7 +244,7 @@ impl SphericalIndex {
                         .extend_from_slice(&hits[starts[slot as usize] as usize..starts[slot as usize + 1] as usize]);
                 }
                 let n = candidates.len();
-                keep_best(candidates, k, found);
+                quant::keep_best(candidates, k, found);
                 n
             })
             .sum()
@@ -332,16 +332,7 @@ impl Scan {
             if kept.scores.len() >= COMPACT_AT * depth.max(1) {
                 let bound = self.nth.of(&[&kept.scores], depth);
                 let raised = unordered(floor.fetch_max(ordered(bound), Relaxed).max(ordered(bound)));
-                let mut m = 0;
-                for t in 0..kept.scores.len() {
-                    if kept.scores[t] >= raised {
-                        kept.scores[m] = kept.scores[t];
-                        kept.at[m] = kept.at[t];
-                        m += 1;
-                    }
-                }
-                kept.scores.truncate(m);
-                kept.at.truncate(m);
+                quant::retain_at_least(&mut kept.scores, &mut kept.at, raised);
             }
         }
     }
@@ -357,18 +348,6 @@ fn ordered(x: f32) -> u32 {
 /// The inverse of [`ordered`].
 fn unordered(key: u32) -> f32 {
     f32::from_bits(if key >> 31 == 1 { key & !(1 << 31) } else { !key })
-}
-
-/// The `k` best of `candidates` (emptied) into `out`, in no particular order.
-fn keep_best(candidates: &mut Vec<Hit>, k: usize, out: &mut Vec<Hit>) {
-    if candidates.len() > k {
-        if k > 0 {
-            candidates.select_nth_unstable_by(k - 1, topk::by_score);
-        }
-        candidates.truncate(k);
-    }
-    out.clear();
-    out.append(candidates);
 }
 
 #[cfg(test)]
