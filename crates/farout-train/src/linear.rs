@@ -119,9 +119,16 @@ struct Reporter<'a> {
     bar: ProgressBar,
     name: &'a str,
     start: Instant,
-    sinks: Mutex<&'a mut Sinks>,
-    /// The last epoch reported, and the first error writing its record.
-    last: Mutex<(usize, Option<Error>)>,
+    epochs: Mutex<EpochLog<'a>>,
+}
+
+/// Where [`Reporter`] writes the epochs' records, and what it wrote.
+struct EpochLog<'a> {
+    sinks: &'a mut Sinks,
+    /// The last epoch reported (0: none).
+    last: usize,
+    /// The first error writing a record.
+    error: Option<Error>,
 }
 
 impl farout_linear::Progress for Reporter<'_> {
@@ -145,13 +152,14 @@ impl farout_linear::Progress for Reporter<'_> {
         log::info!("{}: epoch {epoch}: {}", self.name, text.join(", "));
         let mut values = values.to_vec();
         values.push(("train/epoch", epoch as f64));
-        let mut sinks = self.sinks.lock().unwrap_or_else(|e| e.into_inner());
-        let written =
-            sinks.record(epoch as u64, self.start.elapsed().as_secs_f64(), &values).and_then(|()| sinks.flush());
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        last.0 = epoch;
-        if let (Err(e), None) = (written, &last.1) {
-            last.1 = Some(e);
+        let mut log = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+        let written = log
+            .sinks
+            .record(epoch as u64, self.start.elapsed().as_secs_f64(), &values)
+            .and_then(|()| log.sinks.flush());
+        log.last = epoch;
+        if let (Err(e), None) = (written, &log.error) {
+            log.error = Some(e);
         }
     }
 }
@@ -221,12 +229,11 @@ impl LinearRun {
             bar: bar.clone(),
             name: &cfg.name,
             start: Instant::now(),
-            sinks: Mutex::new(&mut sinks),
-            last: Mutex::new((0, None)),
+            epochs: Mutex::new(EpochLog { sinks: &mut sinks, last: 0, error: None }),
         };
         let fitted = solver.params().fit_shard(&train, &shards, comm, &reporter).map_err(Error::from);
-        let (epochs, logged) = reporter.last.into_inner().unwrap_or_else(|e| e.into_inner());
-        let mut fitted = agree(comm, fitted.and_then(|f| logged.map_or(Ok(f), Err)))?;
+        let EpochLog { last: epochs, error, .. } = reporter.epochs.into_inner().unwrap_or_else(|e| e.into_inner());
+        let mut fitted = agree(comm, fitted.and_then(|f| error.map_or(Ok(f), Err)))?;
         bar.finish();
         let n_labels = train.n_labels();
         drop(train);
