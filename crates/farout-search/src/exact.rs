@@ -3,10 +3,17 @@ use farout_core::gemm::{self, Op};
 use farout_core::topk::{self, TopK};
 use farout_core::{ClassId, Matrix, kernels};
 
-/// Queries scored per matrix product by [`ExactIndex`]'s batched search (bounds the
-/// `queries x K` temporary: 64 x 1 M floats = 256 MB at most).
-pub const EXACT_BATCH: usize = 64;
 use std::cell::RefCell;
+
+/// Queries scored per matrix product by [`ExactIndex`]'s batched search.
+pub const EXACT_BATCH: usize = 64;
+
+/// Rows scored per matrix product by [`ExactIndex`]'s batched search: the scores of a product
+/// take `EXACT_BATCH x EXACT_ROWS` floats (8 MB), and a column block of `W` is copied (to be
+/// contiguous) this many rows at a time. Scoring all rows at once took a `queries x K`
+/// temporary and a copy of the whole block: at K = 672,000 and D = 64, 344 MB beside a
+/// training run whose memory is bounded.
+const EXACT_ROWS: usize = 32_768;
 
 /// Brute force: scores every row (vectorised dot products, streamed into a top-k heap).
 /// Cost K D per query; the reference every approximate index is measured against.
@@ -15,8 +22,8 @@ pub struct ExactIndex;
 
 thread_local! {
     static HEAP: RefCell<TopK> = RefCell::new(TopK::default());
-    /// The threshold sample of `topk::select_best` in batched searches.
-    static SAMPLE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The threshold sample of `topk::select_best` and its output in batched searches.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<Hit>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 impl ExactIndex {
@@ -56,51 +63,49 @@ impl MipsIndex for ExactIndex {
         w.len()
     }
 
-    /// Batched brute force: scores of up to [`EXACT_BATCH`] queries against all rows by one
-    /// matrix product, then a top-k selection per query.
+    /// Batched brute force: scores of up to [`EXACT_BATCH`] queries against [`EXACT_ROWS`]
+    /// rows at a time by one matrix product; each query keeps the best `k` of the rows so far.
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         use rayon::prelude::*;
         let (n, kk, d) = (queries.rows(), w.len(), w.dim());
-        // A contiguous copy of the rows when the view is a column block.
-        let owned;
-        let rows: &[f32] = if d * kk == w.matrix().as_slice().len() {
-            w.matrix().as_slice()
-        } else {
-            let mut copy = Vec::with_capacity(kk * d);
-            w.iter().for_each(|r| copy.extend_from_slice(r));
-            owned = copy;
-            &owned
-        };
         out.resize_with(n, Vec::new);
         out.truncate(n);
-        if kk == 0 {
-            // No rows, no hits (and no score rows to select from: chunks of length 0 panic).
-            out.iter_mut().for_each(Vec::clear);
-            return 0;
+        out.iter_mut().for_each(Vec::clear);
+        // The rows are contiguous unless the view is a column block: then they are copied, a
+        // part at a time.
+        let contiguous = d * kk == w.matrix().as_slice().len();
+        let (mut copy, mut z, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for first in (0..kk).step_by(EXACT_ROWS) {
+            let r = (kk - first).min(EXACT_ROWS);
+            let rows: &[f32] = if contiguous {
+                &w.matrix().as_slice()[first * d..(first + r) * d]
+            } else {
+                copy.clear();
+                (first..first + r).for_each(|i| copy.extend_from_slice(w.row(i)));
+                &copy
+            };
+            ids.clear();
+            ids.extend(first as ClassId..(first + r) as ClassId);
+            for start in (0..n).step_by(EXACT_BATCH) {
+                let m = (n - start).min(EXACT_BATCH);
+                z.resize(m * r, 0.0);
+                let batch = &queries.as_slice()[start * d..(start + m) * d];
+                gemm::gemm(&mut z, m, r, 0.0, 1.0, batch, (m, d), Op::N, rows, (r, d), Op::T);
+                out[start..start + m].par_iter_mut().zip(z.par_chunks(r)).for_each(|(o, scores)| {
+                    SCRATCH.with_borrow_mut(|(sample, best)| {
+                        topk::select_best(&[(scores, &ids[..])], k, sample, best);
+                        o.append(best);
+                        // The best k of these rows and of the rows before: the same order
+                        // (score, then the lower class) as `select_best`'s.
+                        if o.len() > k {
+                            o.select_nth_unstable_by(k.max(1) - 1, topk::by_score);
+                            o.truncate(k);
+                        }
+                    })
+                });
+            }
         }
-        let ids: Vec<ClassId> = (0..kk as ClassId).collect();
-        let mut z = Vec::new();
-        for start in (0..n).step_by(EXACT_BATCH) {
-            let m = (n - start).min(EXACT_BATCH);
-            z.resize(m * kk, 0.0);
-            gemm::gemm(
-                &mut z,
-                m,
-                kk,
-                0.0,
-                1.0,
-                &queries.as_slice()[start * d..(start + m) * d],
-                (m, d),
-                Op::N,
-                rows,
-                (kk, d),
-                Op::T,
-            );
-            out[start..start + m].par_iter_mut().zip(z.par_chunks(kk)).for_each(|(o, row)| {
-                SAMPLE.with_borrow_mut(|sample| topk::select_best(&[(row, &ids[..])], k, sample, o));
-                o.sort_unstable_by(topk::by_score);
-            });
-        }
+        out.par_iter_mut().for_each(|o| o.sort_unstable_by(topk::by_score));
         n * kk
     }
 
@@ -122,6 +127,34 @@ mod tests {
         // Block 1..3 of each row: (0, 0), (1, 0), (0, 2); query (1, 1).
         let cost = ExactIndex.search(Rows::block(&w, 1, 3), &[1.0, 1.0], 2, &mut out);
         assert_eq!((out[0].class, out[0].score, out[1].class, cost), (2, 2.0, 1, 3));
+    }
+
+    /// The batched search over more rows than one product scores and more queries than one
+    /// product takes, on all rows and on a column block, returns exactly the best `k` by
+    /// (score, lower class): integer values make every score exact, and ties frequent.
+    #[test]
+    fn batched_search_over_many_parts_equals_sorting_every_score() {
+        let (kk, d, n) = (2 * EXACT_ROWS + 123, 8, EXACT_BATCH + 6);
+        let mut r = farout_core::rng::seeded(5, 0);
+        let mut int = |_| (farout_core::rng::normal(&mut r) * 2.0).round().clamp(-4.0, 4.0);
+        let w = Matrix::from_vec(kk, d, (0..kk * d).map(&mut int).collect()).unwrap();
+        let q = Matrix::from_vec(n, d, (0..n * d).map(&mut int).collect()).unwrap();
+        for (view, from, to) in [(Rows::all(&w), 0, d), (Rows::block(&w, 2, 7), 2, 7)] {
+            let mut queries = Matrix::zeros(n, to - from);
+            (0..n).for_each(|i| queries.row_mut(i).copy_from_slice(&q.row(i)[from..to]));
+            for k in [0, 1, 40, 5_000] {
+                let mut batch = Vec::new();
+                assert_eq!(ExactIndex.search_batch(view, &queries, k, &mut batch), n * kk);
+                for (i, found) in batch.iter().enumerate() {
+                    let mut all: Vec<Hit> = (0..kk)
+                        .map(|c| Hit { class: c as ClassId, score: kernels::dot(view.row(c), queries.row(i)) })
+                        .collect();
+                    all.sort_unstable_by(topk::by_score);
+                    all.truncate(k);
+                    assert_eq!(found, &all, "query {i}, k = {k}, columns {from}..{to}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! On a CPU without a SIMD int8 kernel (neither AVX2 nor AVX-512 VNNI) the portable int8 code
 //! is slower than f32 brute force, so the index is brute force there.
 
-use crate::quant::{self, QuantQueries, QuantRows};
+use crate::quant::{self, Above, QuantQueries, QuantRows};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::topk::{self, NthBest};
 use farout_core::{ClassId, Matrix, kernels};
@@ -91,8 +91,10 @@ struct Kept {
 #[derive(Default)]
 struct Scratch {
     kept: Vec<Kept>,
+    /// Per query of the chunk: its floor, and the rows of a block reaching it.
+    floors: Vec<f32>,
+    above: Vec<Above>,
     scores: Vec<f32>,
-    positions: Vec<u32>,
     nth: NthBest,
     candidates: Vec<Hit>,
 }
@@ -136,20 +138,26 @@ impl FlatInt8Index {
     ) -> usize {
         let depth = self.depth(k);
         SCRATCH.with_borrow_mut(|s| {
-            let Scratch { kept, scores, positions, nth, candidates } = s;
+            let Scratch { kept, floors, above, scores, nth, candidates } = s;
             kept.resize_with(which.len(), Kept::default);
+            above.resize_with(which.len(), Above::default);
             for q in kept.iter_mut() {
                 q.ids.clear();
                 q.scores.clear();
                 q.floor = f32::NEG_INFINITY;
             }
             for (b, block) in self.blocks.iter().enumerate() {
-                quant::scores(block, codes, which, scores);
-                let (stride, first) = (block.padded_len(), (b * BLOCK_ROWS) as ClassId);
-                for (q, row) in kept.iter_mut().zip(scores.chunks_exact(stride)) {
-                    positions.clear();
-                    kernels::keep_at_least(&row[..block.len()], q.floor, positions, &mut q.scores);
-                    q.ids.extend(positions.iter().map(|&p| first + p));
+                floors.clear();
+                floors.extend(kept.iter().map(|q| q.floor));
+                for a in above.iter_mut() {
+                    a.positions.clear();
+                    a.scores.clear();
+                }
+                quant::scores_at_least(block, codes, which, floors, above, scores);
+                let first = (b * BLOCK_ROWS) as ClassId;
+                for (q, a) in kept.iter_mut().zip(above.iter()) {
+                    q.scores.extend_from_slice(&a.scores);
+                    q.ids.extend(a.positions.iter().map(|&p| first + p));
                     if q.scores.len() >= COMPACT_AT * depth {
                         q.floor = nth.of(&[&q.scores], depth);
                         quant::retain_at_least(&mut q.scores, &mut q.ids, q.floor);

@@ -436,15 +436,21 @@ impl BlockIndex {
         Some(total / self.blocks.len() as f64)
     }
 
-    /// Mean recall over the blocks of their top-`k` against brute force on the same block.
+    /// Mean recall over the blocks of their top-`k` against brute force on the same block,
+    /// both searched batched, as training searches (brute force by matrix products: one query
+    /// at a time, each query read every row of `W` from memory, and at K = 672,000 the
+    /// measurement took a tenth of a training run).
     pub fn recall(&self, w: &Matrix, queries: &Matrix, k: usize) -> f64 {
         let mut total = 0.0;
+        let (mut found, mut exact) = (Vec::new(), Vec::new());
         for j in 0..self.n_blocks() {
             let mut q = Matrix::zeros(queries.rows(), self.width);
             for i in 0..queries.rows() {
                 q.row_mut(i).copy_from_slice(&queries.row(i)[j * self.width..(j + 1) * self.width]);
             }
-            total += recall(self.block(j), self.rows(w, j), &q, k);
+            self.block(j).search_batch(self.rows(w, j), &q, k, &mut found);
+            ExactIndex::new().search_batch(self.rows(w, j), &q, k, &mut exact);
+            total += overlap(&found, &exact);
         }
         total / self.n_blocks() as f64
     }

@@ -161,8 +161,8 @@ impl QuantRows {
         let mut sum = 0i32;
         for c in 0..self.chunks {
             let mut code = [0i8; 4];
-            for (b, x) in code.iter_mut().zip(row.iter().skip(4 * c)) {
-                *b = (x * inv).round().clamp(-127.0, 127.0) as i8;
+            for (b, x) in code.iter_mut().zip(&row[(4 * c).min(self.dim)..]) {
+                *b = code_of(x * inv) as i8;
                 sum += *b as i32;
             }
             let at = self.byte(at, c);
@@ -170,6 +170,14 @@ impl QuantRows {
         }
         self.scale[at] = scale;
         self.offset[at] = -128 * sum;
+    }
+
+    /// Asks for the cache lines [`QuantRows::set`] will write for row `at` (`ceil(dim / 4)`
+    /// lines: a row's codes are spread over its group's chunks).
+    pub fn prefetch(&self, at: usize) {
+        if at < self.len {
+            (0..self.chunks).for_each(|c| farout_core::kernels::prefetch(&self.code_bytes()[self.byte(at, c)..][..1]));
+        }
     }
 
     /// Removes row `at` by moving the last row into its place (the positions of the others do
@@ -221,6 +229,18 @@ fn scale_of(x: &[f32]) -> (f32, f32) {
     if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) }
 }
 
+/// `x.round().clamp(-127.0, 127.0)` (0 for NaN) without `round`, which the baseline x86-64
+/// target compiles to a call into libm (quantising the rows a training step changed spent most
+/// of its time there): the truncation of the clamped value is exact, and its fraction rounds
+/// half away from zero, as `round` does.
+#[inline]
+fn code_of(x: f32) -> i32 {
+    let y = x.clamp(-127.0, 127.0);
+    let t = y as i32;
+    let fraction = y - t as f32;
+    t + (fraction >= 0.5) as i32 - (fraction <= -0.5) as i32
+}
+
 /// Queries quantised for [`scores`] (see the module docs).
 #[derive(Clone, Debug, Default)]
 pub struct QuantQueries {
@@ -256,7 +276,7 @@ impl QuantQueries {
         let start = self.codes.len();
         self.codes.resize(start + 4 * self.chunks, 128);
         for (u, x) in self.codes[start..].iter_mut().zip(q) {
-            *u = ((x * inv).round().clamp(-127.0, 127.0) as i32 + 128) as u8;
+            *u = (code_of(x * inv) + 128) as u8;
         }
         self.scale.push(scale);
     }
@@ -340,7 +360,7 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
         match kernel {
             #[cfg(target_os = "linux")]
             Kernel::Amx if amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES => {
-                amx::scores(rows, queries, which, out)
+                amx::scan::<false>(rows, queries, which, out, &[], &mut [])
             }
             Kernel::Amx | Kernel::Vnni => {
                 by_query_tiles(rows, queries, which, out, vnni::tile::<QUERY_TILE>, vnni::tile::<1>)
@@ -348,6 +368,66 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
             Kernel::Avx2 => by_query_tiles(rows, queries, which, out, avx2::tile::<QUERY_TILE>, avx2::tile::<1>),
             Kernel::Scalar => unreachable!(),
         }
+    }
+}
+
+/// The rows of one query that [`scores_at_least`] keeps: their positions, ascending, and their
+/// approximate scores.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Above {
+    /// Positions of the rows in the [`QuantRows`] scanned.
+    pub positions: Vec<u32>,
+    /// Their approximate scores.
+    pub scores: Vec<f32>,
+}
+
+/// For each query `which[s]`, appends to `above[s]` the rows of `rows` whose approximate score
+/// is at least `floors[s]` (padding rows never): bit for bit what [`scores`] followed by
+/// [`kernels::keep_at_least`](farout_core::kernels::keep_at_least) on each query's scores
+/// gives. The AMX kernel compares each tile row of sums with the floor as it converts them and
+/// writes only the rows kept: a scan that keeps a few rows of thousands otherwise spends more
+/// time writing every score and reading it back than multiplying. The other kernels score into
+/// `scratch` first.
+pub fn scores_at_least(
+    rows: &QuantRows,
+    queries: &QuantQueries,
+    which: &[u32],
+    floors: &[f32],
+    above: &mut [Above],
+    scratch: &mut Vec<f32>,
+) {
+    scores_at_least_with(Kernel::best(), rows, queries, which, floors, above, scratch);
+}
+
+/// [`scores_at_least`] by the given kernel, one of [`Kernel::available`].
+pub fn scores_at_least_with(
+    kernel: Kernel,
+    rows: &QuantRows,
+    queries: &QuantQueries,
+    which: &[u32],
+    floors: &[f32],
+    above: &mut [Above],
+    scratch: &mut Vec<f32>,
+) {
+    assert!(floors.len() == which.len() && above.len() == which.len(), "a floor and an output per query");
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if kernel == Kernel::Amx && amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES {
+        assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
+        assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
+        // SAFETY: the CPU has AMX, enabled (`available`); the kernel reads within `rows` and
+        // `queries`, and writes nothing in keeping mode but `above`.
+        unsafe { amx::scan::<true>(rows, queries, which, &mut [], floors, above) };
+        return;
+    }
+    scores_with(kernel, rows, queries, which, scratch);
+    let n = rows.padded_len();
+    for (s, (a, &floor)) in above.iter_mut().zip(floors).enumerate() {
+        farout_core::kernels::keep_at_least(
+            &scratch[s * n..s * n + rows.len()],
+            floor,
+            &mut a.positions,
+            &mut a.scores,
+        );
     }
 }
 
@@ -482,7 +562,7 @@ mod vnni {
 /// written by inline assembly: Rust has no stable AMX intrinsics.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx {
-    use super::{GROUP, Line, QuantQueries, QuantRows};
+    use super::{Above, GROUP, Line, QuantQueries, QuantRows};
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::cell::RefCell;
@@ -546,15 +626,25 @@ mod amx {
         static GATHERED: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
     }
 
-    /// Scores all rows against the queries `which` into `out[s * n + i]`, [`PASS`] queries at
-    /// a time (the last pass padded with zero codes, whose scores are dropped).
+    /// Scores all rows against the queries `which`, [`PASS`] queries at a time (the last pass
+    /// padded with zero codes, whose scores are dropped): into `out[s * n + i]`, or with `KEEP`
+    /// only the rows scoring at least `floors[s]` (not the padding), appended to `above[s]`.
     ///
     /// # Safety
     /// The CPU must have AVX-512F and AMX-INT8, enabled by [`usable`]; `fits(rows.chunks)`;
-    /// `out` holds `which.len() x rows.padded_len()` floats.
+    /// `out` holds `which.len() x rows.padded_len()` floats, or with `KEEP` `floors` and
+    /// `above` hold `which.len()` entries.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+    pub unsafe fn scan<const KEEP: bool>(
+        rows: &QuantRows,
+        queries: &QuantQueries,
+        which: &[u32],
+        out: &mut [f32],
+        floors: &[f32],
+        above: &mut [Above],
+    ) {
         let (n, chunks) = (rows.padded_len(), rows.chunks);
+        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let (query_bytes, group_bytes) = (4 * chunks, 64 * chunks);
         GATHERED.with_borrow_mut(|gathered| {
             gathered.clear();
@@ -627,6 +717,12 @@ mod amx {
                             )
                         };
                         let from = first + TILE * (t / 2);
+                        // The lanes holding rows, not padding.
+                        let rows_here = rows.len.saturating_sub(row).min(GROUP);
+                        let real = ((1u32 << rows_here) - 1) as __mmask16;
+                        if KEEP && real == 0 {
+                            continue;
+                        }
                         for (s, sum) in (from..which.len().min(from + TILE)).zip(tile) {
                             let sq = _mm512_set1_ps(queries.scale[which[s] as usize]);
                             // SAFETY: a 16-lane row of `sums`.
@@ -635,8 +731,33 @@ mod amx {
                                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, offset)), scale),
                                 sq,
                             );
-                            // SAFETY: out holds which.len() x n floats (the caller's contract).
-                            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                            if !KEEP {
+                                // SAFETY: out holds which.len() x n floats (the caller's contract).
+                                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                                continue;
+                            }
+                            // As `kernels::keep_at_least`: NaN never passes; the kept lanes are
+                            // compressed in a register and stored whole (most rows keep none).
+                            let floor = _mm512_set1_ps(floors[s]);
+                            let mask = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, floor);
+                            if mask != 0 {
+                                let (kept, a) = (mask.count_ones() as usize, &mut above[s]);
+                                let (p, m) = (a.positions.len(), a.scores.len());
+                                a.positions.reserve(GROUP);
+                                a.scores.reserve(GROUP);
+                                let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
+                                // SAFETY: 16 entries from the lengths, within the capacity just
+                                // reserved; the first `kept` are the compressed lanes.
+                                unsafe {
+                                    _mm512_storeu_si512(
+                                        a.positions.as_mut_ptr().add(p).cast(),
+                                        _mm512_maskz_compress_epi32(mask, at),
+                                    );
+                                    _mm512_storeu_ps(a.scores.as_mut_ptr().add(m), _mm512_maskz_compress_ps(mask, v));
+                                    a.positions.set_len(p + kept);
+                                    a.scores.set_len(m + kept);
+                                }
+                            }
                         }
                     }
                 }
@@ -824,6 +945,68 @@ mod tests {
         scores(&rows, &queries, &[0, 1, 2], &mut a);
         scores(&fresh, &queries, &[0, 1, 2], &mut b);
         assert_eq!(a, b);
+    }
+
+    /// Every kernel's [`scores_at_least_with`] keeps what the scalar scores filtered by the
+    /// scalar `keep_at_least` keep, bit for bit and in the same order, appended after what the
+    /// outputs held: floors below every score (padding rows must still be left out), at
+    /// quantiles of the scores, above all, and per query different.
+    #[test]
+    fn keeping_kernels_equal_scoring_then_filtering() {
+        let shapes = [(128, 100, 7), (64, 70, 33), (128, 4_000, 40), (192, 40, 8), (13, 33, 12)];
+        for (dim, n_rows, n_queries) in shapes {
+            let w = random(n_rows, dim, 4);
+            let mut rows = QuantRows::new(dim);
+            w.chunks_exact(dim).for_each(|r| rows.push(r));
+            let queries = QuantQueries::new(&random(n_queries, dim, 5), dim);
+            let which: Vec<u32> = (0..n_queries as u32).rev().collect();
+            let mut scores = Vec::new();
+            scores_scalar(&rows, &queries, &which, &mut scores);
+            let n = rows.padded_len();
+            let mut sorted = scores[..n_rows].to_vec();
+            sorted.sort_unstable_by(|a, b| a.total_cmp(b));
+            let at = |f: f64| sorted[((n_rows - 1) as f64 * f) as usize];
+            let per_query: Vec<f32> = (0..n_queries).map(|s| at(s as f64 / n_queries as f64)).collect();
+            for floors in [
+                vec![f32::MIN; n_queries],
+                vec![at(0.5); n_queries],
+                vec![at(0.99); n_queries],
+                vec![f32::MAX; n_queries],
+                per_query,
+            ] {
+                let start = Above { positions: vec![7], scores: vec![0.5] };
+                let mut slow = vec![start.clone(); n_queries];
+                for (s, a) in slow.iter_mut().enumerate() {
+                    kernels::keep_at_least_scalar(
+                        &scores[s * n..s * n + n_rows],
+                        floors[s],
+                        &mut a.positions,
+                        &mut a.scores,
+                    );
+                }
+                for &kernel in Kernel::available() {
+                    let mut fast = vec![start.clone(); n_queries];
+                    scores_at_least_with(kernel, &rows, &queries, &which, &floors, &mut fast, &mut Vec::new());
+                    assert_eq!(
+                        fast, slow,
+                        "{kernel:?}: dim {dim}, {n_rows} rows, {n_queries} queries, floor {}",
+                        floors[0]
+                    );
+                }
+            }
+        }
+    }
+
+    /// The rounding of the codes is `round` clamped to the code range, halves and NaN included.
+    #[test]
+    fn codes_round_as_round_does() {
+        let mut xs: Vec<f32> = (-600..=600).map(|i| i as f32 * 0.25).collect();
+        xs.extend(random(100_000, 1, 3).iter().map(|x| 60.0 * x));
+        xs.extend([0.49999997, -0.49999997, 0.5000001, 126.5, -126.5, 127.49, f32::MAX, f32::MIN, -0.0]);
+        for x in xs {
+            assert_eq!(code_of(x), x.round().clamp(-127.0, 127.0) as i32, "{x}");
+        }
+        assert_eq!(code_of(f32::NAN), f32::NAN.round().clamp(-127.0, 127.0) as i32);
     }
 
     #[test]

@@ -43,6 +43,15 @@ impl Cluster {
         }
     }
 
+    /// Asks for the memory [`Cluster::set`] will write for member `at`: its copy and, with
+    /// int8 scoring, the lines holding its codes.
+    pub(super) fn prefetch(&self, at: usize, d: usize) {
+        farout_core::kernels::prefetch(self.row(at, d));
+        if let Some(codes) = &self.codes {
+            codes.prefetch(at);
+        }
+    }
+
     pub(super) fn push(&mut self, id: ClassId, row: &[f32]) {
         self.ids.push(id);
         self.rows.extend_from_slice(row);

@@ -10,7 +10,7 @@ use super::SphericalIndex;
 use super::cluster::Cluster;
 use super::search::{BatchProbes, probed};
 use crate::Hit;
-use crate::quant::{self, QuantQueries};
+use crate::quant::{self, Above, QuantQueries};
 use farout_core::topk::NthBest;
 use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
@@ -282,8 +282,10 @@ thread_local! {
 #[derive(Default)]
 struct Scan {
     kept: Vec<Kept>,
+    /// Per query of the cluster being scanned: its floor, and the rows reaching it.
+    floors: Vec<f32>,
+    above: Vec<Above>,
     scores: Vec<f32>,
-    positions: Vec<u32>,
     nth: NthBest,
 }
 
@@ -321,14 +323,20 @@ impl Scan {
             return;
         }
         let rows = cluster.codes.as_ref().expect("int8 scoring keeps the clusters' codes");
-        quant::scores(rows, codes, qs, &mut self.scores);
-        let stride = rows.padded_len();
-        for (s, &q) in qs.iter().enumerate() {
+        self.floors.clear();
+        self.floors.extend(qs.iter().map(|&q| unordered(floors[q as usize].load(Relaxed))));
+        if self.above.len() < qs.len() {
+            self.above.resize_with(qs.len(), Above::default);
+        }
+        self.above[..qs.len()].iter_mut().for_each(|a| {
+            a.positions.clear();
+            a.scores.clear();
+        });
+        quant::scores_at_least(rows, codes, qs, &self.floors, &mut self.above[..qs.len()], &mut self.scores);
+        for (above, &q) in self.above.iter().zip(qs) {
             let (kept, floor) = (&mut self.kept[q as usize], &floors[q as usize]);
-            self.positions.clear();
-            let z = &self.scores[s * stride..s * stride + cluster.len()];
-            kernels::keep_at_least(z, unordered(floor.load(Relaxed)), &mut self.positions, &mut kept.scores);
-            kept.at.extend(self.positions.iter().map(|&i| (j as u32, i)));
+            kept.scores.extend_from_slice(&above.scores);
+            kept.at.extend(above.positions.iter().map(|&i| (j as u32, i)));
             if kept.scores.len() >= COMPACT_AT * depth.max(1) {
                 let bound = self.nth.of(&[&kept.scores], depth);
                 let raised = unordered(floor.fetch_max(ordered(bound), Relaxed).max(ordered(bound)));

@@ -15,11 +15,27 @@ use super::{SphericalIndex, kmeans};
 use crate::Rows;
 use farout_core::{ClassId, kernels};
 
+/// Rows whose memory is requested ahead of the one being updated.
+const AHEAD: usize = 4;
+
 impl SphericalIndex {
     /// Copies the new values of `rows` of `w` into their clusters ([`crate::MipsIndex::sync`]).
     pub(super) fn sync_rows(&mut self, w: Rows, rows: &[ClassId]) {
-        for &i in rows {
+        for (t, &i) in rows.iter().enumerate() {
+            self.prefetch_ahead(w, rows, t);
             self.clusters[self.assign[i as usize] as usize].set(self.pos[i as usize] as usize, w.row(i as usize));
+        }
+    }
+
+    /// Asks for the memory that updating `rows[t + AHEAD]` will read and write: the changed
+    /// rows are scattered over `W` and the clusters, and a row's codes over its group's cache
+    /// lines, so updating them one at a time waits on memory for each (most of a refresh's time
+    /// at K = 672,000).
+    fn prefetch_ahead(&self, w: Rows, rows: &[ClassId], t: usize) {
+        if let Some(&i) = rows.get(t + AHEAD) {
+            kernels::prefetch(w.row(i as usize));
+            let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
+            self.clusters[a].prefetch(at, w.dim());
         }
     }
 
@@ -31,7 +47,8 @@ impl SphericalIndex {
         let drift = self.config.refresh_drift;
         let mut x = vec![0.0f32; d + 1];
         let mut drifted = Vec::with_capacity(rows.len());
-        for &i in rows {
+        for (t, &i) in rows.iter().enumerate() {
+            self.prefetch_ahead(w, rows, t);
             let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
             self.clusters[a].set(at, w.row(i as usize));
             self.augmentation.augment_row(w.row(i as usize), &mut x);
