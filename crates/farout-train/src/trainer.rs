@@ -45,6 +45,11 @@ struct State {
 /// are ruined. The run stops as on a NaN.
 const BLOWUP: f64 = 100.0;
 
+/// Bytes of scores an evaluation batch holds at most: at K = 672,000 a batch of 256 rows took
+/// 688 MB beside a training run (the largest allocation after the features), so large output
+/// layers are scored fewer rows at a time (24 there).
+const EVAL_SCORE_BYTES: usize = 64 << 20;
+
 /// What a run reports at the end (printed as JSON, written by `--summary`).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Summary {
@@ -461,7 +466,7 @@ impl Trainer {
         let d = self.layer.d_model();
         let cols = d + usize::from(self.layer.bias().is_some());
         let mut rows = Matrix::zeros(ds.len(), cols);
-        let Ok(()) = self.feature_batches(ds, ds.len(), |idx, phi| {
+        let Ok(()) = self.feature_batches(ds, ds.len(), self.config.eval.batch_size, |idx, phi| {
             for (r, &i) in idx.iter().enumerate() {
                 let row = rows.row_mut(i);
                 row[..d].copy_from_slice(phi.row(r));
@@ -512,31 +517,34 @@ impl Trainer {
         sums.finish(ds.labels.is_multiclass())
     }
 
-    /// Scores the first `n` samples of `ds` batch by batch (`eval.batch_size`): `f(idx, z)`
-    /// with the batch's sample indices and their scores over this rank's classes.
+    /// Scores the first `n` samples of `ds` batch by batch (`eval.batch_size` rows, fewer when
+    /// their scores would take more than [`EVAL_SCORE_BYTES`]): `f(idx, z)` with the batch's
+    /// sample indices and their scores over this rank's classes.
     fn scored_batches(
         &self,
         ds: &Dataset,
         n: usize,
         mut f: impl FnMut(&[usize], &Matrix) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        let per_row = 4 * self.layer.n_classes().max(1);
+        let rows = self.config.eval.batch_size.min((EVAL_SCORE_BYTES / per_row).max(1));
         let mut z = Matrix::default();
-        self.feature_batches(ds, n, |idx, phi| {
+        self.feature_batches(ds, n, rows, |idx, phi| {
             self.layer.scores(phi, &mut z);
             f(idx, &z)
         })
     }
 
-    /// Runs `f(idx, features)` on the first `n` samples of `ds` in batches of
-    /// `eval.batch_size`.
+    /// Runs `f(idx, features)` on the first `n` samples of `ds` in batches of `rows`.
     fn feature_batches<E>(
         &self,
         ds: &Dataset,
         n: usize,
+        rows: usize,
         mut f: impl FnMut(&[usize], &Matrix) -> Result<(), E>,
     ) -> Result<(), E> {
-        for start in (0..n).step_by(self.config.eval.batch_size) {
-            let idx: Vec<usize> = (start..(start + self.config.eval.batch_size).min(n)).collect();
+        for start in (0..n).step_by(rows) {
+            let idx: Vec<usize> = (start..(start + rows).min(n)).collect();
             f(&idx, &self.features(ds, &idx))?;
         }
         Ok(())
@@ -884,6 +892,7 @@ impl Trainer {
         }
         let mut summary = self.summary(metrics);
         summary.grad_cosine = self.gradient_fidelity(256);
+        summary.peak_rss_bytes = peak_rss_bytes();
         if comm.size() > 1 {
             // The layer's bytes add up over the ranks; the peak memory is the largest rank's.
             let mut bytes = [summary.model_bytes as u64];
@@ -906,18 +915,24 @@ impl Trainer {
         }
         let reference = self.reference.as_ref()?;
         let idx: Vec<usize> = (0..n.min(self.data.train.len())).collect();
-        let phi = self.features(&self.data.train, &idx);
-        let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
-        let batch = Batch::new(&phi, &positives).with_ids(&idx);
         let ctx = self.layer.ctx();
-        let dphi = |e: &dyn GradientEstimator| {
-            let (mut g, mut out) = (farout_estimators::BatchGrad::default(), Matrix::default());
-            e.estimate_batch(&ctx, batch, &mut rng::seeded(self.config.seed, 0xF1D), &mut g);
-            g.dphi(ctx.w, &mut out);
-            out
-        };
-        let (a, b) = (dphi(self.estimator.as_ref()), dphi(reference.as_ref()));
-        let cos: f64 = (0..idx.len()).map(|i| farout_core::kernels::cosine(a.row(i), b.row(i)) as f64).sum();
+        // The exact gradient holds every score of its batch: as many rows at a time as an
+        // evaluation batch.
+        let rows = (EVAL_SCORE_BYTES / (4 * self.layer.n_classes().max(1))).max(1);
+        let mut cos = 0.0;
+        for (part, idx) in idx.chunks(rows).enumerate() {
+            let phi = self.features(&self.data.train, idx);
+            let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
+            let batch = Batch::new(&phi, &positives).with_ids(idx);
+            let dphi = |e: &dyn GradientEstimator| {
+                let (mut g, mut out) = (farout_estimators::BatchGrad::default(), Matrix::default());
+                e.estimate_batch(&ctx, batch, &mut rng::seeded(self.config.seed, 0xF1D + part as u64), &mut g);
+                g.dphi(ctx.w, &mut out);
+                out
+            };
+            let (a, b) = (dphi(self.estimator.as_ref()), dphi(reference.as_ref()));
+            cos += (0..idx.len()).map(|i| farout_core::kernels::cosine(a.row(i), b.row(i)) as f64).sum::<f64>();
+        }
         Some(cos / idx.len().max(1) as f64)
     }
 
