@@ -385,9 +385,8 @@ pub struct Above {
 /// is at least `floors[s]` (padding rows never): bit for bit what [`scores`] followed by
 /// [`kernels::keep_at_least`](farout_core::kernels::keep_at_least) on each query's scores
 /// gives. The AMX kernel compares each tile row of sums with the floor as it converts them and
-/// writes only the rows kept: a scan that keeps a few rows of thousands otherwise spends more
-/// time writing every score and reading it back than multiplying. The other kernels score into
-/// `scratch` first.
+/// writes only the rows kept, instead of writing every score and reading it back; the other
+/// kernels score into `scratch` first.
 pub fn scores_at_least(
     rows: &QuantRows,
     queries: &QuantQueries,
