@@ -562,3 +562,40 @@ fn memoir_logs_every_epoch_as_it_ends() {
     assert_eq!(records[3]["eval/accuracy"], s["metrics"]["accuracy"]);
     assert_eq!(s["linear"]["stats"]["oracle"], "flat_int8");
 }
+
+/// At K = 70,000 an evaluation batch of 256 rows would hold more than 64 MiB of scores, so it
+/// is scored 239 rows at a time: the metrics equal those of batches of 100 rows (below the
+/// cap), sample for sample (the exact loss up to the order of its sum).
+#[test]
+fn evaluation_batches_capped_by_memory_give_the_same_metrics() {
+    let metrics = |batch: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec![
+            "train",
+            "configs/quickstart.toml",
+            "--set",
+            "data.face.n_classes=70000",
+            "--set",
+            "data.face.n_samples=150000",
+            "--set",
+            "data.face.dim=16",
+            "--set",
+            "train.max_steps=2",
+            "--set",
+            "eval.final_max_samples=1500",
+            "--set",
+            "checkpoint.enabled=false",
+            "--set",
+            batch,
+        ];
+        let q = quiet_in(dir.path());
+        args.extend(q.iter().map(String::as_str));
+        summary(&farout(&args))["metrics"].clone()
+    };
+    let (capped, small) = (metrics("eval.batch_size=256"), metrics("eval.batch_size=100"));
+    assert_eq!(capped["samples"].as_f64(), Some(1500.0), "{capped}");
+    for (key, value) in small.as_object().unwrap() {
+        let (a, b) = (capped[key].as_f64().unwrap(), value.as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{key}: {a} against {b}");
+    }
+}
