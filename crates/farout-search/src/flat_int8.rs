@@ -149,10 +149,7 @@ impl FlatInt8Index {
             for (b, block) in self.blocks.iter().enumerate() {
                 floors.clear();
                 floors.extend(kept.iter().map(|q| q.floor));
-                for a in above.iter_mut() {
-                    a.positions.clear();
-                    a.scores.clear();
-                }
+                above.iter_mut().for_each(Above::clear);
                 quant::scores_at_least(block, codes, which, floors, above, scores);
                 let first = (b * BLOCK_ROWS) as ClassId;
                 for (q, a) in kept.iter_mut().zip(above.iter()) {

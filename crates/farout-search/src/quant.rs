@@ -381,6 +381,14 @@ pub struct Above {
     pub scores: Vec<f32>,
 }
 
+impl Above {
+    /// No rows (the capacity is kept).
+    pub fn clear(&mut self) {
+        self.positions.clear();
+        self.scores.clear();
+    }
+}
+
 /// For each query `which[s]`, appends to `above[s]` the rows of `rows` whose approximate score
 /// is at least `floors[s]` (padding rows never): bit for bit what [`scores`] followed by
 /// [`kernels::keep_at_least`](farout_core::kernels::keep_at_least) on each query's scores
@@ -829,6 +837,16 @@ mod tests {
         (0..n * dim).map(|_| rng::normal(&mut r)).collect()
     }
 
+    /// Codes of `n_rows` random rows and `n_queries` random queries (seeds `seed` and
+    /// `seed + 1`), and every query, last first (so that a kernel cannot assume they are in
+    /// order).
+    fn problem(dim: usize, n_rows: usize, n_queries: usize, seed: u64) -> (QuantRows, QuantQueries, Vec<u32>) {
+        let mut rows = QuantRows::new(dim);
+        random(n_rows, dim, seed).chunks_exact(dim).for_each(|r| rows.push(r));
+        let queries = QuantQueries::new(&random(n_queries, dim, seed + 1), dim);
+        (rows, queries, (0..n_queries as u32).rev().collect())
+    }
+
     /// Every kernel the CPU has and the scalar code agree bit for bit, on dimensions
     /// that are and are not multiples of 4 (and of 64, AMX's tile row), row counts that do and
     /// do not fill a tile, and query counts with and without a remainder of the 4-query tile
@@ -848,11 +866,7 @@ mod tests {
             (100, 40, 40),
         ];
         for (dim, n_rows, n_queries) in shapes {
-            let w = random(n_rows, dim, 1);
-            let mut rows = QuantRows::new(dim);
-            w.chunks_exact(dim).for_each(|r| rows.push(r));
-            let queries = QuantQueries::new(&random(n_queries, dim, 2), dim);
-            let which: Vec<u32> = (0..n_queries as u32).rev().collect();
+            let (rows, queries, which) = problem(dim, n_rows, n_queries, 1);
             let mut slow = Vec::new();
             scores_scalar(&rows, &queries, &which, &mut slow);
             for &kernel in Kernel::available() {
@@ -954,11 +968,7 @@ mod tests {
     fn keeping_kernels_equal_scoring_then_filtering() {
         let shapes = [(128, 100, 7), (64, 70, 33), (128, 4_000, 40), (192, 40, 8), (13, 33, 12)];
         for (dim, n_rows, n_queries) in shapes {
-            let w = random(n_rows, dim, 4);
-            let mut rows = QuantRows::new(dim);
-            w.chunks_exact(dim).for_each(|r| rows.push(r));
-            let queries = QuantQueries::new(&random(n_queries, dim, 5), dim);
-            let which: Vec<u32> = (0..n_queries as u32).rev().collect();
+            let (rows, queries, which) = problem(dim, n_rows, n_queries, 4);
             let mut scores = Vec::new();
             scores_scalar(&rows, &queries, &which, &mut scores);
             let n = rows.padded_len();

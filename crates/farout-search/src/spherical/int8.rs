@@ -328,10 +328,7 @@ impl Scan {
         if self.above.len() < qs.len() {
             self.above.resize_with(qs.len(), Above::default);
         }
-        self.above[..qs.len()].iter_mut().for_each(|a| {
-            a.positions.clear();
-            a.scores.clear();
-        });
+        self.above[..qs.len()].iter_mut().for_each(Above::clear);
         quant::scores_at_least(rows, codes, qs, &self.floors, &mut self.above[..qs.len()], &mut self.scores);
         for (above, &q) in self.above.iter().zip(qs) {
             let (kept, floor) = (&mut self.kept[q as usize], &floors[q as usize]);
