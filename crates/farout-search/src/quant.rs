@@ -864,6 +864,10 @@ mod tests {
             (192, 40, 8),
             (128, 64, 64),
             (100, 40, 40),
+            // One pair of groups, one query tile (the AMX kernel pads the second), and a tile
+            // and one query.
+            (64, 20, 16),
+            (128, 32, 17),
         ];
         for (dim, n_rows, n_queries) in shapes {
             let (rows, queries, which) = problem(dim, n_rows, n_queries, 1);
