@@ -546,8 +546,8 @@ pub struct LdgsConfig {
     pub mu: f32,
     /// Classes retrieved per block (0 = K / 100, at most 300).
     pub top: usize,
-    /// Column blocks B (0 = D/64 when 64 divides D, else D/25 when 25 does, else 1: blocks of
-    /// 64 values for D = 128, where the paper has B = 8; its B = 4 for D = 100).
+    /// Column blocks B (0 = D/128 when 128 divides D, else D/25 when 25 does, else 1: one block
+    /// for D = 128, where the paper has B = 8; its B = 4 for D = 100).
     pub blocks: usize,
     /// Message-passing steps T, or `"fixed_point"` (lambda = lambda* directly, the T -> inf
     /// limit, at the cost of one loss evaluation).
@@ -585,10 +585,12 @@ impl Default for LdgsConfig {
 /// on their union. Face training at K = 100,000 chose 350 the same way (`face-synthetic-ldgs`).
 const DEFAULT_TOP: usize = 300;
 
-/// The default block width, in values: D/64 blocks where 64 divides D. At K = 1,000,000 and
-/// D = 128 (top 300, same bench): 2 blocks 22.9x at cosine 0.991, 4 blocks 15.2x at 0.910,
-/// 8 blocks (the paper's) 7.7x at 0.814; face training at K = 100,000 also ran fastest with 2.
-const DEFAULT_BLOCK_WIDTH: usize = 64;
+/// The default block width, in values: D/128 blocks where 128 divides D. At K = 1,000,000 and
+/// D = 128 (top 300, same bench, int8 scoring on AMX): 1 block 34.8x at cosine 0.9975, 2
+/// blocks 19.7x at 0.9905 in the same run (22.9x at 0.991 in an earlier one), 4 blocks 15.2x
+/// at 0.910, 8 blocks (the paper's) 7.7x at 0.814. Face training at K = 672,000 also ran
+/// faster with 1 block than with 2, at the same accuracy.
+const DEFAULT_BLOCK_WIDTH: usize = 128;
 
 impl LdgsConfig {
     /// Classes retrieved per block for `n_classes` classes (`top`, or its default).
@@ -700,7 +702,7 @@ mod tests {
     fn defaults_follow_k_and_d() {
         let c = LdgsConfig::default();
         assert_eq!([c.top_for(50), c.top_for(10_000), c.top_for(1_000_000)], [1, 100, 300]);
-        assert_eq!([c.blocks_for(128), c.blocks_for(256), c.blocks_for(100), c.blocks_for(48)], [2, 4, 4, 1]);
+        assert_eq!([c.blocks_for(128), c.blocks_for(256), c.blocks_for(100), c.blocks_for(48)], [1, 2, 4, 1]);
         let set = LdgsConfig { top: 1500, blocks: 8, ..c };
         assert_eq!((set.top_for(1_000_000), set.blocks_for(128)), (1500, 8));
     }
