@@ -586,10 +586,10 @@ impl Default for LdgsConfig {
 const DEFAULT_TOP: usize = 300;
 
 /// The default block width, in values: D/128 blocks where 128 divides D. At K = 1,000,000 and
-/// D = 128 (top 300, same bench, int8 scoring on AMX): 1 block 34.8x at cosine 0.9975, 2
-/// blocks 19.7x at 0.9905 in the same run (22.9x at 0.991 in an earlier one), 4 blocks 15.2x
-/// at 0.910, 8 blocks (the paper's) 7.7x at 0.814. Face training at K = 672,000 also ran
-/// faster with 1 block than with 2, at the same accuracy.
+/// D = 128 (top 300, same bench, int8 scoring on AMX): 1 block 49.6x at cosine 0.9975, 2
+/// blocks 25.7x at 0.9905 one after the other (34.8x and 19.7x beside another job), 4 blocks
+/// 15.2x at 0.910, 8 blocks (the paper's) 7.7x at 0.814. Face training at K = 672,000 also
+/// ran 1.5x faster with 1 block than with 2, at the same accuracy.
 const DEFAULT_BLOCK_WIDTH: usize = 128;
 
 impl LdgsConfig {
