@@ -1,6 +1,6 @@
 //! The commands a user runs: train (with summary, resume), eval, predict, data gen, bench.
 
-use crate::{compare_table, farout, quiet_in, stderr, summary};
+use crate::{compare_table, farout, quiet_in, stderr, summary, train_in};
 
 const TINY_FACE: [&str; 8] = [
     "--set",
@@ -529,21 +529,16 @@ fn compare_writes_a_table_and_curves() {
 #[test]
 fn memoir_logs_every_epoch_as_it_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let mut args = vec![
-        "train",
+    let o = train_in(
+        dir.path(),
         "configs/face-synthetic-memoir.toml",
-        "--set",
-        "data.face.n_classes=300",
-        "--set",
-        "data.face.n_samples=4000",
-        "--set",
-        "linear.epochs=3",
-        "--set",
-        "linear.oracle={ kind = \"flat_int8\" }",
-    ];
-    let q = quiet_in(dir.path());
-    args.extend(q.iter().map(String::as_str));
-    let o = farout(&args);
+        &[
+            "data.face.n_classes=300",
+            "data.face.n_samples=4000",
+            "linear.epochs=3",
+            "linear.oracle={ kind = \"flat_int8\" }",
+        ],
+    );
     let s = summary(&o);
     let records: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("log/metrics.jsonl"))
         .unwrap()
@@ -570,27 +565,16 @@ fn memoir_logs_every_epoch_as_it_ends() {
 fn evaluation_batches_capped_by_memory_give_the_same_metrics() {
     let metrics = |batch: &str| {
         let dir = tempfile::tempdir().unwrap();
-        let mut args = vec![
-            "train",
-            "configs/quickstart.toml",
-            "--set",
+        let sets = [
             "data.face.n_classes=70000",
-            "--set",
             "data.face.n_samples=150000",
-            "--set",
             "data.face.dim=16",
-            "--set",
             "train.max_steps=2",
-            "--set",
             "eval.final_max_samples=1500",
-            "--set",
             "checkpoint.enabled=false",
-            "--set",
             batch,
         ];
-        let q = quiet_in(dir.path());
-        args.extend(q.iter().map(String::as_str));
-        summary(&farout(&args))["metrics"].clone()
+        summary(&train_in(dir.path(), "configs/quickstart.toml", &sets))["metrics"].clone()
     };
     let (capped, small) = (metrics("eval.batch_size=256"), metrics("eval.batch_size=100"));
     assert_eq!(capped["samples"].as_f64(), Some(1500.0), "{capped}");

@@ -38,6 +38,18 @@ pub fn quiet_in(dir: &Path) -> Vec<String> {
     ]
 }
 
+/// Runs `farout train CONFIG --set S ...` with logs and checkpoints in `dir`, progress off
+/// ([`quiet_in`]).
+pub fn train_in(dir: &Path, config: &str, sets: &[&str]) -> Output {
+    let mut args = vec!["train", config];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let q = quiet_in(dir);
+    args.extend(q.iter().map(String::as_str));
+    farout(&args)
+}
+
 /// Parses the JSON summary `farout train` prints on standard output.
 pub fn summary(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "farout failed: {}", stderr(o));
