@@ -437,8 +437,8 @@ impl BlockIndex {
     }
 
     /// Mean recall over the blocks of their top-`k` against brute force on the same block,
-    /// both searched batched, as training searches (brute force by matrix products; one query
-    /// at a time, each query read every row of `W` from memory).
+    /// both searched batched, as training searches (brute force by matrix products, not one
+    /// query at a time, where each query would read every row of `W` from memory).
     pub fn recall(&self, w: &Matrix, queries: &Matrix, k: usize) -> f64 {
         let mut total = 0.0;
         let (mut found, mut exact) = (Vec::new(), Vec::new());
