@@ -11,9 +11,11 @@
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
+use super::cluster::Cluster;
 use super::{SphericalIndex, kmeans};
 use crate::Rows;
 use farout_core::{ClassId, kernels};
+use rayon::prelude::*;
 
 /// Rows whose memory is requested ahead of the one being updated.
 const AHEAD: usize = 4;
@@ -21,41 +23,24 @@ const AHEAD: usize = 4;
 impl SphericalIndex {
     /// Copies the new values of `rows` of `w` into their clusters ([`crate::MipsIndex::sync`]).
     pub(super) fn sync_rows(&mut self, w: Rows, rows: &[ClassId]) {
-        for (t, &i) in rows.iter().enumerate() {
-            self.prefetch_ahead(w, rows, t);
-            self.clusters[self.assign[i as usize] as usize].set(self.pos[i as usize] as usize, w.row(i as usize));
-        }
-    }
-
-    /// Asks for the memory that updating `rows[t + AHEAD]` will read and write: the changed
-    /// rows are scattered over `W` and the clusters, and a row's codes over its group's cache
-    /// lines, so updating them one at a time waits on memory for each (most of a refresh's time
-    /// at K = 672,000).
-    fn prefetch_ahead(&self, w: Rows, rows: &[ClassId], t: usize) {
-        if let Some(&i) = rows.get(t + AHEAD) {
-            kernels::prefetch(w.row(i as usize));
-            let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
-            self.clusters[a].prefetch(at, w.dim());
-        }
+        update_by_cluster(&mut self.clusters, &self.assign, &self.pos, w, rows, |_, _, _, _| false);
     }
 
     /// Syncs `rows` of `w` and reassigns those that drifted ([`crate::MipsIndex::refresh`]).
     pub(super) fn refresh_rows(&mut self, w: Rows, rows: &[ClassId]) {
-        self.rebuild |= rows.iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
+        self.rebuild |= rows.par_iter().any(|&i| self.augmentation.outgrown(w.row(i as usize)));
         let d = w.dim();
         // Rows still as close to their centroid as when assigned (within the drift) stay.
-        let drift = self.config.refresh_drift;
-        let mut x = vec![0.0f32; d + 1];
-        let mut drifted = Vec::with_capacity(rows.len());
-        for (t, &i) in rows.iter().enumerate() {
-            self.prefetch_ahead(w, rows, t);
-            let (a, at) = (self.assign[i as usize] as usize, self.pos[i as usize] as usize);
-            self.clusters[a].set(at, w.row(i as usize));
-            self.augmentation.augment_row(w.row(i as usize), &mut x);
-            if drift < 0.0 || kernels::dot(&x, self.centroids.row(a)) < self.assigned_cos[i as usize] - drift {
-                drifted.push(i);
+        let (drift, augmentation, centroids, assigned_cos) =
+            (self.config.refresh_drift, &self.augmentation, &self.centroids, &self.assigned_cos);
+        let drifted = update_by_cluster(&mut self.clusters, &self.assign, &self.pos, w, rows, |x, i, row, a| {
+            if drift < 0.0 {
+                return true;
             }
-        }
+            x.resize(d + 1, 0.0);
+            augmentation.augment_row(row, x);
+            kernels::dot(x, centroids.row(a)) < assigned_cos[i as usize] - drift
+        });
         let (mut nearest, mut cos) = (vec![0u32; drifted.len()], vec![0.0f32; drifted.len()]);
         kmeans::assign_rows(w, &self.augmentation, &self.centroids, Some(&drifted), &mut nearest, &mut cos);
         let mut moved_rows = 0;
@@ -77,6 +62,64 @@ impl SphericalIndex {
         // Clusters changed: the probe budgets are renewed once enough rows have moved.
         self.calibrations.count_reassigned(moved_rows);
     }
+}
+
+/// Copies the new values of `rows` of `w` into their clusters (`assign` and `pos`: every row's
+/// cluster and place in it), cluster by cluster on all threads, each cluster's copy and codes
+/// written by one; returns the rows for which `drifted(buffer, row, its values, its cluster)`
+/// holds, cluster after cluster. The changed rows are scattered over `W` and the clusters, and
+/// a row's codes over its group's cache lines: each row's memory is requested [`AHEAD`] rows
+/// early, so that the updates overlap their waits on memory (most of a refresh's time at
+/// K = 672,000).
+fn update_by_cluster(
+    clusters: &mut [Cluster],
+    assign: &[u32],
+    pos: &[u32],
+    w: Rows,
+    rows: &[ClassId],
+    drifted: impl Fn(&mut Vec<f32>, ClassId, &[f32], usize) -> bool + Sync,
+) -> Vec<ClassId> {
+    let d = w.dim();
+    // Counting sort by cluster: cluster `a`'s rows are `by_cluster[starts[a]..starts[a + 1]]`.
+    let mut starts = vec![0usize; clusters.len() + 1];
+    for &i in rows {
+        starts[assign[i as usize] as usize + 1] += 1;
+    }
+    for a in 0..clusters.len() {
+        starts[a + 1] += starts[a];
+    }
+    let mut next = starts.clone();
+    let mut by_cluster = vec![0 as ClassId; rows.len()];
+    for &i in rows {
+        let slot = &mut next[assign[i as usize] as usize];
+        by_cluster[*slot] = i;
+        *slot += 1;
+    }
+    clusters
+        .par_iter_mut()
+        .enumerate()
+        .map_init(Vec::new, |x, (a, cluster)| {
+            let mine = &by_cluster[starts[a]..starts[a + 1]];
+            let ask = |cluster: &Cluster, i: ClassId| {
+                kernels::prefetch(w.row(i as usize));
+                cluster.prefetch(pos[i as usize] as usize, d);
+            };
+            mine.iter().take(AHEAD).for_each(|&i| ask(cluster, i));
+            let mut moved = Vec::new();
+            for (t, &i) in mine.iter().enumerate() {
+                if let Some(&ahead) = mine.get(t + AHEAD) {
+                    ask(cluster, ahead);
+                }
+                let row = w.row(i as usize);
+                cluster.set(pos[i as usize] as usize, row);
+                if drifted(x, i, row, a) {
+                    moved.push(i);
+                }
+            }
+            moved
+        })
+        .flatten_iter()
+        .collect()
 }
 
 #[cfg(test)]
