@@ -105,13 +105,16 @@ impl SphericalIndex {
         // The buffers of the last batch this thread searched, with their capacity (taken: a
         // nested search on this thread gets fresh ones).
         let Buffers { mut scans, mut reaching } = BUFFERS.take();
-        // Contiguous runs of clusters, a few per thread so that the threads stay busy.
+        // Contiguous runs of clusters of about equal work (rows x queries probing them), a few
+        // per thread so that the threads stay busy.
         let n = self.clusters.len();
-        let runs = (2 * rayon::current_num_threads()).clamp(1, n.max(1));
+        let runs = (RUNS_PER_THREAD * rayon::current_num_threads()).clamp(1, n.max(1));
+        let bounds =
+            balanced_runs(self.clusters.iter().zip(&probes.queries_of).map(|(c, qs)| c.len() * qs.len()), runs);
         scans.resize_with(runs, Scan::default);
-        scans.par_iter_mut().enumerate().for_each(|(r, scan)| {
+        scans.par_iter_mut().zip(bounds.par_windows(2)).for_each(|(scan, run)| {
             scan.start(nq);
-            for j in r * n / runs..(r + 1) * n / runs {
+            for j in run[0]..run[1] {
                 scan.cluster(j, &self.clusters[j], &probes.queries_of[j], codes, &floors, depth);
             }
         });
@@ -251,6 +254,28 @@ impl SphericalIndex {
     }
 }
 
+/// Runs of clusters per thread in the scan of [`SphericalIndex::search_int8_batch`].
+const RUNS_PER_THREAD: usize = 4;
+
+/// The bounds `b` of `runs` contiguous runs `b[r]..b[r + 1]` of the items whose `work` is given,
+/// cut where the running sum of the work passes each `r / runs` of its total.
+fn balanced_runs(work: impl ExactSizeIterator<Item = usize>, runs: usize) -> Vec<usize> {
+    let work: Vec<usize> = work.collect();
+    let total: usize = work.iter().sum();
+    let mut bounds = vec![0];
+    let mut sum = 0;
+    for (j, &w) in work.iter().enumerate() {
+        sum += w;
+        // Item j ends run r when the sum through it first reaches (r + 1) / runs of the total.
+        while bounds.len() < runs && sum * runs >= bounds.len() * total.max(1) {
+            bounds.push(j + 1);
+        }
+    }
+    bounds.resize(runs, work.len());
+    bounds.push(work.len());
+    bounds
+}
+
 /// A query's floor is first placed among at least this many times `depth` rows of its best
 /// clusters ([`SphericalIndex::search_int8_batch`]), or ...
 const SEED: usize = 4;
@@ -388,6 +413,25 @@ mod tests {
                 assert_eq!(x, y, "query {i}, k = {k}, budget {budget}");
             }
         }
+    }
+
+    /// The scan's runs cover every cluster once, in order, and split the work about evenly.
+    #[test]
+    fn balanced_runs_cover_the_clusters_with_even_work() {
+        let work: Vec<usize> = (0..100).map(|j| (j * 37) % 11 * 100 + 1).collect();
+        let total: usize = work.iter().sum();
+        for runs in [1, 3, 8] {
+            let b = super::balanced_runs(work.iter().copied(), runs);
+            assert_eq!((b.len(), b[0], b[runs]), (runs + 1, 0, work.len()), "runs = {runs}");
+            assert!(b.windows(2).all(|r| r[0] <= r[1]), "ordered: {b:?}");
+            let largest = work.iter().max().unwrap();
+            for r in b.windows(2) {
+                let sum: usize = work[r[0]..r[1]].iter().sum();
+                assert!(sum <= total / runs + largest, "run {r:?} holds {sum} of {total}, runs = {runs}");
+            }
+        }
+        assert_eq!(super::balanced_runs([0, 0, 0].into_iter(), 2), vec![0, 3, 3]);
+        assert_eq!(super::balanced_runs(std::iter::empty(), 2), vec![0, 0, 0]);
     }
 
     /// Int8 scoring ranks the probed rows almost as exact scores do: with nothing rescored
