@@ -79,6 +79,14 @@ pub struct FlatInt8Index {
     f32_only: bool,
 }
 
+/// Queries per chunk of a batch of `n` on `threads` threads: [`QUERY_CHUNK`], or fewer so that
+/// every thread gets a chunk (each query costs a scan of every code either way; the kernels
+/// amortise loading a tile of codes over the queries of a chunk, so chunks stay as large as
+/// the threads allow).
+fn chunk_size(n: usize, threads: usize) -> usize {
+    QUERY_CHUNK.min(n.div_ceil(threads.max(1))).max(1)
+}
+
 /// A query's rows kept during the scan: ids and approximate scores, side by side.
 #[derive(Default)]
 struct Kept {
@@ -190,8 +198,9 @@ impl MipsIndex for FlatInt8Index {
         self.search_chunk(w, query, &codes, &[0], k, std::slice::from_mut(out))
     }
 
-    /// The queries in chunks of [`QUERY_CHUNK`], the chunks in parallel, each scanning every
-    /// block of codes.
+    /// The queries in chunks of [`QUERY_CHUNK`] (smaller when that leaves a thread without a
+    /// chunk: a training batch of 16 queries scans on every core), the chunks in parallel,
+    /// each scanning every block of codes.
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         if self.f32_only {
             return crate::ExactIndex.search_batch(w, queries, k, out);
@@ -199,10 +208,11 @@ impl MipsIndex for FlatInt8Index {
         out.resize_with(queries.rows(), Vec::new);
         out.truncate(queries.rows());
         let codes = QuantQueries::new(queries.as_slice(), w.dim());
-        out.par_chunks_mut(QUERY_CHUNK)
+        let chunk = chunk_size(queries.rows(), rayon::current_num_threads());
+        out.par_chunks_mut(chunk)
             .enumerate()
             .map(|(c, o)| {
-                let which: Vec<u32> = (c * QUERY_CHUNK..c * QUERY_CHUNK + o.len()).map(|j| j as u32).collect();
+                let which: Vec<u32> = (c * chunk..c * chunk + o.len()).map(|j| j as u32).collect();
                 self.search_chunk(w, queries.as_slice(), &codes, &which, k, o)
             })
             .sum()
@@ -218,10 +228,16 @@ impl MipsIndex for FlatInt8Index {
         if self.f32_only {
             return;
         }
-        for &i in rows {
-            let i = i as usize;
-            self.blocks[i / BLOCK_ROWS].set(i % BLOCK_ROWS, w.row(i));
-        }
+        // The blocks in parallel, each quantising the rows that fall in it (a training step
+        // changes thousands of rows).
+        self.blocks.par_iter_mut().enumerate().for_each(|(b, block)| {
+            let first = b * BLOCK_ROWS;
+            for &i in rows {
+                if let Some(at) = (i as usize).checked_sub(first).filter(|&at| at < BLOCK_ROWS) {
+                    block.set(at, w.row(i as usize));
+                }
+            }
+        });
     }
 
     fn memory_bytes(&self) -> usize {
@@ -290,6 +306,16 @@ mod tests {
             let top = assert_exact_top(index, &w, q.row(0), 50);
             assert!(top.iter().all(|h| moved.contains(&h.class)));
         }
+    }
+
+    #[test]
+    fn small_batches_are_cut_into_a_chunk_per_thread() {
+        assert_eq!(chunk_size(16, 2), 8);
+        assert_eq!(chunk_size(15, 2), 8);
+        assert_eq!(chunk_size(1, 2), 1);
+        assert_eq!(chunk_size(256, 2), QUERY_CHUNK);
+        assert_eq!(chunk_size(100, 1), QUERY_CHUNK);
+        assert_eq!(chunk_size(0, 2), 1);
     }
 
     #[test]
