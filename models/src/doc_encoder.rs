@@ -282,11 +282,7 @@ impl DocEncoder {
     pub fn apply(&mut self, grads: &DocGrads) {
         let d = self.d_model();
         assert_eq!((grads.rows.cols(), grads.bias.len()), (d, d), "gradients of another encoder");
-        let rule = self.table_opt.rule();
-        for (j, &f) in grads.features.iter().enumerate() {
-            let f = f as usize;
-            rule.apply(self.table.row_mut(f), self.table_opt.accum_row(f, d), grads.rows.row(j));
-        }
+        self.table_opt.apply_rows(&mut self.table, &grads.features, &grads.rows);
         let hidden = self.hidden.take().expect("hidden module is present between steps");
         let mut gp = GradientsParams::new();
         gp.register(hidden.bias.id, Tensor::<1>::from_data(TensorData::new(grads.bias.clone(), [d]), &crate::device()));

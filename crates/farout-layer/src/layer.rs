@@ -1,5 +1,5 @@
 use crate::Error;
-use crate::optim::{Optimizer, OptimizerConfig, UpdateRule};
+use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, kernels, rng};
@@ -761,21 +761,6 @@ impl OutputLayer {
 }
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
-
-/// Cuts a table of rows `width` long into the parts starting at row 0 and at each of `cuts`
-/// (increasing row numbers).
-fn split_rows<'a>(mut rows: &'a mut [f32], cuts: &[usize], width: usize) -> Vec<&'a mut [f32]> {
-    let mut parts = Vec::with_capacity(cuts.len() + 1);
-    let mut at = 0;
-    for &cut in cuts {
-        let (part, rest) = std::mem::take(&mut rows).split_at_mut((cut - at) * width);
-        parts.push(part);
-        rows = rest;
-        at = cut;
-    }
-    parts.push(rows);
-    parts
-}
 
 /// Groups (class, sample, value) entries by class for the sparse update.
 #[derive(Default)]

@@ -1,3 +1,5 @@
+use farout_core::Matrix;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 /// Optimiser of the output layer's rows (and of other sparse tables such as encoder inputs).
@@ -210,6 +212,49 @@ impl Optimizer {
     pub fn accum_row(&mut self, r: usize, cols: usize) -> &mut [f32] {
         if self.accum.is_empty() { &mut [] } else { &mut self.accum[r * cols..(r + 1) * cols] }
     }
+
+    /// One step of [`Self::rule`] on the rows `ids` of `table` (ascending, distinct), row `j`
+    /// of `grads` being the gradient of row `ids[j]`. Ranges of about equal numbers of rows
+    /// run in parallel, each owning its rows of the table and of the optimiser state; the
+    /// step counter is not advanced.
+    pub fn apply_rows(&mut self, table: &mut Matrix, ids: &[u32], grads: &Matrix) {
+        let d = table.cols();
+        assert!(grads.rows() == ids.len() && grads.cols() == d, "a gradient row of {d} values per id");
+        assert!(ids.windows(2).all(|p| p[0] < p[1]), "ids ascending and distinct");
+        if ids.is_empty() {
+            return;
+        }
+        let rule = self.rule();
+        let per = ids.len().div_ceil(4 * rayon::current_num_threads());
+        let cuts: Vec<usize> = ids.chunks(per).skip(1).map(|c| c[0] as usize).collect();
+        let firsts = std::iter::once(0).chain(cuts.iter().copied());
+        let acc_width = if self.accum.is_empty() { 0 } else { d };
+        let parts =
+            split_rows(table.as_mut_slice(), &cuts, d).into_iter().zip(split_rows(&mut self.accum, &cuts, acc_width));
+        let work: Vec<_> = parts.zip(firsts).zip(ids.chunks(per).zip(grads.as_slice().chunks(per * d))).collect();
+        work.into_par_iter().for_each(|(((rows, acc), first), (ids, grads))| {
+            for (&id, g) in ids.iter().zip(grads.chunks_exact(d)) {
+                let r = id as usize - first;
+                let acc_row = if acc.is_empty() { &mut [][..] } else { &mut acc[r * d..(r + 1) * d] };
+                rule.apply(&mut rows[r * d..(r + 1) * d], acc_row, g);
+            }
+        });
+    }
+}
+
+/// Cuts a table of rows `width` long into the parts starting at row 0 and at each of `cuts`
+/// (increasing row numbers).
+pub(crate) fn split_rows<'a>(mut rows: &'a mut [f32], cuts: &[usize], width: usize) -> Vec<&'a mut [f32]> {
+    let mut parts = Vec::with_capacity(cuts.len() + 1);
+    let mut at = 0;
+    for &cut in cuts {
+        let (part, rest) = std::mem::take(&mut rows).split_at_mut((cut - at) * width);
+        parts.push(part);
+        rows = rest;
+        at = cut;
+    }
+    parts.push(rows);
+    parts
 }
 
 /// One step's update rule for a row.
@@ -283,6 +328,40 @@ impl UpdateRule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The parallel ranges of [`Optimizer::apply_rows`] step every named row (and its AdaGrad
+    /// state) exactly as one loop over the rows does, and leave the other rows alone: many ids
+    /// (many ranges), a few, one, none.
+    #[test]
+    fn applying_rows_in_parallel_ranges_equals_the_row_by_row_loop() {
+        let mut r = farout_core::rng::seeded(3, 0);
+        for n_ids in [0, 1, 5, 300] {
+            for config in [
+                OptimizerConfig::Adagrad { lr: 0.1, eps: 1e-6, l2: 0.01 },
+                OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 },
+            ] {
+                let (n, d) = (1_000, 7);
+                let mut table = Matrix::zeros(n, d);
+                table.as_mut_slice().iter_mut().for_each(|x| *x = farout_core::rng::normal(&mut r));
+                // Scattered rows: 7 i + 3 runs through every residue mod 1,000 once.
+                let ids: Vec<u32> = (0..n as u32).filter(|i| (i * 7 + 3) % 1_000 < n_ids as u32).collect();
+                let mut grads = Matrix::zeros(ids.len(), d);
+                grads.as_mut_slice().iter_mut().for_each(|x| *x = farout_core::rng::normal(&mut r));
+                let (mut fast, mut slow) = (config.build(n, d), config.build(n, d));
+                let (mut a, mut b) = (table.clone(), table.clone());
+                for _ in 0..2 {
+                    fast.apply_rows(&mut a, &ids, &grads);
+                    let rule = slow.rule();
+                    for (j, &f) in ids.iter().enumerate() {
+                        rule.apply(b.row_mut(f as usize), slow.accum_row(f as usize, d), grads.row(j));
+                    }
+                }
+                assert_eq!(a, b, "{n_ids} ids, {config:?}");
+                assert_eq!(fast.accum, slow.accum);
+                assert_eq!(a == table, ids.is_empty());
+            }
+        }
+    }
 
     #[test]
     fn sgd_cools_as_one_over_one_plus_t() {
