@@ -394,6 +394,14 @@ fn threads_per_rank() -> usize {
     (cores / local.max(1)).max(1)
 }
 
+/// Runs `f` on a thread of rayon's pool (the calling thread waits). A training step opens
+/// several short parallel sections; from a thread outside the pool each one is handed over and
+/// waited for through the operating system (a wake-up and a sleep per section), while a thread
+/// of the pool splits it with its peers directly.
+fn on_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::join(f, || ()).0
+}
+
 /// Loads a config and sizes rayon's pool by `train.threads` (by default one thread per core,
 /// shared among the `ranks` of an MPI job on this node).
 fn load_config(path: &Path, set: &[String], ranks: usize) -> Result<Config> {
@@ -538,7 +546,12 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
                 refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
             }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
-            let json = farout_train::train_on(&config, &options, comm)?.to_json();
+            let trained = if comm.size() == 1 {
+                on_pool(|| farout_train::train_on(&config, &options, &farout_dist::Local))
+            } else {
+                farout_train::train_on(&config, &options, comm)
+            };
+            let json = trained?.to_json();
             if root {
                 emit(&json)?;
                 if let Some(p) = summary {
@@ -616,7 +629,10 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,
-        Command::Compare(args) => emit(farout_train::compare(&args.into())?.table.trim_end())?,
+        Command::Compare(args) => {
+            let args = args.into();
+            emit(on_pool(|| farout_train::compare(&args))?.table.trim_end())?
+        }
     }
     Ok(())
 }
