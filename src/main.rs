@@ -546,6 +546,9 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
                 refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
             }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
+            // One process trains on the pool (with one MPI rank, `Local`'s collectives are
+            // what the rank's would be); ranks of a larger job make their MPI calls from the
+            // main thread.
             let trained = if comm.size() == 1 {
                 on_pool(|| farout_train::train_on(&config, &options, &farout_dist::Local))
             } else {

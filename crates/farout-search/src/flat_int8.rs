@@ -228,15 +228,12 @@ impl MipsIndex for FlatInt8Index {
         if self.f32_only {
             return;
         }
-        // The blocks in parallel, each quantising the rows that fall in it (a training step
-        // changes thousands of rows).
-        self.blocks.par_iter_mut().enumerate().for_each(|(b, block)| {
-            let first = b * BLOCK_ROWS;
-            for &i in rows {
-                if let Some(at) = (i as usize).checked_sub(first).filter(|&at| at < BLOCK_ROWS) {
-                    block.set(at, w.row(i as usize));
-                }
-            }
+        // The rows by block, then the blocks in parallel (a training step changes thousands
+        // of rows).
+        let mut by_block: Vec<Vec<ClassId>> = vec![Vec::new(); self.blocks.len()];
+        rows.iter().for_each(|&i| by_block[i as usize / BLOCK_ROWS].push(i));
+        self.blocks.par_iter_mut().zip(&by_block).enumerate().for_each(|(b, (block, ids))| {
+            ids.iter().for_each(|&i| block.set(i as usize - b * BLOCK_ROWS, w.row(i as usize)));
         });
     }
 
