@@ -230,9 +230,9 @@ impl MipsIndex for FlatInt8Index {
         }
         // The rows by block, then the blocks in parallel (a training step changes thousands
         // of rows).
-        let mut by_block: Vec<Vec<ClassId>> = vec![Vec::new(); self.blocks.len()];
-        rows.iter().for_each(|&i| by_block[i as usize / BLOCK_ROWS].push(i));
-        self.blocks.par_iter_mut().zip(&by_block).enumerate().for_each(|(b, (block, ids))| {
+        let (starts, by_block) = crate::group_rows(rows, self.blocks.len(), |i| i as usize / BLOCK_ROWS);
+        self.blocks.par_iter_mut().enumerate().for_each(|(b, block)| {
+            let ids = &by_block[starts[b]..starts[b + 1]];
             ids.iter().for_each(|&i| block.set(i as usize - b * BLOCK_ROWS, w.row(i as usize)));
         });
     }

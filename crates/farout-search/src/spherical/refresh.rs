@@ -80,21 +80,7 @@ fn update_by_cluster(
     drifted: impl Fn(&mut Vec<f32>, ClassId, &[f32], usize) -> bool + Sync,
 ) -> Vec<ClassId> {
     let d = w.dim();
-    // Counting sort by cluster: cluster `a`'s rows are `by_cluster[starts[a]..starts[a + 1]]`.
-    let mut starts = vec![0usize; clusters.len() + 1];
-    for &i in rows {
-        starts[assign[i as usize] as usize + 1] += 1;
-    }
-    for a in 0..clusters.len() {
-        starts[a + 1] += starts[a];
-    }
-    let mut next = starts.clone();
-    let mut by_cluster = vec![0 as ClassId; rows.len()];
-    for &i in rows {
-        let slot = &mut next[assign[i as usize] as usize];
-        by_cluster[*slot] = i;
-        *slot += 1;
-    }
+    let (starts, by_cluster) = crate::group_rows(rows, clusters.len(), |i| assign[i as usize] as usize);
     clusters
         .par_iter_mut()
         .enumerate()
