@@ -338,6 +338,7 @@ macro_rules! conformance {
 // | simple_lsh               | 0.361       | 0.351         | 0.351       | 0.249                     |
 // | hamming                  | 0.959       | 0.944         | 0.944       | 0.686                     |
 // | flat_int8                | 1           | 1             | 1           | 1                         |
+// | auto                     | 0.914       | 0.905         | 0.913       | 0.597                     |
 //
 // Batched search measured the same to 0.001. The refresh floors sit between a refresh and a
 // sync that re-indexes nothing, so a refresh that stops re-indexing fails them. The spherical
@@ -349,7 +350,10 @@ macro_rules! conformance {
 // calibration is renewed on the next 50 queries. SimpleLSH's floors are low because its default
 // budget is (5 candidates per result; its own test measures 0.99 at 100). The Hamming index
 // rescores 20 candidates per result, a fifth of the rows here. The int8 brute force rescores 82
-// rows for 50 results, and its sync re-quantises rows: its index is the codes.
+// rows for 50 results, and its sync re-quantises rows: its index is the codes. The automatic
+// index keeps its spherical index on these rows: it answers by brute force until its sample of
+// 256 queries is in, then probes 711 rows per query (sample recall 0.910); `auto.rs` tests the
+// choice itself.
 conformance! {
     /// Brute force: the reference itself.
     exact => IndexConfig::exact(), recall_floor: 1.0, refresh_floor: 1.0;
@@ -367,6 +371,8 @@ conformance! {
     hamming => IndexConfig::Hamming(HammingConfig::default()), recall_floor: 0.93, refresh_floor: 0.92;
     /// Brute force on int8 codes, default configuration.
     flat_int8 => IndexConfig::FlatInt8(FlatInt8Config::default()), recall_floor: 0.99, refresh_floor: 0.99;
+    /// The automatic choice, default configuration (the default index).
+    auto => IndexConfig::default(), recall_floor: 0.85, refresh_floor: 0.85;
 }
 
 /// The spherical index probing a fixed 5 rows per result: the checks see the index itself, not
@@ -394,6 +400,7 @@ fn measure_recall() {
         IndexConfig::SimpleLsh(SimpleLshConfig::default()),
         IndexConfig::Hamming(HammingConfig::default()),
         IndexConfig::FlatInt8(FlatInt8Config::default()),
+        IndexConfig::default(),
     ];
     let (w0, q0) = seeded_matrix(N_ROWS, DIM, 1);
     let (w, rows, q) = change_rows(&w0, &q0);

@@ -16,11 +16,14 @@
 //!   every row looked at, at a fraction of f32 brute force's time; refreshing is re-quantising.
 //! - [`HnswIndex`]: an HNSW graph (`hnsw_rs`) over the norm-augmented rows with `DistL2`,
 //!   versioned re-insertion on refresh, exact rescoring.
+//! - [`AutoIndex`] (the default): the spherical index where its calibration finds clusters
+//!   that cut the search, int8 brute force where it does not.
 //!
 //! [`recall`] measures an index against brute force.
 #![warn(missing_docs)]
 
 mod augment;
+mod auto;
 // The checks every index passes, written once and run for each.
 #[cfg(test)]
 mod conformance;
@@ -34,6 +37,7 @@ mod spherical;
 #[cfg(test)]
 mod testutil;
 
+pub use auto::{AutoConfig, AutoIndex};
 pub use exact::{ExactConfig, ExactIndex};
 pub use farout_core::topk::Hit;
 pub use flat_int8::{FlatInt8Config, FlatInt8Index};
@@ -301,12 +305,14 @@ farout_core::plugin_registry! {
         Hnsw(HnswConfig) = "hnsw",
         /// Brute force on int8 codes, the best rows rescored exactly.
         FlatInt8(FlatInt8Config) = "flat_int8",
+        /// Spherical clustering where it cuts the search, int8 brute force where not.
+        Auto(AutoConfig) = "auto",
     }
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        Self::Spherical(SphericalConfig::default())
+        Self::Auto(AutoConfig::default())
     }
 }
 
@@ -332,9 +338,14 @@ impl IndexConfig {
     /// (`exact_below` counts the whole layer's rows), and a fixed `candidate_factor` is split
     /// over the shards (at least 1 per shard), so that the ranks score as many rows per query
     /// as one process. A calibrated index reaches its target recall on each shard, hence on
-    /// their merged top-k. Other indexes are unchanged.
+    /// their merged top-k. The automatic index likewise starts with brute force on every shard
+    /// exactly when it would on the whole (`flat_below`). Other indexes are unchanged.
     pub fn for_shard(&self, n_rows: usize, ranks: usize) -> Self {
         match self {
+            Self::Auto(c) if ranks > 1 => {
+                let flat_below = if n_rows < c.flat_below { usize::MAX } else { 0 };
+                Self::Auto(AutoConfig { flat_below, ..c.clone() })
+            }
             Self::Spherical(c) if ranks > 1 => {
                 let mut c = c.clone();
                 let whole_is_exact = c.candidate_factor.is_none() && n_rows < c.exact_below;

@@ -1069,15 +1069,18 @@ mod tests {
 
     #[test]
     fn check_names_bad_spherical_index_parameters() {
-        assert!(check_err(MINIMAL, &["index.rescore=0.5"]).contains("index.rescore"));
-        assert!(check_err(MINIMAL, &["index.candidate_factor=0"]).contains("index.candidate_factor"));
+        let spherical = "index.kind=\"spherical\"";
+        assert!(check_err(MINIMAL, &[spherical, "index.rescore=0.5"]).contains("index.rescore"));
+        assert!(check_err(MINIMAL, &[spherical, "index.candidate_factor=0"]).contains("index.candidate_factor"));
+        // The default index (`auto`) checks the recall it passes on.
+        assert!(check_err(MINIMAL, &["index.recall=0"]).contains("index.recall"));
         // Every index checks its own parameters; the key is named with its section.
         let hnsw = check_err(MINIMAL, &["index.kind=\"hnsw\"", "index.max_connections=1"]);
         assert!(hnsw.contains("index.max_connections") && hnsw.contains("2..=256"), "{hnsw}");
         let lsh = check_err(MINIMAL, &["index.kind=\"simple_lsh\"", "index.bits=40"]);
         assert!(lsh.contains("index.bits") && lsh.contains("0..=31"), "{lsh}");
         assert!(index_from_settings(&["kind=\"simple_lsh\"".into(), "tables=0".into()]).is_err());
-        let scoring = parse_err(MINIMAL, &["index.scoring=\"int4\""]);
+        let scoring = parse_err(MINIMAL, &[spherical, "index.scoring=\"int4\""]);
         assert!(scoring.contains("int8") && scoring.contains("f32"), "{scoring}");
     }
 
