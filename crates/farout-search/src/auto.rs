@@ -10,11 +10,13 @@
 //! faster than brute force in f32, and its upkeep is re-quantising the changed rows.
 //!
 //! **How it chooses.**
-//! - Below `flat_below` rows: [`FlatInt8Index`], from the start. Measured (`farout bench search`,
-//!   clustered means, D = 128, top 10 and 100): at 1,000 rows int8 brute force answers 1.4x
-//!   faster than the spherical index (which is brute force in f32 there); from 2,000 rows the
-//!   calibrated index is faster at top 10 on rows that cluster.
-//! - From `flat_below` rows: a [`SphericalIndex`] calibrated to `recall`. Once every `k` it was
+//! - Below `exact_below` rows: brute force in f32 ([`ExactIndex`]), with nothing to build or
+//!   keep up to date. Measured: from 2,000 rows a calibrated spherical index answers top 10
+//!   faster than brute force on rows that cluster (`farout bench search`, D = 32 and 128); at
+//!   983 rows (Delicious, four LDGS blocks of 25 dimensions) an epoch of training took
+//!   4.9-5.0 s with f32 brute force and 5.4-6.2 s with int8 brute force, whose per-query
+//!   overheads and re-quantising of the changed rows outweigh its faster scan there.
+//! - From `exact_below` rows: a [`SphericalIndex`] calibrated to `recall`. Once every `k` it was
 //!   asked has calibrated to brute force (its clusters would have to be scanned for a quarter of
 //!   the rows or more), the next sync or refresh replaces it by a [`FlatInt8Index`] over the
 //!   same rows.
@@ -29,7 +31,9 @@
 //! Searches return what the index in use returns; [`MipsIndex::calibrations`] reports the
 //! spherical index's budgets, or brute force (every row probed) for each `k` after the switch.
 
-use crate::{Calibrated, FlatInt8Config, FlatInt8Index, Hit, MipsIndex, Rows, SphericalConfig, SphericalIndex};
+use crate::{
+    Calibrated, ExactIndex, FlatInt8Config, FlatInt8Index, Hit, MipsIndex, Rows, SphericalConfig, SphericalIndex,
+};
 use farout_core::{ClassId, Matrix};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -44,15 +48,16 @@ pub struct AutoConfig {
     /// Target recall of the top `k` against brute force, to which the spherical index calibrates
     /// its probe budget (see `SphericalConfig::recall`).
     pub recall: f32,
-    /// Below this many rows the index is brute force on int8 codes from the start.
-    pub flat_below: usize,
+    /// Below this many rows the index is brute force in f32: nothing to build or keep up to
+    /// date.
+    pub exact_below: usize,
     /// Seed of the spherical index's centroid initialisation.
     pub seed: u64,
 }
 
 impl Default for AutoConfig {
     fn default() -> Self {
-        Self { recall: 0.9, flat_below: 2_000, seed: 1 }
+        Self { recall: 0.9, exact_below: 2_000, seed: 1 }
     }
 }
 
@@ -69,6 +74,9 @@ impl crate::IndexParams for AutoConfig {
     }
 
     fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        if w.len() < self.exact_below {
+            return Box::new(ExactIndex::new());
+        }
         Box::new(AutoIndex::build(w, self))
     }
 }
@@ -87,28 +95,20 @@ pub struct AutoIndex {
     brute_force: Vec<Calibrated>,
     /// Queries searched by brute force since the last switch to it.
     flat_queries: AtomicUsize,
-    /// Queries by brute force after which the clusters are tried again (`usize::MAX`: never,
-    /// for fewer than `flat_below` rows).
+    /// Queries by brute force after which the clusters are tried again.
     retry_after: usize,
 }
 
 impl AutoIndex {
-    /// Builds the index over `w`: brute force on int8 codes below `flat_below` rows, else a
-    /// spherical index (which gives way to brute force once its calibration chooses it).
+    /// Builds a spherical index over `w`, which gives way to brute force on int8 codes once its
+    /// calibration chooses brute force ([`AutoConfig`]'s `build` applies `exact_below` first).
     pub fn build(w: Rows, config: &AutoConfig) -> Self {
-        let small = w.len() < config.flat_below;
-        let current = if small {
-            Current::Flat(FlatInt8Index::build(w, &FlatInt8Config::default()))
-        } else {
-            Current::Clusters(Box::new(SphericalIndex::build(w, &config.spherical())))
-        };
-        let retry_after = if small { usize::MAX } else { Self::first_retry(w.len()) };
         Self {
             config: config.clone(),
-            current,
+            current: Current::Clusters(Box::new(SphericalIndex::build(w, &config.spherical()))),
             brute_force: Vec::new(),
             flat_queries: AtomicUsize::new(0),
-            retry_after,
+            retry_after: Self::first_retry(w.len()),
         }
     }
 
@@ -257,16 +257,14 @@ mod tests {
         assert_eq!((fitted.len(), fitted[0].k, fitted[0].budget), (1, 100, None));
     }
 
-    /// Below `flat_below` rows the index is brute force from the start and never tries the
-    /// clusters.
+    /// Below `exact_below` rows the index is brute force in f32; from there, spherical.
     #[test]
-    fn few_rows_are_brute_force_from_the_start() {
-        let (w, q) = clustered(1_000, 32);
-        let mut index = AutoIndex::build(Rows::all(&w), &AutoConfig::default());
-        assert!(index.is_brute_force());
-        assert_eq!(index.retry_after, usize::MAX);
-        assert_eq!(train_like(&mut index, &w, &q, 10, 2), 1.0);
-        assert!(index.is_brute_force());
+    fn fewer_rows_than_exact_below_are_brute_force_in_f32() {
+        let config = AutoConfig::default();
+        let (w, _) = clustered(1_999, 32);
+        assert_eq!(config.build(Rows::all(&w)).name(), "exact");
+        let (w, _) = clustered(2_000, 32);
+        assert_eq!(config.build(Rows::all(&w)).name(), "auto");
     }
 
     /// Brute force tries the clusters again after its queries: the rows of an untrained layer

@@ -338,13 +338,13 @@ impl IndexConfig {
     /// (`exact_below` counts the whole layer's rows), and a fixed `candidate_factor` is split
     /// over the shards (at least 1 per shard), so that the ranks score as many rows per query
     /// as one process. A calibrated index reaches its target recall on each shard, hence on
-    /// their merged top-k. The automatic index likewise starts with brute force on every shard
-    /// exactly when it would on the whole (`flat_below`). Other indexes are unchanged.
+    /// their merged top-k. The automatic index likewise is brute force on every shard exactly
+    /// when it would be on the whole (`exact_below`). Other indexes are unchanged.
     pub fn for_shard(&self, n_rows: usize, ranks: usize) -> Self {
         match self {
             Self::Auto(c) if ranks > 1 => {
-                let flat_below = if n_rows < c.flat_below { usize::MAX } else { 0 };
-                Self::Auto(AutoConfig { flat_below, ..c.clone() })
+                let exact_below = if n_rows < c.exact_below { usize::MAX } else { 0 };
+                Self::Auto(AutoConfig { exact_below, ..c.clone() })
             }
             Self::Spherical(c) if ranks > 1 => {
                 let mut c = c.clone();
