@@ -14,8 +14,8 @@
 //!   keep up to date. Measured: from 2,000 rows a calibrated spherical index answers top 10
 //!   faster than brute force on rows that cluster (`farout bench search`, D = 32 and 128); at
 //!   983 rows (Delicious, four LDGS blocks of 25 dimensions) an epoch of training took
-//!   4.9-5.0 s with f32 brute force and 5.4-6.2 s with int8 brute force, whose per-query
-//!   overheads and re-quantising of the changed rows outweigh its faster scan there.
+//!   4.9-5.0 s with f32 brute force and 5.4-6.2 s with int8 brute force (which quantises every
+//!   query and re-quantises the rows each step changes).
 //! - From `exact_below` rows: a [`SphericalIndex`] calibrated to `recall`. Once every `k` it was
 //!   asked has calibrated to brute force (its clusters would have to be scanned for a quarter of
 //!   the rows or more), the next sync or refresh replaces it by a [`FlatInt8Index`] over the
@@ -23,9 +23,10 @@
 //! - Rows gain structure as training goes on (a layer built untrained has equal rows), so after
 //!   [`RETRY_QUERIES_PER_CENTROID`] queries per centroid the spherical index would have had,
 //!   the clusters are fitted and calibrated again; each trial that again ends in brute force
-//!   doubles the wait. A trial costs about as much as 70 brute-force queries per centroid
-//!   (k-means and its assignment: about `9 K C D` multiply-adds against `K D / 8` for a query on
-//!   int8 codes), so trials take about 5 % of the search time spent by brute force. A rebuild
+//!   doubles the wait. A trial costs about as much as 60 brute-force queries per centroid
+//!   (k-means and its assignment, about `9 K C D` multiply-adds; measured at 100,000 rows of 100
+//!   dimensions: a build of 0.9 s, the time of about 18,000 queries on int8 codes, 57 per
+//!   centroid), so trials take about 4 % of the search time spent by brute force. A rebuild
 //!   (`rebuild_every`, or asked for by the index) starts over with the clusters.
 //!
 //! Searches return what the index in use returns; [`MipsIndex::calibrations`] reports the
@@ -97,6 +98,8 @@ pub struct AutoIndex {
     flat_queries: AtomicUsize,
     /// Queries by brute force after which the clusters are tried again.
     retry_after: usize,
+    /// The norm floor of the rows it was built on ([`Rows::with_norm_floor`]), for the trials.
+    norm_floor: f32,
 }
 
 impl AutoIndex {
@@ -109,6 +112,7 @@ impl AutoIndex {
             brute_force: Vec::new(),
             flat_queries: AtomicUsize::new(0),
             retry_after: Self::first_retry(w.len()),
+            norm_floor: w.norm_floor(),
         }
     }
 
@@ -150,7 +154,8 @@ impl AutoIndex {
                 }
             }
             Current::Flat(_) if self.flat_queries.load(Ordering::Relaxed) >= self.retry_after => {
-                self.current = Current::Clusters(Box::new(SphericalIndex::build(w, &self.config.spherical())));
+                let rows = w.with_norm_floor(self.norm_floor);
+                self.current = Current::Clusters(Box::new(SphericalIndex::build(rows, &self.config.spherical())));
                 self.brute_force.clear();
                 // Should the trial end in brute force again, the next one waits twice as long.
                 self.retry_after = self.retry_after.saturating_mul(2);
