@@ -412,9 +412,9 @@ mod tests {
         }
         // Bias: b <- b - 0.5 * sum_i dphi_i
         let b = bridge::to_matrix(enc.hidden().bias.val().unsqueeze::<2>()).into_vec();
-        for j in 0..3 {
+        for (j, bj) in b.iter().enumerate().take(3) {
             let s: f32 = (0..4).map(|i| dphi.row(i)[j]).sum();
-            assert!((b[j] + 0.5 * s).abs() < 1e-5);
+            assert!((bj + 0.5 * s).abs() < 1e-5);
         }
     }
 

@@ -195,9 +195,9 @@ mod tests {
         let mut r = rng::seeded(0, 0);
         let tot = est.estimate_batch(&ctx, Batch::new(&phi, &pos_refs), &mut r, &mut bg);
         let mut sum = 0.0;
-        for i in 0..6 {
+        for (i, p) in pos.iter().enumerate().take(6) {
             let mut g = SparseGrad::new();
-            let e = est.estimate(&ctx, phi.row(i), &pos[i], &mut r, &mut g);
+            let e = est.estimate(&ctx, phi.row(i), p, &mut r, &mut g);
             sum += e.loss as f64;
             let mut dense = [0.0; 50];
             for (k, v) in g.iter() {

@@ -253,12 +253,12 @@ mod tests {
             let total = est.estimate_batch(&ctx, crate::Batch::new(&phi, &refs), &mut rng::seeded(0, 0), &mut bg);
             let mut loss = 0.0;
             let mut cost = 0;
-            for i in 0..20 {
+            for (i, p) in pos.iter().enumerate().take(20) {
                 let (mut g, e) = (
                     SparseGrad::new(),
-                    est.estimate(&ctx, phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut SparseGrad::new()),
+                    est.estimate(&ctx, phi.row(i), p, &mut rng::seeded(0, 0), &mut SparseGrad::new()),
                 );
-                est.estimate(&ctx, phi.row(i), &pos[i], &mut rng::seeded(0, 0), &mut g);
+                est.estimate(&ctx, phi.row(i), p, &mut rng::seeded(0, 0), &mut g);
                 loss += e.loss as f64;
                 cost += e.classes_scored;
                 let (mut a, mut b): (Vec<_>, Vec<_>) = (g.iter().collect(), bg.sparse[i].iter().collect());

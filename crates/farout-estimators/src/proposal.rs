@@ -237,8 +237,8 @@ mod tests {
             for &c in &d.classes {
                 present[c as usize] += 1.0;
             }
-            for c in 0..k {
-                predicted[c] += d.expected(&p, k, c as ClassId, true);
+            for (c, predicted) in predicted.iter_mut().enumerate().take(k) {
+                *predicted += d.expected(&p, k, c as ClassId, true);
             }
         }
         for c in 0..k {
