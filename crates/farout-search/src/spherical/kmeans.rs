@@ -99,15 +99,39 @@ pub(super) fn assign_rows(
         let mut s = vec![0.0f32; n * c];
         gemm::gemm(&mut s, n, c, 0.0, 1.0, x.as_slice(), (n, d + 1), Op::N, centroids.as_slice(), (c, d + 1), Op::T);
         for ((o, o_cos), row) in out.iter_mut().zip(out_cos.iter_mut()).zip(s.chunks_exact(c)) {
-            let mut best = (f32::NEG_INFINITY, 0u32);
-            for (j, &v) in row.iter().enumerate() {
-                if v > best.0 {
-                    best = (v, j as u32);
-                }
-            }
-            (*o_cos, *o) = best;
+            let (best, j) = first_max(row);
+            (*o_cos, *o) = (best, j as u32);
         }
     });
+}
+
+/// Lanes of [`first_max`]'s passes.
+const LANES: usize = 16;
+
+/// The largest value of `row` and its first position, as a scan that keeps the first value
+/// strictly larger than all before it returns them (`(-inf, 0)` when no value exceeds -inf).
+/// In two passes the compiler vectorises: lane-wise maxima, then the first block of
+/// [`LANES`] values holding the maximum (a branchy scan, one value at a time, took a fifth of
+/// the k-means time at 100,000 rows and 316 centroids).
+fn first_max(row: &[f32]) -> (f32, usize) {
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut blocks = row.chunks_exact(LANES);
+    for block in &mut blocks {
+        for (m, &v) in lanes.iter_mut().zip(block) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let tail = blocks.remainder().iter();
+    let best = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if best == f32::NEG_INFINITY {
+        return (best, 0);
+    }
+    let start = row
+        .chunks(LANES)
+        .position(|block| block.iter().fold(false, |hit, &v| hit | (v == best)))
+        .map_or(0, |b| b * LANES);
+    let j = start + row[start..].iter().position(|&v| v == best).unwrap_or(0);
+    (row[j], j)
 }
 
 #[cfg(test)]
@@ -115,6 +139,7 @@ mod tests {
     use super::super::SphericalIndex;
     use super::*;
     use crate::testutil::clustered;
+    use farout_core::rng::RngExt;
 
     #[test]
     fn an_index_over_no_rows_finds_nothing() {
@@ -124,6 +149,36 @@ mod tests {
         let mut out = Vec::new();
         crate::MipsIndex::search(&index, Rows::all(&w), &[1.0; 8], 5, &mut out);
         assert!(out.is_empty());
+    }
+
+    /// The first position of the largest value, as the one-by-one scan finds it: ties, signed
+    /// zeros, infinities, NaN and every length around the lane count.
+    #[test]
+    fn first_max_equals_the_scan() {
+        let scan = |row: &[f32]| {
+            let mut best = (f32::NEG_INFINITY, 0);
+            for (j, &v) in row.iter().enumerate() {
+                if v > best.0 {
+                    best = (v, j);
+                }
+            }
+            best
+        };
+        let mut r = rng::seeded(3, 0);
+        let special = [0.0, -0.0, 1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for n in 0..70 {
+            for trial in 0..50 {
+                let row: Vec<f32> = (0..n)
+                    .map(|_| match trial % 3 {
+                        0 => r.random::<f32>(),
+                        1 => (r.random::<f32>() * 4.0).floor(), // many ties
+                        _ => special[(r.random::<f32>() * 6.0) as usize % 6],
+                    })
+                    .collect();
+                let (a, b) = (first_max(&row), scan(&row));
+                assert_eq!((a.0.to_bits(), a.1), (b.0.to_bits(), b.1), "{row:?}");
+            }
+        }
     }
 
     #[test]
