@@ -19,7 +19,9 @@
 //! - From `exact_below` rows: a [`SphericalIndex`] calibrated to `recall`. Once every `k` it was
 //!   asked has calibrated to brute force (its clusters would have to be scanned for a quarter of
 //!   the rows or more), the next sync or refresh replaces it by a [`FlatInt8Index`] over the
-//!   same rows.
+//!   same rows, whatever their width: at 100,000 rows, top 20, batches of 256, int8 brute force
+//!   answered 18,157 queries/s against 5,655 in f32 at D = 16, and 20,985 against 4,600 at
+//!   D = 32 (`farout bench search --index {flat_int8,exact} --k 100000 --d D --top 20`).
 //! - Rows gain structure as training goes on (a layer built untrained has equal rows), so after
 //!   [`RETRY_QUERIES_PER_CENTROID`] queries per centroid the spherical index would have had,
 //!   the clusters are fitted and calibrated again; each trial that again ends in brute force
