@@ -231,16 +231,7 @@ impl QuantRows {
 /// The quantisation step `s = max_i |x_i| / 127` of a vector and its inverse (both 0 for a zero
 /// or non-finite vector, whose codes are then all 0).
 fn scale_of(x: &[f32]) -> (f32, f32) {
-    // Sixteen running maxima side by side (a sequential `fold` does not vectorise).
-    const LANES: usize = 16;
-    let mut lanes = [0.0f32; LANES];
-    let mut parts = x.chunks_exact(LANES);
-    for part in &mut parts {
-        for (m, v) in lanes.iter_mut().zip(part) {
-            *m = m.max(v.abs());
-        }
-    }
-    let max = lanes.iter().chain(parts.remainder()).fold(0.0f32, |m, v| m.max(v.abs()));
+    let max = farout_core::kernels::max_of(x, f32::abs);
     if max > 0.0 && max.is_finite() { (max / 127.0, 127.0 / max) } else { (0.0, 0.0) }
 }
 

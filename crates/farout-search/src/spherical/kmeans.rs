@@ -105,24 +105,16 @@ pub(super) fn assign_rows(
     });
 }
 
-/// Lanes of [`first_max`]'s passes.
+/// Values of `row` [`first_max`] checks at once for the maximum.
 const LANES: usize = 16;
 
 /// The largest value of `row` and its first position, as a scan that keeps the first value
 /// strictly larger than all before it returns them (`(-inf, 0)` when no value exceeds -inf).
-/// In two passes the compiler vectorises: lane-wise maxima, then the first block of
-/// [`LANES`] values holding the maximum (a branchy scan, one value at a time, took a fifth of
-/// the k-means time at 100,000 rows and 316 centroids).
+/// In two passes the compiler vectorises: lane-wise maxima ([`kernels::max_of`]), then the
+/// first block of [`LANES`] values holding the maximum (a branchy scan, one value at a time,
+/// took a fifth of the k-means time at 100,000 rows and 316 centroids).
 fn first_max(row: &[f32]) -> (f32, usize) {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut blocks = row.chunks_exact(LANES);
-    for block in &mut blocks {
-        for (m, &v) in lanes.iter_mut().zip(block) {
-            *m = if v > *m { v } else { *m };
-        }
-    }
-    let tail = blocks.remainder().iter();
-    let best = lanes.iter().chain(tail).fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let best = kernels::max_of(row, |v| v);
     if best == f32::NEG_INFINITY {
         return (best, 0);
     }
