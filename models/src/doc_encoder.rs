@@ -81,6 +81,9 @@ impl DocEncoderConfig {
     }
 }
 
+/// Words ahead whose table row the bag sum requests while adding the current one.
+const BAG_AHEAD: usize = 8;
+
 /// One hidden layer over a sparse bag of words: `phi(x) = act(sum_f x_f E_f + b)`.
 ///
 /// `E` (vocabulary x D) is the big table. Burn's embedding gradient is dense (V x D per step), so
@@ -204,8 +207,14 @@ impl DocEncoder {
         uniq.dedup();
         let mut bag = Matrix::zeros(docs.len(), d);
         let mut entries = Vec::with_capacity(docs.iter().map(|(c, _)| c.len()).sum());
+        // The table rows are scattered over a large table: each is requested a few words ahead,
+        // so that their loads overlap instead of waiting one by one.
+        let mut ahead = docs.iter().flat_map(|(c, _)| c.iter()).skip(BAG_AHEAD);
         for (i, (cols, v)) in docs.iter().enumerate() {
             for (&c, &x) in cols.iter().zip(*v) {
+                if let Some(&next) = ahead.next() {
+                    farout_core::kernels::prefetch(self.table.row(next as usize));
+                }
                 farout_core::kernels::axpy(x, self.table.row(c as usize), bag.row_mut(i));
                 let at = uniq.binary_search(&c).expect("every feature is in uniq") as u32;
                 entries.push(BagEntry { doc: i as u32, at, x });

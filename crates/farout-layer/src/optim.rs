@@ -1,4 +1,4 @@
-use farout_core::Matrix;
+use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -233,7 +233,15 @@ impl Optimizer {
             split_rows(table.as_mut_slice(), &cuts, d).into_iter().zip(split_rows(&mut self.accum, &cuts, acc_width));
         let work: Vec<_> = parts.zip(firsts).zip(ids.chunks(per).zip(grads.as_slice().chunks(per * d))).collect();
         work.into_par_iter().for_each(|(((rows, acc), first), (ids, grads))| {
-            for (&id, g) in ids.iter().zip(grads.chunks_exact(d)) {
+            for (t, (&id, g)) in ids.iter().zip(grads.chunks_exact(d)).enumerate() {
+                // The rows are scattered over the table: request the ones a few ids ahead.
+                if let Some(&next) = ids.get(t + ROWS_AHEAD) {
+                    let r = next as usize - first;
+                    kernels::prefetch(&rows[r * d..(r + 1) * d]);
+                    if !acc.is_empty() {
+                        kernels::prefetch(&acc[r * d..(r + 1) * d]);
+                    }
+                }
                 let r = id as usize - first;
                 let acc_row = if acc.is_empty() { &mut [][..] } else { &mut acc[r * d..(r + 1) * d] };
                 rule.apply(&mut rows[r * d..(r + 1) * d], acc_row, g);
@@ -241,6 +249,9 @@ impl Optimizer {
         });
     }
 }
+
+/// Rows ahead whose values and optimiser state [`Optimizer::apply_rows`] requests.
+const ROWS_AHEAD: usize = 4;
 
 /// Cuts a table of rows `width` long into the parts starting at row 0 and at each of `cuts`
 /// (increasing row numbers).
