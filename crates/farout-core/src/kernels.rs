@@ -205,8 +205,9 @@ mod avx512 {
         let (mut i, mut m) = (0, 0);
         // The kept lanes are compressed in a register and stored as a whole vector: a
         // compress-store to memory is microcoded on AMD Zen 4 (tens of cycles) and would cost
-        // more than the comparisons. Most blocks keep nothing (a cut keeps a few rows of
-        // thousands) and store nothing.
+        // more than the comparisons. Every block stores, kept lanes or none, and the end moves
+        // by their count: no branch, which a scan keeping rows in some blocks and not in others
+        // would mispredict.
         // SAFETY: loads read scores[i..i + 16] with i + 16 <= n; the stores write 16 entries
         // from p0 + m and k0 + m, m <= i, so m + 16 <= n: within the capacity reserved for n.
         unsafe {
@@ -214,11 +215,9 @@ mod avx512 {
             while i + 16 <= n {
                 let v = _mm512_loadu_ps(scores.as_ptr().add(i));
                 let mask = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(v, thr);
-                if mask != 0 {
-                    _mm512_storeu_si512(pos.add(m).cast(), _mm512_maskz_compress_epi32(mask, at));
-                    _mm512_storeu_ps(out.add(m), _mm512_maskz_compress_ps(mask, v));
-                    m += mask.count_ones() as usize;
-                }
+                _mm512_storeu_si512(pos.add(m).cast(), _mm512_maskz_compress_epi32(mask, at));
+                _mm512_storeu_ps(out.add(m), _mm512_maskz_compress_ps(mask, v));
+                m += mask.count_ones() as usize;
                 at = _mm512_add_epi32(at, step);
                 i += 16;
             }
