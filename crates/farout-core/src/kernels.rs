@@ -396,7 +396,7 @@ pub fn max_of(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 
 /// Numerically stable `log(sum_i exp(z_i))`; `-inf` for an empty slice.
 pub fn log_sum_exp(z: &[f32]) -> f32 {
-    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_of(z, |v| v);
     if !max.is_finite() {
         return max;
     }

@@ -1,6 +1,6 @@
 use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
 use crate::sampled::{sigmoid, softplus};
-use farout_core::{ClassId, vexp};
+use farout_core::{ClassId, kernels, vexp};
 
 /// A loss `L(z, P)` of a score vector `z` and a set of positive positions `P`.
 ///
@@ -76,7 +76,7 @@ impl Loss for Softmax {
             grad.fill(0.0);
             return 0.0;
         }
-        let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = kernels::max_of(z, |v| v);
         grad.copy_from_slice(z);
         let sum = vexp::exp_shifted(grad, max);
         let n_pos = positives.len() as f32;
@@ -103,7 +103,7 @@ impl Loss for Softmax {
             z.fill(0.0);
             return 0.0;
         }
-        let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = kernels::max_of(z, |v| v);
         let pos_score_sum: f64 = positives.iter().map(|&p| z[p as usize] as f64).sum();
         let sum = vexp::exp_shifted(z, max);
         let scale = positives.len() as f32 / sum as f32;

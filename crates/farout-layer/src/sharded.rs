@@ -25,7 +25,7 @@
 
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::{Hit, top_k};
-use farout_core::{ClassId, Matrix, Rng, vexp};
+use farout_core::{ClassId, Matrix, Rng, kernels, vexp};
 use farout_dist::{Collective, DistError, Shards, local_index, merge_top_k};
 use farout_estimators::{Batch, BatchEstimate};
 use rayon::prelude::*;
@@ -235,7 +235,7 @@ fn softmax_step_whole(
         z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
             |((row, (m, e, s)), pos)| {
                 *s = positives_in(pos, first, &(0..k)).map(|l| f64::from(row[l])).sum();
-                *m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                *m = kernels::max_of(row, |v| v);
                 *e = vexp::exp_shifted(row, *m);
             },
         );
