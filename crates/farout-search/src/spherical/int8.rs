@@ -218,19 +218,23 @@ impl SphericalIndex {
                     if stream {
                         kernels::prefetch(&cluster.rows);
                     }
+                    // Requests run ahead over all the queries' rows: a query reaches only a row
+                    // or two of most clusters it probes.
+                    let ask = |t: usize| {
+                        if !stream && let Some(&i) = positions.get(t) {
+                            kernels::prefetch(cluster.row(i as usize, d));
+                        }
+                    };
+                    (0..AHEAD).for_each(ask);
                     let mut hits = Vec::with_capacity(positions.len());
                     for (s, &q) in qs.iter().enumerate() {
-                        let mine = &positions[starts[s] as usize..starts[s + 1] as usize];
                         let query = queries.row(q as usize);
-                        if !stream {
-                            mine.iter().take(AHEAD).for_each(|&i| kernels::prefetch(cluster.row(i as usize, d)));
-                        }
-                        for (t, &i) in mine.iter().enumerate() {
-                            if !stream && let Some(&next) = mine.get(t + AHEAD) {
-                                kernels::prefetch(cluster.row(next as usize, d));
-                            }
-                            let score = kernels::dot_simd(cluster.row(i as usize, d), query);
-                            hits.push(Hit { class: cluster.ids[i as usize], score });
+                        let (from, to) = (starts[s] as usize, starts[s + 1] as usize);
+                        for (t, &i) in positions[from..to].iter().enumerate() {
+                            ask(from + t + AHEAD);
+                            let i = i as usize;
+                            let score = kernels::dot_simd(cluster.row(i, d), query);
+                            hits.push(Hit { class: cluster.ids[i], score });
                         }
                     }
                     (hits, starts)
