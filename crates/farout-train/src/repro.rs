@@ -7,7 +7,7 @@
 
 use crate::Error;
 use farout_core::rng::{self, RngExt};
-use farout_core::{AliasTable, ClassId, Matrix};
+use farout_core::{AliasTable, ClassId, Matrix, kernels};
 use farout_estimators::{
     ArLogistic, ArProbit, ArSoftmax, Batch, Exact, Gaussian, GradientEstimator, Logistic, Ove, Softmax, ove_bound,
     utility_log_prob,
@@ -193,7 +193,7 @@ fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
 
 /// Softmax of `b` in f64.
 fn softmax64(b: &[f32]) -> Vec<f64> {
-    let m = b.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) as f64;
+    let m = f64::from(kernels::max_of(b, |v| v));
     let e: Vec<f64> = b.iter().map(|&x| (x as f64 - m).exp()).collect();
     let z: f64 = e.iter().sum();
     e.into_iter().map(|x| x / z).collect()
@@ -411,7 +411,7 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
                 let y = y_te[i] as usize;
                 let ll = match model {
                     Model::Softmax => {
-                        let m = psi.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+                        let m = f64::from(kernels::max_of(psi, |v| v));
                         psi[y] as f64 - m - psi.iter().map(|&p| (p as f64 - m).exp()).sum::<f64>().ln()
                     }
                     Model::Probit => utility_log_prob::<Gaussian>(psi, y),
