@@ -225,13 +225,15 @@ impl Optimizer {
             return;
         }
         let rule = self.rule();
+        // Runs of ids, a few per thread, each owning the table rows from its first id on.
         let per = ids.len().div_ceil(4 * rayon::current_num_threads());
-        let cuts: Vec<usize> = ids.chunks(per).skip(1).map(|c| c[0] as usize).collect();
+        let runs: Vec<&[u32]> = ids.chunks(per).collect();
+        let cuts: Vec<usize> = runs[1..].iter().map(|run| run[0] as usize).collect();
         let firsts = std::iter::once(0).chain(cuts.iter().copied());
         let acc_width = if self.accum.is_empty() { 0 } else { d };
         let parts =
             split_rows(table.as_mut_slice(), &cuts, d).into_iter().zip(split_rows(&mut self.accum, &cuts, acc_width));
-        let work: Vec<_> = parts.zip(firsts).zip(ids.chunks(per).zip(grads.as_slice().chunks(per * d))).collect();
+        let work: Vec<_> = parts.zip(firsts).zip(runs.into_iter().zip(grads.as_slice().chunks(per * d))).collect();
         work.into_par_iter().for_each(|(((rows, acc), first), (ids, grads))| {
             for (t, (&id, g)) in ids.iter().zip(grads.chunks_exact(d)).enumerate() {
                 // The rows are scattered over the table: request the ones a few ids ahead.
