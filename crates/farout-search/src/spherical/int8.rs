@@ -218,8 +218,8 @@ impl SphericalIndex {
                     if stream {
                         kernels::prefetch(&cluster.rows);
                     }
-                    // Requests run ahead over all the queries' rows: a query reaches only a row
-                    // or two of most clusters it probes.
+                    // Requests run ahead over all the queries' rows: a query reaches only a few
+                    // rows of each cluster it probes.
                     let ask = |t: usize| {
                         if !stream && let Some(&i) = positions.get(t) {
                             kernels::prefetch(cluster.row(i as usize, d));
