@@ -377,6 +377,12 @@ pub fn gemv(w: &[f32], x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// The largest `x_i`, NaN skipped (`-inf` when none is left): [`max_of`] the values themselves.
+#[inline]
+pub fn max(x: &[f32]) -> f32 {
+    max_of(x, |v| v)
+}
+
 /// The largest `f(x_i)`, values for which `f` gives NaN skipped (`-inf` when none is left):
 /// sixteen running maxima side by side, which LLVM vectorises (a sequential fold does not).
 #[inline]
@@ -396,7 +402,7 @@ pub fn max_of(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 
 /// Numerically stable `log(sum_i exp(z_i))`; `-inf` for an empty slice.
 pub fn log_sum_exp(z: &[f32]) -> f32 {
-    let max = max_of(z, |v| v);
+    let max = max(z);
     if !max.is_finite() {
         return max;
     }
@@ -416,12 +422,12 @@ mod tests {
             let x: Vec<f32> =
                 (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * if i % 7 == 3 { f32::NAN } else { 1.0 }).collect();
             let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-            assert_eq!(max_of(&x, |v| v), want, "{n} values");
+            assert_eq!(max(&x), want, "{n} values");
             let want_abs = x.iter().fold(f32::NEG_INFINITY, |m, &v| if v.abs() > m { v.abs() } else { m });
             assert_eq!(max_of(&x, f32::abs), want_abs, "{n} values, magnitudes");
         }
-        assert_eq!(max_of(&[f32::NAN], |v| v), f32::NEG_INFINITY);
-        assert_eq!(max_of(&[1.0, f32::INFINITY], |v| v), f32::INFINITY);
+        assert_eq!(max(&[f32::NAN]), f32::NEG_INFINITY);
+        assert_eq!(max(&[1.0, f32::INFINITY]), f32::INFINITY);
     }
 
     fn scalar_dot(a: &[f32], b: &[f32]) -> f64 {

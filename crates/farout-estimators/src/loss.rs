@@ -76,7 +76,7 @@ impl Loss for Softmax {
             grad.fill(0.0);
             return 0.0;
         }
-        let max = kernels::max_of(z, |v| v);
+        let max = kernels::max(z);
         grad.copy_from_slice(z);
         let sum = vexp::exp_shifted(grad, max);
         let n_pos = positives.len() as f32;
@@ -103,7 +103,7 @@ impl Loss for Softmax {
             z.fill(0.0);
             return 0.0;
         }
-        let max = kernels::max_of(z, |v| v);
+        let max = kernels::max(z);
         let pos_score_sum: f64 = positives.iter().map(|&p| z[p as usize] as f64).sum();
         let sum = vexp::exp_shifted(z, max);
         let scale = positives.len() as f32 / sum as f32;

@@ -235,7 +235,7 @@ fn softmax_step_whole(
         z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
             |((row, (m, e, s)), pos)| {
                 *s = positives_in(pos, first, &(0..k)).map(|l| f64::from(row[l])).sum();
-                *m = kernels::max_of(row, |v| v);
+                *m = kernels::max(row);
                 *e = vexp::exp_shifted(row, *m);
             },
         );
@@ -300,7 +300,7 @@ fn softmax_step_in_passes(
             let mut local = local.borrow_mut();
             z.par_chunks(n).zip(local.par_iter_mut()).zip(positives.par_iter()).for_each(|((row, (m, e, s)), pos)| {
                 *s += positives_in(pos, first, &rows).map(|l| f64::from(row[l])).sum::<f64>();
-                let chunk_max = kernels::max_of(row, |v| v);
+                let chunk_max = kernels::max(row);
                 if chunk_max > *m {
                     // Rescale the sum so far to the new max (0 before any finite score).
                     *e *= f64::from(*m - chunk_max).exp();
@@ -377,7 +377,7 @@ pub fn softmax_losses(
         .into_par_iter()
         .map(|i| {
             let row = z.row(i);
-            let m = kernels::max_of(row, |v| v);
+            let m = kernels::max(row);
             let e = row.iter().map(|&v| f64::from((v - m).exp())).sum();
             (m, e, positives_in(positives[i], first, &(0..k)).map(|l| f64::from(row[l])).sum())
         })

@@ -193,7 +193,7 @@ fn progress_bar(show: bool, len: u64, name: &str) -> ProgressBar {
 
 /// Softmax of `b` in f64.
 fn softmax64(b: &[f32]) -> Vec<f64> {
-    let m = f64::from(kernels::max_of(b, |v| v));
+    let m = f64::from(kernels::max(b));
     let e: Vec<f64> = b.iter().map(|&x| (x as f64 - m).exp()).collect();
     let z: f64 = e.iter().sum();
     e.into_iter().map(|x| x / z).collect()
@@ -411,7 +411,7 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
                 let y = y_te[i] as usize;
                 let ll = match model {
                     Model::Softmax => {
-                        let m = f64::from(kernels::max_of(psi, |v| v));
+                        let m = f64::from(kernels::max(psi));
                         psi[y] as f64 - m - psi.iter().map(|&p| (p as f64 - m).exp()).sum::<f64>().ln()
                     }
                     Model::Probit => utility_log_prob::<Gaussian>(psi, y),
