@@ -19,7 +19,7 @@
 //!   or not, as Alg. 2 is written); after the batch every row i ∈ R_t is soft-thresholded by
 //!   `τ = (C/|R_t|)·λ·η_t` (eq. 13, C the number of classes), applied unconditionally.
 //!
-//! Implementation (\[E\] "Implementation Details"; LINEAR.md §3):
+//! Implementation (\[E\] "Implementation Details"):
 //!
 //! - Lazy scaling: `W = acc·V` ([`ScaledWeights`]); scaling W multiplies `acc`, an update
 //!   `ω_k += a x` adds `(a/acc)x` to row k of V, and `‖W‖²_F = acc²‖V‖²_F` is kept incrementally
@@ -559,6 +559,53 @@ impl Memoir {
         on_epoch: &mut dyn FnMut(&EpochStats, &Matrix),
     ) -> Result<Trained> {
         let start = Instant::now();
+        let plan = self.plan(data, shards, comm)?;
+        let mut run = ShardRun::new(&plan);
+        let mut epochs = Vec::new();
+        progress.begin(plan.total as u64, "batches");
+
+        for t in 1..=plan.total {
+            let (epoch, pos) = ((t - 1) / plan.per_epoch, (t - 1) % plan.per_epoch);
+            if pos == 0 {
+                run.begin_epoch(self.config.seed, epoch, plan.n);
+            }
+            let batch_start = Instant::now();
+            let batch = pos * plan.b..((pos + 1) * plan.b).min(plan.n);
+            let eta = self.schedule.eta(t, self.lambda);
+            run.find_r(&self.config, &plan, comm, batch.clone())?;
+            run.update(self, &plan, comm, batch, eta)?;
+            run.refresh_oracle(&plan);
+            run.stats.batches += 1;
+            run.stats.eta = eta;
+            run.stats.seconds += batch_start.elapsed().as_secs_f64();
+            progress.advance(1);
+
+            if pos + 1 == plan.per_epoch || t == plan.total {
+                run.close_epoch(self, data, &plan, comm, pos)?;
+                progress.epoch(run.stats.epoch, &run.stats.values());
+                on_epoch(&run.stats, &run.mirror);
+                epochs.push(std::mem::take(&mut run.stats));
+            }
+        }
+
+        let (model, nnz) = prune_to_model(&run.w, plan.own.len(), plan.d, self.config.prune_threshold);
+        let report = MemoirReport {
+            epochs,
+            seconds: start.elapsed().as_secs_f64(),
+            threads: rayon::current_num_threads(),
+            n_pairs: plan.n,
+            batch: plan.b,
+            batches: plan.total,
+            lambda: self.lambda,
+            nnz_before_pruning: nnz,
+            nnz_after_pruning: model.nnz(),
+        };
+        Ok(Trained { model, weights: run.w, report })
+    }
+
+    /// Checks the shapes of `data` and `shards` against `comm` and fixes the pairs, |b|, T and
+    /// the monitored pairs.
+    fn plan<'a>(&self, data: &'a TrainSet, shards: &Shards, comm: &dyn Collective) -> Result<ShardPlan<'a>> {
         let cfg = &self.config;
         let (c, d, x) = (data.n_labels(), data.n_features(), &data.features);
         let pairs = pairs(data);
@@ -575,7 +622,6 @@ impl Memoir {
             )));
         }
         let own = shards.range(comm.rank());
-        let local = |k: ClassId| local_index(k as usize, own.start, own.len());
         let b = if cfg.batch == 0 { (100.0 * (c as f64).sqrt()).round() as usize } else { cfg.batch }.clamp(1, n);
         let per_epoch = n.div_ceil(b);
         let total = if cfg.epochs > 0 { cfg.epochs * per_epoch } else { cfg.batches };
@@ -584,207 +630,7 @@ impl Memoir {
         } else {
             epoch_order(cfg.seed ^ 0x4D0_417, 0, n)[..cfg.monitor].to_vec()
         };
-
-        let mut w = ScaledWeights::zeros(own.len(), d);
-        let mut mirror = Matrix::zeros(own.len(), d);
-        let mut oracle: Option<MipsOracle> = None;
-        let mut all_zero = true;
-        // Rows marked in this batch (global ids): R_t of Alg. 2, and the rows to copy and refresh.
-        let mut changed = vec![false; c];
-        let mut changed_rows: Vec<ClassId> = Vec::new();
-        let mut own_changed: Vec<ClassId> = Vec::new();
-        let mut updates = BatchUpdates::new(c, d);
-        let mut r_of: Vec<Option<Hit>> = Vec::with_capacity(b);
-        let mut s0: Vec<f64> = Vec::with_capacity(2 * b);
-        let mut hits: Vec<Vec<Hit>> = Vec::new();
-        let mut queries = Matrix::zeros(0, d);
-        let mut epochs = Vec::new();
-        let mut stats = EpochStats::default();
-        let mut order = Vec::new();
-        let (mut cost_total, mut queried, mut violated, mut refresh_s) = (0u64, 0usize, 0usize, Vec::new());
-        progress.begin(total as u64, "batches");
-
-        for t in 1..=total {
-            let (epoch, pos) = ((t - 1) / per_epoch, (t - 1) % per_epoch);
-            if pos == 0 {
-                order = epoch_order(cfg.seed, epoch, n);
-                stats = EpochStats { epoch: epoch + 1, ..Default::default() };
-                (cost_total, queried, violated) = (0, 0, 0);
-                refresh_s.clear();
-            }
-            let batch_start = Instant::now();
-            let batch = &order[pos * b..((pos + 1) * b).min(n)];
-            let eta = self.schedule.eta(t, self.lambda);
-
-            // r for every pair of the batch, against the batch-start V: the best two of every
-            // rank's oracle over its rows, merged.
-            let q_start = Instant::now();
-            r_of.clear();
-            if all_zero {
-                r_of.extend(
-                    batch.iter().map(|&p| Some(Hit { class: (pairs[p as usize].1 == 0) as ClassId, score: 0.0 })),
-                );
-            } else {
-                let o = oracle.get_or_insert_with(|| MipsOracle::build(&cfg.oracle, &mirror, cfg.rebuild_fraction));
-                let chunk = (QUERY_FLOATS / d).clamp(1, b);
-                for part in batch.chunks(chunk) {
-                    densify(x, part.iter().map(|&p| pairs[p as usize].0), &mut queries);
-                    cost_total += o.top2_batch(&mirror, &queries, &mut hits) as u64;
-                    merge_top2(comm, own.start, &mut hits)?;
-                    queried += part.len();
-                    r_of.extend(part.iter().zip(&hits).map(|(&p, h)| best_excluding(h, pairs[p as usize].1)));
-                }
-            }
-            stats.query_seconds += q_start.elapsed().as_secs_f64();
-
-            // Alg. 1 / Alg. 2's sequential updates. A pair's scores at its turn are its
-            // batch-start scores (after the ℓ2 scaling; each from the row's owner) plus what the
-            // batch's earlier updates of the two rows added (`updates`): every rank decides
-            // every pair alike and updates its own rows.
-            let u_start = Instant::now();
-            if self.config.variant == Variant::L2 {
-                let f = 1.0 - self.lambda * eta;
-                if f <= 0.0 {
-                    all_zero = true;
-                    mark_all(&mut changed, &mut changed_rows);
-                }
-                w.scale(f.max(0.0));
-            }
-            s0.clear();
-            s0.resize(2 * batch.len(), 0.0);
-            if !all_zero {
-                s0.par_chunks_mut(2).zip(batch.par_iter().zip(&r_of)).for_each(|(s, (&p, r))| {
-                    let (i, y) = pairs[p as usize];
-                    let (cols, vals) = x.row(i as usize);
-                    if let Some(k) = r.and_then(|r| local(r.class)) {
-                        s[0] = w.dot(k, cols, vals);
-                    }
-                    if let Some(k) = local(y) {
-                        s[1] = w.dot(k, cols, vals);
-                    }
-                });
-                comm.allreduce_sum_f64(&mut s0)?;
-            }
-            for (at, (&p, r)) in batch.iter().zip(&r_of).enumerate() {
-                let (i, y) = pairs[p as usize];
-                let Some(r) = r else { continue };
-                let r = r.class;
-                let (cols, vals) = x.row(i as usize);
-                let (sr, sy) = updates.scores(x, i, [r, y], [s0[2 * at], s0[2 * at + 1]]);
-                if 1.0 + sr - sy > 0.0 {
-                    if let Some(k) = local(r) {
-                        w.add(k, -eta, cols, vals);
-                    }
-                    if let Some(k) = local(y) {
-                        w.add(k, eta, cols, vals);
-                    }
-                    updates.push(x, r, i, -eta);
-                    updates.push(x, y, i, eta);
-                    violated += 1;
-                    all_zero = false;
-                    mark(&mut changed, &mut changed_rows, r);
-                    mark(&mut changed, &mut changed_rows, y);
-                } else if self.config.variant == Variant::L1 {
-                    mark(&mut changed, &mut changed_rows, r);
-                    mark(&mut changed, &mut changed_rows, y);
-                }
-            }
-            updates.clear(x);
-            match self.config.variant {
-                Variant::L2 => {
-                    let mut norm_sq = [w.norm_sq()];
-                    comm.allreduce_sum_f64(&mut norm_sq)?;
-                    let norm = norm_sq[0].sqrt();
-                    if norm > 0.0 {
-                        w.scale((1.0 / (self.lambda.sqrt() * norm)).min(1.0));
-                    }
-                }
-                Variant::L1 => {
-                    // R_t = the rows marked above (eq. 13 with ξ = |R_t|).
-                    let tau = c as f64 / changed_rows.len().max(1) as f64 * self.lambda * eta;
-                    for k in changed_rows.iter().filter_map(|&k| local(k)) {
-                        w.soft_threshold_row(k, tau);
-                    }
-                }
-            }
-            if w.acc().abs() < ACC_FLOOR {
-                w.fold();
-                mark_all(&mut changed, &mut changed_rows);
-            }
-            stats.update_seconds += u_start.elapsed().as_secs_f64();
-
-            // The f32 copy and the oracle follow the rank's changed rows.
-            let r_start = Instant::now();
-            own_changed.clear();
-            for &k in &changed_rows {
-                changed[k as usize] = false;
-                if let Some(l) = local(k) {
-                    w.copy_row_to(l, mirror.row_mut(l));
-                    own_changed.push(l as ClassId);
-                }
-            }
-            stats.rows_changed_mean += changed_rows.len() as f64;
-            if let Some(o) = oracle.as_mut()
-                && o.refresh(&mirror, &own_changed) == RefreshKind::Rebuilt
-            {
-                stats.rebuilds += 1;
-            }
-            changed_rows.clear();
-            let rs = r_start.elapsed().as_secs_f64();
-            stats.refresh_seconds += rs;
-            refresh_s.push(rs);
-            stats.batches += 1;
-            stats.eta = eta;
-            stats.seconds += batch_start.elapsed().as_secs_f64();
-            progress.advance(1);
-
-            if pos + 1 == per_epoch || t == total {
-                w.recompute_norm();
-                let nb = stats.batches as f64;
-                stats.rows_changed_mean /= nb;
-                stats.refresh_ms_mean = 1e3 * refresh_s.iter().sum::<f64>() / nb;
-                let seen = ((pos + 1) * b).min(n) as f64;
-                stats.violations = violated as f64 / seen;
-                // Inner products and rebuilds add up over the ranks.
-                let mut counts = [cost_total, stats.rebuilds as u64];
-                comm.allreduce_sum_u64(&mut counts)?;
-                stats.rebuilds = counts[1] as usize;
-                stats.oracle_cost_mean = if queried > 0 { counts[0] as f64 / queried as f64 } else { 0.0 };
-                let view = oracle.as_ref().map(|o| o as &dyn ArgmaxOracle);
-                self.monitor(data, &pairs, &monitored, &w, &mirror, view, comm, &own, &mut stats)?;
-                progress.epoch(stats.epoch, &stats.values());
-                on_epoch(&stats, &mirror);
-                epochs.push(std::mem::take(&mut stats));
-            }
-        }
-
-        let mut model = SparseModel::new(d, false);
-        let (mut nnz, mut f, mut v) = (0usize, Vec::new(), Vec::new());
-        for k in 0..own.len() {
-            f.clear();
-            v.clear();
-            for j in 0..d {
-                let x = w.w(k, j);
-                nnz += (x != 0.0) as usize;
-                if x != 0.0 && x.abs() >= cfg.prune_threshold {
-                    f.push(j as u32);
-                    v.push(x as f32);
-                }
-            }
-            model.push_label(&f, &v, 0.0);
-        }
-        let report = MemoirReport {
-            epochs,
-            seconds: start.elapsed().as_secs_f64(),
-            threads: rayon::current_num_threads(),
-            n_pairs: n,
-            batch: b,
-            batches: total,
-            lambda: self.lambda,
-            nnz_before_pruning: nnz,
-            nnz_after_pruning: model.nnz(),
-        };
-        Ok(Trained { model, weights: w, report })
+        Ok(ShardPlan { x, pairs, monitored, own, c, d, n, b, per_epoch, total })
     }
 
     /// Exact scores of the monitored pairs: oracle recall, |m − m̄|, the objective (eq. 10 or
@@ -872,6 +718,311 @@ impl Memoir {
     pub fn train(&self, data: &TrainSet) -> Result<Trained> {
         self.train_with(data, &Silent, &mut |_, _| {})
     }
+}
+
+/// What [`Memoir::train_shard`] fixes before its first batch: the pairs, this rank's rows and
+/// the batch schedule.
+struct ShardPlan<'a> {
+    x: &'a SparseRows,
+    /// (sample, label) pairs.
+    pairs: Vec<(u32, ClassId)>,
+    /// Pairs scored exactly at every epoch's end.
+    monitored: Vec<u32>,
+    /// This rank's rows of W (global ids).
+    own: Range<usize>,
+    /// Classes C.
+    c: usize,
+    /// Features d.
+    d: usize,
+    /// Pairs n.
+    n: usize,
+    /// |b|.
+    b: usize,
+    /// Batches per epoch, ⌈n/|b|⌉.
+    per_epoch: usize,
+    /// T.
+    total: usize,
+}
+
+impl ShardPlan<'_> {
+    /// The local row of class `k`, if this rank holds it.
+    #[inline]
+    fn local(&self, k: ClassId) -> Option<usize> {
+        local_index(k as usize, self.own.start, self.own.len())
+    }
+}
+
+/// What [`Memoir::train_shard`] carries from batch to batch: W = acc·V, its f32 copy and its
+/// oracle, the rows changed in the batch, the reused buffers and the epoch's running counts.
+struct ShardRun {
+    w: ScaledWeights,
+    mirror: Matrix,
+    oracle: Option<MipsOracle>,
+    /// W = 0: before the first update, or after an ℓ2 scaling by `1 − λη ≤ 0`.
+    all_zero: bool,
+    // Rows marked in this batch (global ids): R_t of Alg. 2, and the rows to copy and refresh.
+    changed: Vec<bool>,
+    changed_rows: Vec<ClassId>,
+    own_changed: Vec<ClassId>,
+    updates: BatchUpdates,
+    /// Each pair's r (none when no class but y).
+    r_of: Vec<Option<Hit>>,
+    /// Each pair's batch-start scores `ω_rᵀx, ω_yᵀx`.
+    s0: Vec<f64>,
+    hits: Vec<Vec<Hit>>,
+    queries: Matrix,
+    stats: EpochStats,
+    /// This epoch's permutation of the pairs.
+    order: Vec<u32>,
+    cost_total: u64,
+    queried: usize,
+    violated: usize,
+    /// Refresh seconds of each batch of the epoch.
+    refresh_s: Vec<f64>,
+}
+
+impl ShardRun {
+    fn new(plan: &ShardPlan) -> Self {
+        let (c, d, b) = (plan.c, plan.d, plan.b);
+        Self {
+            w: ScaledWeights::zeros(plan.own.len(), d),
+            mirror: Matrix::zeros(plan.own.len(), d),
+            oracle: None,
+            all_zero: true,
+            changed: vec![false; c],
+            changed_rows: Vec::new(),
+            own_changed: Vec::new(),
+            updates: BatchUpdates::new(c, d),
+            r_of: Vec::with_capacity(b),
+            s0: Vec::with_capacity(2 * b),
+            hits: Vec::new(),
+            queries: Matrix::zeros(0, d),
+            stats: EpochStats::default(),
+            order: Vec::new(),
+            cost_total: 0,
+            queried: 0,
+            violated: 0,
+            refresh_s: Vec::new(),
+        }
+    }
+
+    /// Epoch `epoch` (from 0) starts: a new permutation of the pairs, zeroed statistics.
+    fn begin_epoch(&mut self, seed: u64, epoch: usize, n: usize) {
+        self.order = epoch_order(seed, epoch, n);
+        self.stats = EpochStats { epoch: epoch + 1, ..Default::default() };
+        (self.cost_total, self.queried, self.violated) = (0, 0, 0);
+        self.refresh_s.clear();
+    }
+
+    /// r for every pair of the batch (`batch` indexes `order`), against the batch-start V: the
+    /// best two of every rank's oracle over its rows, merged.
+    fn find_r(
+        &mut self,
+        cfg: &MemoirConfig,
+        plan: &ShardPlan,
+        comm: &dyn Collective,
+        batch: Range<usize>,
+    ) -> Result<()> {
+        let q_start = Instant::now();
+        let (pairs, batch) = (&plan.pairs, &self.order[batch]);
+        self.r_of.clear();
+        if self.all_zero {
+            self.r_of
+                .extend(batch.iter().map(|&p| Some(Hit { class: (pairs[p as usize].1 == 0) as ClassId, score: 0.0 })));
+        } else {
+            let mirror = &self.mirror;
+            let o = self.oracle.get_or_insert_with(|| MipsOracle::build(&cfg.oracle, mirror, cfg.rebuild_fraction));
+            let chunk = (QUERY_FLOATS / plan.d).clamp(1, plan.b);
+            for part in batch.chunks(chunk) {
+                densify(plan.x, part.iter().map(|&p| pairs[p as usize].0), &mut self.queries);
+                self.cost_total += o.top2_batch(mirror, &self.queries, &mut self.hits) as u64;
+                merge_top2(comm, plan.own.start, &mut self.hits)?;
+                self.queried += part.len();
+                self.r_of.extend(part.iter().zip(&self.hits).map(|(&p, h)| best_excluding(h, pairs[p as usize].1)));
+            }
+        }
+        self.stats.query_seconds += q_start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Alg. 1 / Alg. 2 on the batch: the ℓ2 scaling, the sequential updates, then the ℓ2
+    /// projection or the ℓ1 soft-thresholding; `acc` is folded into V when it gets small.
+    fn update(
+        &mut self,
+        memoir: &Memoir,
+        plan: &ShardPlan,
+        comm: &dyn Collective,
+        batch: Range<usize>,
+        eta: f64,
+    ) -> Result<()> {
+        let u_start = Instant::now();
+        let (variant, lambda) = (memoir.config.variant, memoir.lambda);
+        if variant == Variant::L2 {
+            let f = 1.0 - lambda * eta;
+            if f <= 0.0 {
+                self.all_zero = true;
+                mark_all(&mut self.changed, &mut self.changed_rows);
+            }
+            self.w.scale(f.max(0.0));
+        }
+        self.batch_start_scores(plan, comm, batch.clone())?;
+        self.sequential_updates(plan, variant, batch, eta);
+        self.updates.clear(plan.x);
+        match variant {
+            Variant::L2 => self.project_l2(lambda, comm)?,
+            Variant::L1 => self.soft_threshold_marked(plan, lambda, eta),
+        }
+        if self.w.acc().abs() < ACC_FLOOR {
+            self.w.fold();
+            mark_all(&mut self.changed, &mut self.changed_rows);
+        }
+        self.stats.update_seconds += u_start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Each pair's batch-start scores `ω_rᵀx, ω_yᵀx` (after the ℓ2 scaling), each from the
+    /// row's owner, summed over the ranks; zero while W = 0.
+    fn batch_start_scores(&mut self, plan: &ShardPlan, comm: &dyn Collective, batch: Range<usize>) -> Result<()> {
+        let batch = &self.order[batch];
+        self.s0.clear();
+        self.s0.resize(2 * batch.len(), 0.0);
+        if !self.all_zero {
+            let (w, x, pairs) = (&self.w, plan.x, &plan.pairs);
+            self.s0.par_chunks_mut(2).zip(batch.par_iter().zip(&self.r_of)).for_each(|(s, (&p, r))| {
+                let (i, y) = pairs[p as usize];
+                let (cols, vals) = x.row(i as usize);
+                if let Some(k) = r.and_then(|r| plan.local(r.class)) {
+                    s[0] = w.dot(k, cols, vals);
+                }
+                if let Some(k) = plan.local(y) {
+                    s[1] = w.dot(k, cols, vals);
+                }
+            });
+            comm.allreduce_sum_f64(&mut self.s0)?;
+        }
+        Ok(())
+    }
+
+    /// Alg. 1 / Alg. 2's sequential updates. A pair's scores at its turn are its batch-start
+    /// scores plus what the batch's earlier updates of the two rows added (`updates`): every
+    /// rank decides every pair alike and updates its own rows.
+    fn sequential_updates(&mut self, plan: &ShardPlan, variant: Variant, batch: Range<usize>, eta: f64) {
+        let x = plan.x;
+        for (at, (&p, r)) in self.order[batch].iter().zip(&self.r_of).enumerate() {
+            let (i, y) = plan.pairs[p as usize];
+            let Some(r) = r else { continue };
+            let r = r.class;
+            let (cols, vals) = x.row(i as usize);
+            let (sr, sy) = self.updates.scores(x, i, [r, y], [self.s0[2 * at], self.s0[2 * at + 1]]);
+            if 1.0 + sr - sy > 0.0 {
+                if let Some(k) = plan.local(r) {
+                    self.w.add(k, -eta, cols, vals);
+                }
+                if let Some(k) = plan.local(y) {
+                    self.w.add(k, eta, cols, vals);
+                }
+                self.updates.push(x, r, i, -eta);
+                self.updates.push(x, y, i, eta);
+                self.violated += 1;
+                self.all_zero = false;
+                mark(&mut self.changed, &mut self.changed_rows, r);
+                mark(&mut self.changed, &mut self.changed_rows, y);
+            } else if variant == Variant::L1 {
+                mark(&mut self.changed, &mut self.changed_rows, r);
+                mark(&mut self.changed, &mut self.changed_rows, y);
+            }
+        }
+    }
+
+    /// Alg. 1's projection onto the ball ‖W‖_F ≤ 1/√λ, with ‖W‖²_F summed over the ranks.
+    fn project_l2(&mut self, lambda: f64, comm: &dyn Collective) -> Result<()> {
+        let mut norm_sq = [self.w.norm_sq()];
+        comm.allreduce_sum_f64(&mut norm_sq)?;
+        let norm = norm_sq[0].sqrt();
+        if norm > 0.0 {
+            self.w.scale((1.0 / (lambda.sqrt() * norm)).min(1.0));
+        }
+        Ok(())
+    }
+
+    /// Alg. 2's soft-thresholding of the rank's rows in R_t = the rows marked above (eq. 13
+    /// with ξ = |R_t|).
+    fn soft_threshold_marked(&mut self, plan: &ShardPlan, lambda: f64, eta: f64) {
+        let tau = plan.c as f64 / self.changed_rows.len().max(1) as f64 * lambda * eta;
+        for k in self.changed_rows.iter().filter_map(|&k| plan.local(k)) {
+            self.w.soft_threshold_row(k, tau);
+        }
+    }
+
+    /// The f32 copy and the oracle follow the rank's changed rows.
+    fn refresh_oracle(&mut self, plan: &ShardPlan) {
+        let r_start = Instant::now();
+        self.own_changed.clear();
+        for &k in &self.changed_rows {
+            self.changed[k as usize] = false;
+            if let Some(l) = plan.local(k) {
+                self.w.copy_row_to(l, self.mirror.row_mut(l));
+                self.own_changed.push(l as ClassId);
+            }
+        }
+        self.stats.rows_changed_mean += self.changed_rows.len() as f64;
+        if let Some(o) = self.oracle.as_mut()
+            && o.refresh(&self.mirror, &self.own_changed) == RefreshKind::Rebuilt
+        {
+            self.stats.rebuilds += 1;
+        }
+        self.changed_rows.clear();
+        let rs = r_start.elapsed().as_secs_f64();
+        self.stats.refresh_seconds += rs;
+        self.refresh_s.push(rs);
+    }
+
+    /// The epoch's statistics after its last batch (`pos` in the epoch): means, counts summed
+    /// over the ranks, and the monitored pairs' recall, |m − m̄|, objective and accuracy.
+    fn close_epoch(
+        &mut self,
+        memoir: &Memoir,
+        data: &TrainSet,
+        plan: &ShardPlan,
+        comm: &dyn Collective,
+        pos: usize,
+    ) -> Result<()> {
+        self.w.recompute_norm();
+        let stats = &mut self.stats;
+        let nb = stats.batches as f64;
+        stats.rows_changed_mean /= nb;
+        stats.refresh_ms_mean = 1e3 * self.refresh_s.iter().sum::<f64>() / nb;
+        let seen = ((pos + 1) * plan.b).min(plan.n) as f64;
+        stats.violations = self.violated as f64 / seen;
+        // Inner products and rebuilds add up over the ranks.
+        let mut counts = [self.cost_total, stats.rebuilds as u64];
+        comm.allreduce_sum_u64(&mut counts)?;
+        stats.rebuilds = counts[1] as usize;
+        stats.oracle_cost_mean = if self.queried > 0 { counts[0] as f64 / self.queried as f64 } else { 0.0 };
+        let view = self.oracle.as_ref().map(|o| o as &dyn ArgmaxOracle);
+        memoir.monitor(data, &plan.pairs, &plan.monitored, &self.w, &self.mirror, view, comm, &plan.own, stats)
+    }
+}
+
+/// The model of W's `rows` rows: its non-zeros with |w| ≥ `threshold`; and the number of
+/// non-zeros of W.
+fn prune_to_model(w: &ScaledWeights, rows: usize, d: usize, threshold: f64) -> (SparseModel, usize) {
+    let mut model = SparseModel::new(d, false);
+    let (mut nnz, mut f, mut v) = (0usize, Vec::new(), Vec::new());
+    for k in 0..rows {
+        f.clear();
+        v.clear();
+        for j in 0..d {
+            let x = w.w(k, j);
+            nnz += (x != 0.0) as usize;
+            if x != 0.0 && x.abs() >= threshold {
+                f.push(j as u32);
+                v.push(x as f32);
+            }
+        }
+        model.push_label(&f, &v, 0.0);
+    }
+    (model, nnz)
 }
 
 /// Every rank's best two hits per query (over its own rows `first..`, local ids) become the
