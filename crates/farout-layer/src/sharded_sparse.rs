@@ -169,26 +169,9 @@ pub fn sparse_step(
     rng: &mut Rng,
     want_dphi: bool,
 ) -> Result<(StepStats, CommCost), DistError> {
-    let mut comm_seconds = 0.0;
-    let mut comm_bytes = 0;
-    let mut timed = |f: &mut dyn FnMut() -> Result<(), DistError>| {
-        let t = Instant::now();
-        let r = f();
-        comm_seconds += t.elapsed().as_secs_f64();
-        r
-    };
+    let mut ranks = StepComm { comm, first, seconds: 0.0, bytes: 0 };
     if comm.size() > 1 && matches!(plan, ShardPlan::Search { .. }) {
-        // One rank's rebuild is every rank's (otherwise each rank's would stall the others),
-        // with the norm bound of the whole layer's rows.
-        let mut due = [f32::from(u8::from(layer.index_rebuild_due()))];
-        timed(&mut || comm.allreduce_max_f32(&mut due))?;
-        comm_bytes += 4;
-        if due[0] > 0.0 {
-            let mut norms = layer.index_block_norms();
-            timed(&mut || comm.allreduce_max_f32(&mut norms))?;
-            comm_bytes += 4 * norms.len();
-            layer.request_index_rebuild(norms);
-        }
+        ranks.rebuild_indexes_together(layer)?;
     }
     let stats = layer.train_step_with(batch, want_dphi, |ctx, batch, grads| {
         CANDIDATES.with_borrow_mut(|(cands, drawn, scores_buf)| {
@@ -196,147 +179,243 @@ pub fn sparse_step(
             cands.resize_with(b, Candidates::default);
             cands.truncate(b);
             // 1. The candidates: every block's top-Q over the ranks, or the draws.
-            let mut cost = 0;
-            let (loss, n_blocks) = match plan {
+            let (cost, loss, n_blocks) = match plan {
                 ShardPlan::Search { top, loss } => {
-                    let index = ctx.index.expect("a search estimator's layer has its index attached");
-                    let n_blocks = index.n_blocks();
-                    // Row j * B + i: block j's hits of sample i.
-                    let mut rows = Vec::with_capacity(n_blocks * b);
-                    let (mut hits, mut search_dots) = (Vec::new(), 0);
-                    for j in 0..n_blocks {
-                        search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
-                        rows.append(&mut hits);
-                    }
-                    cost += search_dots.div_ceil(n_blocks);
-                    rows.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
-                    comm_bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
-                    let mut merged = Vec::new();
-                    timed(&mut || {
-                        merged = farout_dist::merge_top_k(comm, std::mem::take(&mut rows), top)?;
-                        Ok(())
-                    })?;
-                    let merged = &merged;
-                    cands.par_iter_mut().zip(batch.positives).enumerate().for_each(|(i, (c, pos))| {
-                        let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
-                        SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
-                    });
-                    (StepLoss::Scores(loss), n_blocks)
+                    let (cost, n_blocks) = ranks.searched_candidates(ctx, batch, top, cands)?;
+                    (cost, StepLoss::Scores(loss), n_blocks)
                 }
                 ShardPlan::Near { width, loss } => {
-                    let (k_local, d) = (ctx.n_classes(), ctx.w.cols());
-                    // Every score of the rank, without the bias (the owner's scoring adds it).
-                    scores_buf.resize(b * k_local, 0.0);
-                    farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k_local, d, scores_buf);
-                    cost += b * k_local;
-                    let with_bias = |l: usize, z: f32| z + ctx.bias.map_or(0.0, |bias| bias[l]);
-                    let is_pos = |i: usize, l: usize| batch.positives[i].contains(&((first + l) as ClassId));
-                    let mut best: Vec<f32> = scores_buf
-                        .par_chunks(k_local.max(1))
-                        .enumerate()
-                        .map(|(i, z)| {
-                            let negatives = z.iter().enumerate().filter(|&(l, _)| !is_pos(i, l));
-                            negatives.map(|(l, &z)| with_bias(l, z)).fold(f32::NEG_INFINITY, f32::max)
-                        })
-                        .collect();
-                    timed(&mut || comm.allreduce_max_f32(&mut best))?;
-                    // The positives, and the negatives a little wider than the loss needs (a
-                    // class at the edge has no gradient anyway). `!(z < cut)` keeps non-finite
-                    // scores, so that a diverged model's loss is NaN, as in one process.
-                    let mut local: Vec<Vec<Hit>> = scores_buf
-                        .par_chunks(k_local.max(1))
-                        .zip(&best)
-                        .enumerate()
-                        .map(|(i, (z, &m))| {
-                            let cut = m - width * (1.0 + 1e-4) - 1e-6 * m.abs();
-                            let near = z.iter().enumerate().filter(|&(l, &z)| is_pos(i, l) || !(with_bias(l, z) < cut));
-                            near.map(|(l, &score)| Hit { class: (first + l) as ClassId, score }).collect()
-                        })
-                        .collect();
-                    let (mut merged, mut sent) = (Vec::new(), 0);
-                    timed(&mut || {
-                        (merged, sent) = farout_dist::gather_all_hits(comm, std::mem::take(&mut local))?;
-                        Ok(())
-                    })?;
-                    comm_bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
-                    cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
-                        SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
-                    });
-                    (StepLoss::Scores(loss), 1)
+                    let cost = ranks.near_candidates(ctx, batch, width, cands, scores_buf)?;
+                    (cost, StepLoss::Scores(loss), 1)
                 }
                 ShardPlan::Draw { draw, loss } => {
                     draw.draw_batch(n_classes, batch.positives, rng, drawn);
                     cands.par_iter_mut().zip(drawn.par_iter()).for_each(|(c, d)| c.set_drawn(d));
-                    (StepLoss::Drawn(loss, drawn.as_slice()), 1)
+                    (0, StepLoss::Drawn(loss, drawn.as_slice()), 1)
                 }
             };
             // 2. The exact scores, each from the rank that owns the class.
-            let mut scores = vec![0f32; cands.iter().map(|c| c.classes.len()).sum()];
-            let mut parts = Vec::with_capacity(b);
-            let mut rest = scores.as_mut_slice();
-            for c in cands.iter() {
-                let (part, tail) = rest.split_at_mut(c.classes.len());
-                parts.push(part);
-                rest = tail;
-            }
-            cost += parts
-                .par_iter_mut()
-                .zip(cands.par_iter())
-                .enumerate()
-                .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, first, batch.phi.row(i), c, out)))
-                .sum::<usize>();
-            let mut cost_sum = [cost as u64];
-            comm_bytes += 4 * scores.len() + 8;
-            timed(&mut || {
-                comm.allreduce_sum_f32(&mut scores)?;
-                comm.allreduce_sum_u64(&mut cost_sum)
-            })?;
-            let mut at = 0;
-            for c in cands.iter_mut() {
-                let n = c.classes.len();
-                c.z.iter_mut().zip(&scores[at..at + n]).for_each(|(z, s)| *z += s);
-                at += n;
-            }
+            let classes_scored = ranks.exact_scores(ctx, batch, n_blocks, cands, cost)?;
             // 3. The same loss on every rank; each keeps the gradient of its own classes.
-            let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
-            grads.reset_sparse(b);
-            grads.losses.resize(b, 0.0);
-            let loss_sum = grads
-                .sparse
-                .par_iter_mut()
-                .zip(grads.losses.par_iter_mut())
-                .zip(cands.par_iter())
-                .enumerate()
-                .map_init(
-                    || (Vec::new(), LossScratch::default()),
-                    |(grad, scratch), (i, ((g, l), c))| {
-                        grad.resize(c.z.len(), 0.0);
-                        *l = match loss {
-                            StepLoss::Scores(loss) => loss.value_and_grad(&c.z, &c.pos, grad, scratch),
-                            StepLoss::Drawn(loss, drawn) => {
-                                let id = batch.ids.get(i).copied();
-                                loss.drawn_value_and_grad(id, &drawn[i], &c.z, &c.pos, grad, scratch)
-                            }
-                        };
-                        for (&class, &v) in c.classes.iter().zip(grad.iter()) {
-                            if let Some(local) = owned(class)
-                                && v != 0.0
-                            {
-                                g.push(local as ClassId, v);
-                            }
-                        }
-                        f64::from(*l)
-                    },
-                )
-                .sum();
-            Ok(BatchEstimate { loss_sum, classes_scored: cost_sum[0] as usize })
+            let loss_sum = own_class_gradients(ctx, batch, grads, cands, loss, first);
+            Ok(BatchEstimate { loss_sum, classes_scored })
         })
     })?;
     if want_dphi {
-        comm_seconds += allreduce_dphi(layer, comm)?;
-        comm_bytes += 4 * layer.dphi().as_slice().len();
+        ranks.seconds += allreduce_dphi(layer, comm)?;
+        ranks.bytes += 4 * layer.dphi().as_slice().len();
     }
-    Ok((stats, CommCost { seconds: comm_seconds, bytes: comm_bytes }))
+    Ok((stats, CommCost { seconds: ranks.seconds, bytes: ranks.bytes }))
+}
+
+/// The collectives of one [`sparse_step`] of the rank with rows `first..`, and what they cost it.
+struct StepComm<'c> {
+    comm: &'c dyn Collective,
+    first: usize,
+    /// Wall time in collectives so far.
+    seconds: f64,
+    /// Bytes contributed so far.
+    bytes: usize,
+}
+
+impl StepComm<'_> {
+    /// Runs the collective `f`, adding its wall time to `seconds`.
+    fn timed(&mut self, f: &mut dyn FnMut() -> Result<(), DistError>) -> Result<(), DistError> {
+        let t = Instant::now();
+        let r = f();
+        self.seconds += t.elapsed().as_secs_f64();
+        r
+    }
+
+    /// One rank's rebuild is every rank's (otherwise each rank's would stall the others),
+    /// with the norm bound of the whole layer's rows.
+    fn rebuild_indexes_together(&mut self, layer: &mut OutputLayer) -> Result<(), DistError> {
+        let comm = self.comm;
+        let mut due = [f32::from(u8::from(layer.index_rebuild_due()))];
+        self.timed(&mut || comm.allreduce_max_f32(&mut due))?;
+        self.bytes += 4;
+        if due[0] > 0.0 {
+            let mut norms = layer.index_block_norms();
+            self.timed(&mut || comm.allreduce_max_f32(&mut norms))?;
+            self.bytes += 4 * norms.len();
+            layer.request_index_rebuild(norms);
+        }
+        Ok(())
+    }
+
+    /// Search: every block's top-`top` of this rank's rows, merged over the ranks into every
+    /// block's top-`top` of the whole layer; each sample's `U` is their union and its
+    /// positives. Returns the classes scored (in full rows) and the number of blocks.
+    fn searched_candidates(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        top: usize,
+        cands: &mut [Candidates],
+    ) -> Result<(usize, usize), DistError> {
+        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let index = ctx.index.expect("a search estimator's layer has its index attached");
+        let n_blocks = index.n_blocks();
+        // Row j * B + i: block j's hits of sample i.
+        let mut rows = Vec::with_capacity(n_blocks * b);
+        let (mut hits, mut search_dots) = (Vec::new(), 0);
+        for j in 0..n_blocks {
+            search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
+            rows.append(&mut hits);
+        }
+        let cost = search_dots.div_ceil(n_blocks);
+        rows.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
+        self.bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
+        let mut merged = Vec::new();
+        self.timed(&mut || {
+            merged = farout_dist::merge_top_k(comm, std::mem::take(&mut rows), top)?;
+            Ok(())
+        })?;
+        let merged = &merged;
+        cands.par_iter_mut().zip(batch.positives).enumerate().for_each(|(i, (c, pos))| {
+            let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
+            SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
+        });
+        Ok((cost, n_blocks))
+    }
+
+    /// Near: every class of the rank scored (into `scores_buf`), the best negative score M over
+    /// the ranks, and as `U` the positives and the classes scoring at least M − `width`,
+    /// gathered from all ranks. Returns the classes scored.
+    fn near_candidates(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        width: f32,
+        cands: &mut [Candidates],
+        scores_buf: &mut Vec<f32>,
+    ) -> Result<usize, DistError> {
+        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let (k_local, d) = (ctx.n_classes(), ctx.w.cols());
+        // Every score of the rank, without the bias (the owner's scoring adds it).
+        scores_buf.resize(b * k_local, 0.0);
+        farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k_local, d, scores_buf);
+        let cost = b * k_local;
+        let with_bias = |l: usize, z: f32| z + ctx.bias.map_or(0.0, |bias| bias[l]);
+        let is_pos = |i: usize, l: usize| batch.positives[i].contains(&((first + l) as ClassId));
+        let mut best: Vec<f32> = scores_buf
+            .par_chunks(k_local.max(1))
+            .enumerate()
+            .map(|(i, z)| {
+                let negatives = z.iter().enumerate().filter(|&(l, _)| !is_pos(i, l));
+                negatives.map(|(l, &z)| with_bias(l, z)).fold(f32::NEG_INFINITY, f32::max)
+            })
+            .collect();
+        self.timed(&mut || comm.allreduce_max_f32(&mut best))?;
+        // The positives, and the negatives a little wider than the loss needs (a
+        // class at the edge has no gradient anyway). `!(z < cut)` keeps non-finite
+        // scores, so that a diverged model's loss is NaN, as in one process.
+        let mut local: Vec<Vec<Hit>> = scores_buf
+            .par_chunks(k_local.max(1))
+            .zip(&best)
+            .enumerate()
+            .map(|(i, (z, &m))| {
+                let cut = m - width * (1.0 + 1e-4) - 1e-6 * m.abs();
+                let near = z.iter().enumerate().filter(|&(l, &z)| is_pos(i, l) || !(with_bias(l, z) < cut));
+                near.map(|(l, &score)| Hit { class: (first + l) as ClassId, score }).collect()
+            })
+            .collect();
+        let (mut merged, mut sent) = (Vec::new(), 0);
+        self.timed(&mut || {
+            (merged, sent) = farout_dist::gather_all_hits(comm, std::mem::take(&mut local))?;
+            Ok(())
+        })?;
+        self.bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
+        cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
+            SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
+        });
+        Ok(cost)
+    }
+
+    /// Each rank scores the candidates it owns exactly (completing the block scores of
+    /// `n_blocks` searches), 0 for the others; the allreduced sums are added to the candidates'
+    /// `z`. Returns the classes scored by all ranks, `cost` (this rank's so far) included.
+    fn exact_scores(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        n_blocks: usize,
+        cands: &mut [Candidates],
+        mut cost: usize,
+    ) -> Result<usize, DistError> {
+        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let mut scores = vec![0f32; cands.iter().map(|c| c.classes.len()).sum()];
+        let mut parts = Vec::with_capacity(b);
+        let mut rest = scores.as_mut_slice();
+        for c in cands.iter() {
+            let (part, tail) = rest.split_at_mut(c.classes.len());
+            parts.push(part);
+            rest = tail;
+        }
+        cost += parts
+            .par_iter_mut()
+            .zip(cands.par_iter())
+            .enumerate()
+            .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, first, batch.phi.row(i), c, out)))
+            .sum::<usize>();
+        let mut cost_sum = [cost as u64];
+        self.bytes += 4 * scores.len() + 8;
+        self.timed(&mut || {
+            comm.allreduce_sum_f32(&mut scores)?;
+            comm.allreduce_sum_u64(&mut cost_sum)
+        })?;
+        let mut at = 0;
+        for c in cands.iter_mut() {
+            let n = c.classes.len();
+            c.z.iter_mut().zip(&scores[at..at + n]).for_each(|(z, s)| *z += s);
+            at += n;
+        }
+        Ok(cost_sum[0] as usize)
+    }
+}
+
+/// The same loss on every rank, from the candidates' scores; each rank keeps the gradient of
+/// its own classes (rows `first..`) in `grads`. Returns the batch's loss sum.
+fn own_class_gradients(
+    ctx: &Ctx,
+    batch: Batch,
+    grads: &mut farout_estimators::BatchGrad,
+    cands: &[Candidates],
+    loss: StepLoss,
+    first: usize,
+) -> f64 {
+    let b = batch.phi.rows();
+    let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
+    grads.reset_sparse(b);
+    grads.losses.resize(b, 0.0);
+    grads
+        .sparse
+        .par_iter_mut()
+        .zip(grads.losses.par_iter_mut())
+        .zip(cands.par_iter())
+        .enumerate()
+        .map_init(
+            || (Vec::new(), LossScratch::default()),
+            |(grad, scratch), (i, ((g, l), c))| {
+                grad.resize(c.z.len(), 0.0);
+                *l = match loss {
+                    StepLoss::Scores(loss) => loss.value_and_grad(&c.z, &c.pos, grad, scratch),
+                    StepLoss::Drawn(loss, drawn) => {
+                        let id = batch.ids.get(i).copied();
+                        loss.drawn_value_and_grad(id, &drawn[i], &c.z, &c.pos, grad, scratch)
+                    }
+                };
+                for (&class, &v) in c.classes.iter().zip(grad.iter()) {
+                    if let Some(local) = owned(class)
+                        && v != 0.0
+                    {
+                        g.push(local as ClassId, v);
+                    }
+                }
+                f64::from(*l)
+            },
+        )
+        .sum()
 }
 
 /// The loss a step evaluates on every sample's candidates: of their scores alone, or of a
