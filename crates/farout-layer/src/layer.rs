@@ -608,28 +608,10 @@ impl OutputLayer {
     /// Returns the number of rows touched (listed in `self.touched`).
     fn backward_sparse(&mut self, phi: &Matrix, want_dphi: bool, update: bool) -> usize {
         let (b, d) = (phi.rows(), self.d_model());
-        self.entries.clear();
-        for (i, g) in self.grads.sparse.iter().enumerate() {
-            self.entries.extend(g.iter().map(|(k, v)| (k, i as u32, v)));
-        }
-        self.grouping.group(&mut self.entries, self.w.rows());
+        let starts = self.group_entries_by_class();
+        let n_rows = starts.len() - 1;
         let entries = &self.entries;
-        // Runs of equal class: run r is entries[starts[r]..starts[r + 1]].
-        let mut starts: Vec<usize> =
-            (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
-        let n_rows = starts.len();
-        starts.push(entries.len());
-        self.touched.clear();
-        self.touched.extend(starts[..n_rows].iter().map(|&j| entries[j].0));
-        // Ranges of runs with about equal numbers of entries.
-        let n_parts = (4 * rayon::current_num_threads()).clamp(1, n_rows.max(1));
-        let mut bounds = vec![0usize];
-        for (r, &start) in starts.iter().enumerate().take(n_rows).skip(1) {
-            if start * n_parts >= bounds.len() * entries.len() && bounds.len() < n_parts {
-                bounds.push(r);
-            }
-        }
-        bounds.push(n_rows);
+        let bounds = balanced_ranges(&starts, entries.len());
         // Each range owns the rows of W (and their optimiser state and bias) from its first
         // class to the next range's first class.
         let cuts: Vec<usize> = bounds[1..bounds.len() - 1].iter().map(|&r| entries[starts[r]].0 as usize).collect();
@@ -660,10 +642,7 @@ impl OutputLayer {
                     let k = run[0].0 as usize - first[p];
                     let row = &mut w[k * d..(k + 1) * d];
                     if want_dphi {
-                        for &(_, i, v) in run {
-                            let i = i as usize;
-                            kernels::axpy(v, row, &mut dphi[i * d..(i + 1) * d]);
-                        }
+                        add_run_to_dphi(run, row, &mut dphi, d);
                     }
                     if !update {
                         continue;
@@ -685,14 +664,39 @@ impl OutputLayer {
             })
             .collect();
         if want_dphi {
-            self.dphi.reshape_for_overwrite(b, d);
-            let out = self.dphi.as_mut_slice();
-            out.fill(0.0);
-            for part in &partial_dphi {
-                kernels::axpy(1.0, part, out);
-            }
+            self.sum_partial_dphi(&partial_dphi, b, d);
         }
         n_rows
+    }
+
+    /// The `(class, sample, g)` entries of the batch's sparse gradients, grouped by class into
+    /// `self.entries`, and their classes listed in `self.touched`. Returns where the runs of
+    /// equal class start: run r is `entries[starts[r]..starts[r + 1]]` (the last start is
+    /// `entries.len()`).
+    fn group_entries_by_class(&mut self) -> Vec<usize> {
+        self.entries.clear();
+        for (i, g) in self.grads.sparse.iter().enumerate() {
+            self.entries.extend(g.iter().map(|(k, v)| (k, i as u32, v)));
+        }
+        self.grouping.group(&mut self.entries, self.w.rows());
+        let entries = &self.entries;
+        let mut starts: Vec<usize> =
+            (0..entries.len()).filter(|&j| j == 0 || entries[j].0 != entries[j - 1].0).collect();
+        let n_rows = starts.len();
+        starts.push(entries.len());
+        self.touched.clear();
+        self.touched.extend(starts[..n_rows].iter().map(|&j| entries[j].0));
+        starts
+    }
+
+    /// `dL/dphi` = the ranges' partial sums, added in range order.
+    fn sum_partial_dphi(&mut self, partial_dphi: &[Vec<f32>], b: usize, d: usize) {
+        self.dphi.reshape_for_overwrite(b, d);
+        let out = self.dphi.as_mut_slice();
+        out.fill(0.0);
+        for part in partial_dphi {
+            kernels::axpy(1.0, part, out);
+        }
     }
 
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
@@ -761,6 +765,32 @@ impl OutputLayer {
 }
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
+
+/// Ranges of the class runs starting at `starts` (the last start being `n_entries`) with about
+/// equal numbers of entries, for `4 × threads` parallel parts at most: range p is the runs
+/// `bounds[p]..bounds[p + 1]`.
+fn balanced_ranges(starts: &[usize], n_entries: usize) -> Vec<usize> {
+    let n_rows = starts.len() - 1;
+    let n_parts = (4 * rayon::current_num_threads()).clamp(1, n_rows.max(1));
+    let mut bounds = vec![0usize];
+    for (r, &start) in starts.iter().enumerate().take(n_rows).skip(1) {
+        if start * n_parts >= bounds.len() * n_entries && bounds.len() < n_parts {
+            bounds.push(r);
+        }
+    }
+    bounds.push(n_rows);
+    bounds
+}
+
+/// Adds `g_ik W_k` to `dL/dphi_i` (rows of `d` in `dphi`) for every entry `(k, i, g_ik)` of
+/// the run of class k, whose row is `row`.
+#[inline]
+fn add_run_to_dphi(run: &[(ClassId, u32, f32)], row: &[f32], dphi: &mut [f32], d: usize) {
+    for &(_, i, v) in run {
+        let i = i as usize;
+        kernels::axpy(v, row, &mut dphi[i * d..(i + 1) * d]);
+    }
+}
 
 /// Groups (class, sample, value) entries by class for the sparse update.
 #[derive(Default)]
