@@ -54,7 +54,7 @@
 //! z_i of the truncated search is within β of the exact one.
 //!
 //! At t = 1 every ∇_iG = −1 (all tied), so the first step 3 runs on A = P before any search
-//! (LINEAR.md §2). A row that shares no feature with w̃ has z_i = 0 and −∇_iG = 1 − y_i w_0: all
+//! (a project choice). A row that shares no feature with w̃ has z_i = 0 and −∇_iG = 1 − y_i w_0: all
 //! such negatives tie, and the search takes the lowest indices among them. With
 //! `column_threshold` > 0, columns are stored sorted by |x_ij| descending, so the two-level
 //! sparsification of \[P\] Sect. 5.3 stops a column's walk at the first |x_ij| <
@@ -72,44 +72,22 @@
 //! `prune_threshold` are then set to zero exactly like DiSMEC's ([`crate::dismec::prune`]; the
 //! bias is not exempt).
 //!
-//! Four of them were set by profiling a synthetic tagging set (`farout data gen xmc --samples
-//! 65000 --features 75000 --labels 17000`, 52,000 training rows, tf-idf, the defaults otherwise),
-//! where every search walks the few dozen columns of the commonest features (a fifth of nnz(X)),
-//! because every active row has them and their weights survive the ℓ1 threshold (the figures
-//! of all but `tol` were measured at `tol` = 0.01):
+//! Four of them were set by measurement on a synthetic tagging set, where every search walks
+//! the long columns of the commonest features (see docs/decisions.md, "ppdsparse-min-kappa",
+//! "ppdsparse-sweep-order", "ppdsparse-tol" and "ppdsparse-truncated-search"):
 //!
 //! - **`min_kappa` = 256.** With κ = |A| alone, a label with a handful of positives starts from
-//!   a tiny A and needs about ten doublings (with shrinking in between) to reach its final
-//!   ~300 support vectors, each paying a search that costs O(n) plus the walk of those columns.
-//!   The floor cut the outer iterations from 10.7 to 5.7 per label and the walked column entries
-//!   by 35 %, for 39 % more coordinate steps (1,000 random labels), and the CPU time by 25 %
-//!   (2,000 random labels, with and without the floor run side by side on one thread each;
-//!   128 cost the same, 512 8 % more, 64 walks more). The stopping rule is unchanged, so the
-//!   solution is the same within `tol` (with the truncated search below, the test P@1/3/5
-//!   moved by at most 0.01).
-//! - **Sweeps in random order.** \[P\]'s Alg. 2 draws each step's i uniformly from A, so a
-//!   sweep of |A| draws misses about a third of A and repeats others. A fresh permutation of A
-//!   per sweep (as LIBLINEAR's dual coordinate descent orders its steps) visits every i once:
-//!   on 2,000 random labels it cut the coordinate steps by 30 %, the outer iterations from 6.2
-//!   to 5.4 per label and the exact searches by 11 %, with the same test P@1/3/5 within 0.02.
-//! - **`tol` = 0.1**, the default stopping tolerance of LIBLINEAR's dual coordinate descent
-//!   for the same squared-hinge dual (its `eps` bounds max − min of the projected gradients) and
-//!   of omikuji's per-node solver. Against 0.01, on 2,000 random labels on one thread: 2.1x less
-//!   time (6.9 against 14.6 CPU s), 3.0 instead of 5.4 outer iterations per label, 29 % of the
-//!   coordinate steps and 71 % of the exact searches, test P@1/3/5 within 0.14 (96.08 / 38.65 /
-//!   23.34 against 95.94 / 38.65 / 23.37); the mean relative duality gap grows from 0.07 to 0.19.
-//!   On all 17,000 labels P@1/3/5 went from 99.00 / 79.88 / 56.76 to 99.04 / 79.96 / 56.84, on
-//!   Bibtex from 65.01 / 39.93 / 28.97 to 64.73 / 39.85 / 28.95, on Delicious from
-//!   66.96 / 60.66 / 55.95 to 67.09 / 60.69 / 55.95.
-//! - **The truncated search.** When R ≥ nnz(w), Alg. 3 cannot sparsify, and the search used w
-//!   itself: a third of all searches were such exact searches, and exact searches walked 80 %
-//!   of all entries. The long columns of common features have small entries after tf-idf and row
-//!   normalisation (low idf), so most of that walk adds little to any z_i: dropping columns whose
-//!   bounds sum to at most δ/2 keeps every truncated z_i within δ/2 of the exact one (for sure,
-//!   where Thm 4.1 gives Alg. 3's w̃ precision δ with high probability) and removes about three
-//!   quarters of the walk. Like Alg. 3's, its candidates are checked against the exact
-//!   gradient, and only the exact search decides convergence. It cut the exact searches by a
-//!   third and the walked entries by 14 %, for 4 % more coordinate steps.
+//!   a tiny A and needs about ten doublings to reach its support vectors, each paying a search.
+//! - **Sweeps in random order.** \[P\]'s Alg. 2 draws each step's i uniformly from A, so a sweep
+//!   of |A| draws misses about a third of A; a fresh permutation of A per sweep (as LIBLINEAR
+//!   orders its steps) visits every i once.
+//! - **`tol` = 0.1**, the default stopping tolerance of LIBLINEAR's dual coordinate descent for
+//!   the same squared-hinge dual and of omikuji's per-node solver.
+//! - **The truncated search.** When R ≥ nnz(w), Alg. 3 cannot sparsify; dropping the columns
+//!   whose bounds sum to at most δ/2 keeps every truncated z_i within δ/2 of the exact one (for
+//!   sure, where Thm 4.1 gives Alg. 3's w̃ precision δ with high probability). Like Alg. 3's, its
+//!   candidates are checked against the exact gradient, and only the exact search decides
+//!   convergence.
 //!
 //! # Parallelism and determinism
 //!
@@ -119,16 +97,14 @@
 //! what the label touched, so a label costs O(its work), not O(n + d). Each label draws from its
 //! own generator `seeded(seed, label)`, so the model is bit-identical for any number of threads.
 //!
-//! Implementation choices that do not change any result bit (measured on the set above):
-//! Alg. 2 reads only v (`w_j = prox(v_j)/τ` recomputed per entry, w written back once per call),
-//! which halves its random memory traffic (about a fifth less time in Alg. 2); a search whose
-//! walk covers at least n entries scores every row without marking any; and the top-κ selection
-//! keeps a bounded buffer ([`TopK`]) instead of collecting and partially sorting all violators,
-//! which early in a label are half of the n rows (selection went from 14 % of the run time to
-//! about 5 %). Without `column_threshold`, columns are stored by row, so that a walk's writes to
-//! the scores move forward through memory, and a walk that marks the rows it meets does so
-//! without branching on the mark: together 17 % less time (13.5 against 16.2 CPU s on 2,000
-//! random labels, one thread, back to back).
+//! Implementation choices that do not change any result bit (see docs/decisions.md,
+//! "ppdsparse-implementation"): Alg. 2 reads only v (`w_j = prox(v_j)/τ` recomputed per entry,
+//! w written back once per call), which halves its random memory traffic; a search whose walk
+//! covers at least n entries scores every row without marking any; the top-κ selection keeps a
+//! bounded buffer ([`TopK`]) instead of collecting and partially sorting all violators, which
+//! early in a label are half of the n rows. Without `column_threshold`, columns are stored by
+//! row, so that a walk's writes to the scores move forward through memory, and a walk marks the
+//! rows it meets without branching on the mark.
 //!
 //! Parameters (`[linear] solver = "ppdsparse"`), with their defaults:
 //!
@@ -1128,18 +1104,7 @@ fn solve_label(
         // An approximate search (Alg. 3's w̃, or the truncated w when Alg. 3 would not
         // sparsify) proposes candidates; only when it finds none and A is solved does the exact
         // search (w̃ = w) decide convergence.
-        let approximate = if let Some(r) = sparsify_draws(l1, config.delta, label.s.w_list.len()) {
-            let s = &mut *label.s;
-            random_sparsify(&s.w_list, r, &mut rng, &mut s.cumulative, &mut s.counts, &mut s.w_tilde);
-            st.sparsified_searches += 1;
-            wtilde_sum += s.w_tilde.len() as f64;
-            true
-        } else if config.delta > 0.0 && label.truncate(0.5 * config.delta) {
-            st.truncated_searches += 1;
-            true
-        } else {
-            false
-        };
+        let approximate = label.approximate_search_vector(config, l1, &mut rng, &mut st, &mut wtilde_sum);
         let mut exact = true;
         if approximate {
             label.margins(false, threshold);
@@ -1163,20 +1128,55 @@ fn solve_label(
             s.activate(shared.x, s.candidates[at].1);
         }
     }
-    if !exact_current || !st.converged {
-        // The last search ran before the last steps (or on w̃): margins of the final w for F.
-        label.s.collect_support();
-        label.margins(true, 0.0);
-    }
-    st.primal = label.primal(positives.len());
-    st.dual = label.dual();
-    st.active_size = label.s.active.len();
-    st.nnz_before_pruning = label.s.w_list.len() + (shared.bias && label.s.bias_weight(shared) != 0.0) as usize;
-    if st.sparsified_searches > 0 {
-        st.mean_nnz_wtilde = wtilde_sum / f64::from(st.sparsified_searches);
-    }
+    label.finish_stats(&mut st, positives.len(), exact_current, wtilde_sum);
     st.seconds = start.elapsed().as_secs_f64();
     st
+}
+
+impl Label<'_, '_> {
+    /// The vector an approximate search uses, if any: Alg. 3's w̃ (into `s.w_tilde`) when it
+    /// sparsifies w (of ℓ1 norm `l1`), else w truncated to within `δ/2` when it drops
+    /// something. Returns whether there is one (false: only the exact search is left).
+    fn approximate_search_vector(
+        &mut self,
+        config: &PpdSparseConfig,
+        l1: f64,
+        rng: &mut Rng,
+        st: &mut PpdLabelStats,
+        wtilde_sum: &mut f64,
+    ) -> bool {
+        if let Some(r) = sparsify_draws(l1, config.delta, self.s.w_list.len()) {
+            let s = &mut *self.s;
+            random_sparsify(&s.w_list, r, rng, &mut s.cumulative, &mut s.counts, &mut s.w_tilde);
+            st.sparsified_searches += 1;
+            *wtilde_sum += s.w_tilde.len() as f64;
+            true
+        } else if config.delta > 0.0 && self.truncate(0.5 * config.delta) {
+            st.truncated_searches += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The final w's primal and dual objectives, active set and non-zeros in `st`; the margins
+    /// are recomputed first unless the last search was exact on the final w (`exact_current`
+    /// and converged). `wtilde_sum` sums the sizes of the w̃s searched with.
+    fn finish_stats(&mut self, st: &mut PpdLabelStats, n_positives: usize, exact_current: bool, wtilde_sum: f64) {
+        let shared = self.shared;
+        if !exact_current || !st.converged {
+            // The last search ran before the last steps (or on w̃): margins of the final w for F.
+            self.s.collect_support();
+            self.margins(true, 0.0);
+        }
+        st.primal = self.primal(n_positives);
+        st.dual = self.dual();
+        st.active_size = self.s.active.len();
+        st.nnz_before_pruning = self.s.w_list.len() + (shared.bias && self.s.bias_weight(shared) != 0.0) as usize;
+        if st.sparsified_searches > 0 {
+            st.mean_nnz_wtilde = wtilde_sum / f64::from(st.sparsified_searches);
+        }
+    }
 }
 
 #[cfg(test)]
