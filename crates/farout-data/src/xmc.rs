@@ -36,128 +36,189 @@ const MAX_IDS: u64 = 1 << 32;
 /// [`read_from`], checking the header's sample count against the input's length `len` (a line,
 /// so at least a byte, per sample) before reserving for it.
 fn read_checked(mut reader: impl BufRead, path: &Path, len: Option<u64>) -> Result<Dataset> {
-    let parse_err = |line: usize, msg: String| Error::Parse { path: path.to_path_buf(), line, msg };
     let mut line = String::new();
     let n = reader.read_line(&mut line).map_err(io_err(path))?;
-    if n == 0 {
-        return Err(parse_err(1, "empty file: expected a header `N D K`".into()));
-    }
-    let header: Vec<&str> = line.split_whitespace().collect();
-    let nums: Vec<usize> = header.iter().filter_map(|s| s.parse().ok()).collect();
-    let has_header = header.len() == 3 && nums.len() == 3;
-    // Without a header, the first line is a sample and the sizes are found from the ids.
-    let (n_samples, n_features, n_labels) =
-        if has_header { (nums[0], nums[1], nums[2]) } else { (usize::MAX, MAX_IDS as usize, MAX_IDS as usize) };
-    for (n, what) in [(n_features, "features"), (n_labels, "labels")] {
-        if n as u64 > MAX_IDS {
-            return Err(parse_err(1, format!("the header declares {n} {what}, more than 32-bit ids address")));
-        }
-    }
-    let mut features = SparseRows::new(n_features);
-    let mut labels = LabelSets::new(n_labels);
-    if let Some(len) = len.filter(|_| has_header) {
-        let needed = (n as u64).checked_add(n_samples as u64);
-        check_len(path, Some(1), needed, len, &format!("a header of {n_samples} samples (a line each)"))?;
-        features.indptr.reserve(n_samples);
-        labels.indptr.reserve(n_samples);
-    }
-    let mut line_no = if has_header { 1 } else { 0 };
-    let mut label_buf = Vec::new();
-    let mut scratch = Vec::new();
-    let mut first_sample = (!has_header).then(|| std::mem::take(&mut line));
+    let mut xmc = XmcReader::start(path, &line, n, len)?;
+    let mut first_sample = (!xmc.has_header).then(|| std::mem::take(&mut line));
     loop {
         line.clear();
         let n = if let Some(first) = first_sample.take() {
             line = first;
             line.len()
         } else {
-            reader.read_line(&mut line).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::InvalidData {
-                    parse_err(line_no + 1, "invalid UTF-8".into())
-                } else {
-                    Error::Io { path: path.to_path_buf(), source: e }
-                }
-            })?
+            xmc.read_line(&mut reader, &mut line)?
         };
         if n == 0 {
             break;
         }
-        line_no += 1;
+        xmc.push_line(&line)?;
+    }
+    xmc.finish()
+}
+
+/// An XMC file being read: its sizes (from the header `N D K`; without one, any number of
+/// samples and as many features and labels as 32-bit ids address), the samples so far and the
+/// number of the line read last.
+struct XmcReader<'p> {
+    path: &'p Path,
+    has_header: bool,
+    n_samples: usize,
+    n_features: usize,
+    n_labels: usize,
+    /// 1-based; 0 before the first line of a file without header.
+    line_no: usize,
+    features: SparseRows,
+    labels: LabelSets,
+    label_buf: Vec<u32>,
+    scratch: Vec<u32>,
+}
+
+impl<'p> XmcReader<'p> {
+    /// The reader after the first line, `line` of `n` bytes: the header checked and, given the
+    /// input's length `len`, room reserved for the samples it announces.
+    fn start(path: &'p Path, line: &str, n: usize, len: Option<u64>) -> Result<Self> {
+        let parse_err = |line: usize, msg: String| Error::Parse { path: path.to_path_buf(), line, msg };
+        if n == 0 {
+            return Err(parse_err(1, "empty file: expected a header `N D K`".into()));
+        }
+        let header: Vec<&str> = line.split_whitespace().collect();
+        let nums: Vec<usize> = header.iter().filter_map(|s| s.parse().ok()).collect();
+        let has_header = header.len() == 3 && nums.len() == 3;
+        // Without a header, the first line is a sample and the sizes are found from the ids.
+        let (n_samples, n_features, n_labels) =
+            if has_header { (nums[0], nums[1], nums[2]) } else { (usize::MAX, MAX_IDS as usize, MAX_IDS as usize) };
+        for (n, what) in [(n_features, "features"), (n_labels, "labels")] {
+            if n as u64 > MAX_IDS {
+                return Err(parse_err(1, format!("the header declares {n} {what}, more than 32-bit ids address")));
+            }
+        }
+        let mut features = SparseRows::new(n_features);
+        let mut labels = LabelSets::new(n_labels);
+        if let Some(len) = len.filter(|_| has_header) {
+            let needed = (n as u64).checked_add(n_samples as u64);
+            check_len(path, Some(1), needed, len, &format!("a header of {n_samples} samples (a line each)"))?;
+            features.indptr.reserve(n_samples);
+            labels.indptr.reserve(n_samples);
+        }
+        let line_no = if has_header { 1 } else { 0 };
+        let (label_buf, scratch) = (Vec::new(), Vec::new());
+        Ok(Self { path, has_header, n_samples, n_features, n_labels, line_no, features, labels, label_buf, scratch })
+    }
+
+    /// A parse error at the line read last.
+    fn parse_err(&self, msg: String) -> Error {
+        Error::Parse { path: self.path.to_path_buf(), line: self.line_no, msg }
+    }
+
+    /// The next line into `line`; its length in bytes, 0 at the end of the input.
+    fn read_line(&self, reader: &mut impl BufRead, line: &mut String) -> Result<usize> {
+        reader.read_line(line).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                Error::Parse { path: self.path.to_path_buf(), line: self.line_no + 1, msg: "invalid UTF-8".into() }
+            } else {
+                Error::Io { path: self.path.to_path_buf(), source: e }
+            }
+        })
+    }
+
+    /// The next line after the header: a sample, or a blank line to skip.
+    fn push_line(&mut self, line: &str) -> Result<()> {
+        self.line_no += 1;
+        let n_samples = self.n_samples;
         let text = line.trim_end_matches(['\n', '\r']);
         // With a header, a blank line is a sample with neither labels nor features; blank lines
         // after the announced samples (a trailing newline too many), or in a file without a
         // header, are ignored.
-        if (labels.len() == n_samples || !has_header) && text.trim().is_empty() {
-            continue;
+        if (self.labels.len() == n_samples || !self.has_header) && text.trim().is_empty() {
+            return Ok(());
         }
-        if labels.len() == n_samples {
-            return Err(parse_err(line_no, format!("more samples than the {n_samples} the header announces")));
+        if self.labels.len() == n_samples {
+            return Err(self.parse_err(format!("more samples than the {n_samples} the header announces")));
         }
-        // Labels are the first whitespace-free token unless it contains ':' or the line starts
-        // with a space (no labels).
-        let (label_tok, rest) = if text.starts_with([' ', '\t']) {
-            ("", text)
-        } else {
-            match text.find([' ', '\t']) {
-                Some(i) => (&text[..i], &text[i..]),
-                None => (text, ""),
-            }
-        };
-        let (label_tok, rest) = if label_tok.contains(':') { ("", text) } else { (label_tok, rest) };
-        label_buf.clear();
+        let (label_tok, rest) = split_labels(text);
+        self.push_labels(label_tok)?;
+        self.push_features(rest)
+    }
+
+    /// The sample's labels, `label_tok` (comma separated; empty for none).
+    fn push_labels(&mut self, label_tok: &str) -> Result<()> {
+        let n_labels = self.n_labels;
+        self.label_buf.clear();
         if !label_tok.is_empty() {
             for tok in label_tok.split(',') {
-                let l: u32 = tok
-                    .parse()
-                    .map_err(|_| parse_err(line_no, format!("label `{tok}` is not a non-negative integer")))?;
+                let l: u32 =
+                    tok.parse().map_err(|_| self.parse_err(format!("label `{tok}` is not a non-negative integer")))?;
                 if l as usize >= n_labels {
-                    return Err(parse_err(
-                        line_no,
-                        format!("label {l} out of range: the header declares {n_labels} labels (ids 0..{})", n_labels),
-                    ));
+                    return Err(self.parse_err(format!(
+                        "label {l} out of range: the header declares {n_labels} labels (ids 0..{})",
+                        n_labels
+                    )));
                 }
-                label_buf.push(l);
+                self.label_buf.push(l);
             }
         }
-        if let Some(l) = first_duplicate(&label_buf, &mut scratch) {
-            return Err(parse_err(line_no, format!("label {l} appears twice")));
+        if let Some(l) = first_duplicate(&self.label_buf, &mut self.scratch) {
+            return Err(self.parse_err(format!("label {l} appears twice")));
         }
-        labels.push(&label_buf);
-        let row_start = features.indices.len();
+        self.labels.push(&self.label_buf);
+        Ok(())
+    }
+
+    /// The sample's `feature:value` pairs, `rest` of its line.
+    fn push_features(&mut self, rest: &str) -> Result<()> {
+        let n_features = self.n_features;
+        let row_start = self.features.indices.len();
         for tok in rest.split_whitespace() {
             let Some((f, v)) = tok.split_once(':') else {
-                return Err(parse_err(line_no, format!("expected `feature:value`, found `{tok}`")));
+                return Err(self.parse_err(format!("expected `feature:value`, found `{tok}`")));
             };
             let f: u32 =
-                f.parse().map_err(|_| parse_err(line_no, format!("feature id `{f}` is not a non-negative integer")))?;
+                f.parse().map_err(|_| self.parse_err(format!("feature id `{f}` is not a non-negative integer")))?;
             if f as usize >= n_features {
-                return Err(parse_err(
-                    line_no,
-                    format!("feature {f} out of range: the header declares {n_features} features"),
-                ));
+                return Err(
+                    self.parse_err(format!("feature {f} out of range: the header declares {n_features} features"))
+                );
             }
-            let v: f32 = v.parse().map_err(|_| parse_err(line_no, format!("feature value `{v}` is not a number")))?;
+            let v: f32 = v.parse().map_err(|_| self.parse_err(format!("feature value `{v}` is not a number")))?;
             if !v.is_finite() {
-                return Err(parse_err(line_no, format!("feature value `{v}` is not finite")));
+                return Err(self.parse_err(format!("feature value `{v}` is not finite")));
             }
-            features.indices.push(f);
-            features.values.push(v);
+            self.features.indices.push(f);
+            self.features.values.push(v);
         }
-        if let Some(f) = first_duplicate(&features.indices[row_start..], &mut scratch) {
-            return Err(parse_err(line_no, format!("feature {f} appears twice (a sample's features are distinct)")));
+        if let Some(f) = first_duplicate(&self.features.indices[row_start..], &mut self.scratch) {
+            return Err(self.parse_err(format!("feature {f} appears twice (a sample's features are distinct)")));
         }
-        features.indptr.push(features.indices.len());
+        self.features.indptr.push(self.features.indices.len());
+        Ok(())
     }
-    if !has_header {
-        features.n_cols = features.indices.iter().max().map_or(0, |&f| f as usize + 1);
-        labels.n_labels = labels.labels.iter().max().map_or(0, |&l| l as usize + 1);
-    } else if labels.len() != n_samples {
-        return Err(parse_err(
-            line_no,
-            format!("the header announces {n_samples} samples but the file has {}", labels.len()),
-        ));
+
+    /// The dataset: without a header, D and K one more than the largest ids found; with one,
+    /// after checking that the file had the samples it announced.
+    fn finish(mut self) -> Result<Dataset> {
+        if !self.has_header {
+            self.features.n_cols = self.features.indices.iter().max().map_or(0, |&f| f as usize + 1);
+            self.labels.n_labels = self.labels.labels.iter().max().map_or(0, |&l| l as usize + 1);
+        } else if self.labels.len() != self.n_samples {
+            let (n_samples, found) = (self.n_samples, self.labels.len());
+            return Err(self.parse_err(format!("the header announces {n_samples} samples but the file has {}", found)));
+        }
+        Ok(Dataset { features: Features::Sparse(self.features), labels: self.labels })
     }
-    Ok(Dataset { features: Features::Sparse(features), labels })
+}
+
+/// A sample line's label token and the rest: labels are the first whitespace-free token unless
+/// it contains ':' or the line starts with a space (no labels).
+fn split_labels(text: &str) -> (&str, &str) {
+    let (label_tok, rest) = if text.starts_with([' ', '\t']) {
+        ("", text)
+    } else {
+        match text.find([' ', '\t']) {
+            Some(i) => (&text[..i], &text[i..]),
+            None => (text, ""),
+        }
+    };
+    if label_tok.contains(':') { ("", text) } else { (label_tok, rest) }
 }
 
 /// The smallest id that occurs more than once in `ids`, if any; O(n) for ascending ids (the
