@@ -126,7 +126,7 @@ impl<'de> Deserialize<'de> for Iterations {
 /// Each block search is a D/B-dimensional MIPS problem, far easier than the D-dimensional one of
 /// [`crate::Mips`]. Classes outside `U` get no gradient. With exact rescoring, `T -> inf` gives
 /// the exact loss on `U`; the partial scores of the paper's text make message passing converge to
-/// a different loss (the prototype in docs/design.md, "LDGS with top-Q retrieval"), which is
+/// a different loss (the test `union_rescoring_converges_and_partial_scores_drift`), which is
 /// why `Exact` is the default. Cost: the block searches plus at most |U| D for rescoring plus
 /// `T B` loss evaluations on |U| scores.
 ///
@@ -810,7 +810,7 @@ mod tests {
         }
     }
 
-    /// The prototype of docs/design.md ("LDGS with top-Q retrieval") at a smaller size: K =
+    /// Why exact rescoring is the default (docs/decisions.md, "ldgs-rescoring"), measured: K =
     /// 20,000, D = 128, B = 8 blocks of 16, class means in 400 clusters, margin mu = 1, exact
     /// per-block top-1,000 retrieval, 183 of 200 samples with a non-zero gradient. Mean cosine
     /// of dL/dphi with the exact one (measured):

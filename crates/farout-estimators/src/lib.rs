@@ -4,7 +4,7 @@
 //! `z = W phi + b`. A [`Loss`] maps `(z, P)` (P = positive classes) to a value and `dL/dz`. A
 //! [`GradientEstimator`] produces, for one sample, a loss estimate and a *sparse class gradient*
 //! `(k, g_k)` approximating `dL/dz_k`, in whatever time its method allows; the layer then applies
-//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (docs/design.md, "The core contract").
+//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (ARCHITECTURE.md, "The plug-in contracts").
 //!
 //! The exact estimators (`softmax`, `margin`) are the references every approximate one is tested
 //! against.

@@ -14,7 +14,7 @@ use std::cell::RefCell;
 ///
 /// `g_k = dL(z_U, P)/dz_k` for `k in U`, `0` otherwise.
 ///
-/// How good this is depends on the loss (docs/design.md, "Classes that were not retrieved"):
+/// How good this is depends on the loss (ARCHITECTURE.md, "Classes that were not retrieved"):
 /// - smoothed max-margin: a class below the Q-th score carries no gradient once that score is
 ///   more than the margin under the top, so with good recall the gradient is exact;
 /// - softmax: the partition function is summed over `U` only, a lower bound of the exact one,

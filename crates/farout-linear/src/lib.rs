@@ -4,8 +4,8 @@
 //! sparse model) with the truncated Newton method of LIBLINEAR >= 2.40 and the
 //! mean-separating initialisation (MSI) of Schultheis & Babbar, *Speeding-up one-versus-all
 //! training for extreme classification via mean-separating initialization* (\[M\]). It has no
-//! Burn dependency, so it builds and tests in seconds. The shared implementation spec is
-//! docs/linear.md, sections 1, 5 and 6.
+//! Burn dependency, so it builds and tests in seconds. Each module's documentation states the
+//! equations it implements, with the papers' numbers, and the choices the papers leave open.
 //!
 //! - [`data`]: [`TrainSet`] (CSR rows plus the label → samples [`LabelIndex`]), [`DataStats`]
 //!   (n, Σx_i, ‖x̄‖², shared by MSI and the stopping rule) and [`FeatureTransform`] (tf-idf, row

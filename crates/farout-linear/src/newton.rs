@@ -15,7 +15,7 @@
 //! I enters g, Hd and the preconditioner, so a good start (few negatives in I) makes every CG
 //! step cheap: that is what MSI buys ("implicit negative mining", \[M\] Sect. 3).
 //!
-//! The iteration is LIBLINEAR's `newton.cpp` rule for rule (see docs/linear.md):
+//! The iteration is LIBLINEAR's `newton.cpp` rule for rule:
 //! stopping tolerance `eps = eps0 · max(1, min(|P|,|N|)) / n` (eq. 13) relative to ‖g(0)‖
 //! taken at w = 0 even when warm-started (eq. 12); the diagonal preconditioner
 //! `M = (1 − α) + α·diag(H)`; CG stopped by the Nash–Sofer relative decrease of the quadratic
