@@ -17,9 +17,9 @@ pub fn to_tensor(m: &Matrix, device: &Device) -> Tensor<2> {
 ///
 /// burn-ndarray hands a tensor's buffer over without copying only when nothing else holds it.
 /// A shared one (features kept for the backward pass, a gradient read out of `Gradients`) it
-/// copies value by value through dynamic-rank indexing: 46 us for 16 x 100 values. Multiplying
-/// by 1, exact for every value, first writes an unshared copy in one vectorised pass, off any
-/// autodiff graph: 0.8 us, or 3.5 us from a tracked tensor.
+/// copies value by value through dynamic-rank indexing. Multiplying by 1, exact for every value,
+/// first writes an unshared copy in one vectorised pass, off any autodiff graph (see
+/// docs/decisions.md, "burn-bridge-copies").
 pub fn to_matrix(t: Tensor<2>) -> Matrix {
     let [rows, cols] = t.dims();
     let data = t.detach().mul_scalar(1.0).into_data();

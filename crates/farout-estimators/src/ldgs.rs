@@ -27,8 +27,9 @@ pub enum Rescore {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActiveSet {
-    /// Every candidate in `U`. Measured (see the tests): converges far faster for the sparse
-    /// margin gradient, at the same order of cost as the B loss evaluations of an iteration.
+    /// Every candidate in `U`: converges far faster for the sparse margin gradient, at the same
+    /// order of cost as the B loss evaluations of an iteration (see docs/decisions.md,
+    /// "ldgs-rescoring").
     #[default]
     Union,
     /// Algorithm 2's step 4: classes whose gradient exceeds `tau2` in some block. With the
@@ -130,10 +131,8 @@ impl<'de> Deserialize<'de> for Iterations {
 /// why `Exact` is the default. Cost: the block searches plus at most |U| D for rescoring plus
 /// `T B` loss evaluations on |U| scores.
 ///
-/// Measured (`farout bench estimator --estimator ldgs`, K = 100,000, D = 128, B = 8, spherical
-/// block indexes, top 1,000, margin loss): the cosine of dL/dphi with the exact one is 0.80 at
-/// T = 1, 0.95 at T = 5, 0.98 at T = 30 — the fixed point reaches the T -> inf value at no
-/// iteration cost, which is why it is the default.
+/// The fixed point reaches the `T -> inf` value at no iteration cost, which is why it is the
+/// default (see docs/decisions.md, "ldgs-fixed-point").
 #[derive(Clone, Debug)]
 pub struct Ldgs<L> {
     loss: L,
@@ -575,21 +574,14 @@ impl Default for LdgsConfig {
     }
 }
 
-/// The default of `top`, per block, at large K (below 30,000 classes K / 100 is smaller).
-///
-/// Chosen by measurement (`farout bench estimator --estimator ldgs --k 1000000 --d 128`, 2
-/// blocks, index calibrated to recall 0.9, 2-core Intel Xeon): top 300 ran 22.9-27.2x the
-/// exact gradient's speed at gradient cosine 0.991, top 1,000 15.6x at 0.998, K / 100 = 10,000
-/// slower than exact. The cost of LDGS per sample grows with top, not with the rows its
-/// indexes scan: every block's top classes are selected and rescored, and the loss evaluated
-/// on their union. Face training at K = 100,000 chose 350 the same way (`face-synthetic-ldgs`).
+/// The default of `top`, per block, at large K (below 30,000 classes K / 100 is smaller). LDGS's
+/// cost per sample grows with `top`, not with the rows its indexes scan: every block's top
+/// classes are selected and rescored (see docs/decisions.md, "ldgs-default-top").
 const DEFAULT_TOP: usize = 300;
 
-/// The default block width, in values: D/128 blocks where 128 divides D. At K = 1,000,000 and
-/// D = 128 (top 300, same bench, int8 scoring on AMX): 1 block 49.6x at cosine 0.9975, 2
-/// blocks 25.7x at 0.9905 one after the other (34.8x and 19.7x beside another job), 4 blocks
-/// 15.2x at 0.910, 8 blocks (the paper's) 7.7x at 0.814. Face training at K = 672,000 also
-/// ran 1.5x faster with 1 block than with 2, at the same accuracy.
+/// The default block width, in values: D/128 blocks where 128 divides D. One index over all
+/// the dimensions scans fewer rows for its recall than several narrow ones, and its candidates
+/// need no rescoring in other blocks (see docs/decisions.md, "ldgs-block-width").
 const DEFAULT_BLOCK_WIDTH: usize = 128;
 
 impl LdgsConfig {

@@ -3,32 +3,27 @@
 //!
 //! **Why both.** Whether clustering pays depends on the rows, not only on their number: on the
 //! class means of a face model (rows near a low-dimensional subspace) a calibrated
-//! [`SphericalIndex`] reaches recall 0.9 scanning 3 % of 200,000 rows, but the label rows of a
-//! document tagger have no such structure, and its calibration answers every query by brute
+//! [`SphericalIndex`] reaches recall 0.9 scanning a few percent of the rows, but the label rows
+//! of a document tagger have no such structure, and its calibration answers every query by brute
 //! force, while it keeps cluster copies and drift checks up to date after every step. Brute
 //! force on int8 codes ([`FlatInt8Index`]) is exact up to rare rounding ties, several times
 //! faster than brute force in f32, and its upkeep is re-quantising the changed rows.
 //!
 //! **How it chooses.**
 //! - Below `exact_below` rows: brute force in f32 ([`ExactIndex`]), with nothing to build or
-//!   keep up to date. Measured: from 2,000 rows a calibrated spherical index answers top 10
-//!   faster than brute force on rows that cluster (`farout bench search`, D = 32 and 128); at
-//!   983 rows (Delicious, four LDGS blocks of 25 dimensions) an epoch of training took
-//!   4.9-5.0 s with f32 brute force and 5.4-6.2 s with int8 brute force (which quantises every
-//!   query and re-quantises the rows each step changes).
+//!   keep up to date; there int8 brute force, which quantises every query and re-quantises the
+//!   rows each step changes, does not pay (see docs/decisions.md, "auto-index").
 //! - From `exact_below` rows: a [`SphericalIndex`] calibrated to `recall`. Once every `k` it was
 //!   asked has calibrated to brute force (its clusters would have to be scanned for a quarter of
 //!   the rows or more), the next sync or refresh replaces it by a [`FlatInt8Index`] over the
-//!   same rows, whatever their width: at 100,000 rows, top 20, batches of 256, int8 brute force
-//!   answered 18,157 queries/s against 5,655 in f32 at D = 16, and 20,985 against 4,600 at
-//!   D = 32 (`farout bench search --index {flat_int8,exact} --k 100000 --d D --top 20`).
+//!   same rows, whatever their width (int8 brute force is several times faster than f32 even
+//!   at 16 dimensions).
 //! - Rows gain structure as training goes on (a layer built untrained has equal rows), so after
 //!   [`RETRY_QUERIES_PER_CENTROID`] queries per centroid the spherical index would have had,
 //!   the clusters are fitted and calibrated again; each trial that again ends in brute force
-//!   doubles the wait. A trial costs about as much as 60 brute-force queries per centroid
-//!   (k-means and its assignment, about `9 K C D` multiply-adds; measured at 100,000 rows of 100
-//!   dimensions: a build of 0.9 s, the time of about 18,000 queries on int8 codes, 57 per
-//!   centroid), so trials take about 4 % of the search time spent by brute force. A rebuild
+//!   doubles the wait. A trial (k-means and its assignment, about `9 K C D` multiply-adds) costs
+//!   about as much as 60 brute-force queries per centroid, so trials take a few percent of the
+//!   search time spent by brute force (see docs/decisions.md, "auto-index"). A rebuild
 //!   (`rebuild_every`, or asked for by the index) starts over with the clusters.
 //!
 //! Searches return what the index in use returns; [`MipsIndex::calibrations`] reports the

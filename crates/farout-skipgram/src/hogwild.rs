@@ -16,31 +16,12 @@
 //!   same row race, which is a data race under Rust's memory model: undefined behaviour, that
 //!   the compiler is allowed to assume never happens. It works in practice (the kernels compile
 //!   to the same loads and stores as word2vec's), but nothing guarantees it will with another
-//!   compiler version or target. Use it knowingly, for the speed below.
+//!   compiler version or target. Use it knowingly, for its speed.
 //!
 //! Both give bit-identical results with one thread (tested against a scalar reference).
 //!
-//! Measured on dict-gcide (skip-gram, negative sampling, 2 threads, 5 epochs, dim 100; 2-core
-//! AMD EPYC with AVX-512, baseline x86-64 build), 3 seeds each, variants alternated:
-//!
-//! ```text
-//! apt-get install dict-gcide && sh scripts/gcide-corpus.sh /tmp/gcide.txt
-//! farout train configs/skipgram-gcide.toml --set data.corpus=/tmp/gcide.txt \
-//!     --set model.skip_gram.hogwild=atomic --set seed=1 --export-vectors v.bin
-//! farout eval analogy --vectors v.bin --questions $FAROUT_DATA/eval/questions-words.txt
-//! farout eval similarity --vectors v.bin --pairs $FAROUT_DATA/eval/wordsim353.tsv
-//! ```
-//!
-//! | rows (seeds 1, 2, 3) | training seconds | mean | analogy % (30 K) | WordSim-353 |
-//! |---|---|---|---|---|
-//! | atomic, blocks + fused step | 29.6, 37.7, 32.9 | 33.4 | 11.95, 12.26, 11.98 | 0.439, 0.438, 0.439 |
-//! | atomic, one element at a time | 37.3, 37.4, 31.4 | 35.4 | 12.13, 12.07, 11.83 | 0.438, 0.440, 0.439 |
-//! | racy (run 1) | 25.6, 29.1, 28.6 | 27.8 | 12.10, 12.26, 12.00 | 0.439, 0.437, 0.442 |
-//! | racy (run 2) | 30.9, 23.7, 33.5 | 29.4 | 12.04, 12.09, 11.87 | 0.439, 0.439, 0.442 |
-//!
-//! Other work shared the machine (load 1-2), so one run varies by up to 40 %; on the means,
-//! racy rows train about 1.15-1.2x faster than atomic ones, at the same quality. Racy rows
-//! stay available for that speed, as an explicit opt-in.
+//! Atomic rows are the default because racy ones train only slightly faster, at the same
+//! quality (see docs/decisions.md, "hogwild-variant").
 
 use farout_core::{Matrix, kernels};
 use std::cell::UnsafeCell;

@@ -2,8 +2,8 @@
 //! cut into byte ranges at line starts (64 per thread), the threads take them in file order and
 //! stream them, and update the shared tables lock-free per (context, centre) pair. Taking small
 //! ranges in order (rather than one half of the file per thread) keeps the threads on nearby
-//! text, as word2vec's and gensim's job queues do; on dict-gcide, an alphabetical dictionary,
-//! it raised analogy accuracy from 11.75 % to 12.11 % (5 seeds each).
+//! text, as word2vec's and gensim's job queues do, which matters on sorted corpora such as a
+//! dictionary (see docs/decisions.md, "skipgram-file-ranges").
 //!
 //! For a centre word `w_t` and each context word `c` within a window `b ~ U{1..window}` of it,
 //! with input vector `u = U[c]` and output vectors `v_k = V[k]`, the pair's loss is
@@ -27,9 +27,8 @@
 //!
 //! Each step draws its negatives before it computes anything and asks the CPU to fetch their
 //! output rows (and the centre's) at once, so that the cache misses of rows scattered over a
-//! large table overlap instead of following one another; the draws are the same as one by one.
-//! On dict-gcide (46,914 words, 2 threads) this cut training from a median of about 30 s to
-//! about 20 s over 6 alternated runs each (docs/benchmarks.md).
+//! large table overlap instead of following one another; the draws are the same as one by one
+//! (see docs/decisions.md, "skipgram-output-prefetch").
 
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
 use crate::pairs::{for_each_pair, for_each_window, subsample};

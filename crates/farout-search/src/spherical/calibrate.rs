@@ -2,8 +2,8 @@
 //! asked (`recall`, the default), or a fixed `candidate_factor * k`.
 //!
 //! **Why calibrate.** The recall of a probe budget depends on the rows, on the queries and on
-//! `k`: on the same 200,000 rows, recall 0.9 needs about 16 rows scanned per result at top
-//! 2,000, 140 at top 100 and 900 at top 10. No fixed factor is right for all of them.
+//! `k`, so no fixed factor is right for all of them (see docs/decisions.md,
+//! "index-calibration").
 //!
 //! **How.** For each `k` the index keeps a budget, fitted on a sample of the queries it is
 //! asked (the first `calibration_queries` of them; until they are in, it answers by brute
@@ -12,8 +12,7 @@
 //! plus one, to be probed: the query's recall at budget `b` is the share of its top `k` that
 //! needs at most `b`. The budget is the smallest `b` whose mean recall over the sample, less
 //! two standard errors, reaches the target (so that it holds on queries the sample did not
-//! see: with one, top 10 of 200,000 rows measured 0.906 on the sample and 0.899 on 1,000
-//! others); the index then searches the sample with it and keeps the recall it measured
+//! see); the index then searches the sample with it and keeps the recall it measured
 //! ([`Calibrated`]). When the clusters that budget probes hold a quarter of the rows or more
 //! ([`BRUTE_FORCE_SHARE`]), the index answers that `k` by brute force, also when the rows sit
 //! in a few large clusters (as when the index was built on an untrained layer's equal rows).
@@ -25,8 +24,8 @@
 //! the budget within [`STABLE_BUDGET`] of the last one doubles the searches until the next
 //! (up to [`RENEW_AFTER_QUERIES_MAX`]), one that moves it more starts again from
 //! [`RENEW_AFTER_QUERIES`]: each renewal searches the rows by brute force for its sample, and
-//! once training has settled the budgets barely move (at K = 672,000, renewing every 50,000
-//! queries slowed an epoch by about 7 %).
+//! once training has settled the budgets barely move (see docs/decisions.md,
+//! "calibration-renewal").
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -43,8 +42,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Budgets whose clusters hold this share of the rows or more are answered by brute force:
 /// the clusters then separate little, and brute force is exact at a small multiple of the
-/// cost (at 200,000 rows and top 2,000, scanning 15.6 % of them ran 5x faster than brute
-/// force; scanning the rest of a quarter would leave about 3x).
+/// cost (see docs/decisions.md, "index-brute-force-share").
 const BRUTE_FORCE_SHARE: f64 = 0.25;
 
 /// Searches after which a calibration is renewed on fresh queries, at first and after a

@@ -219,7 +219,7 @@ impl SphericalIndex {
                         kernels::prefetch(&cluster.rows);
                     }
                     // Requests run ahead over all the queries' rows: a query reaches only a few
-                    // rows of each cluster it probes.
+                    // rows of each cluster it probes (docs/decisions.md, "int8-rescoring-gather").
                     let ask = |t: usize| {
                         if !stream && let Some(&i) = positions.get(t) {
                             kernels::prefetch(cluster.row(i as usize, d));
@@ -294,8 +294,8 @@ const COMPACT_AT: usize = 2;
 
 /// The buffers of [`SphericalIndex::search_int8_batch`], kept between batches by the thread
 /// that searches. Allocated for every batch, their vectors (two per query and run of clusters,
-/// one per query) grew from nothing each time, and the allocator took about 4 % of a
-/// MegaFace-scale training step.
+/// one per query) would grow from nothing each time (see docs/decisions.md,
+/// "int8-scan-buffers").
 #[derive(Default)]
 struct Buffers {
     scans: Vec<Scan>,

@@ -70,8 +70,8 @@ pub struct SphericalConfig {
     /// Queries in that sample (the index answers them by brute force while collecting them).
     pub calibration_queries: usize,
     /// Below this many rows (and without `candidate_factor`) the index is brute force: no
-    /// clusters to build and keep up to date. Measured: at 2,000 rows a calibrated index
-    /// already gains over brute force at top 10; at 1,000 its calibration picks brute force.
+    /// clusters to build and keep up to date, and too few rows for clusters to gain (see
+    /// docs/decisions.md, "auto-index").
     pub exact_below: usize,
     /// When set, no calibration: probe clusters until `candidate_factor * k` rows have been
     /// scored.
@@ -117,7 +117,7 @@ impl Scoring {
     /// where the CPU runs a SIMD kernel for them, at least 10 rows are probed per result (a
     /// calibrated budget at recall 0.9 probes more) and rows are wider than 16 values; below
     /// that the cut and the rescoring cost more than the scan saves (an f32 row of 16 values is
-    /// one AVX-512 product: LDGS with 16-d blocks at K = 672,000 trained 1.5x faster on f32).
+    /// one AVX-512 product; see docs/decisions.md, "int8-scoring").
     pub fn resolve(self, candidate_factor: Option<f32>, dim: usize) -> Self {
         let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
         match self {

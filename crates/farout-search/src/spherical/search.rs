@@ -287,11 +287,9 @@ impl SphericalIndex {
 /// The batched int8 search keeps each query's best rows while it scans
 /// ([`SphericalIndex::search_int8_batch`]) when it probes at least this many rows per row it
 /// rescores; else it writes all the probed rows' scores out and selects from them
-/// ([`SphericalIndex::rescore_batch`]). Measured on 2 cores (AVX-512 VNNI), batches of 256 (rows
-/// probed per row rescored): at K = 672,000, D = 64, top 350 (200-330) the first trained an
-/// LDGS layer 8 and 17 % faster in two runs, with 100 MB less peak memory; at K = 200,000,
-/// D = 128 it answered the same queries/s at top 10 (220), 0.7x at top 100 (110) and 0.5x at
-/// top 2,000 (20).
+/// ([`SphericalIndex::rescore_batch`]). Keeping rows pays where a query probes many rows per
+/// row it rescores, and costs where it probes few (see docs/decisions.md,
+/// "filter-while-scanning").
 const FILTER_WHILE_SCANNING: usize = 128;
 
 /// Who probes what in a batched search.
