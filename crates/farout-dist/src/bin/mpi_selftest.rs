@@ -74,16 +74,33 @@ fn run(c: &dyn Collective) -> Checks {
     // FAROUT_SELFTEST_BREAK=1 makes the last rank contribute a wrong value to one reduction, to
     // check that the self-test does catch (and report) a mismatch.
     let broken = std::env::var_os("FAROUT_SELFTEST_BREAK").is_some() && rank + 1 == p;
+    // Every rank calls the collectives in this order.
+    check_detect(&mut t, c);
+    check_sums(&mut t, c, broken);
+    check_maxima(&mut t, c);
+    check_gathers(&mut t, c);
+    check_broadcasts(&mut t, c);
+    check_mismatched_calls(&mut t, c);
+    check_sharded_log_sum_exp(&mut t, c);
+    check_sharded_top_k(&mut t, c);
+    t.ok("barrier", c.barrier());
+    t
+}
 
-    // The launcher's environment agrees with MPI.
+/// The launcher's environment agrees with MPI.
+fn check_detect(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
     match farout_dist::detect() {
         Ok(Some(launch)) => t.check("detect", launch.rank == rank && launch.size == p, || {
             format!("{launch:?} but MPI says rank {rank} of {p}")
         }),
         other => t.check("detect", p == 1, || format!("{other:?} under {p} ranks")),
     }
+}
 
-    // Sums.
+/// Sums of f64 (with one wrong value from the last rank when `broken`), f32 and u64.
+fn check_sums(t: &mut Checks, c: &dyn Collective, broken: bool) {
+    let (rank, p) = (c.rank(), c.size());
     for n in [0, 1, 1000, 1 << 18] {
         let mut a: Vec<f64> = (0..n).map(|i| value_f64(rank, i)).collect();
         if broken && n > 0 {
@@ -101,8 +118,11 @@ fn run(c: &dyn Collective) -> Checks {
     t.ok("allreduce_sum_u64", c.allreduce_sum_u64(&mut a));
     let want: Vec<u64> = (0..50).map(|i| (0..p).map(|q| value_u64(q, i)).sum()).collect();
     t.equal("allreduce_sum_u64", &a, &want);
+}
 
-    // Maxima (with -inf everywhere at index 0).
+/// Maxima (with -inf everywhere at index 0).
+fn check_maxima(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
     let mut a: Vec<f64> = (0..300).map(|i| max_value(rank, i)).collect();
     t.ok("allreduce_max_f64", c.allreduce_max_f64(&mut a));
     let want: Vec<f64> = (0..300).map(|i| (0..p).map(|q| max_value(q, i)).fold(f64::NEG_INFINITY, f64::max)).collect();
@@ -111,7 +131,11 @@ fn run(c: &dyn Collective) -> Checks {
     t.ok("allreduce_max_f32", c.allreduce_max_f32(&mut a));
     let want: Vec<f32> = want.iter().map(|&x| x as f32).collect();
     t.equal("allreduce_max_f32", &a, &want);
+}
 
+/// allgatherv of f32 and u32 (with empty contributions, rows in global order) and allgather.
+fn check_gathers(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
     // allgatherv: rank r contributes r + 1 values r * 1000 + j.
     let counts: Vec<usize> = (0..p).map(|q| q + 1).collect();
     let send: Vec<f32> = (0..=rank).map(|j| (rank * 1000 + j) as f32).collect();
@@ -139,17 +163,23 @@ fn run(c: &dyn Collective) -> Checks {
     t.ok("allgather_u32", c.allgather_u32(&[rank as u32, 7], &mut out));
     let want: Vec<u32> = (0..p as u32).flat_map(|q| [q, 7]).collect();
     t.equal("allgather_u32", &out, &want);
+}
 
-    // Broadcasts: from the first, the last and a middle rank; receivers start with junk of
-    // another length; an empty payload; a large one.
+/// Broadcasts: from the first, the last and a middle rank; receivers start with junk of
+/// another length; an empty payload; a large one.
+fn check_broadcasts(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
     let payload = |root: usize, len: usize| -> Vec<u8> { (0..len).map(|i| (i * 31 + root * 7) as u8).collect() };
     for (root, len) in [(0, 32), (p - 1, 100_000), (p / 2, 0)] {
         let mut buf = if rank == root { payload(root, len) } else { vec![0xAA; rank * 3] };
         t.ok("broadcast_bytes", c.broadcast_bytes(root, &mut buf));
         t.equal(&format!("broadcast_bytes root={root} len={len}"), &buf, &payload(root, len));
     }
+}
 
-    // Mismatched calls fail on every rank alike, before communicating (so nothing hangs).
+/// Mismatched calls fail on every rank alike, before communicating (so nothing hangs).
+fn check_mismatched_calls(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
     let mut buf = vec![1u8];
     t.err("bad root", c.broadcast_bytes(p, &mut buf), &DistError::BadRoot { root: p, size: p });
     let mut out = vec![0f32; p + 1];
@@ -168,10 +198,15 @@ fn run(c: &dyn Collective) -> Checks {
         c.allgatherv_f32(&[1.0, 2.0], &vec![1; p], &mut out[..p]),
         &DistError::SendLength { rank, send: 2, count: 1 },
     );
+}
 
-    // What the sharded softmax layer will do: log-sum-exp and top-3 over K classes sharded over
-    // the ranks, against the same computed over all K classes on every rank.
-    let k = 1001;
+/// Classes of the sharded-softmax checks.
+const SHARDED_K: usize = 1001;
+
+/// What the sharded softmax layer will do, part 1: log-sum-exp over K classes sharded over the
+/// ranks, against the same computed over all K classes on every rank.
+fn check_sharded_log_sum_exp(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p, k) = (c.rank(), c.size(), SHARDED_K);
     let shards = Shards::even(k, p).unwrap();
     let local: Vec<f32> = shards.range(rank).map(score).collect();
     let mut m = [local.iter().copied().fold(f32::NEG_INFINITY, f32::max)];
@@ -183,7 +218,12 @@ fn run(c: &dyn Collective) -> Checks {
     let gm = all.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exact = f64::from(gm) + all.iter().map(|&z| f64::from(z - gm).exp()).sum::<f64>().ln();
     t.check("sharded log-sum-exp", (lse - exact).abs() < 1e-9, || format!("{lse} vs {exact}"));
+}
 
+/// Part 2: the top-3 over the same sharded classes, from each rank's top-3 gathered and merged.
+fn check_sharded_top_k(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p, k) = (c.rank(), c.size(), SHARDED_K);
+    let shards = Shards::even(k, p).unwrap();
     let top = 3;
     let mut ids: Vec<usize> = shards.range(rank).collect();
     ids.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
@@ -201,9 +241,6 @@ fn run(c: &dyn Collective) -> Checks {
     want.sort_by(|&a, &b| score(b).total_cmp(&score(a)).then(a.cmp(&b)));
     let got: Vec<usize> = merged.iter().take(top).map(|&(_, c)| c as usize).collect();
     t.equal("sharded top-3", &got, &want[..top]);
-
-    t.ok("barrier", c.barrier());
-    t
 }
 
 fn main() -> ExitCode {
