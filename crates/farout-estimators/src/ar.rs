@@ -13,6 +13,46 @@
 //!
 //! Augmenting with `eps` and a variational `q(eps)` gives the ELBO (eq. 7), a sum over classes
 //! that sampling reduces.
+//!
+//! # The estimators
+//!
+//! The scores are `psi = z`, `S` holds the negatives drawn uniformly with replacement from the
+//! classes other than `y`, `c = (K-1)/|S|` and `d_j = z_j - z_y`. Every term depends on the scores
+//! through the `d_j` only, so `dL/dz_y = -sum_{j in S} dL/dz_j`, and the classes outside
+//! `S ∪ {y}` get no gradient. Cost: `|S| + 1` scores per sample.
+//!
+//! ```text
+//! ove (eq. 10):
+//!     L_OVE   = sum_{k != y} log sigmoid(z_y - z_k)
+//!     L       = c sum_{j in S} softplus(d_j)                                 estimates -L_OVE
+//!     dL/dz_j = c sigmoid(d_j)
+//!
+//! ar_softmax (eq. 8, Algorithm 1): q(eps) = Gumbel(log eta, 1)
+//!     ELBO    = 1 - log eta - (1/eta) (1 + sum_{k != y} exp(z_k - z_y))
+//!               (tight at eta = 1 + sum_{k != y} exp(z_k - z_y), where it is log p(y))
+//!     local:    eta_hat = 1 + c sum_{j in S} exp(d_j)
+//!               eta <- (1 - a) eta + a eta_hat,        a = (1 + t)^-0.9
+//!     L       = log eta + eta_hat / eta - 1                                  estimates -ELBO
+//!     global:   dL/dz_j = (c / eta) exp(d_j)
+//!
+//! ar_probit, ar_logistic (eq. 7, 9, Algorithm 2): q(eps) = mu + sigma u, sigma = softplus(gamma)
+//!     log p~(y, eps) = log phi(eps) + c sum_{j in S} log Phi(eps - d_j)
+//!     local:    u standard noise, eps = mu + sigma u, g_eps = d/d eps log p~(y, eps)
+//!               mu    += a g_eps
+//!               gamma += a (g_eps u + 1/sigma) sigmoid(gamma),     a = 0.01 (1 + t)^-0.9
+//!     global:   a fresh eps ~ q,   dL/dz_j = c phi(eps - d_j) / Phi(eps - d_j)
+//!     L       = -(log phi(eps) + H[q] + c sum_{j in S} log Phi(eps - d_j))   estimates -ELBO
+//! ```
+//!
+//! `t` counts the sample's visits ([`crate::SampleState`]). The noises: standard Gaussian
+//! (`H[q] = 1/2 + log sqrt(2 pi) + log sigma`) for the probit model, standard logistic
+//! (`phi(x) = sigmoid(x) sigmoid(-x)`, `Phi = sigmoid`, `H[q] = log sigma + 2`) for the logistic
+//! one.
+//! Without a sample id ([`crate::GradientEstimator::estimate`]) no state is kept: `ar_softmax`
+//! takes `eta = eta_hat`, which makes its loss `log eta_hat`, the sampled estimate of the softmax
+//! loss, and the utility models use the initial `q` (`mu = 0`, `sigma = 1`). [`softmax_elbo`],
+//! [`ove_bound`] and [`utility_log_prob`] compute the bounds and `log p(y | psi)` over all
+//! classes, for evaluation and tests.
 
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch};

@@ -1,6 +1,13 @@
-//! Euclidean projection onto the bi-simplex of the smoothed max-margin loss (LDGS eq. 11):
+//! The Euclidean projection behind the smoothed max-margin gradient ([`crate::SmoothedMargin`],
+//! LDGS paper eq. 11): for `v = (z + 1_N) / mu` the gradient is
 //!
-//! `C = {a : sum_N a = -sum_P a = s <= 1, a_N >= 0, a_P <= 0}`.
+//! ```text
+//! proj_C(v) = argmin_{a in C} |a - v|^2,
+//! C         = {a : sum_N a = -sum_P a = s <= 1, a_N >= 0, a_P <= 0}.
+//! ```
+//!
+//! The LDGS paper computes it in O(K log K) by sorting, with the procedure of PD-Sparse (Yen et
+//! al. 2016); this module does it in expected linear time.
 //!
 //! For a fixed `s` the problem splits into two simplex projections: `a_N = proj_{Δ_s}(v_N)` and
 //! `-a_P = proj_{Δ_s}(-v_P)` with `Δ_s = {x >= 0, sum x = s}`, each of the form

@@ -1,3 +1,29 @@
+//! The contract between the output layer and a gradient estimator: [`GradientEstimator`], what
+//! it sees of the layer ([`Ctx`]) and what it returns, one sample at a time ([`Estimate`] and a
+//! sparse gradient) or a batch at a time ([`Batch`] in, [`BatchGrad`] and [`BatchEstimate`] out).
+//!
+//! For a sample with features `phi` (length D), positives `P` and scores
+//! `z_k = W_k . phi + b_k` ([`Ctx::score`]), an estimator returns
+//!
+//! ```text
+//! L~         ~ L(z, P)        the loss estimate                      (Estimate::loss)
+//! (k, g_k)   g_k ~ dL/dz_k    for the classes it gives a gradient; 0 for the others
+//! cost       rows of W scored, a block product counting 1/B          (Estimate::classes_scored)
+//! ```
+//!
+//! and the layer turns the class gradients `G` of a batch (`[B, K]`, sparse or dense) into
+//!
+//! ```text
+//! dL/dphi_i = sum_k g_ik W_k       (BatchGrad::dphi: one product G W when G is dense)
+//! dL/dW_k   = sum_i g_ik phi_i     (only the rows with a non-zero g_ik)
+//! dL/db_k   = sum_i g_ik
+//! ```
+//!
+//! A batch's loss and gradient are sums over its samples, not means. Unbiased estimators estimate
+//! `dL/dz` in expectation over their draws; the default batch method seeds sample `i`'s generator
+//! from one draw of the batch's generator and `i`, so the draws do not depend on the threads that
+//! run the batch.
+
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, Rng, SparseGrad, kernels, rng::RngCore};
 use rayon::prelude::*;

@@ -1,3 +1,34 @@
+//! Exact gradients: every class scored, then the loss differentiated ([`Exact`]), and the
+//! parameters of `[output] estimator = "softmax"` ([`SoftmaxConfig`]) and `"margin"`
+//! ([`MarginConfig`]). These are the references every approximate estimator is measured
+//! against: in the tests, in `farout bench estimator` and in a run's gradient cosine.
+//!
+//! `softmax`: the multi-label cross-entropy of the LDGS paper, eq. 2 ([`crate::Softmax`]):
+//!
+//! ```text
+//! L(z, P)  = sum_{p in P} ( log sum_{j=1..K} exp(z_j) - z_p )
+//! dL/dz_k  = |P| exp(z_k) / sum_j exp(z_j) - [k in P]
+//! ```
+//!
+//! Every class gets a gradient, so a batch's gradient is a dense `[B, K]` matrix.
+//!
+//! `margin`: the smoothed max-margin loss of the LDGS paper, eq. 10-11
+//! ([`crate::SmoothedMargin`]; smoothing `mu`, the paper's 1 for multiclass and 5 for multilabel
+//! data):
+//!
+//! ```text
+//! L_mu(z, P) = max_{a in C} <z + 1_N, a> - (mu/2) |a|^2                    (eq. 10)
+//! dL/dz      = a* = proj_C((z + 1_N) / mu)                                   (eq. 11)
+//! C          = {a : sum_{k in N} a_k = -sum_{k in P} a_k <= 1, a_N >= 0, a_P <= 0}
+//! ```
+//!
+//! with `1_N` 1 on the negatives and 0 on the positives. Only the negatives within `mu` of the
+//! best one and the weakest positives get a gradient, so the gradient is sparse (`loss.rs`
+//! derives both gradients).
+//!
+//! Cost: K inner products per sample, O(K D). A batch computes all its scores with one matrix
+//! product `Z = Phi W^T`, which runs near the machine's peak.
+
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 use crate::loss::{Loss, LossScratch, SmoothedMargin, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, Problem};

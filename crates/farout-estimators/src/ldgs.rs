@@ -1,3 +1,58 @@
+//! Loss decomposition guided search (LDGS), Algorithm 2 of the LDGS paper (Section 3.1), with
+//! top-Q retrieval and exact rescoring of the candidates ([`Ldgs`], `[output] estimator =
+//! "ldgs"`), and [`complete_scores`], which completes the block scores the searches found (the
+//! class-sharded layer uses it too).
+//!
+//! # The decomposition (Theorem 1, eq. 12)
+//!
+//! Split the D coordinates into B blocks of D/B: `W^(j)` holds block j's columns of `W` and
+//! `phi^(j)` the matching coordinates of `phi`, so that `z = sum_j z_j` with
+//! `z_j = W^(j) phi^(j)` (a bias adds `b/B` to every block). For a convex loss L,
+//!
+//! ```text
+//! L(z) = min_{lambda_1..lambda_B : sum_j lambda_j = 0} (1/B) sum_j L(B (z_j + lambda_j))  (eq. 12)
+//! ```
+//!
+//! (`<=` for every feasible `lambda` by Jensen's inequality; `=` at `lambda*_j = z/B - z_j`,
+//! where every block's argument `B (z_j + lambda*_j)` is `z`). Each block is searched on its own
+//! D/B-dimensional index, a far easier MIPS problem than the D-dimensional one of Algorithm 1,
+//! and message passing on the multipliers `lambda_j` couples the blocks.
+//!
+//! # One sample
+//!
+//! ```text
+//! 1. S_j = the top Q classes of block j's index for phi^(j);   U = S_1 ∪ ... ∪ S_B ∪ P
+//! 2. z~_j = block j's scores over U (Rescore);   z~ = sum_j z~_j;   lambda_j = 0
+//! 3. for t = 1..T:                                                          (steps 3-8)
+//!      A = U, or the classes k with |dL(B (z~_j + lambda_j))_k| > tau2 in some block (ActiveSet)
+//!      lambda*_j = z~/B - z~_j
+//!      lambda_j[k] <- eta lambda*_j[k] + (1 - eta) lambda_j[k]   for k in A,   eta = 2/(t + 2)
+//! 4. g  = (1/B) sum_j dL(B (z~_j + lambda_j))    on U; 0 elsewhere           (step 9)
+//!    L~ = (1/B) sum_j L(B (z~_j + lambda_j))     >= L(z~) by Jensen
+//! ```
+//!
+//! [`Iterations::FixedPoint`] sets `lambda_j = lambda*_j` directly, the limit of the steps: every
+//! block's argument is then `z~`, so the estimate is `L(z~)` and its gradient.
+//!
+//! # Top-Q retrieval
+//!
+//! The paper retrieves every class with `|[z_j]_k| > tau1`, so a class block j did not return
+//! scores little there and counts 0 (step 2). Top-Q retrieval bounds nothing: a negative found
+//! by some blocks only is under-scored in the others, and message passing converges to the loss
+//! of these wrong scores, drifting further from the exact one the longer it runs.
+//! [`Rescore::Exact`] (the default) scores every class of `U` in every block whose search missed
+//! it, so that `z~` is the exact `z` on `U` and `T -> inf`, or the fixed point, gives the exact
+//! loss restricted to `U`: for the smoothed max-margin, the exact gradient once `U` holds the
+//! classes within `mu` of the best negative (`mips.rs`). [`Rescore::Partial`] is the paper's
+//! reading, kept for comparison; the test `union_rescoring_converges_and_partial_scores_drift`
+//! measures both. With B = 1 LDGS is Algorithm 1 ([`crate::Mips`]). The default is one block per
+//! 128 dimensions ([`LdgsConfig::blocks`]): fewer, wider blocks keep the gradient closer to exact,
+//! since a class must rank in some block's top on that block's dimensions alone.
+//!
+//! Cost per sample: B searches of dimension D/B, the rescoring of `U` (at most |U| D), and B loss
+//! evaluations on |U| scores, plus T B more with the gradient active set; one in all at the fixed
+//! point with exact rescoring.
+
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};

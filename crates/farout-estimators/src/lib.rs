@@ -1,13 +1,43 @@
 //! farout-estimators: losses over a score vector and the estimators of their gradient.
 //!
 //! An output layer with weights `W` (K x D, optional bias b) scores a feature vector `phi` as
-//! `z = W phi + b`. A [`Loss`] maps `(z, P)` (P = positive classes) to a value and `dL/dz`. A
-//! [`GradientEstimator`] produces, for one sample, a loss estimate and a *sparse class gradient*
-//! `(k, g_k)` approximating `dL/dz_k`, in whatever time its method allows; the layer then applies
-//! `dL/dphi = sum_k g_k W_k` and `dL/dW_k = g_k phi` (ARCHITECTURE.md, "The plug-in contracts").
+//! `z = W phi + b`. A [`Loss`] maps `(z, P)` (P = positive classes, N = the others) to a value
+//! and `dL/dz`. A [`GradientEstimator`] produces, for one sample, a loss estimate and a *sparse
+//! class gradient* `(k, g_k)` approximating `dL/dz_k`, in whatever time its method allows; the
+//! layer then applies
 //!
-//! The exact estimators (`softmax`, `margin`) are the references every approximate one is tested
-//! against.
+//! ```text
+//! dL/dphi = sum_k g_k W_k      (handed back to the encoder)
+//! dL/dW_k = g_k phi            (a sparse row update: only classes with g_k != 0 move)
+//! dL/db_k = g_k
+//! ```
+//!
+//! (ARCHITECTURE.md, "The plug-in contracts"). The exact estimators (`softmax`, `margin`) are
+//! the references every approximate one is tested against: against the exact gradient, or for
+//! unbiased ones against the exact expectation over many seeds.
+//!
+//! The estimators a config can name (`[output] estimator = "..."`), each with the module that
+//! states its maths and the source of the method:
+//!
+//! - `softmax` (`exact.rs`, `loss.rs`): the exact cross-entropy, LDGS paper eq. 2,
+//!   `L = sum_{p in P} (log sum_j exp(z_j) - z_p)`, `dL/dz_k = |P| softmax(z)_k - [k in P]`.
+//! - `margin` (`exact.rs`, `loss.rs`, `bisimplex.rs`): the exact smoothed max-margin, LDGS eq.
+//!   10-11, `L = max_{a in C} <z + 1_N, a> - (mu/2) |a|^2`, `dL/dz = proj_C((z + 1_N) / mu)`.
+//! - `mips` (`mips.rs`): LDGS Algorithm 1, the loss on the scores of the top Q retrieved classes
+//!   and the positives, no gradient elsewhere.
+//! - `ldgs` (`ldgs.rs`): LDGS Algorithm 2 (Theorem 1, eq. 12), B column blocks searched apart,
+//!   `g = (1/B) sum_j dL(B (z_j + lambda_j))` with message passing on the `lambda_j`.
+//! - `sampled_softmax` (`sampled.rs`, `proposal.rs`): Jean et al. 2015, eq. 2 over the
+//!   positives and sampled classes, every logit corrected by `-log E_c`.
+//! - `negative_sampling` (`sampled.rs`): Mikolov et al. 2013,
+//!   `L = -sum_{p in P} log sigma(z_p) - sum_j log sigma(-z_{k_j})`.
+//! - `ove` (`ar.rs`): the One-vs-Each bound, A&R paper eq. 10 (Titsias 2016).
+//! - `ar_softmax` (`ar.rs`): A&R Algorithm 1 on the bound of eq. 8.
+//! - `ar_probit`, `ar_logistic` (`ar.rs`): A&R Algorithm 2 on the ELBO of eq. 7.
+//!
+//! The other modules: `estimator.rs` (the contract and its batch types), `registry.rs` (the
+//! parameter structs a config selects), `shard.rs` (candidate sets on a class-sharded layer) and
+//! `state.rs` (A&R's per-sample variational state).
 //!
 //! ```
 //! use farout_core::{Matrix, SparseGrad, rng};

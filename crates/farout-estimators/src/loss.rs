@@ -1,3 +1,59 @@
+//! The losses estimators evaluate: [`Loss`] maps a score vector `z` and the positions `P` of its
+//! positives to `L(z, P)` and `dL/dz`, on all K scores (exact estimators) or on the scores of a
+//! candidate set (search and sampling estimators, whose positions index that set). `N` is every
+//! position not in `P`.
+//!
+//! # Cross-entropy ([`Softmax`]), LDGS paper eq. 2
+//!
+//! ```text
+//! L(z, P)  = sum_{p in P} ( log sum_j exp(z_j) - z_p )
+//! dL/dz_k  = sum_{p in P} ( exp(z_k) / sum_j exp(z_j) - [k = p] )
+//!          = |P| softmax(z)_k - [k in P]
+//! ```
+//!
+//! since `d/dz_k log sum_j exp(z_j) = softmax(z)_k`, once per positive. With one positive this is
+//! the usual softmax cross-entropy; the gradient sums to 0. `log sum_j exp(z_j)` is computed as
+//! `m + log sum_j exp(z_j - m)` with `m = max_j z_j`, so that large scores cannot overflow.
+//!
+//! # Smoothed max-margin ([`SmoothedMargin`]), LDGS paper eq. 10-11
+//!
+//! The max-margin loss (eq. 3), `L(z, P) = max(0, 1 + max_{n in N} z_n - min_{p in P} z_p)`, is a
+//! maximum over the bi-simplex `C`:
+//!
+//! ```text
+//! C        = {a : sum_{n in N} a_n = -sum_{p in P} a_p = s <= 1, a_N >= 0, a_P <= 0}
+//! L(z, P)  = max_{a in C} <z + 1_N, a>                  (1_N: 1 on negatives, 0 on positives)
+//! ```
+//!
+//! (for a given `s` the best `a` puts `s` on the best negative and `-s` on the worst positive,
+//! worth `s (1 + max_N z - min_P z)`, so the best `s` is 1 or 0). Nesterov smoothing subtracts
+//! `(mu/2) |a|^2` (eq. 10). Completing the square,
+//! `<z + 1_N, a> - (mu/2) |a|^2 = (mu/2) (|v|^2 - |a - v|^2)` with `v = (z + 1_N) / mu`, so the
+//! maximiser is the Euclidean projection of `v` onto `C`, and by Danskin's theorem it is the
+//! gradient:
+//!
+//! ```text
+//! L_mu(z, P) = max_{a in C} <z + 1_N, a> - (mu/2) |a|^2                          (eq. 10)
+//! dL/dz      = a* = proj_C((z + 1_N) / mu)                                         (eq. 11)
+//! ```
+//!
+//! `L_mu` is `1/mu`-smooth and within `mu` of the max-margin loss (`|a|^2 <= 2` on `C`); the
+//! LDGS paper uses `mu = 1` for multiclass and `mu = 5` for multilabel data. The gradient is
+//! non-zero only on the negatives within `mu` of the best one and on the weakest positives: it is
+//! sparse, and a candidate set holding those classes gives the exact loss
+//! ([`Loss::support_width`]). `bisimplex.rs` computes the projection.
+//!
+//! # Binary logistic ([`BinaryLogistic`]), negative sampling's loss
+//!
+//! ```text
+//! L        = sum_{p in P} softplus(-z_p) + sum_{c not in P} softplus(z_c)
+//!          = -sum_{p in P} log sigma(z_p) - sum_{c not in P} log sigma(-z_c)
+//! dL/dz_p  = sigma(z_p) - 1,        dL/dz_c = sigma(z_c)
+//! ```
+//!
+//! with `softplus(x) = log(1 + exp(x))`, whose derivative is `sigma(x) = 1 / (1 + exp(-x))`; a
+//! class listed twice counts twice.
+
 use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
 use crate::sampled::{sigmoid, softplus};
 use farout_core::{ClassId, kernels, vexp};

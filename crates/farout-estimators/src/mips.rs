@@ -1,3 +1,37 @@
+//! Search-based gradients, Algorithm 1 of the LDGS paper (Section 2.1), with top-Q retrieval in
+//! place of the paper's threshold ([`Mips`], `[output] estimator = "mips"`), and
+//! [`dphi_cosine`], the measure of an estimator against the exact gradient (the cosine between
+//! the two `dL/dphi = sum_k g_k W_k`).
+//!
+//! For a sample with features `phi` and positives `P`, with `L` the cross-entropy (eq. 2) or the
+//! smoothed max-margin (eq. 10-11) of `loss.rs`:
+//!
+//! ```text
+//! U        = the top Q classes of the layer's index for phi, and P      (Q = top, default K/100)
+//! z_U      = their exact scores W_k . phi + b_k
+//! L~       = L(z_U, P)
+//! g_k      = dL(z_U, P)/dz_k   for k in U;      g_k = 0 otherwise
+//! ```
+//!
+//! # Classes that were not retrieved
+//!
+//! Algorithm 1 asks the index for every class with `|z_k| > tau` and counts the others as 0,
+//! which is then within `tau` of the truth: the loss is off by at most `tau` times the loss's
+//! l_inf Lipschitz constant (2 for the max-margin loss, `O(|P| log K)` for the cross-entropy). A
+//! top-Q search bounds nothing, so a 0 can be far from the truth; the classes outside `U` are
+//! left out of the loss instead:
+//!
+//! - smoothed max-margin: a negative more than `mu` below the best negative has no gradient and
+//!   does not change the loss ([`crate::Loss::support_width`]); once the Q-th score is that far
+//!   below the top, the estimate is exact for every class the index found;
+//! - softmax: the partition function is summed over `U` only, a lower bound of the exact one,
+//!   which over-weights the retrieved classes by the unretrieved probability mass. The paper's
+//!   remedy (Section 4: retrieve classes in decreasing order of gradient, and decide whether to
+//!   retrieve more from the lower bound of the partition function the retrieved ones give) is
+//!   not implemented.
+//!
+//! Cost per sample: the index's inner products, plus one per positive the search missed.
+
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};

@@ -1,3 +1,26 @@
+//! Where sampled classes come from (TensorFlow's candidate samplers), for
+//! [`crate::SampledSoftmax`] and [`crate::NegativeSampling`]: a [`Proposal`] `Q` over the K
+//! classes, and [`Draws`], one sample's draws with the expected count of each class.
+//!
+//! ```text
+//! uniform       Q(k) = 1/K
+//! log_uniform   Q(k) = log((k + 2) / (k + 1)) / log(K + 1)   Zipf over ids sorted by frequency
+//! unigram       Q(k) = count_k^alpha / sum_j count_j^alpha     word2vec: alpha = 0.75
+//! ```
+//!
+//! A draw costs O(1): log-uniform by inverting its distribution function,
+//! `k = floor(exp(u log(K + 1))) - 1` for `u` uniform in [0, 1), unigram from an alias table. The
+//! expected number of times class `c` appears among the draws is
+//!
+//! ```text
+//! n draws with replacement                           E_c = n Q(c)
+//! draws until n distinct classes, T draws in all      E_c = 1 - (1 - Q(c))^T
+//! ```
+//!
+//! (TensorFlow's `unique = false` and `unique = true`; when `n` covers every class the proposal
+//! can draw, all of them are taken, with `E_c = 1`). Sampled softmax subtracts `log E_c` from
+//! each candidate's logit.
+
 use farout_core::rng::RngExt;
 use farout_core::{AliasTable, ClassId, Rng};
 use std::collections::HashSet;

@@ -2,11 +2,24 @@
 //! the estimator.
 //!
 //! Each estimator module defines its parameter struct (the keys of `[output]` it accepts, with
-//! their defaults as serde defaults) and implements [`EstimatorParams`] for it: validation that
-//! names the key, and construction for a problem of a given shape. The registry turns the list
-//! into [`EstimatorConfig`], the serde enum tagged by `estimator` (`[output] estimator = "ldgs"`),
-//! which training, `farout bench` and `farout compare` all build from. Adding an estimator is one
-//! new module plus one line in the list below.
+//! their defaults as serde defaults) and implements [`crate::EstimatorParams`] for it: validation
+//! that names the key, and construction for a problem of a given shape. The registry turns the
+//! list into [`EstimatorConfig`], the serde enum tagged by `estimator`
+//! (`[output] estimator = "ldgs"`), which training, `farout bench` and `farout compare` all build
+//! from. Adding an estimator is one new module plus one line in the list below.
+//!
+//! Every estimator computes or approximates one of two exact losses ([`ExactLoss`]; `loss` and
+//! `mu` choose it where an estimator offers both, [`LossKind`]), whose exact estimator is the
+//! reference of its gradient:
+//!
+//! ```text
+//! softmax   LDGS eq. 2        L = sum_{p in P} ( log sum_j exp(z_j) - z_p )
+//! margin    LDGS eq. 10-11    L = max_{a in C} <z + 1_N, a> - (mu/2) |a|^2
+//! ```
+//!
+//! (`loss.rs` derives both gradients.) The sampling estimators, whose own losses are other
+//! objectives (negative sampling's binary logistic loss) or bounds (OVE, A&R), are measured
+//! against the softmax.
 
 use crate::{Error, Exact, GradientEstimator, Loss, SmoothedMargin, Softmax};
 use serde::{Deserialize, Serialize};

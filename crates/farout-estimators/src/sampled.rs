@@ -1,3 +1,41 @@
+//! Sampling estimators: sampled softmax ([`SampledSoftmax`], Jean et al. 2015, with TensorFlow's
+//! `sampled_softmax_loss` semantics) and word2vec's negative sampling ([`NegativeSampling`],
+//! Mikolov et al. 2013), both drawing classes from a [`crate::Proposal`] `Q`, and their
+//! parameters.
+//!
+//! # Sampled softmax
+//!
+//! Draw `n` classes `S` from `Q`, with `E_c` the expected number of times class `c` is drawn
+//! ([`crate::Draws`]). The candidates are `C = P ∪ S'`, where `S'` is `S` without the positives it
+//! hit (accidental hits), and every candidate's logit, positives included, is corrected by
+//! `-log E_c`:
+//!
+//! ```text
+//! z'_c     = z_c - log E_c                                          for c in C
+//! L        = sum_{p in P} ( log sum_{c in C} exp(z'_c) - z'_p )       LDGS eq. 2 on C
+//! dL/dz_c  = |P| exp(z'_c) / sum_{c' in C} exp(z'_c') - [c in P]     for c in C; 0 elsewhere
+//! ```
+//!
+//! The correction is an importance weight: for draws with replacement,
+//! `sum_{draws c} exp(z_c) / E_c` is an unbiased estimate of the partition function
+//! `sum_k exp(z_k)`, and the gradient tends to the exact softmax gradient as `n` grows (tested).
+//! Draws are made per sample, or once per batch with `shared` (TensorFlow's default). Cost:
+//! `|S| + |P|` scores per sample.
+//!
+//! # Negative sampling
+//!
+//! Draw `n` classes `k_1..k_n` from `Q` (word2vec: unigram^0.75 of the class counts), skip the
+//! draws that hit a positive, and evaluate the binary logistic loss ([`crate::BinaryLogistic`]):
+//!
+//! ```text
+//! L             = -sum_{p in P} log sigma(z_p) - sum_j log sigma(-z_{k_j})
+//! dL/dz_p       = sigma(z_p) - 1
+//! dL/dz_{k_j}   = sigma(z_{k_j})                           (a class drawn twice counts twice)
+//! ```
+//!
+//! It is no estimate of the softmax loss but a different objective whose optimum ranks classes
+//! alike: the fast baseline of skip-gram training. Cost: `n + |P|` scores per sample.
+
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{BinaryLogistic, Loss, LossScratch, Softmax};
 use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};

@@ -21,7 +21,16 @@
 //!   after scoring ([`DrawnLoss`]): every rank holds all samples' state and updates it alike.
 //!
 //! Every rank then evaluates the same loss on the same scores and keeps the gradient of the
-//! classes it owns. On one rank every plan is the estimator's own one-process estimate.
+//! classes it owns. For a sample's candidates `C` and ranks `r` owning the rows `W_r`:
+//!
+//! ```text
+//! z_c      = sum_r [c owned by r] (W_c . phi + b_c)    one allreduce sum per candidate (Draw:
+//!                                                      plus the candidate's correction)
+//! g_c      = dL(z_C, P)/dz_c                           the same on every rank; kept by c's owner
+//! dL/dphi  = sum_r sum_{c owned by r} g_c W_c          one allreduce sum of D values per sample
+//! ```
+//!
+//! On one rank every plan is the estimator's own one-process estimate.
 
 use crate::loss::{Loss, LossScratch};
 use farout_core::{ClassId, Rng};

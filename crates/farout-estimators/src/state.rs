@@ -1,3 +1,17 @@
+//! Per-sample variational state of the A&R estimators ([`SampleState`]): a row of `width` f32
+//! values per training sample, read when the sample's step starts, written back when it ends and
+//! saved in checkpoints. This is the O(N) memory the A&R paper notes (Section 4, footnote 4).
+//!
+//! ```text
+//! ar_softmax               [log eta, t]       eta = 1 at first;  local step a = (1 + t)^-0.9
+//! ar_probit, ar_logistic   [mu, gamma, t]     q(eps) = mu + softplus(gamma) u;  mu = 0 and
+//!                                             softplus(gamma) = 1 at first;  a = 0.01 (1 + t)^-0.9
+//! ```
+//!
+//! `t` counts the sample's visits, so each sample's local steps follow their own Robbins–Monro
+//! sequence (`ar.rs` has the steps). Skip-gram keeps one row per context word, since its
+//! features depend on the context word alone.
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Per-sample variational parameters (A&R's eta, or mu and gamma), `width` f32 values per
