@@ -81,6 +81,8 @@ fn shrink(n: usize) {
 // SAFETY: every call forwards to `System` with the caller's arguments; the counters only
 // observe sizes.
 unsafe impl GlobalAlloc for PeakAlloc {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         grow(layout.size());
         // SAFETY: forwarded as received.
@@ -91,6 +93,8 @@ unsafe impl GlobalAlloc for PeakAlloc {
         p
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`]: `layout` has a non-zero size.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         grow(layout.size());
         // SAFETY: forwarded as received.
@@ -101,12 +105,17 @@ unsafe impl GlobalAlloc for PeakAlloc {
         p
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`]: `ptr` was allocated by this allocator with `layout`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as received.
         unsafe { System.dealloc(ptr, layout) };
         shrink(layout.size());
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`]: `ptr` was allocated by this allocator with `layout`;
+    /// `new_size` is non-zero and, rounded up to `layout.align()`, does not overflow `isize`.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         grow(new_size);
         // SAFETY: forwarded as received.

@@ -40,6 +40,7 @@ pub fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
     match Isa::best() {
         // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
         Isa::Avx512 => return unsafe { avx512::dot(a, b) },
+        // SAFETY: as above.
         Isa::Avx2 => return unsafe { avx2::dot(a, b) },
         Isa::Baseline => {}
     }
@@ -57,6 +58,7 @@ pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, k
     match Isa::best() {
         // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
         Isa::Avx512 => return unsafe { avx512::keep_at_least(scores, threshold, positions, kept) },
+        // SAFETY: as above.
         Isa::Avx2 => return unsafe { avx2::keep_at_least(scores, threshold, positions, kept) },
         Isa::Baseline => {}
     }
@@ -171,6 +173,12 @@ fn keep_tail(scores: &[f32], from: usize, threshold: f32, positions: &mut Vec<u3
 mod avx512 {
     use std::arch::x86_64::*;
 
+    /// [`dot`](super::dot) with AVX-512: `a` and `b` may differ in length (the shorter one
+    /// decides).
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F. Every load is bounds-checked against both slices here, so
+    /// there is no obligation on the arguments.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -193,6 +201,11 @@ mod avx512 {
         _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum::<f32>()
     }
 
+    /// [`keep_at_least`](super::keep_at_least) with AVX-512.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F. The function reserves the room it writes into itself,
+    /// so there is no obligation on the arguments.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
         let n = scores.len();
@@ -232,6 +245,12 @@ mod avx512 {
 mod avx2 {
     use std::arch::x86_64::*;
 
+    /// [`dot`](super::dot) with AVX2 and FMA: `a` and `b` may differ in length (the shorter
+    /// one decides).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA. Every load is bounds-checked against both slices
+    /// here, so there is no obligation on the arguments.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
@@ -280,6 +299,11 @@ mod avx2 {
         table
     };
 
+    /// [`keep_at_least`](super::keep_at_least) with AVX2.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. The function reserves the room it writes into itself, so
+    /// there is no obligation on the arguments.
     #[target_feature(enable = "avx2")]
     pub unsafe fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
         let n = scores.len();

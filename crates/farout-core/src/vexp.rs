@@ -63,18 +63,29 @@ pub fn exp_shifted(x: &mut [f32], shift: f32) -> f64 {
     match Isa::best() {
         // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
         Isa::Avx512 => return unsafe { exp_shifted_avx512(x, shift) },
+        // SAFETY: as above.
         Isa::Avx2 => return unsafe { exp_shifted_avx2(x, shift) },
         Isa::Baseline => {}
     }
     exp_shifted_portable(x, shift)
 }
 
+/// [`exp_shifted`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU must support AVX-512F (as `Isa::best` checks). No other obligation: the body is
+/// safe code.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn exp_shifted_avx512(x: &mut [f32], shift: f32) -> f64 {
     exp_shifted_portable(x, shift)
 }
 
+/// [`exp_shifted`] compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (as `Isa::best` checks). No other obligation: the body
+/// is safe code.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn exp_shifted_avx2(x: &mut [f32], shift: f32) -> f64 {

@@ -483,7 +483,9 @@ type Tile = unsafe fn(&QuantRows, &QuantQueries, &[u32], &mut [f32]);
 /// then its one-query tile `one`. `out` is sized `which.len() x rows.padded_len()`.
 ///
 /// # Safety
-/// The CPU must have the features the tiles are compiled for.
+/// The CPU must have the features the tiles are compiled for; the tiles' other obligations
+/// hold when `rows.chunks == queries.chunks` and `out` holds at least
+/// `which.len() x rows.padded_len()` floats.
 #[cfg(target_arch = "x86_64")]
 unsafe fn by_query_tiles(
     rows: &QuantRows,
@@ -514,6 +516,12 @@ mod vnni {
     use std::arch::x86_64::*;
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F, AVX-512BW and AVX-512 VNNI. `rows.chunks == queries.chunks`
+    /// (the query codes are read for every chunk of the rows), and `out` holds at least
+    /// `Q x rows.padded_len()` floats: the stores are unchecked. (`which` holds at least `Q`
+    /// queries of `queries`; that one is checked.)
     // The accumulators are a `Q x GROUPS_PER_TILE` register tile: indices read clearer than
     // nested iterators.
     #[allow(clippy::needless_range_loop)]
@@ -527,14 +535,15 @@ mod vnni {
         for g in (0..n / GROUP).step_by(GROUPS_PER_TILE) {
             let mut acc = [[_mm512_setzero_si512(); GROUPS_PER_TILE]; Q];
             for c in 0..chunks {
-                // SAFETY: group g + t < n / GROUP and chunk c < chunks lie within `codes`
-                // (padded_len / GROUP groups of `group_bytes`); query chunk c within its codes.
                 let mut w = [_mm512_setzero_si512(); GROUPS_PER_TILE];
                 for (t, w) in w.iter_mut().enumerate() {
+                    // SAFETY: group g + t < n / GROUP and chunk c < chunks lie within `codes`
+                    // (padded_len / GROUP groups of `group_bytes`).
                     *w = unsafe { _mm512_loadu_si512(codes.add((g + t) * group_bytes + c * 64).cast()) };
                 }
                 for s in 0..Q {
-                    // SAFETY: see above; unaligned 4-byte read.
+                    // SAFETY: chunk c < chunks of the query's codes (`rows.chunks ==
+                    // queries.chunks`, the caller's contract); unaligned 4-byte read.
                     let b = _mm512_set1_epi32(unsafe { u[s].add(c).read_unaligned() });
                     for t in 0..GROUPS_PER_TILE {
                         acc[s][t] = _mm512_dpbusd_epi32(acc[s][t], b, w[t]);
@@ -788,6 +797,12 @@ mod avx2 {
 
     /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`, one 16-row group
     /// (two 8-row halves) at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2. `rows.chunks == queries.chunks` (the query codes are read for
+    /// every chunk of the rows), and `out` holds at least `Q x rows.padded_len()` floats: the
+    /// stores are unchecked. (`which` holds at least `Q` queries of `queries`; that one is
+    /// checked.)
     #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx2")]
     pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
@@ -809,6 +824,7 @@ mod avx2 {
                     (w, [_mm256_abs_epi8(w[0]), _mm256_abs_epi8(w[1])])
                 };
                 for s in 0..Q {
+                    // SAFETY: as above: chunk c of the query's codes, an unaligned 4-byte read.
                     let q = _mm256_xor_si256(_mm256_set1_epi32(unsafe { u[s].add(c).read_unaligned() }), flip);
                     for h in 0..2 {
                         // |c| * (q with c's sign) = c q, summed in pairs (at most 2 x 127 x
