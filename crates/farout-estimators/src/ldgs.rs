@@ -462,131 +462,176 @@ impl<L: Loss> Ldgs<L> {
         let bf = b as f32;
         SCRATCH.with_borrow_mut(|s| {
             // 1. Per-block retrieval.
-            let mut block_dots = 0usize;
-            s.found.clear();
-            for j in 0..b {
-                block_dots += search(j, &mut s.hits);
-                s.found.extend(s.hits.iter().map(|h| (h.class, j as u32, h.score)));
-            }
+            let mut block_dots = s.retrieve(b, &mut search);
             s.union_with(ctx.w.rows(), positives);
-            let n = s.classes.len();
-            s.pos.clear();
-            for &p in positives {
-                s.pos.push(s.slots.insert(p, n).0 as ClassId);
-            }
-            let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
+            s.locate_positives(positives);
             if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
                 // Every block's argument at the fixed point is z~ = the exact z on U.
                 block_dots += s.score_union_exactly(ctx, b, phi);
-                s.out.resize(n, 0.0);
+                s.out.resize(s.classes.len(), 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
                 out.set_nonzero(&s.classes, &s.out);
                 return Estimate { loss, classes_scored: block_dots.div_ceil(b) };
             }
             // 2. Block scores over U: the searches' scores where known, rescored where needed.
-            s.zb.clear();
-            s.zb.resize(b * n, 0.0);
-            s.known.clear();
-            s.known.resize(b * n, false);
-            for &(c, j, score) in &s.found {
-                let u = s.slots.insert(c, n).0;
-                s.zb[j as usize * n + u] = score;
-                s.known[j as usize * n + u] = true;
-            }
-            let must = |u: usize| self.rescore == Rescore::Exact || s.pos.contains(&(u as ClassId));
-            for u in 0..n {
-                // The rows are scattered over W: ask for the ones needed a few classes ahead, so
-                // that their loads overlap instead of waiting one by one.
-                let ahead = u + PREFETCH_AHEAD;
-                if ahead < n && must(ahead) {
-                    for j in (0..b).filter(|&j| !s.known[j * n + ahead]) {
-                        kernels::prefetch(block_row(s.classes[ahead], j));
-                    }
-                }
-                if must(u) {
-                    for j in 0..b {
-                        if !s.known[j * n + u] {
-                            s.zb[j * n + u] =
-                                kernels::dot(block_row(s.classes[u], j), &phi[j * width..(j + 1) * width]);
-                            block_dots += 1;
-                        }
-                    }
-                }
-            }
-            s.total.clear();
-            s.total.resize(n, 0.0);
-            for j in 0..b {
-                kernels::axpy(1.0, &s.zb[j * n..(j + 1) * n], &mut s.total);
-            }
-            if let Some(bias) = ctx.bias {
-                // A bias is part of every block's share: z_j += b / B keeps sum_j z_j = z.
-                for (u, &c) in s.classes.iter().enumerate() {
-                    s.total[u] += bias[c as usize];
-                    for j in 0..b {
-                        s.zb[j * n + u] += bias[c as usize] / bf;
-                    }
-                }
-            }
+            block_dots += self.block_scores(s, ctx, phi, b, width);
             let cost = block_dots.div_ceil(b);
             // 3. Greedy message passing.
-            s.lambda.clear();
-            s.lambda.resize(b * n, 0.0);
-            s.arg.resize(n, 0.0);
-            s.grad.resize(n, 0.0);
-            s.active.clear();
-            s.active.resize(n, false);
-            let steps = match self.iterations {
-                Iterations::Steps(t) => t,
-                Iterations::FixedPoint => 0,
-            };
-            if self.iterations == Iterations::FixedPoint {
-                // lambda*_j = z~ / B - z~_j on all of U (partial rescoring; exact returned above).
-                for j in 0..b {
-                    for u in 0..n {
-                        s.lambda[j * n + u] = s.total[u] / bf - s.zb[j * n + u];
-                    }
-                }
-            }
-            for t in 1..=steps {
-                s.active.fill(self.active == ActiveSet::Union);
-                for j in 0..b {
-                    if self.active == ActiveSet::Union {
-                        break;
-                    }
-                    for u in 0..n {
-                        s.arg[u] = bf * (s.zb[j * n + u] + s.lambda[j * n + u]);
-                    }
-                    self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
-                    for (a, g) in s.active.iter_mut().zip(&s.grad) {
-                        *a |= g.abs() > self.tau2;
-                    }
-                }
-                let eta = 2.0 / (t as f32 + 2.0);
-                for j in 0..b {
-                    for u in 0..n {
-                        if s.active[u] {
-                            let star = s.total[u] / bf - s.zb[j * n + u];
-                            let l = &mut s.lambda[j * n + u];
-                            *l = eta * star + (1.0 - eta) * *l;
-                        }
-                    }
-                }
-            }
+            self.message_passing(s, b);
             // 4. Averaged gradient and loss.
-            s.out.clear();
-            s.out.resize(n, 0.0);
-            let mut loss = 0.0;
-            for j in 0..b {
-                for u in 0..n {
-                    s.arg[u] = bf * (s.zb[j * n + u] + s.lambda[j * n + u]);
-                }
-                loss += self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
-                kernels::axpy(1.0 / bf, &s.grad, &mut s.out);
-            }
+            let loss = self.averaged_gradient(s, b);
             out.set_nonzero(&s.classes, &s.out);
             // Cost in full-row equivalents: a block dot product is 1/B of a class score.
             Estimate { loss: loss / bf, classes_scored: cost }
         })
+    }
+
+    /// The block scores `zb` (`B x |U|`) and their sums `total` (the bias included, a share
+    /// `b / B` in each block): the searches' scores where known, rescored where needed (every
+    /// unknown one with exact rescoring, the positives' otherwise). Returns the block products
+    /// computed.
+    #[inline]
+    fn block_scores(&self, s: &mut Scratch, ctx: &Ctx, phi: &[f32], b: usize, width: usize) -> usize {
+        let (n, bf) = (s.classes.len(), b as f32);
+        let mut block_dots = 0usize;
+        let block_row = |c: ClassId, j: usize| &ctx.w.row(c as usize)[j * width..(j + 1) * width];
+        s.zb.clear();
+        s.zb.resize(b * n, 0.0);
+        s.known.clear();
+        s.known.resize(b * n, false);
+        for &(c, j, score) in &s.found {
+            let u = s.slots.insert(c, n).0;
+            s.zb[j as usize * n + u] = score;
+            s.known[j as usize * n + u] = true;
+        }
+        let must = |u: usize| self.rescore == Rescore::Exact || s.pos.contains(&(u as ClassId));
+        for u in 0..n {
+            // The rows are scattered over W: ask for the ones needed a few classes ahead, so
+            // that their loads overlap instead of waiting one by one.
+            let ahead = u + PREFETCH_AHEAD;
+            if ahead < n && must(ahead) {
+                for j in (0..b).filter(|&j| !s.known[j * n + ahead]) {
+                    kernels::prefetch(block_row(s.classes[ahead], j));
+                }
+            }
+            if must(u) {
+                for j in 0..b {
+                    if !s.known[j * n + u] {
+                        s.zb[j * n + u] = kernels::dot(block_row(s.classes[u], j), &phi[j * width..(j + 1) * width]);
+                        block_dots += 1;
+                    }
+                }
+            }
+        }
+        s.total.clear();
+        s.total.resize(n, 0.0);
+        for j in 0..b {
+            kernels::axpy(1.0, &s.zb[j * n..(j + 1) * n], &mut s.total);
+        }
+        if let Some(bias) = ctx.bias {
+            // A bias is part of every block's share: z_j += b / B keeps sum_j z_j = z.
+            for (u, &c) in s.classes.iter().enumerate() {
+                s.total[u] += bias[c as usize];
+                for j in 0..b {
+                    s.zb[j * n + u] += bias[c as usize] / bf;
+                }
+            }
+        }
+        block_dots
+    }
+
+    /// The multipliers `lambda` (`B x |U|`): at the fixed point `z~ / B - z~_j` on all of U;
+    /// after `T` greedy steps otherwise, each moving the active classes' multipliers towards
+    /// that point by `eta = 2 / (t + 2)`.
+    #[inline]
+    fn message_passing(&self, s: &mut Scratch, b: usize) {
+        let (n, bf) = (s.classes.len(), b as f32);
+        s.lambda.clear();
+        s.lambda.resize(b * n, 0.0);
+        s.arg.resize(n, 0.0);
+        s.grad.resize(n, 0.0);
+        s.active.clear();
+        s.active.resize(n, false);
+        let steps = match self.iterations {
+            Iterations::Steps(t) => t,
+            Iterations::FixedPoint => 0,
+        };
+        if self.iterations == Iterations::FixedPoint {
+            // lambda*_j = z~ / B - z~_j on all of U (partial rescoring; exact returned above).
+            for j in 0..b {
+                for u in 0..n {
+                    s.lambda[j * n + u] = s.total[u] / bf - s.zb[j * n + u];
+                }
+            }
+        }
+        for t in 1..=steps {
+            s.active.fill(self.active == ActiveSet::Union);
+            for j in 0..b {
+                if self.active == ActiveSet::Union {
+                    break;
+                }
+                for u in 0..n {
+                    s.arg[u] = bf * (s.zb[j * n + u] + s.lambda[j * n + u]);
+                }
+                self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
+                for (a, g) in s.active.iter_mut().zip(&s.grad) {
+                    *a |= g.abs() > self.tau2;
+                }
+            }
+            let eta = 2.0 / (t as f32 + 2.0);
+            for j in 0..b {
+                for u in 0..n {
+                    if s.active[u] {
+                        let star = s.total[u] / bf - s.zb[j * n + u];
+                        let l = &mut s.lambda[j * n + u];
+                        *l = eta * star + (1.0 - eta) * *l;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The gradient averaged over the blocks' arguments `B (z_j + lambda_j)` into `out`;
+    /// returns the sum of the blocks' losses.
+    #[inline]
+    fn averaged_gradient(&self, s: &mut Scratch, b: usize) -> f32 {
+        let (n, bf) = (s.classes.len(), b as f32);
+        s.out.clear();
+        s.out.resize(n, 0.0);
+        let mut loss = 0.0;
+        for j in 0..b {
+            for u in 0..n {
+                s.arg[u] = bf * (s.zb[j * n + u] + s.lambda[j * n + u]);
+            }
+            loss += self.loss.value_and_grad(&s.arg, &s.pos, &mut s.grad, &mut s.loss);
+            kernels::axpy(1.0 / bf, &s.grad, &mut s.out);
+        }
+        loss
+    }
+}
+
+impl Scratch {
+    /// Every block's retrieved classes (`search(j, hits)`) into `found`, as (class, block,
+    /// score); returns the block products the searches cost.
+    #[inline]
+    fn retrieve(&mut self, n_blocks: usize, search: &mut impl FnMut(usize, &mut Vec<Hit>) -> usize) -> usize {
+        let mut block_dots = 0usize;
+        self.found.clear();
+        for j in 0..n_blocks {
+            block_dots += search(j, &mut self.hits);
+            self.found.extend(self.hits.iter().map(|h| (h.class, j as u32, h.score)));
+        }
+        block_dots
+    }
+
+    /// The positions in `U` of the positives (all in `U` after [`Scratch::union_with`]).
+    #[inline]
+    fn locate_positives(&mut self, positives: &[ClassId]) {
+        let n = self.classes.len();
+        self.pos.clear();
+        for &p in positives {
+            self.pos.push(self.slots.insert(p, n).0 as ClassId);
+        }
     }
 }
 
