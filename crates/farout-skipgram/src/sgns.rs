@@ -143,6 +143,21 @@ impl Shared {
     }
 }
 
+/// What the threads of one epoch share: the tables, the counts, the corpus' chunks and the
+/// next chunk to take.
+struct EpochWork<'a, R> {
+    epoch: usize,
+    /// Words of the whole schedule (for the learning rate).
+    total_words: u64,
+    input: &'a R,
+    output: &'a R,
+    shared: &'a Shared,
+    /// Each word's probability of being kept by subsampling.
+    keep: &'a [f32],
+    chunks: &'a [std::ops::Range<u64>],
+    next_chunk: &'a AtomicUsize,
+}
+
 /// Per-thread buffers: nothing allocates per pair.
 struct Scratch {
     sentence: Vec<u32>,
@@ -210,101 +225,144 @@ impl NsJob<'_> {
             };
             let t0 = Instant::now();
             let next_chunk = AtomicUsize::new(0);
+            let work = EpochWork {
+                epoch,
+                total_words,
+                input: &input,
+                output: &output,
+                shared: &shared,
+                keep: &keep,
+                chunks: &chunks,
+                next_chunk: &next_chunk,
+            };
             let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..self.threads.max(1))
-                    .map(|_| {
-                        let (input, output, shared, keep, chunks, next_chunk) =
-                            (&input, &output, &shared, &keep, &chunks, &next_chunk);
-                        s.spawn(move || {
-                            let mut scratch = Scratch::new(self.config.dim);
-                            let mut unreported = 0u64;
-                            let mut result = Ok(());
-                            // Chunks are taken in file order, so the threads move through the
-                            // corpus side by side (as word2vec's and gensim's job queues do).
-                            while !shared.stop.load(Ordering::Relaxed) {
-                                let c = next_chunk.fetch_add(1, Ordering::Relaxed);
-                                let Some(range) = chunks.get(c) else { break };
-                                // Randomness per chunk: with one thread a run is reproducible.
-                                let mut rng = rng::seeded(self.seed, (epoch * chunks.len() + c) as u64);
-                                for_each_line(
-                                    self.corpus,
-                                    range.clone(),
-                                    self.spec.lowercase,
-                                    |_, text| {
-                                        scratch.sentence.clear();
-                                        unreported +=
-                                            subsample(text, self.vocab, keep, &mut rng, &mut scratch.sentence);
-                                        let done = shared.words.load(Ordering::Relaxed);
-                                        let lr = self.lr_at(done, total_words);
-                                        self.train_sentence(input, output, lr, &mut scratch, &mut rng);
-                                        if unreported >= REPORT_EVERY {
-                                            let (done, l) = shared.flush(std::mem::take(&mut unreported), &mut scratch);
-                                            if !l.is_finite() {
-                                                result = Err(Error::Diverged { epoch, words: done });
-                                                shared.stop.store(true, Ordering::Relaxed);
-                                            }
-                                            if self.deadline.is_some_and(|d| Instant::now() >= d) {
-                                                shared.stop.store(true, Ordering::Relaxed);
-                                            }
-                                        }
-                                        !shared.stop.load(Ordering::Relaxed)
-                                    },
-                                    |_| true,
-                                )?;
-                            }
-                            let (done, l) = shared.flush(unreported, &mut scratch);
-                            if !l.is_finite() && result.is_ok() {
-                                result = Err(Error::Diverged { epoch, words: done });
-                            }
-                            result
-                        })
-                    })
-                    .collect();
+                let work = &work;
+                let handles: Vec<_> =
+                    (0..self.threads.max(1)).map(|_| s.spawn(move || self.train_chunks(work))).collect();
                 // This thread reports progress while the workers train.
-                let mut last = Instant::now();
-                while !handles.iter().all(|h| h.is_finished()) {
-                    std::thread::sleep(POLL);
-                    if last.elapsed() >= REPORT_INTERVAL {
-                        last = Instant::now();
-                        let done = shared.words.load(Ordering::Relaxed);
-                        match shared.take_window_loss() {
-                            Some(loss) => last_loss = loss,
-                            None if last_loss.is_nan() => continue, // nothing sampled yet
-                            None => {}
-                        }
-                        let loss = last_loss;
-                        let lr = self.lr_at(done, total_words);
-                        progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: false });
-                    }
-                }
+                self.report_while_training(&handles, work, &mut last_loss, progress);
                 handles.into_iter().map(|h| h.join().expect("training thread panicked")).collect()
             });
             *emb = Embeddings { input: input.into_matrix(), output: output.into_matrix() };
-            let done = shared.words.load(Ordering::Relaxed);
-            if let Some(loss) = shared.take_window_loss() {
-                last_loss = loss;
-            }
-            let loss = last_loss;
-            let lr = self.lr_at(done, total_words);
-            progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: true });
+            self.report_epoch_end(&shared, epoch, total_words, &mut last_loss, progress);
             for r in results {
                 r?;
             }
-            let (loss_sum, loss_n) = *shared.loss.lock().expect("loss lock");
-            let stats = EpochStats {
-                epoch,
-                words: shared.words.load(Ordering::Relaxed) - epoch_words * epoch as u64,
-                pairs: shared.pairs.load(Ordering::Relaxed),
-                loss: if loss_n > 0 { loss_sum / loss_n as f64 } else { f64::NAN },
-                seconds: t0.elapsed().as_secs_f64(),
-                stopped: shared.stop.load(Ordering::Relaxed),
-            };
+            let stats = self.epoch_stats(&shared, epoch, epoch_words, t0);
             all.push(stats);
             if !epoch_end(&stats, emb)? || stats.stopped {
                 break;
             }
         }
         Ok(all)
+    }
+
+    /// One worker thread of an epoch: trains on the sentences of chunk after chunk until none
+    /// is left or the run stops; flushes its counts every `REPORT_EVERY` words, stopping the
+    /// run on a non-finite loss (divergence) or past the deadline.
+    fn train_chunks<R: HogwildRows>(&self, work: &EpochWork<R>) -> Result<(), Error> {
+        let (epoch, total_words, shared, chunks) = (work.epoch, work.total_words, work.shared, work.chunks);
+        let (input, output, keep) = (work.input, work.output, work.keep);
+        let mut scratch = Scratch::new(self.config.dim);
+        let mut unreported = 0u64;
+        let mut result = Ok(());
+        // Chunks are taken in file order, so the threads move through the
+        // corpus side by side (as word2vec's and gensim's job queues do).
+        while !shared.stop.load(Ordering::Relaxed) {
+            let c = work.next_chunk.fetch_add(1, Ordering::Relaxed);
+            let Some(range) = chunks.get(c) else { break };
+            // Randomness per chunk: with one thread a run is reproducible.
+            let mut rng = rng::seeded(self.seed, (epoch * chunks.len() + c) as u64);
+            for_each_line(
+                self.corpus,
+                range.clone(),
+                self.spec.lowercase,
+                |_, text| {
+                    scratch.sentence.clear();
+                    unreported += subsample(text, self.vocab, keep, &mut rng, &mut scratch.sentence);
+                    let done = shared.words.load(Ordering::Relaxed);
+                    let lr = self.lr_at(done, total_words);
+                    self.train_sentence(input, output, lr, &mut scratch, &mut rng);
+                    if unreported >= REPORT_EVERY {
+                        let (done, l) = shared.flush(std::mem::take(&mut unreported), &mut scratch);
+                        if !l.is_finite() {
+                            result = Err(Error::Diverged { epoch, words: done });
+                            shared.stop.store(true, Ordering::Relaxed);
+                        }
+                        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                            shared.stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    !shared.stop.load(Ordering::Relaxed)
+                },
+                |_| true,
+            )?;
+        }
+        let (done, l) = shared.flush(unreported, &mut scratch);
+        if !l.is_finite() && result.is_ok() {
+            result = Err(Error::Diverged { epoch, words: done });
+        }
+        result
+    }
+
+    /// Calls `progress` every `REPORT_INTERVAL` until every worker of `handles` has finished,
+    /// with the loss flushed since the last report (`last_loss` again when none was).
+    fn report_while_training<R: HogwildRows, T>(
+        &self,
+        handles: &[std::thread::ScopedJoinHandle<'_, T>],
+        work: &EpochWork<R>,
+        last_loss: &mut f64,
+        progress: &mut dyn FnMut(&Progress),
+    ) {
+        let (epoch, total_words, shared) = (work.epoch, work.total_words, work.shared);
+        let mut last = Instant::now();
+        while !handles.iter().all(|h| h.is_finished()) {
+            std::thread::sleep(POLL);
+            if last.elapsed() >= REPORT_INTERVAL {
+                last = Instant::now();
+                let done = shared.words.load(Ordering::Relaxed);
+                match shared.take_window_loss() {
+                    Some(loss) => *last_loss = loss,
+                    None if last_loss.is_nan() => continue, // nothing sampled yet
+                    None => {}
+                }
+                let loss = *last_loss;
+                let lr = self.lr_at(done, total_words);
+                progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: false });
+            }
+        }
+    }
+
+    /// The report closing epoch `epoch`, after its workers.
+    fn report_epoch_end(
+        &self,
+        shared: &Shared,
+        epoch: usize,
+        total_words: u64,
+        last_loss: &mut f64,
+        progress: &mut dyn FnMut(&Progress),
+    ) {
+        let done = shared.words.load(Ordering::Relaxed);
+        if let Some(loss) = shared.take_window_loss() {
+            *last_loss = loss;
+        }
+        let loss = *last_loss;
+        let lr = self.lr_at(done, total_words);
+        progress(&Progress { epoch, words: done, total_words, loss, lr, closes_epoch: true });
+    }
+
+    /// What epoch `epoch`, started at `t0`, did: from the counts its workers flushed to
+    /// `shared` (which started at `epoch_words × epoch` words).
+    fn epoch_stats(&self, shared: &Shared, epoch: usize, epoch_words: u64, t0: Instant) -> EpochStats {
+        let (loss_sum, loss_n) = *shared.loss.lock().expect("loss lock");
+        EpochStats {
+            epoch,
+            words: shared.words.load(Ordering::Relaxed) - epoch_words * epoch as u64,
+            pairs: shared.pairs.load(Ordering::Relaxed),
+            loss: if loss_n > 0 { loss_sum / loss_n as f64 } else { f64::NAN },
+            seconds: t0.elapsed().as_secs_f64(),
+            stopped: shared.stop.load(Ordering::Relaxed),
+        }
     }
 
     /// Linear decay from `lr` to `min_lr` over the whole schedule.
