@@ -75,49 +75,24 @@ impl BatchJob<'_> {
         let mut all = Vec::new();
         for epoch in start_epoch..self.epochs {
             let t0 = Instant::now();
-            let mut rng = rng::seeded(self.seed, epoch as u64);
-            let mut step_rng = rng::seeded(self.seed, (1 << 32) + epoch as u64);
-            let mut sentence: Vec<u32> = Vec::new();
-            let mut contexts: Vec<u32> = Vec::with_capacity(self.batch_size);
-            let mut centres: Vec<ClassId> = Vec::with_capacity(self.batch_size);
-            let mut phi = Matrix::zeros(self.batch_size, dim);
-            let mut words = 0u64;
-            let mut last_report = Instant::now();
-            let mut meter = EpochMeter::default();
+            let mut pass = EpochPass::new(self, epoch, epoch_words, dim);
             let mut failed: Option<Error> = None;
-            let mut stopped = false;
             let lines = for_each_line(
                 self.corpus,
                 0..u64::MAX,
                 self.spec.lowercase,
                 |_, text| {
-                    sentence.clear();
-                    words += subsample(text, self.vocab, &keep, &mut rng, &mut sentence);
-                    let mut diverged = false;
-                    for_each_pair(&sentence, self.config.window, &mut rng, |_, context, centre| {
-                        if stopped {
-                            return;
-                        }
-                        contexts.push(context);
-                        centres.push(centre);
-                        if contexts.len() == self.batch_size && !diverged {
-                            let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
-                            meter.add(l, self.batch_size as u64);
-                            diverged = !l.is_finite();
-                            stopped = self.deadline.is_some_and(|d| Instant::now() >= d);
-                        }
-                    });
-                    if diverged {
-                        failed = Some(Error::Diverged { epoch, words: epoch_words * epoch as u64 + words });
+                    if pass.train_sentence(self, text, &keep, layer, estimator, input) {
+                        failed = Some(Error::Diverged { epoch, words: pass.words_done() });
                         return false;
                     }
-                    if last_report.elapsed() >= REPORT_INTERVAL || stopped {
-                        last_report = Instant::now();
-                        let report = meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input);
+                    if pass.last_report.elapsed() >= REPORT_INTERVAL || pass.stopped {
+                        pass.last_report = Instant::now();
+                        let report = pass.meter.report(epoch, pass.words_done(), total_words, input);
                         // A stop by the deadline ends the epoch (its evaluation follows).
-                        progress(&Progress { closes_epoch: stopped, ..report }, input, layer);
+                        progress(&Progress { closes_epoch: pass.stopped, ..report }, input, layer);
                     }
-                    !stopped
+                    !pass.stopped
                 },
                 |_| true,
             );
@@ -125,18 +100,100 @@ impl BatchJob<'_> {
                 return Err(e);
             }
             lines?;
-            if !contexts.is_empty() && !stopped {
-                let n = contexts.len() as u64;
-                let l = step(layer, estimator, input, &mut contexts, &mut centres, &mut phi, &mut step_rng);
-                meter.add(l, n);
-            }
-            let last = meter.report(epoch, epoch_words * epoch as u64 + words, total_words, input);
-            let stats = meter.stats(epoch, words, stopped);
+            pass.train_last_batch(layer, estimator, input);
+            let last = pass.meter.report(epoch, pass.words_done(), total_words, input);
+            let stats = pass.meter.stats(epoch, pass.words, pass.stopped);
             if !close_epoch(t0, last, stats, &mut all, input, layer, progress, epoch_end)? {
                 break;
             }
         }
         Ok(all)
+    }
+}
+
+/// One epoch's pass over the corpus: its generators, the batch being filled and what the pass
+/// did so far.
+struct EpochPass {
+    /// Words of the schedule before this epoch.
+    words_before: u64,
+    rng: Rng,
+    step_rng: Rng,
+    sentence: Vec<u32>,
+    contexts: Vec<u32>,
+    centres: Vec<ClassId>,
+    phi: Matrix,
+    /// Words read this epoch (after subsampling).
+    words: u64,
+    last_report: Instant,
+    meter: EpochMeter,
+    /// The deadline passed: no more steps this epoch.
+    stopped: bool,
+}
+
+impl EpochPass {
+    fn new(job: &BatchJob, epoch: usize, epoch_words: u64, dim: usize) -> Self {
+        Self {
+            words_before: epoch_words * epoch as u64,
+            rng: rng::seeded(job.seed, epoch as u64),
+            step_rng: rng::seeded(job.seed, (1 << 32) + epoch as u64),
+            sentence: Vec::new(),
+            contexts: Vec::with_capacity(job.batch_size),
+            centres: Vec::with_capacity(job.batch_size),
+            phi: Matrix::zeros(job.batch_size, dim),
+            words: 0,
+            last_report: Instant::now(),
+            meter: EpochMeter::default(),
+            stopped: false,
+        }
+    }
+
+    /// Words of the schedule read so far.
+    fn words_done(&self) -> u64 {
+        self.words_before + self.words
+    }
+
+    /// The (context, centre) pairs of one line `text` (subsampled with `keep`) into the batch,
+    /// with a step whenever it is full (none after a non-finite loss or past the deadline).
+    /// Returns whether a step's loss was not finite (divergence).
+    fn train_sentence(
+        &mut self,
+        job: &BatchJob,
+        text: &str,
+        keep: &[f32],
+        layer: &mut OutputLayer,
+        estimator: &dyn GradientEstimator,
+        input: &mut InputTable,
+    ) -> bool {
+        self.sentence.clear();
+        self.words += subsample(text, job.vocab, keep, &mut self.rng, &mut self.sentence);
+        let mut diverged = false;
+        let (contexts, centres, phi, step_rng) =
+            (&mut self.contexts, &mut self.centres, &mut self.phi, &mut self.step_rng);
+        let (meter, stopped) = (&mut self.meter, &mut self.stopped);
+        for_each_pair(&self.sentence, job.config.window, &mut self.rng, |_, context, centre| {
+            if *stopped {
+                return;
+            }
+            contexts.push(context);
+            centres.push(centre);
+            if contexts.len() == job.batch_size && !diverged {
+                let l = step(layer, estimator, input, contexts, centres, phi, step_rng);
+                meter.add(l, job.batch_size as u64);
+                diverged = !l.is_finite();
+                *stopped = job.deadline.is_some_and(|d| Instant::now() >= d);
+            }
+        });
+        diverged
+    }
+
+    /// A step on the pairs left at the end of the corpus (unless the deadline stopped the pass).
+    fn train_last_batch(&mut self, layer: &mut OutputLayer, estimator: &dyn GradientEstimator, input: &mut InputTable) {
+        if !self.contexts.is_empty() && !self.stopped {
+            let n = self.contexts.len() as u64;
+            let l =
+                step(layer, estimator, input, &mut self.contexts, &mut self.centres, &mut self.phi, &mut self.step_rng);
+            self.meter.add(l, n);
+        }
     }
 }
 
