@@ -54,10 +54,10 @@
 //! [`ove_bound`] and [`utility_log_prob`] compute the bounds and `log p(y | psi)` over all
 //! classes, for evaluation and tests.
 
+use crate::contract::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch};
-use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
-use crate::sampled::{sigmoid, softplus};
+use crate::loss::{sigmoid, softplus};
 use crate::shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan, draw_per_sample};
 use crate::state::SampleState;
 use farout_core::rng::{RngCore, RngExt};

@@ -29,9 +29,9 @@
 //! Cost: K inner products per sample, O(K D). A batch computes all its scores with one matrix
 //! product `Z = Phi W^T`, which runs near the machine's peak.
 
+use crate::contract::{Built, EstimatorParams, ExactLoss, Problem};
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 use crate::loss::{Loss, LossScratch, SmoothedMargin, Softmax};
-use crate::registry::{Built, EstimatorParams, ExactLoss, Problem};
 use farout_core::{ClassId, Rng, SparseGrad, gemm, kernels};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -158,6 +158,17 @@ fn add_bias(z: &mut [f32], bias: Option<&[f32]>) {
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SoftmaxConfig {}
+
+impl ExactLoss {
+    /// Its exact gradient estimator: the reference every approximate estimator of this loss is
+    /// measured against.
+    pub fn exact(&self) -> Box<dyn GradientEstimator> {
+        match *self {
+            Self::Softmax => Box::new(Exact::new(Softmax)),
+            Self::Margin(m) => Box::new(Exact::new(m)),
+        }
+    }
+}
 
 impl EstimatorParams for SoftmaxConfig {
     fn check(&self) -> Result<(), crate::Error> {

@@ -53,9 +53,9 @@
 //! evaluations on |U| scores, plus T B more with the gradient active set; one in all at the fixed
 //! point with exact rescoring.
 
+use crate::contract::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
-use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use crate::shard::ShardPlan;
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;

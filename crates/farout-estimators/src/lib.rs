@@ -53,6 +53,7 @@
 
 mod ar;
 mod bisimplex;
+mod contract;
 mod estimator;
 mod exact;
 mod ldgs;
@@ -69,13 +70,14 @@ pub use ar::{
     Noise, Ove, OveConfig, ove_bound, softmax_elbo, utility_log_prob,
 };
 pub use bisimplex::project_bisimplex;
+pub use contract::{Built, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::{Exact, MarginConfig, SoftmaxConfig};
 pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore, RescoreScratch, complete_scores};
 pub use loss::{BinaryLogistic, Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, MipsConfig, dphi_cosine};
 pub use proposal::{Draws, Proposal, ProposalKind};
-pub use registry::{Built, EstimatorConfig, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
+pub use registry::EstimatorConfig;
 pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
 pub use shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan};
 pub use state::SampleState;

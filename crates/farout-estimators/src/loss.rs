@@ -55,8 +55,24 @@
 //! class listed twice counts twice.
 
 use crate::bisimplex::{BisimplexScratch, project_bisimplex_into};
-use crate::sampled::{sigmoid, softplus};
 use farout_core::{ClassId, kernels, vexp};
+
+/// `log(1 + exp(x))` without overflow.
+#[inline]
+pub(crate) fn softplus(x: f64) -> f64 {
+    if x > 0.0 { x + (-x).exp().ln_1p() } else { x.exp().ln_1p() }
+}
+
+/// The logistic function.
+#[inline]
+pub(crate) fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
 
 /// A loss `L(z, P)` of a score vector `z` and a set of positive positions `P`.
 ///

@@ -32,9 +32,9 @@
 //!
 //! Cost per sample: the index's inner products, plus one per positive the search missed.
 
+use crate::contract::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
-use crate::registry::{Built, EstimatorParams, ExactLoss, LossKind, Problem, SearchShape};
 use crate::shard::ShardPlan;
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;

@@ -36,10 +36,10 @@
 //! It is no estimate of the softmax loss but a different objective whose optimum ranks classes
 //! alike: the fast baseline of skip-gram training. Cost: `n + |P|` scores per sample.
 
+use crate::contract::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{BinaryLogistic, Loss, LossScratch, Softmax};
 use crate::proposal::{Draws, Proposal, ProposalKind, check_alpha};
-use crate::registry::{Built, EstimatorParams, ExactLoss, Negatives, Problem};
 use crate::shard::{Drawn, ShardDraw, ShardPlan, draw_per_sample};
 use farout_core::rng::RngCore;
 use farout_core::{ClassId, Rng, SparseGrad};
@@ -220,23 +220,6 @@ impl NegativeSampling {
     pub fn new(n_samples: usize, proposal: Proposal) -> Result<Self, crate::Error> {
         crate::at_least_one("n_samples", n_samples, "must draw at least one negative")?;
         Ok(Self { n_samples, proposal })
-    }
-}
-
-/// `log(1 + exp(x))` without overflow.
-#[inline]
-pub(crate) fn softplus(x: f64) -> f64 {
-    if x > 0.0 { x + (-x).exp().ln_1p() } else { x.exp().ln_1p() }
-}
-
-/// The logistic function.
-#[inline]
-pub(crate) fn sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
     }
 }
 
