@@ -22,12 +22,12 @@
 //! msi_t = -2.0          # MSI target margin of the negative mean
 //! ```
 
+use crate::contract::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::data::{DataStats, TrainSet};
 use crate::init::{Bias, Msi, WeightInit, Zero};
 use crate::model::SparseModel;
 use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
 use crate::ova::{check_label_range, one_vs_all};
-use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use serde::{Deserialize, Serialize};

@@ -56,6 +56,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod contract;
 pub mod data;
 pub mod dismec;
 pub mod init;
@@ -67,6 +68,7 @@ pub mod ova;
 pub mod ppdsparse;
 pub mod solver;
 
+pub use contract::{FitSummary, Fitted, LinearSolver, Progress, Silent};
 pub use data::{DataStats, FeatureTransform, FittedTransform, LabelIndex, TrainSet};
 pub use dismec::{Dismec, DismecConfig, InitKind, TrainReport, Trained};
 pub use init::{Bias, InitContext, Msi, WeightInit, Zero};
@@ -74,7 +76,7 @@ pub use memoir::MemoirConfig;
 pub use model::{ModelFileError, Predictor, SparseModel};
 pub use newton::LabelStats;
 pub use ppdsparse::PpdSparseConfig;
-pub use solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, SolverConfig};
+pub use solver::SolverConfig;
 
 use std::path::PathBuf;
 

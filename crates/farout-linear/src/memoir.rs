@@ -77,10 +77,10 @@
 //! oracle = { kind = "flat_int8" }   # any [index] of farout-search
 //! ```
 
+use crate::contract::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::data::TrainSet;
 use crate::model::SparseModel;
 use crate::oracle::{ArgmaxOracle, MipsOracle, RefreshKind, best_excluding};
-use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, Silent, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, rng};

@@ -5,9 +5,9 @@
 //! `map_init`, so the label loop allocates only the pruned result. A label's computation never
 //! depends on the thread that runs it, so the model is bit-identical for any number of threads.
 
+use crate::contract::Progress;
 use crate::data::TrainSet;
 use crate::model::SparseModel;
-use crate::solver::Progress;
 use rayon::prelude::*;
 use std::ops::Range;
 

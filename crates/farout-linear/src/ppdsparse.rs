@@ -123,11 +123,11 @@
 //! seed = 0
 //! ```
 
+use crate::contract::{FitSummary, Fitted, LinearSolver, Progress, mean_and_q95};
 use crate::data::{SparseRows, TrainSet};
 use crate::model::SparseModel;
 use crate::newton::Rows;
 use crate::ova::{check_label_range, one_vs_all};
-use crate::solver::{FitSummary, Fitted, LinearSolver, Progress, mean_and_q95};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use farout_core::rng::{self, Rng, RngExt};
