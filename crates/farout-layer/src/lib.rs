@@ -27,11 +27,12 @@
 mod layer;
 mod optim;
 pub mod sharded;
+mod sharded_layer;
 pub mod sharded_sparse;
 
 pub use layer::{IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
-pub use sharded::ShardedLayer;
+pub use sharded_layer::ShardedLayer;
 
 use std::path::PathBuf;
 

@@ -30,7 +30,6 @@
 //! [`SphericalIndex`]: super::SphericalIndex
 
 use super::SphericalIndex;
-use super::search::per_result;
 use crate::quant::QuantQueries;
 use crate::{ExactIndex, Hit, MipsIndex, Rows};
 #[cfg(test)]
@@ -80,6 +79,11 @@ impl Calibrated {
     pub fn per_result(&self) -> f64 {
         self.probed / self.k.max(1) as f64
     }
+}
+
+/// `factor * k` rows, rounded up, at least `k` (a factor below 1, or NaN, counts as 1).
+fn per_result(k: usize, factor: f32) -> usize {
+    ((k as f32 * factor).ceil() as usize).max(k)
 }
 
 /// What a search does for its `k`.

@@ -301,11 +301,6 @@ pub(super) struct BatchProbes {
     pub(super) queries_of: Vec<Vec<u32>>,
 }
 
-/// `factor * k` rows, rounded up, at least `k` (a factor below 1, or NaN, counts as 1).
-pub(super) fn per_result(k: usize, factor: f32) -> usize {
-    ((k as f32 * factor).ceil() as usize).max(k)
-}
-
 /// The scores a query's probed clusters got in the batched search (`slots`: the query's
 /// `(cluster, row of the cluster's score block)` pairs; `blocks`: every cluster's scores and
 /// their row stride), each with the cluster's ids.
