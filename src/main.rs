@@ -6,15 +6,9 @@ mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use farout_core::topk::Hit;
-use farout_data::Dataset;
 use farout_dist::Collective;
-use farout_train::config::EncoderKind;
-use farout_train::dist::agree;
-use farout_train::linear::{self, LinearModel, LinearRun};
 use farout_train::report::StderrLogger;
-use farout_train::{CompareOptions, Config, TrainOptions, Trainer};
-use std::collections::BTreeMap;
+use farout_train::{CompareOptions, Config, Task, TrainOptions};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -428,6 +422,16 @@ enum ExportRows {
     Features,
 }
 
+impl From<ExportRows> for farout_train::ExportRows {
+    fn from(rows: ExportRows) -> Self {
+        match rows {
+            ExportRows::Input => Self::Input,
+            ExportRows::Output => Self::Output,
+            ExportRows::Features => Self::Features,
+        }
+    }
+}
+
 /// `farout export`: writes the rows of the config's checkpoint to `out`; returns their number.
 fn export(
     config: Config,
@@ -436,92 +440,19 @@ fn export(
     input: Option<&Path>,
     comm: &dyn Collective,
 ) -> Result<usize> {
-    use farout_train::skipgram::{SkipGramRows, export_checkpoint};
-    if config.is_linear() {
-        anyhow::bail!(
-            "a linear model has no checkpoint vectors to export: its weights are in the model file (`farout predict` uses it)"
-        );
-    }
     if input.is_some() && rows != Some(ExportRows::Features) {
         anyhow::bail!("--input names the data to encode with --rows features");
     }
-    if config.model.encoder == EncoderKind::SkipGram {
-        let rows = match rows.unwrap_or(ExportRows::Input) {
-            ExportRows::Input => SkipGramRows::Input,
-            ExportRows::Output => SkipGramRows::Output,
-            ExportRows::Features => anyhow::bail!(
-                "--rows features: a skip-gram model's rows are `input` (word vectors) or `output` (context vectors)"
-            ),
-        };
-        return Ok(export_checkpoint(&config, out, rows)?);
-    }
-    if out.extension().is_none_or(|e| e != "npy") {
-        anyhow::bail!("--out {}: a network's rows are written as .npy", out.display());
-    }
-    let rows = rows.unwrap_or(ExportRows::Output);
-    if rows == ExportRows::Input {
-        anyhow::bail!("--rows input: a network's rows are `output` (the output layer) or `features` (the encoder's)");
-    }
-    let t = Trained::load(config, None, comm)?;
-    let Trained::Network(trainer, _) = &t else { unreachable!("linear configs are refused above") };
-    let m = match rows {
-        ExportRows::Features => match input {
-            Some(p) => trainer.feature_rows(&t.load_input(p, None)?),
-            None => trainer.feature_rows(t.test().context("no --input and the config names no test set")?),
-        },
-        _ => trainer.class_rows(),
-    };
-    farout_data::npy::write_f32_matrix(out, &m)?;
-    Ok(m.rows())
+    let task = open_trained(config, None, comm)?;
+    Ok(task.export(out, rows.map(Into::into), input)?)
 }
 
-/// A trained model of either kind, read back from its checkpoint for `eval` and `predict`
-/// (a linear model: this rank's labels of it).
-enum Trained<'c> {
-    Network(Box<Trainer>, &'c dyn Collective),
-    Linear(Box<LinearRun>, LinearModel, &'c dyn Collective),
-}
-
-impl<'c> Trained<'c> {
-    fn load(config: Config, checkpoint: Option<PathBuf>, comm: &'c dyn Collective) -> Result<Self> {
-        if config.is_linear() {
-            let run = agree(comm, LinearRun::new(config))?;
-            let model = run.load_model(checkpoint.as_deref(), comm)?;
-            return Ok(Self::Linear(Box::new(run), model, comm));
-        }
-        let dir = checkpoint.unwrap_or_else(|| config.checkpoint_dir());
-        let mut t = agree(comm, Trainer::new_on(config, comm))?;
-        t.load_checkpoint_on(&dir, comm).with_context(|| format!("loading checkpoint {}", dir.display()))?;
-        Ok(Self::Network(Box::new(t), comm))
-    }
-
-    fn test(&self) -> Option<&Dataset> {
-        match self {
-            Self::Network(t, _) => t.data().test.as_ref(),
-            Self::Linear(run, ..) => run.data().test.as_ref(),
-        }
-    }
-
-    fn evaluate(&self, ds: &Dataset) -> Result<BTreeMap<String, f64>> {
-        Ok(match self {
-            Self::Network(t, comm) => t.evaluate_on(ds, 0, *comm)?,
-            Self::Linear(_, model, comm) => linear::evaluate(model, ds, 0, *comm)?,
-        })
-    }
-
-    fn load_input(&self, path: &Path, labels: Option<&Path>) -> Result<Dataset> {
-        Ok(match self {
-            Self::Network(t, comm) => agree(*comm, t.load_input(path, labels))?,
-            Self::Linear(run, _, comm) => agree(*comm, run.load_input(path, labels))?,
-        })
-    }
-
-    fn predict(&self, ds: &Dataset, k: usize) -> Result<Vec<Vec<Hit>>> {
-        Ok(match self {
-            Self::Network(t, comm) => t.predict_on(ds, k, *comm)?,
-            Self::Linear(_, model, comm) => linear::predict(model, ds, ds.len(), k, *comm)?,
-        })
-    }
+/// The config's task with its trained model read back from `checkpoint` (default: the config's
+/// checkpoint directory).
+fn open_trained<'c>(config: Config, checkpoint: Option<&Path>, comm: &'c dyn Collective) -> Result<Box<dyn Task + 'c>> {
+    let dir = checkpoint.map_or_else(|| config.checkpoint_dir(), Path::to_path_buf);
+    farout_train::task::open_trained(config, checkpoint, comm)
+        .with_context(|| format!("loading checkpoint {}", dir.display()))
 }
 
 /// Refuses to run `what` as several MPI ranks (each would do the whole job).
@@ -550,9 +481,9 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             // what the rank's would be); ranks of a larger job make their MPI calls from the
             // main thread.
             let trained = if comm.size() == 1 {
-                on_pool(|| farout_train::train_on(&config, &options, &farout_dist::Local))
+                on_pool(|| farout_train::train(&config, &options, &farout_dist::Local))
             } else {
-                farout_train::train_on(&config, &options, comm)
+                farout_train::train(&config, &options, comm)
             };
             let json = trained?.to_json();
             if root {
@@ -576,7 +507,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         }
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
             let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-            let t = Trained::load(load_config(&config, &set, comm.size())?, checkpoint, comm)?;
+            let t = open_trained(load_config(&config, &set, comm.size())?, checkpoint.as_deref(), comm)?;
             let test = t.test().context("the config names no test set (data.test)")?;
             let metrics = t.evaluate(test)?;
             if root {
@@ -589,7 +520,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
                 let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
                 refuse_to_overwrite("--out", o, &path, &config, &other)?;
             }
-            let t = Trained::load(config, checkpoint, comm)?;
+            let t = open_trained(config, checkpoint.as_deref(), comm)?;
             let owned;
             let ds = match &input {
                 Some(p) => {

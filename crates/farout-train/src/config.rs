@@ -7,7 +7,6 @@
 //!
 //! Paths in a config are relative to the working directory (run farout from the project root).
 
-use crate::Error;
 use farout_data::corpus::TextSpec;
 use farout_data::synth::{FaceSpec, XmcSpec};
 use farout_data::synth_text::TextGenSpec;
@@ -420,23 +419,9 @@ impl ConfigError {
 }
 
 impl Config {
-    /// Reads `path`, applies `overrides` (`key.path=value`), parses and validates.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
-        let at = |error: ConfigError| Error::Config { path: path.to_path_buf(), error };
-        let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
-        let mut config = Self::parse(&text, overrides).map_err(at)?;
-        config.expand_data_paths();
-        if config.name.is_empty() {
-            config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
-        }
-        config.check().map_err(at)?;
-        config.limit_threads();
-        Ok(config)
-    }
-
     /// More threads than cores only adds contention (and hogwild skip-gram more conflicting
     /// writes): `train.threads` above the core count is lowered to it, with a warning.
-    fn limit_threads(&mut self) {
+    pub(crate) fn limit_threads(&mut self) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if self.train.threads > cores {
             log::warn!(
@@ -475,37 +460,8 @@ impl Config {
         deserialize_at(toml::Value::Table(table))
     }
 
-    /// Whether the config trains a linear solver (`[linear]`) rather than a network.
-    pub fn is_linear(&self) -> bool {
-        self.linear.is_some()
-    }
-
-    /// Checks of a linear config: the solver's parameters, data a linear model can read, and
-    /// no `[train]` key but `threads`.
-    fn check_linear(&self, solver: &SolverConfig) -> Result<(), ConfigError> {
-        solver.params().check().map_err(|e| {
-            let (key, msg) = e.key_and_message();
-            ConfigError::key(format!("linear.{key}"), msg)
-        })?;
-        if self.data.format == DataFormat::Text {
-            return Err(ConfigError::key(
-                "data.format",
-                "a linear solver needs labelled features (xmc, npy, raw, synthetic_face or synthetic_xmc), not text",
-            ));
-        }
-        let train = TrainConfig { threads: self.train.threads, ..TrainConfig::default() };
-        if let Some(key) = first_difference_key(&self.train, &train) {
-            return Err(ConfigError::key(
-                format!("train.{key}"),
-                "does not apply to a linear solver (of [train], only `threads` does)",
-            ));
-        }
-        at_least_one("eval.batch_size", self.eval.batch_size)?;
-        Ok(())
-    }
-
     /// The files `data.format` needs are named; the synthetic corpus's parameters are valid.
-    fn check_format(&self) -> Result<(), ConfigError> {
+    pub(crate) fn check_format(&self) -> Result<(), ConfigError> {
         let d = &self.data;
         let need = |field: &Option<PathBuf>, key: &str| -> Result<(), ConfigError> {
             match field {
@@ -544,95 +500,22 @@ impl Config {
         Ok(())
     }
 
-    /// Checks values serde cannot (ranges, required files per format).
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let d = &self.data;
-        if let Some(solver) = &self.linear {
-            self.check_format()?;
-            return self.check_linear(solver);
-        }
-        self.check_format()?;
-        let data_param = |e: farout_data::Error| match e {
-            farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
-            e => ConfigError::key("data", e.to_string()),
-        };
-        if (d.format == DataFormat::Text) != (self.model.encoder == EncoderKind::SkipGram) {
+    /// A text corpus goes with the skip-gram encoder and only with it, and the estimator's own
+    /// parameters are valid: the first checks of a network config (classifier or skip-gram).
+    pub(crate) fn check_encoder_and_estimator(&self) -> Result<(), ConfigError> {
+        if (self.data.format == DataFormat::Text) != (self.model.encoder == EncoderKind::SkipGram) {
             return Err(ConfigError::key(
                 "model.encoder",
                 "\"skip_gram\" goes with data.format = \"text\" and only with it",
             ));
         }
+        self.output.estimator.check().map_err(|e| ConfigError::param("output", e))
+    }
+
+    /// The sections every network trains with (`[train]`, `[eval]`, the output layer's
+    /// `[output]` and `[index]`): the last checks of a classifier or skip-gram config.
+    pub(crate) fn check_training(&self) -> Result<(), ConfigError> {
         let out = &self.output;
-        out.estimator.check().map_err(|e| ConfigError::param("output", e))?;
-        if self.model.encoder == EncoderKind::SkipGram {
-            d.text.check().map_err(data_param)?;
-            if let Err(farout_skipgram::Error::Config { key, msg }) = self.model.skip_gram.check() {
-                return Err(ConfigError::key(key, msg));
-            }
-            if out.warmup_steps > 0 {
-                return Err(ConfigError::key(
-                    "output.warmup_steps",
-                    "skip-gram warms up with model.skip_gram.ns_warmup_epochs",
-                ));
-            }
-            // What trains with negative sampling only: (in use, its key, what, the other way out).
-            let sg = &self.model.skip_gram;
-            let ns_only = [
-                (sg.mode == farout_skipgram::Mode::Cbow, "model.skip_gram.mode", "\"cbow\" trains", ""),
-                (sg.ngrams().enabled(), "model.skip_gram.maxn", "subwords (maxn > 0) train", " or maxn = 0"),
-            ];
-            for (used, key, what, or) in ns_only {
-                if used && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_)) {
-                    let found = out.estimator.name();
-                    return Err(ConfigError::key(
-                        key,
-                        format!(
-                            "{what} with negative sampling only; set output.estimator = \"negative_sampling\"{or} \
-                             (found {found:?})"
-                        ),
-                    ));
-                }
-            }
-            let softmax = match &out.estimator {
-                EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
-                EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => {
-                    out.estimator.loss().is_ok_and(|l| l.is_softmax())
-                }
-                _ => false,
-            };
-            if self.model.skip_gram.objective == farout_skipgram::Objective::Collapsed && !softmax {
-                return Err(ConfigError::key(
-                    "output.estimator",
-                    format!(
-                        "the collapsed objective (eq. 9) is a softmax loss; use \"softmax\" (GD), \"mips\" or \
-                         \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, GD-Decomp-MIPS) or \"sampled_softmax\" \
-                         (found {:?}{})",
-                        out.estimator.name(),
-                        if matches!(out.estimator, EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_)) {
-                            " with the margin loss"
-                        } else {
-                            ""
-                        }
-                    ),
-                ));
-            }
-        }
-        let sparse = matches!(d.format, DataFormat::Xmc | DataFormat::SyntheticXmc);
-        match (self.model.encoder, sparse) {
-            (EncoderKind::FaceHead, true) => {
-                return Err(ConfigError::key(
-                    "model.encoder",
-                    "\"face_head\" needs dense features (data.format npy, raw or synthetic_face)",
-                ));
-            }
-            (EncoderKind::DocEncoder, false) => {
-                return Err(ConfigError::key(
-                    "model.encoder",
-                    "\"doc_encoder\" needs sparse features (data.format xmc or synthetic_xmc)",
-                ));
-            }
-            _ => {}
-        }
         if self.train.epochs == 0 {
             return Err(ConfigError::key(
                 "train.epochs",
@@ -765,13 +648,13 @@ pub(crate) fn first_difference(a: &toml::Value, b: &toml::Value, path: &str) -> 
 }
 
 /// The first key (dotted path) where two values of a config section differ.
-fn first_difference_key<T: Serialize>(a: &T, b: &T) -> Option<String> {
+pub(crate) fn first_difference_key<T: Serialize>(a: &T, b: &T) -> Option<String> {
     let (a, b) = (toml::Value::try_from(a).ok()?, toml::Value::try_from(b).ok()?);
     first_difference(&a, &b, "")
 }
 
 /// Checks that the count of config key `key` is at least one.
-fn at_least_one(key: &str, value: usize) -> Result<(), ConfigError> {
+pub(crate) fn at_least_one(key: &str, value: usize) -> Result<(), ConfigError> {
     if value == 0 { Err(ConfigError::key(key, " must be > 0")) } else { Ok(()) }
 }
 

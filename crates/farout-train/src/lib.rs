@@ -12,7 +12,9 @@
 //! - [`checkpoint`]: atomically replaced checkpoint directories;
 //! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
 //! - [`dist`]: one job on several MPI ranks: agreeing on failures and on the config;
-//! - [`train`]: the one entry of `farout train`: the config decides the trainer;
+//! - [`task`]: the three tasks a config trains (classifier, linear, skip-gram) behind one
+//!   contract: open, train, load, evaluate, predict, export;
+//! - [`train`]: the one entry of `farout train`: checks, locks and trains the config's task;
 //! - [`bench`]: micro-benchmarks against same-run references (`farout bench ...`);
 //! - [`compare`]: several configs trained side by side, with a table and curves;
 //! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
@@ -34,11 +36,13 @@ pub mod repro;
 mod run;
 pub mod sinks;
 pub mod skipgram;
+pub mod task;
 mod trainer;
 
 pub use compare::{CompareOptions, CompareReport, compare};
 pub use config::Config;
-pub use run::{RunSummary, TrainOptions, train, train_on};
+pub use run::train;
+pub use task::{ExportRows, RunSummary, Task, TaskKind, TrainOptions};
 pub use trainer::{Summary, Trainer};
 
 use std::path::PathBuf;
@@ -135,6 +139,9 @@ pub enum Error {
         /// The config keys to change.
         keys: String,
     },
+    /// The task cannot answer the request (what to use instead).
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// A comparison could not be made.
     #[error(transparent)]
     Compare(#[from] compare::CompareError),

@@ -22,7 +22,7 @@
 //! output layer is, and the ranks exchange each batch's most violating classes and scores
 //! (`farout_linear::memoir`, "Several ranks"). Its model is saved, read and merged the same way.
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::data::{self, TaskData};
 use crate::dist::agree;
 use crate::metrics::RankingSums;
@@ -41,6 +41,33 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Instant;
+
+/// Checks of a linear config: the solver's parameters, data a linear model can read, and
+/// no `[train]` key but `threads`.
+pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
+    let Some(solver) = &config.linear else {
+        return Err(ConfigError::key("linear", "a linear config names its solver: [linear] solver = \"dismec\""));
+    };
+    solver.params().check().map_err(|e| {
+        let (key, msg) = e.key_and_message();
+        ConfigError::key(format!("linear.{key}"), msg)
+    })?;
+    if config.data.format == crate::config::DataFormat::Text {
+        return Err(ConfigError::key(
+            "data.format",
+            "a linear solver needs labelled features (xmc, npy, raw, synthetic_face or synthetic_xmc), not text",
+        ));
+    }
+    let train = crate::config::TrainConfig { threads: config.train.threads, ..crate::config::TrainConfig::default() };
+    if let Some(key) = crate::config::first_difference_key(&config.train, &train) {
+        return Err(ConfigError::key(
+            format!("train.{key}"),
+            "does not apply to a linear solver (of [train], only `threads` does)",
+        ));
+    }
+    crate::config::at_least_one("eval.batch_size", config.eval.batch_size)?;
+    Ok(())
+}
 
 /// The model's file name in the checkpoint directory.
 pub const MODEL_FILE: &str = "linear.model";

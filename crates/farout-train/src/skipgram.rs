@@ -8,7 +8,7 @@
 //! because it is a function of the words read.
 
 use crate::checkpoint::{check_finite, read_f32_file, replace_dir, write_f32_file};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::report::progress_bar;
 use crate::sinks::{MetricsSink, Sinks};
 use crate::{Error, io_err as io};
@@ -222,6 +222,67 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
     std::fs::write(&spec_path, json).map_err(io(&spec_path))?;
     log::info!("wrote a synthetic corpus of {} tokens to {}", spec.tokens, path.display());
     Ok(path.to_path_buf())
+}
+
+/// The checks of a skip-gram config: the corpus's tokenisation, the skip-gram model, estimators
+/// that go with its mode and objective, then the training sections every network has.
+pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
+    config.check_encoder_and_estimator()?;
+    let out = &config.output;
+    let data_param = |e: farout_data::Error| match e {
+        farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
+        e => ConfigError::key("data", e.to_string()),
+    };
+    config.data.text.check().map_err(data_param)?;
+    if let Err(farout_skipgram::Error::Config { key, msg }) = config.model.skip_gram.check() {
+        return Err(ConfigError::key(key, msg));
+    }
+    if out.warmup_steps > 0 {
+        return Err(ConfigError::key(
+            "output.warmup_steps",
+            "skip-gram warms up with model.skip_gram.ns_warmup_epochs",
+        ));
+    }
+    // What trains with negative sampling only: (in use, its key, what, the other way out).
+    let sg = &config.model.skip_gram;
+    let ns_only = [
+        (sg.mode == farout_skipgram::Mode::Cbow, "model.skip_gram.mode", "\"cbow\" trains", ""),
+        (sg.ngrams().enabled(), "model.skip_gram.maxn", "subwords (maxn > 0) train", " or maxn = 0"),
+    ];
+    for (used, key, what, or) in ns_only {
+        if used && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_)) {
+            let found = out.estimator.name();
+            return Err(ConfigError::key(
+                key,
+                format!(
+                    "{what} with negative sampling only; set output.estimator = \"negative_sampling\"{or} \
+                         (found {found:?})"
+                ),
+            ));
+        }
+    }
+    let softmax = match &out.estimator {
+        EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
+        EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => out.estimator.loss().is_ok_and(|l| l.is_softmax()),
+        _ => false,
+    };
+    if config.model.skip_gram.objective == farout_skipgram::Objective::Collapsed && !softmax {
+        return Err(ConfigError::key(
+            "output.estimator",
+            format!(
+                "the collapsed objective (eq. 9) is a softmax loss; use \"softmax\" (GD), \"mips\" or \
+                     \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, GD-Decomp-MIPS) or \"sampled_softmax\" \
+                     (found {:?}{})",
+                out.estimator.name(),
+                if matches!(out.estimator, EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_)) {
+                    " with the margin loss"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    config.check_training()
 }
 
 /// Which vectors of a skip-gram checkpoint [`export_checkpoint`] writes.

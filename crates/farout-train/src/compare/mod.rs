@@ -5,8 +5,9 @@
 
 mod plot;
 
-use crate::config::{EncoderKind, first_difference};
+use crate::config::first_difference;
 use crate::skipgram::SkipGramSummary;
+use crate::task::TaskKind;
 use crate::{Config, Error, RunSummary, Summary, io_err};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -268,7 +269,7 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
         }
     }
     let configs: Vec<Config> = args.configs.iter().map(|p| Config::load(p, &args.set)).collect::<Result<_, _>>()?;
-    let skip_gram = |c: &Config| c.model.encoder == EncoderKind::SkipGram;
+    let skip_gram = |c: &Config| TaskKind::of(c) == TaskKind::SkipGram;
     if configs.iter().any(|c| skip_gram(c) != skip_gram(&configs[0])) {
         return Err(CompareError::MixedKinds.into());
     }
@@ -279,7 +280,7 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
         }
     }
     if !args.allow_diff {
-        let any_linear = configs.iter().any(Config::is_linear);
+        let any_linear = configs.iter().any(|c| TaskKind::of(c) == TaskKind::Linear);
         let base = toml::Value::Table(comparable(&configs[0], any_linear));
         for (c, p) in configs.iter().zip(&args.configs).skip(1) {
             if let Some(key) = first_difference(&base, &toml::Value::Table(comparable(c, any_linear)), "") {
@@ -297,13 +298,13 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
             c.seed += r as u64;
             c.log.dir = Some(dir.clone());
             c.checkpoint.enabled = false;
-            let is_skip_gram = skip_gram(&c);
+            let kind = TaskKind::of(&c);
             // A linear solver runs to convergence: a time budget does not apply to it.
-            if let Some(b) = args.budget.filter(|_| !c.is_linear()) {
+            if let Some(b) = args.budget.filter(|_| kind.takes_budget()) {
                 c.train.max_seconds = b;
                 // The budget ends the run; skip-gram keeps its epochs, on which its step-size
                 // schedule depends.
-                if !is_skip_gram {
+                if !kind.keeps_epochs_under_budget() {
                     c.train.epochs = c.train.epochs.max(1_000_000);
                 }
             }
@@ -318,7 +319,7 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
             let failed = |e: Error| CompareError::Run { config: args.configs[i].clone(), source: Box::new(e) };
             // The comparison owns its run directories (`--overwrite` was checked on `--out`).
             let options = crate::TrainOptions { overwrite: true, ..Default::default() };
-            let summary = crate::train(&c, &options).map_err(failed)?;
+            let summary = crate::train(&c, &options, &farout_dist::Local).map_err(failed)?;
             let path = dir.join("summary.json");
             std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
             runs.push(read_run(&dir)?);

@@ -1,0 +1,202 @@
+//! Checkpoints of a classifier run: written atomically after checking the weights are finite,
+//! read back with their manifest checked, one directory per rank for a class-sharded layer.
+
+use super::{Encoder, State, Trainer};
+use crate::Error;
+use farout_dist::Collective;
+use std::path::{Path, PathBuf};
+
+/// The name of rank `rank`'s checkpoint directory (inside the config's) in a run on `ranks`.
+fn rank_checkpoint(rank: usize, ranks: usize) -> String {
+    format!("rank-{rank}-of-{ranks}")
+}
+
+/// Ranks of the checkpoints inside `dir` (`rank-R-of-P` directories and their save siblings):
+/// the distinct P found.
+fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
+    let mut found: Vec<usize> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix("rank-")?;
+            let (_, of) = rest.split_once("-of-")?;
+            of.split('.').next()?.parse().ok()
+        })
+        .collect();
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// The lowest and highest of the ranks' `step`.
+fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
+    let mut steps = [step as f64, -(step as f64)];
+    comm.allreduce_max_f64(&mut steps)?;
+    Ok((-steps[1] as u64, steps[0] as u64))
+}
+
+impl Trainer<'_> {
+    /// This rank's checkpoint directory: the config's, or with a class-sharded layer its
+    /// `rank-R-of-P` directory inside it.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        let dir = self.config.checkpoint_dir();
+        match self.shard {
+            Some(s) => dir.join(rank_checkpoint(s.rank, s.ranks)),
+            None => dir,
+        }
+    }
+
+    /// [`Trainer::save_checkpoint`] on every rank of `comm` (each its own rows); every rank
+    /// learns if one failed.
+    pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
+        crate::dist::agree(self.comm, self.write_checkpoint())
+    }
+
+    /// Writes the checkpoint atomically (see [`crate::checkpoint`]), after checking that the
+    /// weights are finite: a checkpoint is never written from a diverged model.
+    fn write_checkpoint(&self) -> Result<PathBuf, Error> {
+        let dir = self.checkpoint_dir();
+        if let Err(e) = self.check_weights_finite(&dir) {
+            return Err(self.diverged(format!("non-finite weights ({e})")));
+        }
+        // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint).
+        crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
+            self.layer.save(&tmp.join("layer.bin"))?;
+            if let Encoder::Doc(e) = &self.encoder {
+                e.save(tmp)?;
+            }
+            if let Some(st) = self.estimator.sample_state() {
+                crate::checkpoint::write_f32_file(&tmp.join("estimator_state.bin"), &st.to_vec())?;
+            }
+            let state = serde_json::to_string_pretty(&self.state).expect("state serialises");
+            std::fs::write(tmp.join("state.json"), state)
+                .map_err(|source| Error::Io { path: tmp.to_path_buf(), source })
+        })
+    }
+
+    /// An error naming the first non-finite weight of the layer (W, bias) or of the document
+    /// encoder (embedding table, hidden bias), as if they were files in `dir`.
+    fn check_weights_finite(&self, dir: &Path) -> Result<(), Error> {
+        let layer = dir.join("layer.bin");
+        crate::checkpoint::check_finite(&layer, "output layer W", self.layer.weights().as_slice())?;
+        if let Some(b) = self.layer.bias() {
+            crate::checkpoint::check_finite(&layer, "output layer bias", b)?;
+        }
+        if let Encoder::Doc(e) = &self.encoder {
+            crate::checkpoint::check_finite(&dir.join("table.bin"), "encoder embedding table", e.table().as_slice())?;
+            crate::checkpoint::check_finite(&dir.join("hidden.bpk"), "encoder hidden bias", &e.hidden_bias())?;
+        }
+        Ok(())
+    }
+
+    /// The error that stops a diverged run: what went wrong, the checkpoint that is kept and
+    /// the keys to change.
+    pub(super) fn diverged(&self, why: String) -> Error {
+        let dir = self.checkpoint_dir();
+        let kept = match crate::checkpoint::latest(&dir) {
+            Ok(found) => {
+                format!("the last good checkpoint (step {}) is kept at {}", found.progress, found.dir.display())
+            }
+            Err(_) => "no checkpoint had been written yet".into(),
+        };
+        let keys = match self.encoder {
+            Encoder::Doc(_) => "output.optimizer.lr, model.doc_encoder.optimizer.lr",
+            Encoder::Face(_) => "output.optimizer.lr",
+        };
+        Error::Diverged { step: self.state.step, why, kept, keys: keys.into() }
+    }
+
+    /// Restores layer, encoder and progress from the newest complete checkpoint in `dir` (or,
+    /// after a save was interrupted, beside it: see [`crate::checkpoint`]). Files are checked
+    /// against the checkpoint's manifest, and NaN or infinite weights are refused.
+    fn load_checkpoint_files(&mut self, dir: &Path) -> Result<(), Error> {
+        let dir = &crate::checkpoint::open(dir)?;
+        let state: State = crate::checkpoint::read_state(dir, "training state")?;
+        self.layer.load(&dir.join("layer.bin"))?;
+        if let Encoder::Doc(e) = &mut self.encoder {
+            e.load(dir)?;
+        }
+        if let Some(st) = self.estimator.sample_state() {
+            // Per-sample variational state (A&R): its length is fixed by the training set.
+            let mut vals = vec![0.0f32; st.len() * st.width()];
+            let path = dir.join("estimator_state.bin");
+            crate::checkpoint::read_f32_file(&path, &mut vals)?;
+            crate::checkpoint::check_finite(&path, "estimator state", &vals)?;
+            st.restore(&vals);
+        }
+        self.check_weights_finite(dir)?;
+        self.state = state;
+        Ok(())
+    }
+
+    /// Loads this rank's checkpoint of `dir` (the config's checkpoint directory by default):
+    /// its `rank-R-of-P` directory for a class-sharded layer. A checkpoint written by another
+    /// number of ranks, or ranks whose checkpoints are at different steps, are errors on every
+    /// rank.
+    pub fn load_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
+        let comm = self.comm;
+        let ranks = comm.size();
+        let written = checkpoint_rank_counts(dir);
+        let loaded = match (written.as_slice(), ranks) {
+            ([], 1) => self.load_checkpoint_files(dir),
+            ([p], _) if *p == ranks => self.load_checkpoint_files(&dir.join(rank_checkpoint(comm.rank(), ranks))),
+            ([], _) => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!("holds a checkpoint of one process, not of {ranks} MPI ranks: run without mpirun"),
+            }),
+            (found, _) => Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "holds the checkpoints of {} MPI ranks; run with that many (mpirun -np {}), not {ranks}",
+                    found.iter().map(usize::to_string).collect::<Vec<_>>().join(" and "),
+                    found[0]
+                ),
+            }),
+        };
+        crate::dist::agree(comm, loaded)?;
+        if ranks == 1 {
+            return Ok(());
+        }
+        let (low, high) = step_range(comm, self.state.step)?;
+        if low == high {
+            return Ok(());
+        }
+        // A kill between the ranks' saves: the ranks ahead go back to the checkpoint they kept.
+        let rank_dir = dir.join(rank_checkpoint(comm.rank(), ranks));
+        let back = if self.state.step == low {
+            Ok(())
+        } else {
+            match crate::checkpoint::at_progress(&rank_dir, low) {
+                Some(back) => self.load_checkpoint_files(&back),
+                None => Err(Error::Checkpoint {
+                    path: dir.to_path_buf(),
+                    msg: format!(
+                        "the ranks' checkpoints are at steps {low} to {high} (a save was interrupted on some \
+                         ranks), and rank {} kept none at step {low}",
+                        comm.rank()
+                    ),
+                }),
+            }
+        };
+        crate::dist::agree(comm, back)?;
+        log::warn!("the save at step {high} did not finish on every rank: all ranks resume from step {low}");
+        let (low, high) = step_range(comm, self.state.step)?;
+        if low != high {
+            return Err(Error::Checkpoint {
+                path: dir.to_path_buf(),
+                msg: format!(
+                    "the ranks' checkpoints are at steps {low} to {high}: a save was interrupted on some ranks"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// [`Trainer::resume`] as one of the ranks of `comm`.
+    pub fn resume(&mut self) -> Result<(), Error> {
+        let dir = self.config.checkpoint_dir();
+        self.load_checkpoint(&dir)
+    }
+}
