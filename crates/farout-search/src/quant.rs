@@ -669,13 +669,7 @@ mod amx {
         let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         let (query_bytes, group_bytes) = (4 * chunks, 64 * chunks);
         GATHERED.with_borrow_mut(|gathered| {
-            gathered.clear();
-            gathered.resize(which.len().next_multiple_of(PASS) * query_bytes / 64, Line([0; 64]));
-            for (to, &q) in gathered.chunks_exact_mut(query_bytes / 64).zip(which) {
-                for (line, from) in to.iter_mut().zip(queries.codes(q as usize).chunks_exact(64)) {
-                    line.0.iter_mut().zip(from).for_each(|(b, &u)| *b = u as i8);
-                }
-            }
+            gather_queries(gathered, queries, which, query_bytes);
             let mut sums = Sums([[[0; GROUP]; TILE]; 4]);
             // SAFETY: the CPU has AMX, enabled (the caller's contract); CONFIG is a valid
             // palette-1 configuration.
@@ -688,47 +682,7 @@ mod amx {
                     // at byte 4c of `query_bytes`-byte rows (gathered holds whole passes), and
                     // from group g (+ 1) at byte 64c of the 64-byte chunk rows (the padded
                     // storage holds an even number of groups); c + 16 <= chunks (`fits`).
-                    unsafe {
-                        asm!(
-                            "tilezero tmm0",
-                            "tilezero tmm1",
-                            "tilezero tmm2",
-                            "tilezero tmm3",
-                            options(nostack, nomem)
-                        );
-                        for c in (0..chunks).step_by(STEP) {
-                            asm!(
-                                "tileloadd tmm4, [{a} + {sa} * 1]",
-                                "tileloadd tmm5, [{a2} + {sa} * 1]",
-                                "tileloadd tmm6, [{b} + {sb} * 1]",
-                                "tileloadd tmm7, [{b2} + {sb} * 1]",
-                                "tdpbusd tmm0, tmm4, tmm6",
-                                "tdpbusd tmm1, tmm4, tmm7",
-                                "tdpbusd tmm2, tmm5, tmm6",
-                                "tdpbusd tmm3, tmm5, tmm7",
-                                a = in(reg) a.add(4 * c),
-                                a2 = in(reg) a.add(TILE * query_bytes + 4 * c),
-                                b = in(reg) b.add(64 * c),
-                                b2 = in(reg) b.add(group_bytes + 64 * c),
-                                sa = in(reg) query_bytes,
-                                sb = in(reg) 64usize,
-                                options(nostack, readonly),
-                            );
-                        }
-                        let to = sums.0.as_mut_ptr().cast::<u8>();
-                        asm!(
-                            "tilestored [{t0} + {s} * 1], tmm0",
-                            "tilestored [{t1} + {s} * 1], tmm1",
-                            "tilestored [{t2} + {s} * 1], tmm2",
-                            "tilestored [{t3} + {s} * 1], tmm3",
-                            t0 = in(reg) to,
-                            t1 = in(reg) to.add(1024),
-                            t2 = in(reg) to.add(2048),
-                            t3 = in(reg) to.add(3072),
-                            s = in(reg) 64usize,
-                            options(nostack),
-                        );
-                    }
+                    unsafe { tile_sums(a, b, chunks, query_bytes, group_bytes, &mut sums) };
                     for (t, tile) in sums.0.iter().enumerate() {
                         let row = (g + t % 2) * GROUP;
                         // SAFETY: rows row..row + 16 exist in `offset` and `scale` (padded).
@@ -747,39 +701,15 @@ mod amx {
                         }
                         for (s, sum) in (from..which.len().min(from + TILE)).zip(tile) {
                             let sq = _mm512_set1_ps(queries.scale[which[s] as usize]);
-                            // SAFETY: a 16-lane row of `sums`.
-                            let sum = unsafe { _mm512_loadu_si512(sum.as_ptr().cast()) };
-                            let v = _mm512_mul_ps(
-                                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, offset)), scale),
-                                sq,
-                            );
+                            // SAFETY: the CPU has AVX-512F (this function's contract).
+                            let v = unsafe { scores_of_sums(sum, offset, scale, sq) };
                             if !KEEP {
                                 // SAFETY: out holds which.len() x n floats (the caller's contract).
                                 unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
                                 continue;
                             }
-                            // As `kernels::keep_at_least`: NaN never passes; the kept lanes are
-                            // compressed in a register and stored whole (most rows keep none).
-                            let floor = _mm512_set1_ps(floors[s]);
-                            let mask = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, floor);
-                            if mask != 0 {
-                                let (kept, a) = (mask.count_ones() as usize, &mut above[s]);
-                                let (p, m) = (a.positions.len(), a.scores.len());
-                                a.positions.reserve(GROUP);
-                                a.scores.reserve(GROUP);
-                                let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
-                                // SAFETY: 16 entries from the lengths, within the capacity just
-                                // reserved; the first `kept` are the compressed lanes.
-                                unsafe {
-                                    _mm512_storeu_si512(
-                                        a.positions.as_mut_ptr().add(p).cast(),
-                                        _mm512_maskz_compress_epi32(mask, at),
-                                    );
-                                    _mm512_storeu_ps(a.scores.as_mut_ptr().add(m), _mm512_maskz_compress_ps(mask, v));
-                                    a.positions.set_len(p + kept);
-                                    a.scores.set_len(m + kept);
-                                }
-                            }
+                            // SAFETY: the CPU has AVX-512F (this function's contract).
+                            unsafe { keep_at_least(v, real, floors[s], row, lane, &mut above[s]) };
                         }
                     }
                 }
@@ -788,8 +718,116 @@ mod amx {
             unsafe { asm!("tilerelease", options(nostack, nomem)) };
         });
     }
-}
 
+    /// The codes of the queries `which` as tile rows of [`scan`]: `query_bytes` bytes (whole
+    /// lines) per query, the last pass padded with zero codes.
+    #[inline(always)]
+    fn gather_queries(gathered: &mut Vec<Line>, queries: &QuantQueries, which: &[u32], query_bytes: usize) {
+        gathered.clear();
+        gathered.resize(which.len().next_multiple_of(PASS) * query_bytes / 64, Line([0; 64]));
+        for (to, &q) in gathered.chunks_exact_mut(query_bytes / 64).zip(which) {
+            for (line, from) in to.iter_mut().zip(queries.codes(q as usize).chunks_exact(64)) {
+                line.0.iter_mut().zip(from).for_each(|(b, &u)| *b = u as i8);
+            }
+        }
+    }
+
+    /// The four tiles of sums (query tile a or b by group 0 or 1) of the query tiles at `a` and
+    /// `TILE` rows of `query_bytes` further, by the groups at `b` and `group_bytes` further,
+    /// over all `chunks` chunks, stored into `sums`.
+    ///
+    /// # Safety
+    /// AMX is enabled and [`CONFIG`] loaded; the tiles read 16 rows of 64 bytes from `a` (+ 16
+    /// rows) at byte 4c of `query_bytes`-byte rows and from `b` (+ `group_bytes`) at byte 64c
+    /// of 64-byte rows, for every c < `chunks` in steps of 16: all must be readable.
+    #[inline(always)]
+    unsafe fn tile_sums(
+        a: *const u8,
+        b: *const i8,
+        chunks: usize,
+        query_bytes: usize,
+        group_bytes: usize,
+        sums: &mut Sums,
+    ) {
+        // SAFETY: the reads are the caller's contract; the stores fill `sums` (4 x 1024 bytes).
+        unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+            for c in (0..chunks).step_by(STEP) {
+                asm!(
+                    "tileloadd tmm4, [{a} + {sa} * 1]",
+                    "tileloadd tmm5, [{a2} + {sa} * 1]",
+                    "tileloadd tmm6, [{b} + {sb} * 1]",
+                    "tileloadd tmm7, [{b2} + {sb} * 1]",
+                    "tdpbusd tmm0, tmm4, tmm6",
+                    "tdpbusd tmm1, tmm4, tmm7",
+                    "tdpbusd tmm2, tmm5, tmm6",
+                    "tdpbusd tmm3, tmm5, tmm7",
+                    a = in(reg) a.add(4 * c),
+                    a2 = in(reg) a.add(TILE * query_bytes + 4 * c),
+                    b = in(reg) b.add(64 * c),
+                    b2 = in(reg) b.add(group_bytes + 64 * c),
+                    sa = in(reg) query_bytes,
+                    sb = in(reg) 64usize,
+                    options(nostack, readonly),
+                );
+            }
+            let to = sums.0.as_mut_ptr().cast::<u8>();
+            asm!(
+                "tilestored [{t0} + {s} * 1], tmm0",
+                "tilestored [{t1} + {s} * 1], tmm1",
+                "tilestored [{t2} + {s} * 1], tmm2",
+                "tilestored [{t3} + {s} * 1], tmm3",
+                t0 = in(reg) to,
+                t1 = in(reg) to.add(1024),
+                t2 = in(reg) to.add(2048),
+                t3 = in(reg) to.add(3072),
+                s = in(reg) 64usize,
+                options(nostack),
+            );
+        }
+    }
+
+    /// One query's 16 sums of a group as scores, with the same float operations as the other
+    /// kernels: `(sum + offset) × scale × sq` (the rows' `offset` and `scale`, the query's `sq`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F (inlined into [`scan`], which has it).
+    #[inline(always)]
+    unsafe fn scores_of_sums(sum: &[i32; GROUP], offset: __m512i, scale: __m512, sq: __m512) -> __m512 {
+        // SAFETY: a 16-lane row of `sums`; AVX-512F is the caller's contract.
+        unsafe {
+            let sum = _mm512_loadu_si512(sum.as_ptr().cast());
+            _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, offset)), scale), sq)
+        }
+    }
+
+    /// As `kernels::keep_at_least`: appends to `above` the lanes of `v` among `real` scoring at
+    /// least `floor` (NaN never passes), as positions `row + lane` and scores. The kept lanes
+    /// are compressed in a register and stored whole (most rows keep none).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512F (inlined into [`scan`], which has it).
+    #[inline(always)]
+    unsafe fn keep_at_least(v: __m512, real: __mmask16, floor: f32, row: usize, lane: __m512i, above: &mut Above) {
+        // SAFETY: AVX-512F is the caller's contract.
+        let mask = unsafe { _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, _mm512_set1_ps(floor)) };
+        if mask != 0 {
+            let (kept, a) = (mask.count_ones() as usize, above);
+            let (p, m) = (a.positions.len(), a.scores.len());
+            a.positions.reserve(GROUP);
+            a.scores.reserve(GROUP);
+            // SAFETY: AVX-512F is the caller's contract; 16 entries from the lengths, within the
+            // capacity just reserved; the first `kept` are the compressed lanes.
+            unsafe {
+                let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
+                _mm512_storeu_si512(a.positions.as_mut_ptr().add(p).cast(), _mm512_maskz_compress_epi32(mask, at));
+                _mm512_storeu_ps(a.scores.as_mut_ptr().add(m), _mm512_maskz_compress_ps(mask, v));
+                a.positions.set_len(p + kept);
+                a.scores.set_len(m + kept);
+            }
+        }
+    }
+}
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{GROUP, QuantQueries, QuantRows};
