@@ -1,7 +1,8 @@
 //! Scalar logs: one small trait, a TensorBoard sink and a JSONL sink.
 //!
 //! tensorboard-rs is unmaintained (and pulls protobuf 2); keeping it behind [`MetricsSink`] lets
-//! it be replaced without touching the training loop.
+//! it be replaced without touching the training loop. It is compiled in by the `tensorboard`
+//! feature (on by default); without it, `[log] tensorboard = true` is skipped with a warning.
 
 use crate::Error;
 use crate::config::LogConfig;
@@ -55,10 +56,12 @@ impl MetricsSink for JsonlSink {
 }
 
 /// Writes TensorBoard event files into a directory.
+#[cfg(feature = "tensorboard")]
 pub struct TensorBoardSink {
     w: tensorboard_rs::summary_writer::SummaryWriter,
 }
 
+#[cfg(feature = "tensorboard")]
 impl TensorBoardSink {
     /// Creates `dir` and an event file in it; `fresh` first removes the event files of an
     /// earlier run there (TensorBoard would draw both).
@@ -77,6 +80,7 @@ impl TensorBoardSink {
     }
 }
 
+#[cfg(feature = "tensorboard")]
 impl MetricsSink for TensorBoardSink {
     fn record(&mut self, step: u64, _wall: f64, values: &[(&str, f64)]) -> Result<(), Error> {
         for (k, v) in values {
@@ -103,8 +107,14 @@ impl Sinks {
         if config.jsonl {
             sinks.0.push(Box::new(JsonlSink::open(&dir.join("metrics.jsonl"), fresh)?));
         }
+        #[cfg(feature = "tensorboard")]
         if config.tensorboard {
             sinks.0.push(Box::new(TensorBoardSink::open(&dir.join("tb"), fresh)?));
+        }
+        #[cfg(not(feature = "tensorboard"))]
+        if config.tensorboard {
+            let rest = if config.jsonl { "metrics.jsonl only" } else { "no metrics log" };
+            log::warn!("TensorBoard logs need the `tensorboard` feature; writing {rest}");
         }
         Ok(sinks)
     }
@@ -177,6 +187,18 @@ mod tests {
         }
     }
 
+    /// Without the feature, a config asking for TensorBoard logs still runs: JSONL only.
+    #[cfg(not(feature = "tensorboard"))]
+    #[test]
+    fn without_the_feature_tensorboard_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = LogConfig { tensorboard: true, ..LogConfig::default() };
+        let sinks = Sinks::open(dir.path(), &config, true).unwrap();
+        assert_eq!(sinks.0.len(), 1);
+        assert!(!dir.path().join("tb").exists());
+    }
+
+    #[cfg(feature = "tensorboard")]
     #[test]
     fn tensorboard_writes_an_event_file_and_a_fresh_run_removes_the_old_ones() {
         let dir = tempfile::tempdir().unwrap();
