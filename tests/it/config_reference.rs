@@ -1,6 +1,6 @@
-//! README.md's configuration reference against the config types.
+//! docs/config.md's configuration reference against the config types.
 //!
-//! The section "Configuration reference" holds one table per config section (`### [train]`),
+//! Its section "Configuration reference" holds one table per config section (`### [train]`),
 //! per estimator (`### [output] with estimator = "ldgs"`), per index and per optimiser kind,
 //! with the columns key (a `--set` path), default, allowed values and meaning. A default is a
 //! TOML literal in backticks, or `required`, or `unset` (an optional key), or words (derived
@@ -9,7 +9,7 @@
 //!
 //! For every row, on a minimal config of the right kind (the heading's estimator, index or
 //! optimiser selected, the table's required keys given):
-//! - `--set key=default` loads and gives the same config as leaving the key out, so the README's
+//! - `--set key=default` loads and gives the same config as leaving the key out, so the documented
 //!   default is the code's (`required`, `unset` and derived keys load with their first allowed
 //!   value; `unset` keys are absent from the default config);
 //! - the key with a misspelled last segment is rejected;
@@ -17,9 +17,9 @@
 //!   the variants the parser lists.
 //!
 //! In the other direction, the default config with each registered estimator, each registered
-//! index and each optimiser kind is serialized, and its keys must be exactly the README keys of
+//! index and each optimiser kind is serialized, and its keys must be exactly the documented keys of
 //! the tables that apply to it. A key added, removed or renamed in the code, a changed default or
-//! a new enum variant fails here until the README follows.
+//! a new enum variant fails here until docs/config.md follows.
 
 use farout_train::Config;
 use std::collections::BTreeSet;
@@ -82,8 +82,11 @@ impl Table {
     }
 }
 
-fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+/// The file that holds the reference, relative to the project root.
+const REFERENCE: &str = "docs/config.md";
+
+fn reference() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(REFERENCE)).unwrap()
 }
 
 /// The backticked pieces of `s`.
@@ -133,8 +136,8 @@ fn parse_reference(text: &str) -> Vec<Table> {
         if cells[0] == "key" || cells[0].starts_with("---") {
             continue;
         }
-        assert_eq!(cells.len(), 4, "README.md:{}: a reference row has 4 cells: {line}", i + 1);
-        let table = tables.last_mut().unwrap_or_else(|| panic!("README.md:{}: a row before any heading", i + 1));
+        assert_eq!(cells.len(), 4, "{REFERENCE}:{}: a reference row has 4 cells: {line}", i + 1);
+        let table = tables.last_mut().unwrap_or_else(|| panic!("{REFERENCE}:{}: a row before any heading", i + 1));
         let key = cells[0].trim_matches('`').to_string();
         let default = if cells[1].starts_with('`') {
             Default::Literal(backticked(cells[1])[0].to_string())
@@ -211,7 +214,7 @@ fn context(table: &Table, value: Option<&str>) -> Vec<String> {
             let example = row
                 .allowed
                 .first()
-                .unwrap_or_else(|| panic!("README.md:{}: a required key needs an example", row.line));
+                .unwrap_or_else(|| panic!("{REFERENCE}:{}: a required key needs an example", row.line));
             sets.push(format!("{}={example}", row.key));
         }
     }
@@ -252,14 +255,14 @@ fn minimal_dir() -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn every_documented_key_loads_with_its_documented_default() {
-    let tables = parse_reference(&readme());
+    let tables = parse_reference(&reference());
     let rows: usize = tables.iter().map(|t| t.rows.len()).sum();
     assert!(rows >= 100 && tables.len() >= 20, "the reference has {} tables and {rows} rows", tables.len());
     let (_guard, dir) = minimal_dir();
     let defaults = leaves(&serialized(&load(&dir, &[]).unwrap()));
     let mut problems = Vec::new();
     for table in &tables {
-        assert!(!table.rows.is_empty(), "README heading `{}` has no table", table.heading);
+        assert!(!table.rows.is_empty(), "{REFERENCE} heading `{}` has no table", table.heading);
         let values: Vec<Option<&str>> = match &table.selector {
             Some((_, values)) => values.iter().map(|v| Some(v.as_str())).collect(),
             None => vec![None],
@@ -268,7 +271,7 @@ fn every_documented_key_loads_with_its_documented_default() {
             let ctx = context(table, value);
             let base = load(&dir, &ctx).unwrap_or_else(|e| panic!("`{}` with {ctx:?}: {e}", table.heading));
             for row in &table.rows {
-                let at = format!("README.md:{} `{}` ({})", row.line, row.key, table.heading);
+                let at = format!("{REFERENCE}:{} `{}` ({})", row.line, row.key, table.heading);
                 let value = match &row.default {
                     Default::Literal(v) => v.clone(),
                     _ => match row.allowed.first() {
@@ -321,12 +324,12 @@ fn every_documented_key_loads_with_its_documented_default() {
             }
         }
     }
-    assert!(problems.is_empty(), "README.md's configuration reference is out of date:\n{}", problems.join("\n"));
+    assert!(problems.is_empty(), "{REFERENCE}'s configuration reference is out of date:\n{}", problems.join("\n"));
 }
 
 #[test]
 fn every_key_of_the_config_types_is_documented() {
-    let tables = parse_reference(&readme());
+    let tables = parse_reference(&reference());
     let keys: BTreeSet<&str> = tables.iter().flat_map(|t| t.rows.iter().map(|r| r.key.as_str())).collect();
     let selectors: BTreeSet<&str> =
         tables.iter().filter_map(|t| t.selector.as_ref().map(|(p, _)| p.as_str())).collect();
@@ -357,7 +360,7 @@ fn every_key_of_the_config_types_is_documented() {
             Some(t) => {
                 sets.extend(context(t, Some(kind)).into_iter().filter(|s| !s.starts_with("output.optimizer.kind=")))
             }
-            None => panic!("README.md documents no `[output.optimizer]` with `kind = \"{kind}\"`"),
+            None => panic!("{REFERENCE} documents no `[output.optimizer]` with `kind = \"{kind}\"`"),
         }
         contexts.push(sets);
     }
@@ -386,11 +389,11 @@ fn every_key_of_the_config_types_is_documented() {
             .chain(applying.iter().filter_map(|t| t.selector.as_ref().map(|(p, _)| p.clone())))
             .collect();
         for k in found.difference(&documented) {
-            problems.push(format!("{sets:?}: `{k}` is a key of the config but not in README.md's reference"));
+            problems.push(format!("{sets:?}: `{k}` is a key of the config but not in {REFERENCE}'s reference"));
         }
         for k in documented.difference(&found) {
-            problems.push(format!("{sets:?}: README.md documents `{k}`, which the config does not have"));
+            problems.push(format!("{sets:?}: {REFERENCE} documents `{k}`, which the config does not have"));
         }
     }
-    assert!(problems.is_empty(), "README.md's configuration reference is out of date:\n{}", problems.join("\n"));
+    assert!(problems.is_empty(), "{REFERENCE}'s configuration reference is out of date:\n{}", problems.join("\n"));
 }

@@ -1,10 +1,10 @@
 //! End-to-end tests of the `farout` command line on small data (one binary, several modules).
 
 mod cli;
+mod config_reference;
 mod configs;
 mod errors;
 mod quality;
-mod readme;
 mod robustness;
 mod skipgram;
 
