@@ -200,3 +200,49 @@ impl Trainer<'_> {
         self.load_checkpoint(&dir)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::tiny_face;
+    use super::*;
+    use farout_dist::Local;
+
+    #[test]
+    fn a_saved_checkpoint_reloads_the_same_predictions_and_progress() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = tiny_face(dir.path(), "");
+        config.train.epochs = 1;
+        let mut t = Trainer::new(config.clone(), &Local).unwrap();
+        t.run().unwrap();
+        let test = t.data().test.clone().unwrap();
+        let mut back = Trainer::new(config, &Local).unwrap();
+        assert_ne!(back.predict(&test, 3).unwrap(), t.predict(&test, 3).unwrap());
+        back.resume().unwrap();
+        assert_eq!(back.step(), t.step());
+        assert_eq!(back.state, t.state);
+        assert_eq!(back.predict(&test, 3).unwrap(), t.predict(&test, 3).unwrap());
+    }
+
+    #[test]
+    fn the_rank_counts_of_a_checkpoint_directory_come_from_its_rank_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(checkpoint_rank_counts(dir.path()), Vec::<usize>::new());
+        for name in [rank_checkpoint(0, 2), rank_checkpoint(1, 2), format!("{}.old", rank_checkpoint(0, 2))] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        assert_eq!(checkpoint_rank_counts(dir.path()), vec![2]);
+        std::fs::create_dir(dir.path().join(rank_checkpoint(3, 4))).unwrap();
+        assert_eq!(checkpoint_rank_counts(dir.path()), vec![2, 4]);
+    }
+
+    #[test]
+    fn a_checkpoint_of_two_ranks_is_refused_by_one_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = tiny_face(dir.path(), "");
+        let ck = config.checkpoint_dir();
+        std::fs::create_dir_all(ck.join(rank_checkpoint(0, 2))).unwrap();
+        let mut t = Trainer::new(config, &Local).unwrap();
+        let e = t.load_checkpoint(&ck).unwrap_err().to_string();
+        assert!(e.contains("2 MPI ranks") && e.contains("mpirun -np 2"), "{e}");
+    }
+}

@@ -269,3 +269,79 @@ impl Trainer<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::tiny_face;
+    use super::*;
+    use farout_dist::Local;
+
+    /// The scores `feature_rows · class_rowsᵀ` by brute force.
+    fn brute_force(t: &Trainer, ds: &Dataset) -> Matrix {
+        let (f, w) = (t.feature_rows(ds), t.class_rows());
+        let mut z = Matrix::zeros(f.rows(), w.rows());
+        for i in 0..f.rows() {
+            for k in 0..w.rows() {
+                z.row_mut(i)[k] = farout_core::kernels::dot(f.row(i), w.row(k));
+            }
+        }
+        z
+    }
+
+    #[test]
+    fn predictions_are_the_top_of_the_brute_force_scores() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trainer::new(tiny_face(dir.path(), "[output.layer]\nbias = true"), &Local).unwrap();
+        let test = t.data().test.as_ref().unwrap();
+        let z = brute_force(&t, test);
+        let preds = t.predict(test, 3).unwrap();
+        assert_eq!(preds.len(), test.len());
+        for (i, hits) in preds.iter().enumerate() {
+            let mut want = Vec::new();
+            top_k(z.row(i), 3, &mut want);
+            let classes = |h: &[Hit]| h.iter().map(|h| h.class).collect::<Vec<_>>();
+            assert_eq!(classes(hits), classes(&want), "sample {i}");
+            for (h, w) in hits.iter().zip(&want) {
+                assert!((h.score - w.score).abs() <= 1e-4 * w.score.abs().max(1.0), "{h:?} {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn evaluation_counts_the_brute_force_top_one_and_batches_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trainer::new(tiny_face(dir.path(), "[eval]\nbatch_size = 7"), &Local).unwrap();
+        let test = t.data().test.as_ref().unwrap();
+        let z = brute_force(&t, test);
+        let hits = (0..test.len())
+            .filter(|&i| {
+                let mut top = Vec::new();
+                top_k(z.row(i), 1, &mut top);
+                test.labels.get(i).contains(&top[0].class)
+            })
+            .count();
+        let m = t.evaluate(test, 0).unwrap();
+        assert!((m["p@1"] - hits as f64 / test.len() as f64).abs() < 1e-9, "{m:?}");
+        let mut whole = tiny_face(dir.path(), "[eval]\nbatch_size = 4096");
+        whole.name = t.config().name.clone();
+        let m2 = Trainer::new(whole, &Local).unwrap().evaluate(test, 0).unwrap();
+        assert_eq!(m["p@1"], m2["p@1"]);
+        assert!((m["loss"] - m2["loss"]).abs() < 1e-6 * m["loss"].abs());
+        let first = t.evaluate(test, 10).unwrap();
+        assert!(first["p@1"] * 10.0 == (first["p@1"] * 10.0).round(), "10 samples: {first:?}");
+    }
+
+    #[test]
+    fn an_exact_estimator_reports_no_gradient_fidelity() {
+        let dir = tempfile::tempdir().unwrap();
+        let exact = Trainer::new(tiny_face(dir.path(), ""), &Local).unwrap();
+        assert_eq!(exact.gradient_fidelity(16), None);
+        let sampled = tiny_face(dir.path(), "");
+        let mut sampled = sampled;
+        sampled.output.estimator =
+            serde_json::from_value(serde_json::json!({"estimator": "sampled_softmax", "n_samples": 20})).unwrap();
+        let t = Trainer::new(sampled, &Local).unwrap();
+        let cos = t.gradient_fidelity(16).expect("an approximate estimator is measured");
+        assert!(cos > 0.0 && cos <= 1.0 + 1e-9, "{cos}");
+    }
+}

@@ -233,3 +233,58 @@ impl<'c> Trainer<'c> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::tiny_face;
+    use super::*;
+    use farout_dist::Local;
+
+    #[test]
+    fn a_classifier_config_pairs_its_encoder_with_its_features() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = tiny_face(dir.path(), "");
+        assert!(check_config(&c).is_ok());
+        c.data.format = DataFormat::SyntheticXmc;
+        let e = check_config(&c).unwrap_err().to_string();
+        assert!(e.contains("model.encoder") && e.contains("dense features"), "{e}");
+        c.model.encoder = EncoderKind::DocEncoder;
+        assert!(check_config(&c).is_ok());
+        c.data.format = DataFormat::SyntheticFace;
+        let e = check_config(&c).unwrap_err().to_string();
+        assert!(e.contains("sparse features"), "{e}");
+    }
+
+    #[test]
+    fn new_builds_a_layer_of_the_data_shape_on_every_class() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = Trainer::new(tiny_face(dir.path(), ""), &Local).unwrap();
+        assert_eq!(t.layer().n_classes(), 40);
+        assert_eq!(t.data().n_classes, 40);
+        assert!(t.shard.is_none(), "one process holds every class");
+        assert_eq!(t.step(), 0);
+    }
+
+    #[test]
+    fn class_chunks_go_with_the_exact_softmax_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = tiny_face(dir.path(), "");
+        let mut chunked = c.clone();
+        chunked.output.class_chunk = 8;
+        assert!(Trainer::new(chunked.clone(), &Local).is_ok());
+        chunked.output.estimator = serde_json::from_value(serde_json::json!({"estimator": "margin"})).unwrap();
+        let e = Trainer::new(chunked, &Local).err().expect("margin in chunks is refused").to_string();
+        assert!(e.contains("output.estimator") && e.contains("class_chunk"), "{e}");
+    }
+
+    #[test]
+    fn msi_sets_every_row_of_w_from_the_class_means() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = Trainer::new(tiny_face(dir.path(), "[output.layer]\ninit_std = 0.0"), &Local).unwrap();
+        assert!(zero.layer().weights().as_slice().iter().all(|&w| w == 0.0));
+        let msi = Trainer::new(tiny_face(dir.path(), "[output.layer]\ninit_std = 0.0\ninit = \"msi\""), &Local).unwrap();
+        let w = msi.layer().weights();
+        let nonzero_rows = (0..w.rows()).filter(|&k| w.row(k).iter().any(|&x| x != 0.0)).count();
+        assert_eq!(nonzero_rows, w.rows(), "every class has training samples, so every row moves");
+    }
+}

@@ -198,3 +198,24 @@ pub(crate) fn peak_rss_bytes() -> Option<u64> {
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
+
+/// Small configs the trainer's unit tests share.
+#[cfg(test)]
+pub(super) mod testutil {
+    use crate::Config;
+
+    /// A synthetic face task small enough for a unit test (K = 40 classes of 16-d embeddings,
+    /// 1,200 training samples), logging and checkpointing into `dir`, with `extra` TOML.
+    pub fn tiny_face(dir: &std::path::Path, extra: &str) -> Config {
+        let text = format!(
+            "[data]\nformat = \"synthetic_face\"\n[data.face]\nn_classes = 40\nn_samples = 1200\ndim = 16\n\
+             [model]\nencoder = \"face_head\"\n[output]\nestimator = \"softmax\"\n\
+             [train]\nepochs = 2\nbatch_size = 64\nthreads = 1\n\
+             [log]\nprogress = false\ntensorboard = false\ndir = {dir:?}\n{extra}"
+        );
+        let mut c = Config::parse(&text, &[]).unwrap();
+        c.name = "trainer-test".into();
+        c.check().unwrap();
+        c
+    }
+}

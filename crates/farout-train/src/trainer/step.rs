@@ -378,3 +378,53 @@ impl Trainer<'_> {
         Ok(summary)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::tiny_face;
+    use super::*;
+    use farout_dist::Local;
+
+    #[test]
+    fn an_epoch_order_is_a_permutation_fixed_by_the_seed_and_the_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Trainer::new(tiny_face(dir.path(), ""), &Local).unwrap();
+        let first = t.epoch_order();
+        let mut sorted = first.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..t.data().train.len()).collect::<Vec<_>>());
+        assert_eq!(t.epoch_order(), first, "the same epoch, the same order (a resumed run's batches)");
+        t.state.epoch = 1;
+        assert_ne!(t.epoch_order(), first);
+    }
+
+    #[test]
+    fn a_step_far_above_the_first_steps_loss_stops_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Trainer::new(tiny_face(dir.path(), ""), &Local).unwrap();
+        let idx: Vec<usize> = (0..4).collect();
+        let stats = |loss_sum| farout_layer::StepStats { loss_sum, classes_scored: 160, rows_updated: 4 };
+        let first = t.step_result(&idx, stats(8.0), Instant::now()).unwrap();
+        assert_eq!((first.samples, first.classes_scored), (4, 160));
+        assert_eq!(t.state.initial_loss, 2.0);
+        t.state.step = 1; // after_step counts the step
+        // The threshold is BLOWUP times max(first mean, 1) = 200 per sample.
+        assert!(t.step_result(&idx, stats(4.0 * 150.0), Instant::now()).is_ok());
+        let e = t.step_result(&idx, stats(4.0 * 250.0), Instant::now()).err().expect("a blow-up").to_string();
+        assert!(e.contains("training diverged") && e.contains("100 times"), "{e}");
+        let e = t.step_result(&idx, stats(f64::NAN), Instant::now()).err().expect("NaN stops").to_string();
+        assert!(e.contains("loss = NaN"), "{e}");
+    }
+
+    #[test]
+    fn a_run_takes_every_step_of_its_epochs_and_lowers_the_loss() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = Trainer::new(tiny_face(dir.path(), "[checkpoint]\nenabled = false"), &Local).unwrap();
+        let before = t.evaluate(t.data().test.as_ref().unwrap(), 0).unwrap()["loss"];
+        let summary = t.run().unwrap();
+        assert_eq!(summary.epochs, 2);
+        assert_eq!(summary.steps, 2 * t.steps_per_epoch());
+        assert!(summary.metrics["loss"] < before, "{} against {before}", summary.metrics["loss"]);
+        assert!(dir.path().join("metrics.jsonl").exists());
+    }
+}
