@@ -34,6 +34,19 @@ pub trait EstimatorParams {
 
     /// Builds the estimator for `problem`.
     fn build(&self, problem: &Problem) -> Result<Built, Error>;
+
+    /// Whether the estimator's gradient is the softmax cross-entropy's (LDGS eq. 2), exact or
+    /// estimated, rather than another objective's or a bound's: what the collapsed skip-gram
+    /// objective (LDGS eq. 9) trains with.
+    fn estimates_softmax(&self) -> bool {
+        false
+    }
+
+    /// Whether the estimator scores the rows of W alone, so the layer must have no bias (the
+    /// index of Algorithm 1 searches W).
+    fn needs_no_bias(&self) -> bool {
+        false
+    }
 }
 
 /// The shape of the problem an estimator is built for.

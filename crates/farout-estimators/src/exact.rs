@@ -182,6 +182,10 @@ impl EstimatorParams for SoftmaxConfig {
     fn build(&self, _: &Problem) -> Result<Built, crate::Error> {
         Ok(Built { estimator: Box::new(Exact::new(Softmax)), loss: ExactLoss::Softmax, exact: true, search: None })
     }
+
+    fn estimates_softmax(&self) -> bool {
+        true
+    }
 }
 
 /// `[output] estimator = "margin"`: the exact smoothed max-margin gradient.

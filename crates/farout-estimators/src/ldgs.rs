@@ -735,6 +735,10 @@ impl EstimatorParams for LdgsConfig {
         };
         Ok(Built { estimator, loss, exact: false, search: Some(SearchShape { top, blocks }) })
     }
+
+    fn estimates_softmax(&self) -> bool {
+        EstimatorParams::loss(self).is_ok_and(|l| l.is_softmax())
+    }
 }
 
 #[cfg(test)]

@@ -223,6 +223,14 @@ impl EstimatorParams for MipsConfig {
         };
         Ok(Built { estimator, loss, exact: false, search: Some(SearchShape { top, blocks: 1 }) })
     }
+
+    fn estimates_softmax(&self) -> bool {
+        EstimatorParams::loss(self).is_ok_and(|l| l.is_softmax())
+    }
+
+    fn needs_no_bias(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -55,6 +55,25 @@ impl EstimatorConfig {
     pub fn loss(&self) -> Result<ExactLoss, Error> {
         self.params().loss()
     }
+
+    /// See [`EstimatorParams::estimates_softmax`].
+    pub fn estimates_softmax(&self) -> bool {
+        self.params().estimates_softmax()
+    }
+
+    /// See [`EstimatorParams::needs_no_bias`].
+    pub fn needs_no_bias(&self) -> bool {
+        self.params().needs_no_bias()
+    }
+
+    /// word2vec's negative-sampling parameters when this is that estimator: skip-gram trains it
+    /// lock-free, without an output layer.
+    pub fn negative_sampling(&self) -> Option<&crate::sampled::NegativeSamplingConfig> {
+        match self {
+            Self::NegativeSampling(ns) => Some(ns),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -88,5 +107,21 @@ mod tests {
         assert!(e.contains("unknown field `top`"), "{e}");
         let e = serde_json::from_value::<EstimatorConfig>(serde_json::json!({ "estimator": "lsh" })).unwrap_err();
         assert!(e.to_string().contains("ldgs"), "{e}");
+    }
+
+    #[test]
+    fn capabilities_follow_the_loss_each_estimator_trains() {
+        let config = |v: serde_json::Value| -> EstimatorConfig { serde_json::from_value(v).unwrap() };
+        for name in EstimatorConfig::NAMES {
+            let c = config(serde_json::json!({ "estimator": name }));
+            let softmax = matches!(*name, "softmax" | "sampled_softmax");
+            assert_eq!(c.estimates_softmax(), softmax, "{name}");
+            assert_eq!(c.needs_no_bias(), *name == "mips", "{name}");
+            assert_eq!(c.negative_sampling().is_some(), *name == "negative_sampling", "{name}");
+        }
+        for name in ["mips", "ldgs"] {
+            let c = config(serde_json::json!({ "estimator": name, "loss": "softmax" }));
+            assert!(c.estimates_softmax(), "{name} with the softmax loss");
+        }
     }
 }

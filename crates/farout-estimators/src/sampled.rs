@@ -333,6 +333,10 @@ impl EstimatorParams for SampledSoftmaxConfig {
         let estimator = SampledSoftmax::with_proposal(n, proposal, self.unique, self.shared_samples)?;
         Ok(Built::sampling(Box::new(estimator), ExactLoss::Softmax))
     }
+
+    fn estimates_softmax(&self) -> bool {
+        true
+    }
 }
 
 /// `[output] estimator = "negative_sampling"`.

@@ -527,8 +527,7 @@ impl Config {
         finite_at_least("train.max_seconds", self.train.max_seconds, 0.0)?;
         finite_at_least("eval.every_seconds", self.eval.every_seconds, 0.0)?;
         if self.eval.every_seconds > 0.0
-            && (self.model.encoder != EncoderKind::SkipGram
-                || matches!(out.estimator, EstimatorConfig::NegativeSampling(_)))
+            && (self.model.encoder != EncoderKind::SkipGram || out.estimator.negative_sampling().is_some())
         {
             return Err(ConfigError::key(
                 "eval.every_seconds",
@@ -537,10 +536,13 @@ impl Config {
             ));
         }
         at_least_one("train.log_every", self.train.log_every as usize)?;
-        if matches!(out.estimator, EstimatorConfig::Mips(_)) && out.layer.bias {
+        if out.estimator.needs_no_bias() && out.layer.bias {
             return Err(ConfigError::key(
                 "output.layer.bias",
-                "must be false with output.estimator = \"mips\" (the index searches W alone)",
+                format!(
+                    "must be false with output.estimator = {:?} (the index searches W alone)",
+                    out.estimator.name()
+                ),
             ));
         }
         if self.model.encoder == EncoderKind::DocEncoder

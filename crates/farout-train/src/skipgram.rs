@@ -15,7 +15,7 @@ use crate::{Error, io_err as io};
 use farout_core::{AliasTable, Matrix};
 use farout_data::corpus::Vocab;
 use farout_data::synth_text::TextGenSpec;
-use farout_estimators::{EstimatorConfig, NegativeSamplingConfig};
+use farout_estimators::NegativeSamplingConfig;
 use farout_layer::OutputLayer;
 use farout_skipgram::batch::{BatchJob, InputTable};
 use farout_skipgram::collapsed::{Cooccurrence, GdJob, SoftmaxPart};
@@ -250,7 +250,7 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
         (sg.ngrams().enabled(), "model.skip_gram.maxn", "subwords (maxn > 0) train", " or maxn = 0"),
     ];
     for (used, key, what, or) in ns_only {
-        if used && !matches!(out.estimator, EstimatorConfig::NegativeSampling(_)) {
+        if used && out.estimator.negative_sampling().is_none() {
             let found = out.estimator.name();
             return Err(ConfigError::key(
                 key,
@@ -261,12 +261,7 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
             ));
         }
     }
-    let softmax = match &out.estimator {
-        EstimatorConfig::Softmax(_) | EstimatorConfig::SampledSoftmax(_) => true,
-        EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_) => out.estimator.loss().is_ok_and(|l| l.is_softmax()),
-        _ => false,
-    };
-    if config.model.skip_gram.objective == farout_skipgram::Objective::Collapsed && !softmax {
+    if config.model.skip_gram.objective == farout_skipgram::Objective::Collapsed && !out.estimator.estimates_softmax() {
         return Err(ConfigError::key(
             "output.estimator",
             format!(
@@ -274,11 +269,7 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
                      \"ldgs\" with output.loss = \"softmax\" (GD-MIPS, GD-Decomp-MIPS) or \"sampled_softmax\" \
                      (found {:?}{})",
                 out.estimator.name(),
-                if matches!(out.estimator, EstimatorConfig::Mips(_) | EstimatorConfig::Ldgs(_)) {
-                    " with the margin loss"
-                } else {
-                    ""
-                }
+                if out.estimator.loss().is_ok_and(|l| !l.is_softmax()) { " with the margin loss" } else { "" }
             ),
         ));
     }
@@ -719,10 +710,7 @@ struct Plan {
 
 impl Plan {
     fn of(config: &Config, trained_seconds: f64) -> Self {
-        let ns = match &config.output.estimator {
-            EstimatorConfig::NegativeSampling(ns) => Some(ns.clone()),
-            _ => None,
-        };
+        let ns = config.output.estimator.negative_sampling().cloned();
         let ns_only = ns.is_some();
         let epochs = config.train.epochs;
         let ns_epochs = if ns_only { epochs } else { config.model.skip_gram.ns_warmup_epochs.min(epochs) };
@@ -828,7 +816,8 @@ fn train_through_layer(
                 cooc.bytes() as f64 / 1e6,
                 t0.elapsed().as_secs_f64()
             );
-            let (name, softmax) = if matches!(out.estimator, EstimatorConfig::Softmax(_)) {
+            // The exact softmax is GD; any other softmax estimator estimates its part.
+            let (name, softmax) = if built.exact {
                 ("gd".to_string(), SoftmaxPart::Exact)
             } else {
                 (format!("gd_{}", built.estimator.name()), SoftmaxPart::Estimated(built.estimator.as_ref()))
