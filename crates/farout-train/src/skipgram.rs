@@ -752,6 +752,51 @@ fn train_negative_sampling(session: &Session, plan: &Plan, corpus: &Path, emb: &
     Ok(stopped)
 }
 
+/// The output layer of phase 2 (the output vectors, or on resume the checkpoint's layer), its
+/// estimator and index, and the input table with its optimiser state (restored on resume):
+/// `k` words, `counts` their frequencies for proposals that need them.
+fn open_layer(
+    config: &Config,
+    k: usize,
+    counts: &dyn Fn() -> Vec<u64>,
+    resume: bool,
+    emb: &mut Embeddings,
+) -> Result<(OutputLayer, farout_estimators::Built, InputTable), Error> {
+    let (sg, out, ck_dir) = (&config.model.skip_gram, &config.output, config.checkpoint_dir());
+    let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
+    let layer_file = ck_dir.join("layer.bin");
+    if resume && layer_file.exists() {
+        layer.load(&layer_file)?;
+    } else {
+        layer.set_weights(emb.output.clone())?;
+    }
+    let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: counts };
+    let built = crate::estimators::build(config, &problem)?.built;
+    crate::estimators::attach_index(&mut layer, &built, config, k, 1)?;
+    let mut input = InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
+    let accum_file = ck_dir.join("input_optimizer.bin");
+    if resume && accum_file.exists() {
+        read_f32_file(&accum_file, input.optimizer.accum_mut())?;
+        input.optimizer.set_step(layer.step());
+    }
+    Ok((layer, built, input))
+}
+
+/// The corpus's (context, centre) pairs counted once for the collapsed objective (eq. 9).
+fn count_cooccurrences(config: &Config, corpus: &Path, vocab: &Vocab) -> Result<Cooccurrence, Error> {
+    let t0 = Instant::now();
+    let window = config.model.skip_gram.window;
+    let cooc = Cooccurrence::count(corpus, &config.data.text, vocab, window, config.seed, threads(config))?;
+    log::info!(
+        "co-occurrences: {} pairs, {} distinct, {:.0} MB, {:.1} s",
+        cooc.pairs,
+        cooc.distinct(),
+        cooc.bytes() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(cooc)
+}
+
 /// Phase 2: the configured estimator on minibatches through the output layer, per pair or on
 /// the collapsed objective. Returns the estimator's name as the summary reports it.
 fn train_through_layer(
@@ -762,25 +807,8 @@ fn train_through_layer(
     emb: &mut Embeddings,
 ) -> Result<String, Error> {
     let (config, vocab) = (session.config, session.vocab);
-    let (sg, out, ck_dir) = (&config.model.skip_gram, &config.output, config.checkpoint_dir());
-    let k = vocab.len();
-    let mut layer = OutputLayer::new(k, sg.dim, &out.layer, &out.optimizer, config.seed)?;
-    let layer_file = ck_dir.join("layer.bin");
-    if resume && layer_file.exists() {
-        layer.load(&layer_file)?;
-    } else {
-        layer.set_weights(emb.output.clone())?;
-    }
-    let counts = || vocab.counts().to_vec();
-    let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: &counts };
-    let built = crate::estimators::build(config, &problem)?.built;
-    crate::estimators::attach_index(&mut layer, &built, config, k, 1)?;
-    let mut input = InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
-    let accum_file = ck_dir.join("input_optimizer.bin");
-    if resume && accum_file.exists() {
-        read_f32_file(&accum_file, input.optimizer.accum_mut())?;
-        input.optimizer.set_step(layer.step());
-    }
+    let sg = &config.model.skip_gram;
+    let (mut layer, built, mut input) = open_layer(config, vocab.len(), &|| vocab.counts().to_vec(), resume, emb)?;
     let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
         Ok(session.end_epoch(s, &input.vectors, layer.weights(), |tmp| {
             layer.save(&tmp.join("layer.bin"))?;
@@ -807,15 +835,7 @@ fn train_through_layer(
             (built.estimator.name().to_string(), run)
         }
         Objective::Collapsed => {
-            let t0 = Instant::now();
-            let cooc = Cooccurrence::count(corpus, &config.data.text, vocab, sg.window, config.seed, threads(config))?;
-            log::info!(
-                "co-occurrences: {} pairs, {} distinct, {:.0} MB, {:.1} s",
-                cooc.pairs,
-                cooc.distinct(),
-                cooc.bytes() as f64 / 1e6,
-                t0.elapsed().as_secs_f64()
-            );
+            let cooc = count_cooccurrences(config, corpus, vocab)?;
             // The exact softmax is GD; any other softmax estimator estimates its part.
             let (name, softmax) = if built.exact {
                 ("gd".to_string(), SoftmaxPart::Exact)
