@@ -36,25 +36,68 @@ pub use sparse::{SparseGrad, SparseVec};
 pub type ClassId = u32;
 
 /// A plug-in's parameter outside its valid range: the key (relative to the plug-in's config
-/// section, e.g. `top` in `[output]`), the value given and what is allowed. The config edge
-/// prefixes the section once ([`ParamError::key_and_message`]).
-#[derive(Debug, thiserror::Error)]
-#[error("invalid parameter `{name}` = {value}: {reason}")]
+/// section, e.g. `top` in `[output]`, or nested, e.g. `optimizer.lr` in `[model.doc_encoder]`),
+/// the value given and what is allowed. The config edge prefixes the section once
+/// ([`ParamError::key_and_message`], [`ParamError::under`]).
+///
+/// Every crate's `check` of its config section returns this one type, built with
+/// [`ParamError::new`] (`key = value` and what is allowed) or [`ParamError::message`] (a message
+/// that says all, e.g. when the value alone is not the point).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParamError {
     /// Parameter name as in the config, relative to its section.
-    pub name: &'static str,
-    /// The value given.
-    pub value: String,
-    /// What is allowed.
-    pub reason: &'static str,
+    pub name: std::borrow::Cow<'static, str>,
+    /// The value given (`None`: [`ParamError::reason`] is the whole message).
+    pub value: Option<String>,
+    /// What is allowed (or, without a value, what is wrong).
+    pub reason: std::borrow::Cow<'static, str>,
 }
 
 impl ParamError {
-    /// The key the error is about and what is wrong with it (`" = 0 must be > 0"`).
-    pub fn key_and_message(&self) -> (&'static str, String) {
-        (self.name, format!(" = {} {}", self.value, self.reason))
+    /// Parameter `name` has `value`, and `reason` says what is allowed (`"must be > 0"`).
+    pub fn new(
+        name: impl Into<std::borrow::Cow<'static, str>>,
+        value: impl std::fmt::Display,
+        reason: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
+        Self { name: name.into(), value: Some(value.to_string()), reason: reason.into() }
+    }
+
+    /// Parameter `name` is wrong as `message` says (the message names the value if it matters).
+    pub fn message(
+        name: impl Into<std::borrow::Cow<'static, str>>,
+        message: impl Into<std::borrow::Cow<'static, str>>,
+    ) -> Self {
+        Self { name: name.into(), value: None, reason: message.into() }
+    }
+
+    /// The same error with its key nested under `prefix` (`lr` under `optimizer`:
+    /// `optimizer.lr`).
+    pub fn under(mut self, prefix: &str) -> Self {
+        self.name = format!("{prefix}.{}", self.name).into();
+        self
+    }
+
+    /// The key the error is about and what is wrong with it: `" = 0 must be > 0"` with a value
+    /// (the config edge writes ``key `top` = 0 must be > 0``), the message alone without.
+    pub fn key_and_message(&self) -> (&str, String) {
+        match &self.value {
+            Some(value) => (&self.name, format!(" = {value} {}", self.reason)),
+            None => (&self.name, self.reason.to_string()),
+        }
     }
 }
+
+impl std::fmt::Display for ParamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.value {
+            Some(value) => write!(f, "invalid parameter `{}` = {value}: {}", self.name, self.reason),
+            None => write!(f, "invalid `{}`: {}", self.name, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for ParamError {}
 
 /// Errors of the core kernels: shape mismatches between operands.
 #[derive(Debug, thiserror::Error)]
@@ -68,4 +111,21 @@ pub enum Error {
         /// The shapes that did not fit.
         detail: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParamError;
+
+    #[test]
+    fn param_error_renders_as_before() {
+        let e = ParamError::new("top", 0, "must be > 0");
+        assert_eq!(e.to_string(), "invalid parameter `top` = 0: must be > 0");
+        assert_eq!(e.key_and_message(), ("top", " = 0 must be > 0".to_string()));
+        let e = ParamError::message("d_model", "must be > 0");
+        assert_eq!(e.to_string(), "invalid `d_model`: must be > 0");
+        assert_eq!(e.key_and_message(), ("d_model", "must be > 0".to_string()));
+        let e = ParamError::new("lr", 0, "must be a finite number > 0").under("optimizer");
+        assert_eq!(e.key_and_message(), ("optimizer.lr", " = 0 must be a finite number > 0".to_string()));
+    }
 }

@@ -732,7 +732,7 @@ macro_rules! negatives_config {
         pub struct $name(pub Negatives);
 
         impl EstimatorParams for $name {
-            fn check(&self) -> Result<(), crate::Error> {
+            fn check(&self) -> Result<(), farout_core::ParamError> {
                 self.0.check()
             }
 

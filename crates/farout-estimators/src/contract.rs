@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 /// What an estimator's parameters can do: check themselves and build the estimator.
 pub trait EstimatorParams {
     /// Checks what serde cannot (ranges); errors name the key relative to `[output]`.
-    fn check(&self) -> Result<(), Error>;
+    fn check(&self) -> Result<(), farout_core::ParamError>;
 
     /// The exact loss the estimator computes or approximates (its evaluation loss and the
     /// reference of its gradient).
@@ -157,13 +157,9 @@ impl Default for Negatives {
 
 impl Negatives {
     /// Checks `sample_fraction` (in (0, 1]).
-    pub fn check(&self) -> Result<(), Error> {
+    pub fn check(&self) -> Result<(), farout_core::ParamError> {
         if !(self.sample_fraction > 0.0 && self.sample_fraction <= 1.0) {
-            return Err(Error::Param(farout_core::ParamError {
-                name: "sample_fraction",
-                value: self.sample_fraction.to_string(),
-                reason: "must be in (0, 1]",
-            }));
+            return Err(farout_core::ParamError::new("sample_fraction", self.sample_fraction, "must be in (0, 1]"));
         }
         Ok(())
     }
@@ -173,11 +169,11 @@ impl Negatives {
     /// than the exact loss and estimates it worse.
     pub fn count(&self, n_classes: usize) -> Result<usize, Error> {
         if self.n_samples >= n_classes.max(2) {
-            return Err(Error::Param(farout_core::ParamError {
-                name: "n_samples",
-                value: format!("{} (K = {n_classes} classes)", self.n_samples),
-                reason: "must be smaller than K; with that many negatives use the exact estimator \"softmax\"",
-            }));
+            return Err(Error::Param(farout_core::ParamError::new(
+                "n_samples",
+                format!("{} (K = {n_classes} classes)", self.n_samples),
+                "must be smaller than K; with that many negatives use the exact estimator \"softmax\"",
+            )));
         }
         Ok(if self.n_samples > 0 {
             self.n_samples

@@ -171,7 +171,7 @@ impl ExactLoss {
 }
 
 impl EstimatorParams for SoftmaxConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         Ok(())
     }
 
@@ -203,8 +203,9 @@ impl Default for MarginConfig {
 }
 
 impl EstimatorParams for MarginConfig {
-    fn check(&self) -> Result<(), crate::Error> {
-        self.loss().map(|_| ())
+    fn check(&self) -> Result<(), farout_core::ParamError> {
+        self.loss()?;
+        Ok(())
     }
 
     fn loss(&self) -> Result<ExactLoss, crate::Error> {

@@ -367,11 +367,7 @@ impl<L: Loss> Ldgs<L> {
     ) -> Result<Self, crate::Error> {
         crate::at_least_one("top", top, "must retrieve at least one class")?;
         if !(tau2 >= 0.0) {
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "tau2",
-                value: tau2.to_string(),
-                reason: "must be >= 0",
-            }));
+            return Err(crate::Error::Param(farout_core::ParamError::new("tau2", tau2, "must be >= 0")));
         }
         Ok(Self { loss, top, iterations, tau2, rescore, active })
     }
@@ -702,15 +698,12 @@ impl LdgsConfig {
 }
 
 impl EstimatorParams for LdgsConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         if !(self.tau2 >= 0.0) {
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "tau2",
-                value: self.tau2.to_string(),
-                reason: "must be >= 0",
-            }));
+            return Err(farout_core::ParamError::new("tau2", self.tau2, "must be >= 0"));
         }
-        self.loss().map(|_| ())
+        self.loss()?;
+        Ok(())
     }
 
     fn loss(&self) -> Result<ExactLoss, crate::Error> {
@@ -722,11 +715,11 @@ impl EstimatorParams for LdgsConfig {
         let top = self.top_for(problem.n_classes);
         let blocks = self.blocks_for(problem.dim);
         if !problem.dim.is_multiple_of(blocks) {
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "blocks",
-                value: blocks.to_string(),
-                reason: "must divide the feature dimension D",
-            }));
+            return Err(crate::Error::Param(farout_core::ParamError::new(
+                "blocks",
+                blocks,
+                "must divide the feature dimension D",
+            )));
         }
         let (t, a, tau2, r) = (self.iterations, self.active_set, self.tau2, self.rescore);
         let estimator: Box<dyn GradientEstimator> = match loss {

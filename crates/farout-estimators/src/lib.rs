@@ -91,9 +91,17 @@ pub enum Error {
     Param(#[from] farout_core::ParamError),
 }
 
+impl From<Error> for farout_core::ParamError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Param(e) => e,
+        }
+    }
+}
+
 impl Error {
     /// The config key the error is about (relative to `[output]`) and what is wrong with it.
-    pub fn key_and_message(&self) -> (&'static str, String) {
+    pub fn key_and_message(&self) -> (&str, String) {
         match self {
             Error::Param(e) => e.key_and_message(),
         }
@@ -103,7 +111,7 @@ impl Error {
 /// Rejects a zero for a count that must be at least one (`name` as in the config).
 pub(crate) fn at_least_one(name: &'static str, n: usize, reason: &'static str) -> Result<(), Error> {
     if n == 0 {
-        return Err(Error::Param(farout_core::ParamError { name, value: "0".into(), reason }));
+        return Err(Error::Param(farout_core::ParamError::new(name, 0, reason)));
     }
     Ok(())
 }

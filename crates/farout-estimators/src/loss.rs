@@ -247,11 +247,7 @@ impl SmoothedMargin {
     /// The loss with smoothing `mu` (> 0).
     pub fn new(mu: f32) -> Result<Self, crate::Error> {
         if !(mu > 0.0 && mu.is_finite()) {
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "mu",
-                value: mu.to_string(),
-                reason: "must be a finite number > 0",
-            }));
+            return Err(crate::Error::Param(farout_core::ParamError::new("mu", mu, "must be a finite number > 0")));
         }
         Ok(Self { mu })
     }

@@ -206,8 +206,9 @@ pub(crate) fn search_top(top: usize, n_classes: usize) -> usize {
 }
 
 impl EstimatorParams for MipsConfig {
-    fn check(&self) -> Result<(), crate::Error> {
-        self.loss().map(|_| ())
+    fn check(&self) -> Result<(), farout_core::ParamError> {
+        self.loss()?;
+        Ok(())
     }
 
     fn loss(&self) -> Result<ExactLoss, crate::Error> {

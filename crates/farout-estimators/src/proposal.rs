@@ -88,11 +88,11 @@ impl Proposal {
     /// Checks that the proposal covers `k` classes.
     pub fn check(&self, k: usize) -> Result<(), crate::Error> {
         match self {
-            Proposal::Unigram(t) if t.len() != k => Err(crate::Error::Param(farout_core::ParamError {
-                name: "proposal",
-                value: format!("unigram over {} classes", t.len()),
-                reason: "the counts must cover every class of the layer",
-            })),
+            Proposal::Unigram(t) if t.len() != k => Err(crate::Error::Param(farout_core::ParamError::new(
+                "proposal",
+                format!("unigram over {} classes", t.len()),
+                "the counts must cover every class of the layer",
+            ))),
             _ => Ok(()),
         }
     }
@@ -116,13 +116,9 @@ impl ProposalKind {
         let proposal = match self {
             Self::Uniform => Proposal::Uniform,
             Self::LogUniform => Proposal::LogUniform,
-            Self::Unigram => {
-                Proposal::unigram(&counts(), alpha).ok_or(crate::Error::Param(farout_core::ParamError {
-                    name: "proposal",
-                    value: "\"unigram\"".into(),
-                    reason: "the training set has no labels to count",
-                }))?
-            }
+            Self::Unigram => Proposal::unigram(&counts(), alpha).ok_or(crate::Error::Param(
+                farout_core::ParamError::new("proposal", "\"unigram\"", "the training set has no labels to count"),
+            ))?,
         };
         proposal.check(k)?;
         Ok(proposal)
@@ -130,13 +126,9 @@ impl ProposalKind {
 }
 
 /// Checks the unigram exponent `alpha` (finite, >= 0).
-pub(crate) fn check_alpha(alpha: f64) -> Result<(), crate::Error> {
+pub(crate) fn check_alpha(alpha: f64) -> Result<(), farout_core::ParamError> {
     if !(alpha >= 0.0 && alpha.is_finite()) {
-        return Err(crate::Error::Param(farout_core::ParamError {
-            name: "alpha",
-            value: alpha.to_string(),
-            reason: "must be a finite number >= 0",
-        }));
+        return Err(farout_core::ParamError::new("alpha", alpha, "must be a finite number >= 0"));
     }
     Ok(())
 }

@@ -41,9 +41,10 @@ farout_core::plugin_registry! {
 
 impl EstimatorConfig {
     /// Checks the parameters (errors name the key relative to `[output]`).
-    pub fn check(&self) -> Result<(), Error> {
+    pub fn check(&self) -> Result<(), farout_core::ParamError> {
         self.params().check()?;
-        self.params().loss().map(|_| ())
+        self.params().loss()?;
+        Ok(())
     }
 
     /// Builds the estimator for `problem`.

@@ -317,7 +317,7 @@ impl SampledSoftmaxConfig {
 }
 
 impl EstimatorParams for SampledSoftmaxConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         self.negatives().check()?;
         check_alpha(self.alpha)
     }
@@ -366,7 +366,7 @@ impl Default for NegativeSamplingConfig {
 }
 
 impl EstimatorParams for NegativeSamplingConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.check()?;
         check_alpha(self.alpha)
     }

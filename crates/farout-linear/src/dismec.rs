@@ -88,25 +88,25 @@ impl Default for DismecConfig {
     }
 }
 
-fn bad(name: &'static str, value: impl std::fmt::Display, reason: &'static str) -> ParamError {
-    ParamError { name, value: value.to_string(), reason }
-}
-
 impl DismecConfig {
     /// Checks every value; the error names the key (`c`, relative to `[linear]`) and what is
     /// allowed.
     pub fn check(&self) -> std::result::Result<(), ParamError> {
         if !(self.c > 0.0 && self.c.is_finite()) {
-            return Err(bad("c", self.c, "must be a finite number > 0"));
+            return Err(ParamError::new("c", self.c, "must be a finite number > 0"));
         }
         if !(self.eps0 > 0.0 && self.eps0.is_finite()) {
-            return Err(bad("eps0", self.eps0, "must be a finite number > 0 (0.01 for sparse, 1 for dense features)"));
+            return Err(ParamError::new(
+                "eps0",
+                self.eps0,
+                "must be a finite number > 0 (0.01 for sparse, 1 for dense features)",
+            ));
         }
         if self.max_iter == 0 {
-            return Err(bad("max_iter", self.max_iter, "must be an integer >= 1"));
+            return Err(ParamError::new("max_iter", self.max_iter, "must be an integer >= 1"));
         }
         if !(self.prune_threshold >= 0.0 && self.prune_threshold.is_finite()) {
-            return Err(bad(
+            return Err(ParamError::new(
                 "prune_threshold",
                 self.prune_threshold,
                 "must be a finite number >= 0 (0 keeps every weight)",
@@ -116,22 +116,30 @@ impl DismecConfig {
             InitKind::Zero => {}
             InitKind::Bias => {
                 if !self.bias {
-                    return Err(bad(
+                    return Err(ParamError::new(
                         "init",
                         "\"bias\" with bias = false",
                         "must be \"zero\" or \"msi\" when bias = false",
                     ));
                 }
                 if !(self.bias_init > 0.0 && self.bias_init.is_finite()) {
-                    return Err(bad("bias_init", self.bias_init, "must be a finite number > 0 (0.9, 1 or 2 in [M])"));
+                    return Err(ParamError::new(
+                        "bias_init",
+                        self.bias_init,
+                        "must be a finite number > 0 (0.9, 1 or 2 in [M])",
+                    ));
                 }
             }
             InitKind::Msi => {
                 if !self.msi_s.is_finite() {
-                    return Err(bad("msi_s", self.msi_s, "must be a finite number greater than msi_t"));
+                    return Err(ParamError::new("msi_s", self.msi_s, "must be a finite number greater than msi_t"));
                 }
                 if !(self.msi_t.is_finite() && self.msi_t < self.msi_s) {
-                    return Err(bad("msi_t", self.msi_t, "must be a finite number less than msi_s (-2 in [M])"));
+                    return Err(ParamError::new(
+                        "msi_t",
+                        self.msi_t,
+                        "must be a finite number less than msi_s (-2 in [M])",
+                    ));
                 }
             }
         }

@@ -162,10 +162,6 @@ impl Default for MemoirConfig {
     }
 }
 
-fn bad(name: &'static str, value: impl std::fmt::Display, reason: &'static str) -> ParamError {
-    ParamError { name, value: value.to_string(), reason }
-}
-
 /// The `[linear]` key of an index parameter (keys of farout-search are relative to `[index]`).
 fn oracle_key(name: &str) -> &'static str {
     match name {
@@ -196,33 +192,37 @@ impl MemoirConfig {
     /// Checks every value; the error names the key relative to `[linear]`.
     pub fn check(&self) -> std::result::Result<(), ParamError> {
         if !(self.eta0 > 0.0 && self.eta0.is_finite()) {
-            return Err(bad("eta0", self.eta0, "must be a finite number > 0 (0.1 in [E])"));
+            return Err(ParamError::new("eta0", self.eta0, "must be a finite number > 0 (0.1 in [E])"));
         }
         if !(self.eta_step >= 0.0 && self.eta_step.is_finite()) {
-            return Err(bad("eta_step", self.eta_step, "must be a finite number >= 0 (0.02 in [E])"));
+            return Err(ParamError::new("eta_step", self.eta_step, "must be a finite number >= 0 (0.02 in [E])"));
         }
         if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(bad("lambda", self.lambda, "must be a finite number >= 0 (0 = 1 for l2, 1e-6 for l1)"));
+            return Err(ParamError::new(
+                "lambda",
+                self.lambda,
+                "must be a finite number >= 0 (0 = 1 for l2, 1e-6 for l1)",
+            ));
         }
         if self.variant == Variant::L2 && self.effective_lambda() * self.eta0 > 1.0 {
-            return Err(bad(
+            return Err(ParamError::new(
                 "eta0",
                 self.eta0,
                 "must be at most 1/lambda for l2 (the step scales W by 1 - lambda·eta)",
             ));
         }
         if self.epochs == 0 && self.batches == 0 {
-            return Err(bad("batches", self.batches, "must be >= 1 when epochs = 0"));
+            return Err(ParamError::new("batches", self.batches, "must be >= 1 when epochs = 0"));
         }
         if !(self.rebuild_fraction >= 0.0 && self.rebuild_fraction.is_finite()) {
-            return Err(bad("rebuild_fraction", self.rebuild_fraction, "must be a finite number >= 0"));
+            return Err(ParamError::new("rebuild_fraction", self.rebuild_fraction, "must be a finite number >= 0"));
         }
         if !(self.prune_threshold >= 0.0 && self.prune_threshold.is_finite()) {
-            return Err(bad("prune_threshold", self.prune_threshold, "must be a finite number >= 0"));
+            return Err(ParamError::new("prune_threshold", self.prune_threshold, "must be a finite number >= 0"));
         }
-        self.oracle.check().map_err(|e| {
-            let farout_search::Error::Param(p) = e else { return bad("oracle", "?", "must be a valid index") };
-            ParamError { name: oracle_key(p.name), value: p.value, reason: p.reason }
+        self.oracle.check().map_err(|mut p| {
+            p.name = oracle_key(&p.name).into();
+            p
         })
     }
 }

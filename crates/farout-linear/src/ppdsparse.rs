@@ -187,40 +187,36 @@ impl Default for PpdSparseConfig {
     }
 }
 
-fn bad(name: &'static str, value: impl std::fmt::Display, reason: &'static str) -> ParamError {
-    ParamError { name, value: value.to_string(), reason }
-}
-
 impl PpdSparseConfig {
     /// Checks every value; the error names the key (relative to `[linear]`) and what is allowed.
     pub fn check(&self) -> std::result::Result<(), ParamError> {
         if !(self.lambda >= 0.0 && self.lambda.is_finite()) {
-            return Err(bad("lambda", self.lambda, "must be a finite number >= 0 (0.01, 0.1 or 1 in [P])"));
+            return Err(ParamError::new("lambda", self.lambda, "must be a finite number >= 0 (0.01, 0.1 or 1 in [P])"));
         }
         if !(self.tau > 0.0 && self.tau.is_finite()) {
-            return Err(bad("tau", self.tau, "must be a finite number > 0 (0.1, 1 or 10 in [P])"));
+            return Err(ParamError::new("tau", self.tau, "must be a finite number > 0 (0.1, 1 or 10 in [P])"));
         }
         if self.max_iter == 0 {
-            return Err(bad("max_iter", self.max_iter, "must be an integer >= 1"));
+            return Err(ParamError::new("max_iter", self.max_iter, "must be an integer >= 1"));
         }
         if self.inner_sweeps == 0 {
-            return Err(bad("inner_sweeps", self.inner_sweeps, "must be an integer >= 1"));
+            return Err(ParamError::new("inner_sweeps", self.inner_sweeps, "must be an integer >= 1"));
         }
         if !(self.delta >= 0.0 && self.delta.is_finite()) {
-            return Err(bad("delta", self.delta, "must be a finite number >= 0 (0 searches exactly)"));
+            return Err(ParamError::new("delta", self.delta, "must be a finite number >= 0 (0 searches exactly)"));
         }
         if !(self.column_threshold >= 0.0 && self.column_threshold.is_finite()) {
-            return Err(bad(
+            return Err(ParamError::new(
                 "column_threshold",
                 self.column_threshold,
                 "must be a finite number >= 0 (0 walks every entry)",
             ));
         }
         if !(self.tol > 0.0 && self.tol.is_finite()) {
-            return Err(bad("tol", self.tol, "must be a finite number > 0"));
+            return Err(ParamError::new("tol", self.tol, "must be a finite number > 0"));
         }
         if !(self.prune_threshold >= 0.0 && self.prune_threshold.is_finite()) {
-            return Err(bad(
+            return Err(ParamError::new(
                 "prune_threshold",
                 self.prune_threshold,
                 "must be a finite number >= 0 (0 keeps every weight)",

@@ -67,7 +67,7 @@ impl AutoConfig {
 }
 
 impl crate::IndexParams for AutoConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         crate::IndexParams::check(&self.spherical())
     }
 

@@ -59,7 +59,7 @@ impl Default for FlatInt8Config {
 }
 
 impl crate::IndexParams for FlatInt8Config {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         crate::finite_at_least("rescore", self.rescore, 1.0)
     }
 

@@ -337,14 +337,10 @@ impl MipsIndex for HammingIndex {
 }
 
 impl crate::IndexParams for HammingConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         if self.bits == 0 || !self.bits.is_multiple_of(64) || self.bits > 512 {
             let reason = "must be a multiple of 64 from 64 to 512";
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "bits",
-                value: self.bits.to_string(),
-                reason,
-            }));
+            return Err(farout_core::ParamError::new("bits", self.bits, reason));
         }
         crate::finite_at_least("candidate_factor", self.candidate_factor, 1.0)?;
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)

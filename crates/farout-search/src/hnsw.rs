@@ -173,18 +173,14 @@ impl MipsIndex for HnswIndex {
 }
 
 impl crate::IndexParams for HnswConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         crate::count_in("max_connections", self.max_connections, 2..=256, "must be in 2..=256 (hnsw_rs's range)")?;
         crate::count_in("ef_construction", self.ef_construction, 1..=usize::MAX, "must be > 0")?;
         crate::finite_at_least("candidate_factor", self.candidate_factor, 1.0)?;
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
         if !(self.stale_fraction > 0.0 && self.stale_fraction.is_finite()) {
             let value = self.stale_fraction.to_string();
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "stale_fraction",
-                value,
-                reason: "must be a finite number > 0",
-            }));
+            return Err(farout_core::ParamError::new("stale_fraction", value, "must be a finite number > 0"));
         }
         Ok(())
     }

@@ -60,7 +60,7 @@ pub enum Error {
 
 impl Error {
     /// The config key the error is about (relative to `[index]`) and what is wrong with it.
-    pub fn key_and_message(&self) -> (&'static str, String) {
+    pub fn key_and_message(&self) -> (&str, String) {
         match self {
             Error::Param(e) => e.key_and_message(),
         }
@@ -91,13 +91,13 @@ pub(crate) fn group_rows(
 }
 
 /// Rejects `value` of parameter `name` unless it is a finite number at least `min`.
-pub(crate) fn finite_at_least(name: &'static str, value: f32, min: f32) -> Result<(), Error> {
+pub(crate) fn finite_at_least(name: &'static str, value: f32, min: f32) -> Result<(), farout_core::ParamError> {
     if value.is_finite() && value >= min {
         return Ok(());
     }
     let reason = if min == 0.0 { "must be a finite number >= 0" } else { "must be a finite number >= 1" };
     debug_assert!(min == 0.0 || min == 1.0, "add a reason for min = {min}");
-    Err(Error::Param(farout_core::ParamError { name, value: value.to_string(), reason }))
+    Err(farout_core::ParamError::new(name, value, reason))
 }
 
 /// Rejects `value` of count parameter `name` outside `range`, explained by `reason`.
@@ -106,12 +106,8 @@ pub(crate) fn count_in(
     value: usize,
     range: std::ops::RangeInclusive<usize>,
     reason: &'static str,
-) -> Result<(), Error> {
-    if range.contains(&value) {
-        Ok(())
-    } else {
-        Err(Error::Param(farout_core::ParamError { name, value: value.to_string(), reason }))
-    }
+) -> Result<(), farout_core::ParamError> {
+    if range.contains(&value) { Ok(()) } else { Err(farout_core::ParamError::new(name, value, reason)) }
 }
 
 /// Top-k maximum inner product search over the rows of a matrix `W` that changes during
@@ -282,7 +278,7 @@ fn overlap_one(found: &[Hit], exact: &[Hit], seen: &mut Vec<ClassId>) -> f64 {
 pub trait IndexParams {
     /// Checks every parameter against its range; the error names the key (relative to
     /// `[index]`) and what is allowed. Configs are checked once, when they are loaded.
-    fn check(&self) -> Result<(), Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         Ok(())
     }
 
@@ -318,7 +314,7 @@ impl Default for IndexConfig {
 
 impl IndexConfig {
     /// Checks the index's parameters (see [`IndexParams::check`]).
-    pub fn check(&self) -> Result<(), Error> {
+    pub fn check(&self) -> Result<(), farout_core::ParamError> {
         self.params().check()
     }
 

@@ -249,7 +249,7 @@ impl MipsIndex for SimpleLshIndex {
 }
 
 impl crate::IndexParams for SimpleLshConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         crate::count_in("tables", self.tables, 1..=usize::MAX, "must be > 0")?;
         crate::count_in("bits", self.bits, 0..=31, "must be in 0..=31 (0 = about log2(K / 32))")?;
         crate::finite_at_least("candidate_factor", self.candidate_factor, 1.0)?;

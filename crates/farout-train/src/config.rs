@@ -405,16 +405,12 @@ impl ConfigError {
         Self::Key { key: key.into(), msg: msg.into() }
     }
 
-    /// The error of an estimator parameter of section `section` (`output`).
-    pub(crate) fn param(section: &str, e: farout_estimators::Error) -> Self {
+    /// The error of a parameter of section `section` (`output`, `index`, `linear`,
+    /// `model.doc_encoder`; `""` when the key is already a full path): every plug-in's and
+    /// section's `check` names its key relative to its section, and this prefixes it once.
+    pub(crate) fn param(section: &str, e: farout_core::ParamError) -> Self {
         let (key, msg) = e.key_and_message();
-        Self::key(format!("{section}.{key}"), msg)
-    }
-
-    /// The error of an `[index]` parameter.
-    pub(crate) fn index_param(e: farout_search::Error) -> Self {
-        let (key, msg) = e.key_and_message();
-        Self::key(format!("index.{key}"), msg)
+        if section.is_empty() { Self::key(key, msg) } else { Self::key(format!("{section}.{key}"), msg) }
     }
 }
 
@@ -551,7 +547,7 @@ impl Config {
             return Err(ConfigError::key(format!("model.doc_encoder.{key}"), msg));
         }
         at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
-        self.index.index.check().map_err(ConfigError::index_param)?;
+        self.index.index.check().map_err(|e| ConfigError::param("index", e))?;
         for (key, optimizer) in
             [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]
         {
@@ -710,7 +706,7 @@ pub fn index_from_settings(settings: &[String]) -> Result<IndexConfig, ConfigErr
         index: IndexSection,
     }
     let index = section_from_settings::<Only>("index", settings)?.index.index;
-    index.check().map_err(ConfigError::index_param)?;
+    index.check().map_err(|e| ConfigError::param("index", e))?;
     Ok(index)
 }
 

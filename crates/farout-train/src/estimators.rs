@@ -17,7 +17,7 @@ pub struct RunEstimator {
 /// Builds the estimator of `config.output` for `problem`; errors name the `[output]` key.
 pub fn build(config: &Config, problem: &Problem) -> Result<RunEstimator, Error> {
     let out = &config.output;
-    let key = |e| Error::Key(ConfigError::param("output", e));
+    let key = |e: farout_estimators::Error| Error::Key(ConfigError::param("output", e.into()));
     let built = out.estimator.build(problem).map_err(key)?;
     let warmup: Option<Box<dyn GradientEstimator>> = if out.warmup_steps > 0 {
         let n = if out.warmup_samples > 0 { out.warmup_samples } else { (problem.n_classes / 100).max(1) };

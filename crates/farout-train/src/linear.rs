@@ -48,10 +48,7 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
     let Some(solver) = &config.linear else {
         return Err(ConfigError::key("linear", "a linear config names its solver: [linear] solver = \"dismec\""));
     };
-    solver.params().check().map_err(|e| {
-        let (key, msg) = e.key_and_message();
-        ConfigError::key(format!("linear.{key}"), msg)
-    })?;
+    solver.params().check().map_err(|e| ConfigError::param("linear", e))?;
     if config.data.format == crate::config::DataFormat::Text {
         return Err(ConfigError::key(
             "data.format",

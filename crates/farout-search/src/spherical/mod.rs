@@ -274,29 +274,21 @@ impl MipsIndex for SphericalIndex {
 }
 
 impl crate::IndexParams for SphericalConfig {
-    fn check(&self) -> Result<(), crate::Error> {
+    fn check(&self) -> Result<(), farout_core::ParamError> {
         crate::count_in("points_per_centroid", self.points_per_centroid, 1..=usize::MAX, "must be > 0")?;
         if let Some(factor) = self.candidate_factor {
             crate::finite_at_least("candidate_factor", factor, 1.0)?;
         }
         if !(self.recall > 0.0 && self.recall <= 1.0) {
             let value = self.recall.to_string();
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "recall",
-                value,
-                reason: "must be in (0, 1]",
-            }));
+            return Err(farout_core::ParamError::new("recall", value, "must be in (0, 1]"));
         }
         crate::count_in("calibration_queries", self.calibration_queries, 1..=usize::MAX, "must be > 0")?;
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
         crate::finite_at_least("rescore", self.rescore, 1.0)?;
         if !self.refresh_drift.is_finite() {
             let value = self.refresh_drift.to_string();
-            return Err(crate::Error::Param(farout_core::ParamError {
-                name: "refresh_drift",
-                value,
-                reason: "must be a finite number",
-            }));
+            return Err(farout_core::ParamError::new("refresh_drift", value, "must be a finite number"));
         }
         Ok(())
     }
