@@ -3,7 +3,7 @@ use burn::module::{Module, Param};
 use burn::optim::{AdaGradConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
-use farout_core::{Matrix, rng};
+use farout_core::{Matrix, ParamError, rng};
 use farout_layer::{Optimizer, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -58,25 +58,27 @@ struct Hidden {
 
 impl DocEncoderConfig {
     /// Checks the parameters; errors name the key relative to `[model.doc_encoder]`.
-    pub fn check(&self) -> Result<(), Error> {
+    pub fn check(&self) -> Result<(), ParamError> {
         if self.d_model == 0 {
-            return Err(Error::Config { key: "d_model".into(), msg: "must be > 0".into() });
+            return Err(ParamError::message("d_model", "must be > 0"));
         }
         if !(0.0..1.0).contains(&self.dropout) {
-            return Err(Error::Config { key: "dropout".into(), msg: format!("{} is not in [0, 1)", self.dropout) });
+            return Err(ParamError::message("dropout", format!("{} is not in [0, 1)", self.dropout)));
         }
         if !(self.init_std >= 0.0) {
-            return Err(Error::Config { key: "init_std".into(), msg: format!("{} must be >= 0", self.init_std) });
+            return Err(ParamError::message("init_std", format!("{} must be >= 0", self.init_std)));
         }
         if let OptimizerConfig::ArSchedule { .. } = self.optimizer {
-            return Err(Error::Config {
-                key: "optimizer.kind".into(),
-                msg: "`ar_schedule` is an output-layer schedule; the encoder takes `sgd` or `adagrad`".into(),
-            });
+            return Err(ParamError::message(
+                "optimizer.kind",
+                "`ar_schedule` is an output-layer schedule; the encoder takes `sgd` or `adagrad`",
+            ));
         }
-        self.optimizer.check().map_err(|e| match e {
-            farout_layer::Error::Config { key, msg } => Error::Config { key: format!("optimizer.{key}"), msg },
-            e => Error::Config { key: "optimizer".into(), msg: e.to_string() },
+        // `[model.doc_encoder]` writes the optimiser's value and range after a colon
+        // (``key `model.doc_encoder.optimizer.lr`: 0 must be ...``), as it always has.
+        self.optimizer.check().map_err(|e| match e.value {
+            Some(value) => ParamError::message(format!("optimizer.{}", e.name), format!("{value} {}", e.reason)),
+            None => e.under("optimizer"),
         })
     }
 }

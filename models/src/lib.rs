@@ -46,12 +46,7 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
-    /// A configuration value is invalid.
-    #[error("invalid `{key}`: {msg}")]
-    Config {
-        /// The config key, relative to the encoder's table.
-        key: String,
-        /// What is wrong.
-        msg: String,
-    },
+    /// A configuration value is invalid (the key relative to the encoder's table).
+    #[error(transparent)]
+    Param(#[from] farout_core::ParamError),
 }

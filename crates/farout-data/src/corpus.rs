@@ -11,6 +11,7 @@
 //! with the file and 1-based line; `skip` drops the line and counts it in [`Vocab::skipped_lines`].
 
 use crate::{Error, Result, io_err};
+use farout_core::ParamError;
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -75,13 +76,13 @@ impl Default for TextSpec {
 }
 
 impl TextSpec {
-    /// Checks the values.
-    pub fn check(&self) -> Result<()> {
+    /// Checks the values; errors name the key relative to `[data.text]`.
+    pub fn check(&self) -> std::result::Result<(), ParamError> {
         if self.min_count == 0 {
-            return Err(Error::Param { name: "data.text.min_count", msg: "must be >= 1".into() });
+            return Err(ParamError::message("min_count", "must be >= 1"));
         }
         if !(self.t > 0.0 && self.t < 1.0) {
-            return Err(Error::Param { name: "data.text.t", msg: format!("{} must be in (0, 1)", self.t) });
+            return Err(ParamError::message("t", format!("{} must be in (0, 1)", self.t)));
         }
         Ok(())
     }

@@ -57,14 +57,12 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
-    /// Parameters of a generator or reader are invalid.
-    #[error("invalid {name}: {msg}")]
-    Param {
-        /// The parameter.
-        name: &'static str,
-        /// What is wrong.
-        msg: String,
-    },
+    /// Parameters of a generator or reader are invalid (built with [`ParamError::message`]
+    /// and written, as the readers always have, without quotes: `invalid data.dim: ...`).
+    ///
+    /// [`ParamError::message`]: farout_core::ParamError::message
+    #[error("invalid {}: {}", .0.name, .0.reason)]
+    Param(#[from] farout_core::ParamError),
 }
 
 /// Result of this crate.

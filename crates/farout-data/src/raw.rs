@@ -6,9 +6,11 @@ use std::path::Path;
 
 /// Reads `path` as rows of `dim` little-endian f32 values.
 pub fn read_f32(path: &Path, dim: usize) -> Result<Matrix> {
-    let row_bytes = dim.checked_mul(4).filter(|&b| b > 0).ok_or_else(|| Error::Param {
-        name: "data.dim",
-        msg: format!("raw f32 features need 0 < dim <= {}, got {dim}", usize::MAX / 4),
+    let row_bytes = dim.checked_mul(4).filter(|&b| b > 0).ok_or_else(|| {
+        farout_core::ParamError::message(
+            "data.dim",
+            format!("raw f32 features need 0 < dim <= {}, got {dim}", usize::MAX / 4),
+        )
     })?;
     let mut file = std::fs::File::open(path).map_err(io_err(path))?;
     let len = file.metadata().map_err(io_err(path))?.len();

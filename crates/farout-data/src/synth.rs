@@ -19,8 +19,8 @@
 //!   probability `noise_fraction`) from a Zipfian background vocabulary. Values are
 //!   `1 + ln(count)`, rows L2-normalised.
 
-use crate::{Dataset, Error, Features, LabelSets, Result, SparseRows, io_err};
-use farout_core::{ClassId, Matrix, kernels, rng};
+use crate::{Dataset, Features, LabelSets, Result, SparseRows, io_err};
+use farout_core::{ClassId, Matrix, ParamError, kernels, rng};
 use rand::Rng as _;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -116,8 +116,8 @@ impl FaceSpec {
         Self { n_classes: 672_000, n_samples: 4_700_000, ..Self::default() }
     }
 
-    fn check(&self) -> Result<()> {
-        let p = |name, msg: String| Err(Error::Param { name, msg });
+    fn check(&self) -> std::result::Result<(), ParamError> {
+        let p = |name, msg: String| Err(ParamError::message(name, msg));
         if self.n_classes == 0 || self.dim == 0 {
             return p("n_classes/dim", "must be > 0".into());
         }
@@ -395,7 +395,7 @@ pub struct XmcGenerator {
 impl XmcGenerator {
     /// Validates `spec` and builds the samplers.
     pub fn new(spec: XmcSpec) -> Result<Self> {
-        let p = |name, msg: String| Err(Error::Param { name, msg });
+        let p = |name, msg: String| Err(ParamError::message(name, msg).into());
         if spec.n_labels == 0 || spec.n_features == 0 || spec.n_samples == 0 {
             return p("n_samples/n_features/n_labels", "must be > 0".into());
         }

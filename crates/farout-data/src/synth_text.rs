@@ -9,9 +9,9 @@
 //! skip-gram learns: [`TextGenSpec::topic_of`] is the ground truth the tests check embeddings
 //! against.
 
-use crate::{Error, Result, io_err};
-use farout_core::AliasTable;
+use crate::{Result, io_err};
 use farout_core::rng::{self, RngExt};
+use farout_core::{AliasTable, ParamError};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -60,20 +60,20 @@ impl TextGenSpec {
         16 * (self.words as u128 + self.words.div_ceil(self.topics.max(1)) as u128)
     }
 
-    /// Checks the values.
-    pub fn check(&self) -> Result<()> {
-        let bad = |name, msg: String| Err(Error::Param { name, msg });
+    /// Checks the values; errors name the key relative to `[data.synthetic]`.
+    pub fn check(&self) -> std::result::Result<(), ParamError> {
+        let bad = |name, msg: String| Err(ParamError::message(name, msg));
         if self.topics == 0 || self.words < 2 * self.topics {
-            return bad("data.synthetic.words", format!("{} must be >= 2 x topics ({})", self.words, self.topics));
+            return bad("words", format!("{} must be >= 2 x topics ({})", self.words, self.topics));
         }
         if self.tokens == 0 {
-            return bad("data.synthetic.tokens", "must be >= 1".into());
+            return bad("tokens", "must be >= 1".into());
         }
         if !(self.exponent >= 0.0 && self.exponent.is_finite()) {
-            return bad("data.synthetic.exponent", format!("{} must be >= 0", self.exponent));
+            return bad("exponent", format!("{} must be >= 0", self.exponent));
         }
         if !(0.0..=1.0).contains(&self.mix) {
-            return bad("data.synthetic.mix", format!("{} must be in [0, 1]", self.mix));
+            return bad("mix", format!("{} must be in [0, 1]", self.mix));
         }
         if self.min_len == 0 || self.max_len < self.min_len {
             return bad(
@@ -200,7 +200,7 @@ mod tests {
     #[test]
     fn bad_parameters_name_the_key() {
         let e = TextGenSpec { words: 10, topics: 8, ..TextGenSpec::default() }.check().unwrap_err();
-        assert!(e.to_string().contains("data.synthetic.words"), "{e}");
+        assert_eq!(e.name, "words", "{e}");
         assert_eq!(itoa(0, &mut [0; 20]), "0");
         assert_eq!(itoa(450_999, &mut [0; 20]), "450999");
     }

@@ -2,7 +2,7 @@ use crate::Error;
 use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
-use farout_core::{ClassId, Matrix, Rng, kernels, rng};
+use farout_core::{ClassId, Matrix, ParamError, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchEstimate, BatchGrad, Ctx, GradientEstimator};
 use farout_search::{BlockIndex, IndexConfig};
 use rayon::prelude::*;
@@ -136,27 +136,24 @@ impl OutputLayer {
         let (first, n_classes) = (rows.start, rows.len());
         optimizer.check()?;
         if n_classes == 0 || d_model == 0 {
-            return Err(Error::Config {
-                key: "output",
-                msg: format!("a {n_classes} x {d_model} layer has no weights"),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output",
+                format!("a {n_classes} x {d_model} layer has no weights"),
+            )));
         }
         if !(config.init_std >= 0.0) {
-            return Err(Error::Config {
-                key: "output.layer.init_std",
-                msg: format!("{} must be >= 0", config.init_std),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output.layer.init_std",
+                format!("{} must be >= 0", config.init_std),
+            )));
         }
         if config.init == LayerInit::Msi
             && !(config.msi_t < config.msi_s && config.msi_s.is_finite() && config.msi_t.is_finite())
         {
-            return Err(Error::Config {
-                key: "output.layer.msi_t",
-                msg: format!(
-                    "{} must be a finite number less than output.layer.msi_s = {}",
-                    config.msi_t, config.msi_s
-                ),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output.layer.msi_t",
+                format!("{} must be a finite number less than output.layer.msi_s = {}", config.msi_t, config.msi_s),
+            )));
         }
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
@@ -199,16 +196,10 @@ impl OutputLayer {
     /// attached index is rebuilt before its next search.
     pub fn set_weights(&mut self, w: Matrix) -> Result<(), Error> {
         if (w.rows(), w.cols()) != (self.w.rows(), self.w.cols()) {
-            return Err(Error::Config {
-                key: "output",
-                msg: format!(
-                    "weights of {} x {} for a {} x {} layer",
-                    w.rows(),
-                    w.cols(),
-                    self.w.rows(),
-                    self.w.cols()
-                ),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output",
+                format!("weights of {} x {} for a {} x {} layer", w.rows(), w.cols(), self.w.rows(), self.w.cols()),
+            )));
         }
         self.w = w;
         if let Some(a) = &mut self.attached {
@@ -229,10 +220,11 @@ impl OutputLayer {
                 *old = b;
                 Ok(())
             }
-            Some(old) => {
-                Err(Error::Config { key: "output", msg: format!("{} biases for {} classes", b.len(), old.len()) })
-            }
-            None => Err(Error::Config { key: "output.layer.bias", msg: "the layer has no bias to set".into() }),
+            Some(old) => Err(Error::Param(ParamError::message(
+                "output",
+                format!("{} biases for {} classes", b.len(), old.len()),
+            ))),
+            None => Err(Error::Param(ParamError::message("output.layer.bias", "the layer has no bias to set"))),
         }
     }
 
@@ -247,10 +239,10 @@ impl OutputLayer {
     /// index asks).
     pub fn attach_index(&mut self, config: IndexConfig, n_blocks: usize, upkeep: IndexUpkeep) -> Result<(), Error> {
         if n_blocks == 0 || !self.d_model().is_multiple_of(n_blocks) {
-            return Err(Error::Config {
-                key: "output.blocks",
-                msg: format!("{n_blocks} blocks do not divide the feature dimension {}", self.d_model()),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output.blocks",
+                format!("{n_blocks} blocks do not divide the feature dimension {}", self.d_model()),
+            )));
         }
         self.attached = Some(Attached {
             config,

@@ -40,14 +40,10 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A configuration value is invalid.
-    #[error("invalid `{key}`: {msg}")]
-    Config {
-        /// The config key.
-        key: &'static str,
-        /// What is wrong.
-        msg: String,
-    },
+    /// A configuration value is invalid (the optimiser's parameters, the layer's shape; keys of
+    /// the layer's own checks are full paths such as `output.layer.init_std`).
+    #[error(transparent)]
+    Param(#[from] farout_core::ParamError),
     /// A checkpoint file could not be read or written, or does not match.
     #[error("{}: {msg}", path.display())]
     Checkpoint {

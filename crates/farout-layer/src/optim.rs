@@ -1,4 +1,4 @@
-use farout_core::{Matrix, kernels};
+use farout_core::{Matrix, ParamError, kernels};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -82,39 +82,39 @@ impl Default for OptimizerConfig {
 
 impl OptimizerConfig {
     /// Checks the values; errors name the key relative to the optimizer's table (`lr`, `eps`).
-    pub fn check(&self) -> Result<(), crate::Error> {
+    pub fn check(&self) -> Result<(), ParamError> {
         // The step size's key: `lr`, or `rho0` for the A&R schedule.
         let (lr_key, lr, l2) = match *self {
             OptimizerConfig::Sgd { lr, decay, l2 } => {
                 if !(decay >= 0.0) {
-                    return Err(crate::Error::Config { key: "decay", msg: format!("{decay} must be >= 0") });
+                    return Err(ParamError::new("decay", decay, "must be >= 0"));
                 }
                 ("lr", lr, l2)
             }
             OptimizerConfig::Adagrad { lr, eps, l2 } => {
                 if !(eps > 0.0) {
-                    return Err(crate::Error::Config { key: "eps", msg: format!("{eps} must be > 0") });
+                    return Err(ParamError::new("eps", eps, "must be > 0"));
                 }
                 ("lr", lr, l2)
             }
             OptimizerConfig::ArSchedule { rho0, decay, decay_every, grad_scale, l2 } => {
                 if !(decay > 0.0 && decay <= 1.0) {
-                    return Err(crate::Error::Config { key: "decay", msg: format!("{decay} must be in (0, 1]") });
+                    return Err(ParamError::new("decay", decay, "must be in (0, 1]"));
                 }
                 if decay_every == 0 {
-                    return Err(crate::Error::Config { key: "decay_every", msg: "must be >= 1".into() });
+                    return Err(ParamError::new("decay_every", decay_every, "must be >= 1"));
                 }
                 if !(grad_scale > 0.0 && grad_scale.is_finite()) {
-                    return Err(crate::Error::Config { key: "grad_scale", msg: format!("{grad_scale} must be > 0") });
+                    return Err(ParamError::new("grad_scale", grad_scale, "must be > 0"));
                 }
                 ("rho0", rho0, l2)
             }
         };
         if !(lr > 0.0 && lr.is_finite()) {
-            return Err(crate::Error::Config { key: lr_key, msg: format!("{lr} must be a finite number > 0") });
+            return Err(ParamError::new(lr_key, lr, "must be a finite number > 0"));
         }
         if !(l2 >= 0.0) {
-            return Err(crate::Error::Config { key: "l2", msg: format!("{l2} must be >= 0") });
+            return Err(ParamError::new("l2", l2, "must be >= 0"));
         }
         Ok(())
     }
@@ -398,7 +398,7 @@ mod tests {
     #[test]
     fn ar_schedule_follows_the_papers_formula() {
         let bad = OptimizerConfig::ArSchedule { rho0: 0.0, decay: 0.9, decay_every: 2, grad_scale: 10.0, l2: 0.0 };
-        assert!(matches!(bad.check(), Err(crate::Error::Config { key: "rho0", .. })), "rho0 is named");
+        assert_eq!(bad.check().unwrap_err().name, "rho0", "rho0 is named");
         let cfg = OptimizerConfig::ArSchedule { rho0: 0.02, decay: 0.9, decay_every: 2, grad_scale: 10.0, l2: 0.0 };
         let mut o = cfg.build(1, 1);
         let mut w = [0.0f32];
@@ -416,6 +416,6 @@ mod tests {
     #[test]
     fn bad_values_name_the_key() {
         let e = OptimizerConfig::Sgd { lr: -1.0, decay: 0.0, l2: 0.0 }.check().unwrap_err();
-        assert!(matches!(e, crate::Error::Config { key: "lr", .. }), "{e}");
+        assert_eq!(e.name, "lr", "{e}");
     }
 }

@@ -5,7 +5,7 @@
 use crate::sharded::{merged_top_k, softmax_step};
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::Hit;
-use farout_core::{ClassId, Matrix, Rng};
+use farout_core::{ClassId, Matrix, ParamError, Rng};
 use farout_dist::{Collective, DistError, Shards};
 use farout_estimators::Batch;
 use std::ops::Range;
@@ -34,13 +34,13 @@ impl ShardedLayer {
         seed: u64,
     ) -> Result<Self, Error> {
         if n_classes < ranks {
-            return Err(Error::Config {
-                key: "output",
-                msg: format!("{n_classes} classes cannot be split over {ranks} ranks (each needs one)"),
-            });
+            return Err(Error::Param(ParamError::message(
+                "output",
+                format!("{n_classes} classes cannot be split over {ranks} ranks (each needs one)"),
+            )));
         }
         let rows = Shards::even(n_classes, ranks)
-            .map_err(|e| Error::Config { key: "output", msg: e.to_string() })?
+            .map_err(|e| Error::Param(ParamError::message("output", e.to_string())))?
             .range(rank);
         let layer = OutputLayer::with_rows(rows.clone(), d_model, config, optimizer, seed)?;
         Ok(Self { layer, first: rows.start, n_classes, comm_seconds: 0.0, comm_bytes: 0 })

@@ -66,7 +66,7 @@ impl BatchJob<'_> {
         epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
     ) -> Result<Vec<EpochStats>, Error> {
         if self.batch_size == 0 {
-            return Err(Error::Config { key: "train.batch_size", msg: "must be >= 1".into() });
+            return Err(farout_core::ParamError::message("train.batch_size", "must be >= 1").into());
         }
         let keep = self.vocab.keep_probs(self.spec.subsample, self.spec.t);
         let epoch_words = self.vocab.train_tokens();

@@ -376,7 +376,7 @@ impl GdJob<'_> {
         epoch_end: &mut dyn FnMut(&EpochStats, &InputTable, &OutputLayer) -> Result<bool, Error>,
     ) -> Result<Vec<EpochStats>, Error> {
         if self.batch_size == 0 {
-            return Err(Error::Config { key: "train.batch_size", msg: "must be >= 1".into() });
+            return Err(farout_core::ParamError::message("train.batch_size", "must be >= 1").into());
         }
         let estimator = Collapsed { cooc: self.cooc, softmax };
         let total_words = self.epoch_words * self.epochs as u64;

@@ -30,7 +30,7 @@ pub mod vectors;
 pub(crate) const REPORT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
 
 use farout_core::rng::RngExt;
-use farout_core::{Matrix, rng};
+use farout_core::{Matrix, ParamError, rng};
 use serde::{Deserialize, Serialize};
 
 /// How concurrent row updates are done (see [`hogwild`]).
@@ -139,30 +139,30 @@ impl Default for SkipGramConfig {
 }
 
 impl SkipGramConfig {
-    /// Checks the values.
-    pub fn check(&self) -> Result<(), Error> {
-        let bad = |key, msg: String| Err(Error::Config { key, msg });
+    /// Checks the values; errors name the key relative to `[model.skip_gram]`.
+    pub fn check(&self) -> Result<(), ParamError> {
+        let bad = |key, msg: String| Err(ParamError::message(key, msg));
         if self.dim == 0 {
-            return bad("model.skip_gram.dim", "must be >= 1".into());
+            return bad("dim", "must be >= 1".into());
         }
         if !(self.init_range >= 0.0 && self.init_range.is_finite()) {
-            return bad("model.skip_gram.init_range", format!("{} must be a finite number >= 0", self.init_range));
+            return bad("init_range", format!("{} must be a finite number >= 0", self.init_range));
         }
         if self.window == 0 {
-            return bad("model.skip_gram.window", "must be >= 1".into());
+            return bad("window", "must be >= 1".into());
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return bad("model.skip_gram.lr", format!("{} must be a finite number > 0", self.lr));
+            return bad("lr", format!("{} must be a finite number > 0", self.lr));
         }
         if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
-            return bad("model.skip_gram.min_lr", format!("{} must be in [0, lr]", self.min_lr));
+            return bad("min_lr", format!("{} must be in [0, lr]", self.min_lr));
         }
         if self.maxn > 0 {
             if !(1..=self.maxn).contains(&self.minn) {
-                return bad("model.skip_gram.minn", format!("{} must be in 1..=maxn ({})", self.minn, self.maxn));
+                return bad("minn", format!("{} must be in 1..=maxn ({})", self.minn, self.maxn));
             }
             if self.buckets == 0 || self.buckets > 1 << 30 {
-                return bad("model.skip_gram.buckets", format!("{} must be in 1..=2^30 with maxn > 0", self.buckets));
+                return bad("buckets", format!("{} must be in 1..=2^30 with maxn > 0", self.buckets));
             }
         }
         Ok(())
@@ -201,10 +201,11 @@ impl Embeddings {
 #[non_exhaustive]
 pub enum Error {
     /// A parameter is invalid.
-    #[error("{key}: {msg}")]
-    Config {
-        /// The config key.
-        key: &'static str,
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    /// Words and vectors do not fit together (counts, dimensions, a word given twice).
+    #[error("vectors: {msg}")]
+    Vectors {
         /// What is wrong.
         msg: String,
     },

@@ -197,7 +197,9 @@ impl NsJob<'_> {
         epoch_end: &mut dyn FnMut(&EpochStats, &Embeddings) -> Result<bool, Error>,
     ) -> Result<Vec<EpochStats>, Error> {
         if self.negatives == 0 {
-            return Err(Error::Config { key: "output.n_samples", msg: "negative sampling needs >= 1 negative".into() });
+            return Err(
+                farout_core::ParamError::message("output.n_samples", "negative sampling needs >= 1 negative").into()
+            );
         }
         let chunks = split_lines(self.corpus, self.threads.max(1) * CHUNKS_PER_THREAD)?;
         let keep = self.vocab.keep_probs(self.spec.subsample, self.spec.t);

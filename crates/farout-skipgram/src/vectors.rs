@@ -94,21 +94,15 @@ impl<'a> Vectors<'a> {
 
     fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
         if words.len() != matrix.rows() {
-            return Err(Error::Config {
-                key: "vectors",
-                msg: format!("{} words for {} vectors", words.len(), matrix.rows()),
-            });
+            return Err(Error::Vectors { msg: format!("{} words for {} vectors", words.len(), matrix.rows()) });
         }
         let mut ids = FxHashMap::default();
         for (i, w) in words.iter().enumerate() {
             if w.is_empty() || w.contains(char::is_whitespace) {
-                return Err(Error::Config {
-                    key: "vectors",
-                    msg: format!("word {w:?} is empty or contains whitespace"),
-                });
+                return Err(Error::Vectors { msg: format!("word {w:?} is empty or contains whitespace") });
             }
             if ids.insert(w.clone(), i as u32).is_some() {
-                return Err(Error::Config { key: "vectors", msg: format!("word {w:?} appears twice") });
+                return Err(Error::Vectors { msg: format!("word {w:?} appears twice") });
             }
         }
         Ok(Self { words, matrix, ids, ngrams: None })
@@ -117,8 +111,7 @@ impl<'a> Vectors<'a> {
     /// The same vectors, with n-gram rows that give words outside the vocabulary a vector.
     pub fn with_ngrams(mut self, ngrams: NgramTable<'a>) -> Result<Self, Error> {
         if ngrams.buckets() > 0 && ngrams.dim() != self.matrix.cols() {
-            return Err(Error::Config {
-                key: "vectors",
+            return Err(Error::Vectors {
                 msg: format!("n-gram rows of dimension {} for vectors of {}", ngrams.dim(), self.matrix.cols()),
             });
         }

@@ -406,11 +406,11 @@ impl ConfigError {
     }
 
     /// The error of a parameter of section `section` (`output`, `index`, `linear`,
-    /// `model.doc_encoder`; `""` when the key is already a full path): every plug-in's and
-    /// section's `check` names its key relative to its section, and this prefixes it once.
+    /// `model.doc_encoder`, `output.optimizer`, `data.text`, ...): every plug-in's and section's
+    /// `check` names its key relative to its section, and this prefixes it once.
     pub(crate) fn param(section: &str, e: farout_core::ParamError) -> Self {
         let (key, msg) = e.key_and_message();
-        if section.is_empty() { Self::key(key, msg) } else { Self::key(format!("{section}.{key}"), msg) }
+        Self::key(format!("{section}.{key}"), msg)
     }
 }
 
@@ -468,10 +468,6 @@ impl Config {
                 Some(_) => Ok(()),
             }
         };
-        let data_param = |e: farout_data::Error| match e {
-            farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
-            e => ConfigError::key("data", e.to_string()),
-        };
         match d.format {
             DataFormat::Xmc => {
                 need(&d.train, "train")?;
@@ -489,7 +485,7 @@ impl Config {
             DataFormat::SyntheticFace | DataFormat::SyntheticXmc => {}
             DataFormat::Text => {
                 if d.corpus.is_none() {
-                    d.synthetic.check().map_err(data_param)?;
+                    d.synthetic.check().map_err(|e| ConfigError::param("data.synthetic", e))?;
                 }
             }
         }
@@ -541,19 +537,15 @@ impl Config {
                 ),
             ));
         }
-        if self.model.encoder == EncoderKind::DocEncoder
-            && let Err(farout_models::Error::Config { key, msg }) = self.model.doc_encoder.check()
-        {
-            return Err(ConfigError::key(format!("model.doc_encoder.{key}"), msg));
+        if self.model.encoder == EncoderKind::DocEncoder {
+            self.model.doc_encoder.check().map_err(|e| ConfigError::param("model.doc_encoder", e))?;
         }
         at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
         self.index.index.check().map_err(|e| ConfigError::param("index", e))?;
         for (key, optimizer) in
             [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]
         {
-            if let Err(farout_layer::Error::Config { key: field, msg }) = optimizer.check() {
-                return Err(ConfigError::key(format!("{key}.{field}"), format!(" = {msg}")));
-            }
+            optimizer.check().map_err(|e| ConfigError::param(key, e))?;
         }
         Ok(())
     }

@@ -229,14 +229,8 @@ fn write_synthetic(config: &Config, spec: &TextGenSpec, path: &Path) -> Result<P
 pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
     config.check_encoder_and_estimator()?;
     let out = &config.output;
-    let data_param = |e: farout_data::Error| match e {
-        farout_data::Error::Param { name, msg } => ConfigError::key(name, msg),
-        e => ConfigError::key("data", e.to_string()),
-    };
-    config.data.text.check().map_err(data_param)?;
-    if let Err(farout_skipgram::Error::Config { key, msg }) = config.model.skip_gram.check() {
-        return Err(ConfigError::key(key, msg));
-    }
+    config.data.text.check().map_err(|e| ConfigError::param("data.text", e))?;
+    config.model.skip_gram.check().map_err(|e| ConfigError::param("model.skip_gram", e))?;
     if out.warmup_steps > 0 {
         return Err(ConfigError::key(
             "output.warmup_steps",
