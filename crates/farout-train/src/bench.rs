@@ -13,7 +13,7 @@ use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayer, OutputLayerConfig,
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// How the generator's class means are arranged (see [`FaceSpec`]): FaceNet-like (near a
@@ -343,53 +343,45 @@ pub struct SearchBench {
     pub export: Option<PathBuf>,
 }
 
-/// Top-Q search over the class means of the FaceNet-like generator, or over given vectors:
-/// recall against brute force, queries per second of the index and of brute force (same run,
-/// same threads), build time and refresh speed.
-pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
-    let SearchBench { index: ref config, top, means, .. } = *b;
-    // The warm-up batch (`timed_queries`), on which a calibrating index fits its budget:
-    // generator samples other than the queries, or the first batch of given queries.
-    let (mut w, q, warm_up) = match &b.vectors {
-        Some((wp, qp)) => {
-            let (w, q) = (farout_data::npy::read_f32_matrix(wp)?, farout_data::npy::read_f32_matrix(qp)?);
-            if w.cols() != q.cols() {
-                let msg = format!("{} has {} columns, {} has {}", wp.display(), w.cols(), qp.display(), q.cols());
-                return Err(option("queries", &msg));
-            }
-            let n = q.rows().min(QUERY_BATCH);
-            let warm_up = Matrix::from_vec(n, q.cols(), q.as_slice()[..n * q.cols()].to_vec()).expect("rows of q");
-            (w, q, warm_up)
-        }
-        None => {
-            for (name, v) in [("k", b.k), ("d", b.d), ("queries", b.queries)] {
-                if v == 0 {
-                    return Err(option(name, "must be > 0"));
-                }
-            }
-            let g = FaceGenerator::new(means.spec(b.k, b.d, 2 * b.k.max(b.queries + QUERY_BATCH)))?;
-            let warm_up = g.features(Split::Train, b.queries..b.queries + QUERY_BATCH);
-            (g.means().clone(), g.features(Split::Train, 0..b.queries), warm_up)
-        }
-    };
-    let (k, d, queries) = (w.rows(), w.cols(), q.rows());
-    for (name, v) in [("vectors", k), ("vectors", d), ("queries", queries), ("top", top)] {
-        if v == 0 {
-            return Err(option(name, "must be > 0 (an empty file?)"));
-        }
+/// The rows and queries of `bench search` read from `.npy` files (`--vectors`), and the first
+/// batch of the queries, searched untimed first (see [`timed_queries`]).
+fn given_vectors(wp: &Path, qp: &Path) -> Result<(Matrix, Matrix, Matrix), Error> {
+    let (w, q) = (farout_data::npy::read_f32_matrix(wp)?, farout_data::npy::read_f32_matrix(qp)?);
+    if w.cols() != q.cols() {
+        let msg = format!("{} has {} columns, {} has {}", wp.display(), w.cols(), qp.display(), q.cols());
+        return Err(option("queries", &msg));
     }
-    if let Some(dir) = &b.export {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
-        farout_data::npy::write_f32_matrix(&dir.join("w.npy"), &w)?;
-        farout_data::npy::write_f32_matrix(&dir.join("queries.npy"), &q)?;
+    let n = q.rows().min(QUERY_BATCH);
+    let warm_up = Matrix::from_vec(n, q.cols(), q.as_slice()[..n * q.cols()].to_vec()).expect("rows of q");
+    Ok((w, q, warm_up))
+}
+
+impl SearchBench {
+    /// Checks the sizes; the generator's class means (the rows searched), `queries` of its
+    /// samples, and [`QUERY_BATCH`] other samples, searched untimed first (see [`timed_queries`]).
+    fn generated_vectors(&self) -> Result<(Matrix, Matrix, Matrix), Error> {
+        for (name, v) in [("k", self.k), ("d", self.d), ("queries", self.queries)] {
+            if v == 0 {
+                return Err(option(name, "must be > 0"));
+            }
+        }
+        let g = FaceGenerator::new(self.means.spec(self.k, self.d, 2 * self.k.max(self.queries + QUERY_BATCH)))?;
+        let warm_up = g.features(Split::Train, self.queries..self.queries + QUERY_BATCH);
+        Ok((g.means().clone(), g.features(Split::Train, 0..self.queries), warm_up))
     }
-    let t = Instant::now();
-    let mut index = config.build(Rows::all(&w));
-    let build_seconds = t.elapsed().as_secs_f64();
-    let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, &warm_up, top);
-    let t = Instant::now();
-    let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, &warm_up, top);
-    let calibrations: Vec<Value> = index
+}
+
+/// Writes the rows and queries searched to `dir/w.npy` and `dir/queries.npy` (`--export`).
+fn export_vectors(dir: &Path, w: &Matrix, q: &Matrix) -> Result<(), Error> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_path_buf(), source })?;
+    farout_data::npy::write_f32_matrix(&dir.join("w.npy"), w)?;
+    farout_data::npy::write_f32_matrix(&dir.join("queries.npy"), q)?;
+    Ok(())
+}
+
+/// The budgets a calibrating index fitted to its target recall, as `bench search` reports them.
+fn calibrations_json(index: &dyn MipsIndex) -> Vec<Value> {
+    index
         .calibrations()
         .iter()
         .map(|c| {
@@ -398,9 +390,12 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
                 "queries": c.queries,
             })
         })
-        .collect();
-    let index_seconds = t.elapsed().as_secs_f64();
-    let recall = farout_search::overlap(&found, &exact);
+        .collect()
+}
+
+/// Rows per second of `index.refresh` after nudging rows of `w`.
+fn timed_refresh(index: &mut dyn MipsIndex, w: &mut Matrix) -> f64 {
+    let k = w.rows();
     // Refresh: nudge 1% of the rows (as one training step's updates would) and re-index them.
     let mut r = rng::seeded(9, 0);
     let rows: Vec<u32> = (0..(k / 100).max(1)).map(|_| r.random_range(0..k as u32)).collect();
@@ -410,8 +405,40 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         kernels::normalize(row);
     }
     let t = Instant::now();
-    index.refresh(Rows::all(&w), &rows);
-    let refresh_rows_per_s = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    index.refresh(Rows::all(w), &rows);
+    rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9)
+}
+
+/// Top-Q search over the class means of the FaceNet-like generator, or over given vectors:
+/// recall against brute force, queries per second of the index and of brute force (same run,
+/// same threads), build time and refresh speed.
+pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
+    let SearchBench { index: ref config, top, means, .. } = *b;
+    // The warm-up batch (`timed_queries`), on which a calibrating index fits its budget:
+    // generator samples other than the queries, or the first batch of given queries.
+    let (mut w, q, warm_up) = match &b.vectors {
+        Some((wp, qp)) => given_vectors(wp, qp)?,
+        None => b.generated_vectors()?,
+    };
+    let (k, d, queries) = (w.rows(), w.cols(), q.rows());
+    for (name, v) in [("vectors", k), ("vectors", d), ("queries", queries), ("top", top)] {
+        if v == 0 {
+            return Err(option(name, "must be > 0 (an empty file?)"));
+        }
+    }
+    if let Some(dir) = &b.export {
+        export_vectors(dir, &w, &q)?;
+    }
+    let t = Instant::now();
+    let mut index = config.build(Rows::all(&w));
+    let build_seconds = t.elapsed().as_secs_f64();
+    let (exact, exact_qps, exact_qps_single) = timed_queries(&ExactIndex::new(), &w, &q, &warm_up, top);
+    let t = Instant::now();
+    let (found, qps, qps_single) = timed_queries(index.as_ref(), &w, &q, &warm_up, top);
+    let calibrations = calibrations_json(index.as_ref());
+    let index_seconds = t.elapsed().as_secs_f64();
+    let recall = farout_search::overlap(&found, &exact);
+    let refresh_rows_per_s = timed_refresh(index.as_mut(), &mut w);
     Ok(serde_json::json!({
         "bench": "search",
         "index": index.name(),
