@@ -8,7 +8,7 @@ use crate::config::estimator_from_settings;
 use farout_core::{Matrix, gemm, kernels, rng};
 use farout_data::synth::{FaceGenerator, FaceSpec, Split};
 use farout_dist::Collective;
-use farout_estimators::{Batch, Problem};
+use farout_estimators::{Batch, BatchGrad, Ctx, GradientEstimator, Loss, Problem};
 use farout_layer::{IndexUpkeep, OptimizerConfig, OutputLayer, OutputLayerConfig, ShardedLayer, sharded_sparse};
 use farout_search::{ExactIndex, Hit, IndexConfig, MipsIndex, Rows};
 use rand::Rng as _;
@@ -496,44 +496,166 @@ pub struct EstimatorBench {
     pub means: MeanStructure,
 }
 
+impl EstimatorBench {
+    /// Checks the sizes.
+    fn check_sizes(&self) -> Result<(), Error> {
+        if self.k < 2 {
+            return Err(option("k", "must be >= 2"));
+        }
+        for (opt, v) in [("d", self.d), ("samples", self.samples)] {
+            if v == 0 {
+                return Err(option(opt, "must be > 0"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `config` with `--top`, when given, set as the key of `problem`'s estimator.
+    fn with_top(
+        &self,
+        config: farout_estimators::EstimatorConfig,
+        problem: &Problem,
+    ) -> Result<farout_estimators::EstimatorConfig, Error> {
+        let Some(top) = self.top else {
+            return Ok(config);
+        };
+        // Search estimators retrieve `top` classes, sampling ones draw `n_samples`.
+        let key = if config.build(problem)?.search.is_some() { "top" } else { "n_samples" };
+        let with_top: Vec<String> = self.settings.iter().cloned().chain([format!("{key}={top}")]).collect();
+        estimator_config(&self.name, &with_top)
+    }
+}
+
+/// What `bench estimator` measures on: a trained-looking layer `w`, the generator's first
+/// samples `phi` with their `labels`, and the generator (for the warm-up batch's samples).
+struct TrainedLooking {
+    g: FaceGenerator,
+    w: Matrix,
+    phi: Matrix,
+    labels: Vec<[u32; 1]>,
+}
+
+/// Per estimator of `bench estimator`: dL/dphi of every sample, seconds, classes scored.
+type EstimatorRun = (Matrix, f64, usize);
+
+impl TrainedLooking {
+    /// Draws the layer and `samples` samples of `k` classes in dimension `d`.
+    fn draw(means: MeanStructure, k: usize, d: usize, samples: usize) -> Result<Self, Error> {
+        let g = FaceGenerator::new(means.spec(k, d, (2 * k).max(2 * (samples + WARM_UP)) + samples))?;
+        // Trained-looking W: the class means, perturbed (5% noise) and scaled.
+        let mut w = g.means().clone();
+        let mut r = rng::seeded(17, 0);
+        for x in w.as_mut_slice() {
+            *x = TRAINED_SCALE * (*x + 0.05 * rng::normal(&mut r) / (d as f32).sqrt());
+        }
+        let phi = g.features(Split::Train, 0..samples);
+        let labels: Vec<[u32; 1]> = g.labels(Split::Train)[..samples].iter().map(|&c| [c]).collect();
+        Ok(Self { g, w, phi, labels })
+    }
+
+    /// Samples per class of the labels, for the estimators that draw by them (unigram).
+    fn label_counts(&self) -> Vec<u64> {
+        let mut c = vec![0u64; self.w.rows()];
+        self.labels.iter().for_each(|l| c[l[0] as usize] += 1);
+        c
+    }
+
+    /// One untimed batch of other samples first: an index calibrating its budget to a target
+    /// recall does it on the first queries it is asked, as in training's first steps.
+    fn warm_up(&self, est: &dyn GradientEstimator, ctx: &Ctx, bg: &mut BatchGrad) {
+        let samples = self.phi.rows();
+        let warm = self.g.features(Split::Train, samples..samples + WARM_UP);
+        let warm_labels: Vec<[u32; 1]> =
+            self.g.labels(Split::Train)[samples..samples + WARM_UP].iter().map(|&c| [c]).collect();
+        let warm_refs: Vec<&[u32]> = warm_labels.iter().map(|p| &p[..]).collect();
+        let warm_ids: Vec<usize> = (samples..samples + WARM_UP).collect();
+        let batch = Batch::new(&warm, &warm_refs).with_ids(&warm_ids);
+        est.estimate_batch(ctx, batch, &mut rng::seeded(5, u64::MAX), bg);
+    }
+
+    /// Runs `estimators` (the reference and the one measured) over the samples, whose
+    /// positives are `refs`.
+    fn timed_runs(
+        &self,
+        estimators: [&dyn GradientEstimator; 2],
+        ctx: &Ctx,
+        refs: &[&[u32]],
+        bg: &mut BatchGrad,
+    ) -> [EstimatorRun; 2] {
+        let (samples, d) = (self.phi.rows(), self.phi.cols());
+        let mut part = Matrix::default();
+        let ids: Vec<usize> = (0..samples).collect();
+        // Both estimators over all samples in batches of 256, alternating batch by batch so that
+        // both see the same machine (shared machines drift by 2x within a minute): dL/dphi per
+        // sample (timed apart: only the estimate is the estimator's cost), seconds, classes scored.
+        let mut runs: [EstimatorRun; 2] = std::array::from_fn(|_| (Matrix::zeros(samples, d), 0.0, 0));
+        for start in (0..samples).step_by(256) {
+            let end = (start + 256).min(samples);
+            let chunk =
+                Matrix::from_vec(end - start, d, self.phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
+            for (e, (dphi, seconds, scored)) in estimators.into_iter().zip(&mut runs) {
+                let batch = Batch::new(&chunk, &refs[start..end]).with_ids(&ids[start..end]);
+                let t = Instant::now();
+                let tot = e.estimate_batch(ctx, batch, &mut rng::seeded(5, start as u64), bg);
+                *seconds += t.elapsed().as_secs_f64();
+                *scored += tot.classes_scored;
+                bg.dphi(&self.w, &mut part);
+                dphi.as_mut_slice()[start * d..end * d].copy_from_slice(part.as_slice());
+            }
+        }
+        runs
+    }
+
+    /// Sums over the samples of the cosine between `d_est` and `d_exact` (dL/dphi of the
+    /// estimator and of the exact gradient), of the absolute error of `est`'s loss against
+    /// `loss_fn`'s and of the absolute exact loss.
+    fn accuracy(
+        &self,
+        est: &dyn GradientEstimator,
+        loss_fn: &dyn Loss,
+        ctx: &Ctx,
+        refs: &[&[u32]],
+        (d_est, d_exact): (&Matrix, &Matrix),
+    ) -> (f64, f64, f64) {
+        let k = self.w.rows();
+        // Exact losses per sample, for the estimator's loss error (stateless estimates).
+        let mut z = vec![0.0f32; k];
+        let mut grad = vec![0.0f32; k];
+        let mut scratch = farout_estimators::LossScratch::default();
+        let (mut cos_sum, mut abs_err, mut abs_loss) = (0.0f64, 0.0f64, 0.0f64);
+        let mut est_grad = farout_core::SparseGrad::new();
+        for (i, positives) in refs.iter().enumerate() {
+            let (a, b) = (d_est.row(i), d_exact.row(i));
+            let (na, nb) = (kernels::norm(a), kernels::norm(b));
+            cos_sum += if na == 0.0 && nb == 0.0 {
+                1.0
+            } else {
+                (kernels::dot(a, b) / (na * nb).max(f32::MIN_POSITIVE)) as f64
+            };
+            kernels::gemv(self.w.as_slice(), self.phi.row(i), &mut z);
+            let exact_loss = loss_fn.value_and_grad(&z, positives, &mut grad, &mut scratch) as f64;
+            let e =
+                est.estimate(ctx, self.phi.row(i), positives, &mut rng::seeded(5, i as u64), &mut est_grad).loss as f64;
+            abs_err += (e - exact_loss).abs();
+            abs_loss += exact_loss.abs();
+        }
+        (cos_sum, abs_err, abs_loss)
+    }
+}
+
 /// One estimator against the exact gradient of its loss on a trained-looking layer (W = the
 /// generator's class means, scaled and perturbed; phi = its samples): time per sample of both
 /// (same run), cosine of dL/dphi, relative loss error, classes scored.
 pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
-    use farout_estimators::{BatchGrad, Ctx};
     use farout_search::BlockIndex;
-    let EstimatorBench { ref name, ref settings, top, k, d, samples, index: ref index_config, means } = *b;
-    if k < 2 {
-        return Err(option("k", "must be >= 2"));
-    }
-    for (opt, v) in [("d", d), ("samples", samples)] {
-        if v == 0 {
-            return Err(option(opt, "must be > 0"));
-        }
-    }
-    let mut config = estimator_config(name, settings)?;
-    let g = FaceGenerator::new(means.spec(k, d, (2 * k).max(2 * (samples + WARM_UP)) + samples))?;
-    // Trained-looking W: the class means, perturbed (5% noise) and scaled.
-    let mut w = g.means().clone();
-    let mut r = rng::seeded(17, 0);
-    for x in w.as_mut_slice() {
-        *x = TRAINED_SCALE * (*x + 0.05 * rng::normal(&mut r) / (d as f32).sqrt());
-    }
-    let phi = g.features(Split::Train, 0..samples);
-    let labels: Vec<[u32; 1]> = g.labels(Split::Train)[..samples].iter().map(|&c| [c]).collect();
-    let refs: Vec<&[u32]> = labels.iter().map(|p| &p[..]).collect();
-    let counts = || {
-        let mut c = vec![0u64; k];
-        labels.iter().for_each(|l| c[l[0] as usize] += 1);
-        c
-    };
+    let EstimatorBench { ref name, ref settings, k, d, samples, index: ref index_config, means, .. } = *b;
+    b.check_sizes()?;
+    let config = estimator_config(name, settings)?;
+    let data = TrainedLooking::draw(means, k, d, samples)?;
+    let refs: Vec<&[u32]> = data.labels.iter().map(|p| &p[..]).collect();
+    let counts = || data.label_counts();
     let problem = Problem { n_classes: k, n_data: samples, dim: d, label_counts: &counts };
-    if let Some(top) = top {
-        // Search estimators retrieve `top` classes, sampling ones draw `n_samples`.
-        let key = if config.build(&problem)?.search.is_some() { "top" } else { "n_samples" };
-        let with_top: Vec<String> = settings.iter().cloned().chain([format!("{key}={top}")]).collect();
-        config = estimator_config(name, &with_top)?;
-    }
+    let config = b.with_top(config, &problem)?;
     let built = config.build(&problem)?;
     let Some(reference) = built.reference() else {
         let msg = format!("`{name}` is exact: bench estimator measures approximate estimators against it");
@@ -543,57 +665,16 @@ pub fn bench_estimator(b: &EstimatorBench) -> Result<Value, Error> {
     let (top, blocks) = built.search.map_or((None, 1), |s| (Some(s.top), s.blocks));
     let est = built.estimator;
     let t = Instant::now();
-    let block_index = est.uses_index().then(|| BlockIndex::build(&w, index_config, blocks));
+    let block_index = est.uses_index().then(|| BlockIndex::build(&data.w, index_config, blocks));
     let build_seconds = t.elapsed().as_secs_f64();
-    let ctx = Ctx { w: &w, bias: None, index: block_index.as_ref() };
-    // One untimed batch of other samples first: an index calibrating its budget to a target
-    // recall does it on the first queries it is asked, as in training's first steps.
-    let (mut bg, mut part) = (BatchGrad::default(), Matrix::default());
+    let ctx = Ctx { w: &data.w, bias: None, index: block_index.as_ref() };
+    let mut bg = BatchGrad::default();
     if block_index.is_some() {
-        let warm = g.features(Split::Train, samples..samples + WARM_UP);
-        let warm_labels: Vec<[u32; 1]> =
-            g.labels(Split::Train)[samples..samples + WARM_UP].iter().map(|&c| [c]).collect();
-        let warm_refs: Vec<&[u32]> = warm_labels.iter().map(|p| &p[..]).collect();
-        let warm_ids: Vec<usize> = (samples..samples + WARM_UP).collect();
-        let batch = Batch::new(&warm, &warm_refs).with_ids(&warm_ids);
-        est.estimate_batch(&ctx, batch, &mut rng::seeded(5, u64::MAX), &mut bg);
+        data.warm_up(est.as_ref(), &ctx, &mut bg);
     }
-    let ids: Vec<usize> = (0..samples).collect();
-    // Both estimators over all samples in batches of 256, alternating batch by batch so that
-    // both see the same machine (shared machines drift by 2x within a minute): dL/dphi per
-    // sample (timed apart: only the estimate is the estimator's cost), seconds, classes scored.
-    let mut runs: [(Matrix, f64, usize); 2] = std::array::from_fn(|_| (Matrix::zeros(samples, d), 0.0, 0));
-    for start in (0..samples).step_by(256) {
-        let end = (start + 256).min(samples);
-        let chunk = Matrix::from_vec(end - start, d, phi.as_slice()[start * d..end * d].to_vec()).expect("rows");
-        for (e, (dphi, seconds, scored)) in [reference.as_ref(), est.as_ref()].into_iter().zip(&mut runs) {
-            let batch = Batch::new(&chunk, &refs[start..end]).with_ids(&ids[start..end]);
-            let t = Instant::now();
-            let tot = e.estimate_batch(&ctx, batch, &mut rng::seeded(5, start as u64), &mut bg);
-            *seconds += t.elapsed().as_secs_f64();
-            *scored += tot.classes_scored;
-            bg.dphi(&w, &mut part);
-            dphi.as_mut_slice()[start * d..end * d].copy_from_slice(part.as_slice());
-        }
-    }
+    let runs = data.timed_runs([reference.as_ref(), est.as_ref()], &ctx, &refs, &mut bg);
     let [(d_exact, exact_seconds, _), (d_est, seconds, scored)] = runs;
-    // Exact losses per sample, for the estimator's loss error (stateless estimates).
-    let mut z = vec![0.0f32; k];
-    let mut grad = vec![0.0f32; k];
-    let mut scratch = farout_estimators::LossScratch::default();
-    let (mut cos_sum, mut abs_err, mut abs_loss) = (0.0f64, 0.0f64, 0.0f64);
-    let mut est_grad = farout_core::SparseGrad::new();
-    for (i, positives) in refs.iter().enumerate() {
-        let (a, b) = (d_est.row(i), d_exact.row(i));
-        let (na, nb) = (kernels::norm(a), kernels::norm(b));
-        cos_sum +=
-            if na == 0.0 && nb == 0.0 { 1.0 } else { (kernels::dot(a, b) / (na * nb).max(f32::MIN_POSITIVE)) as f64 };
-        kernels::gemv(w.as_slice(), phi.row(i), &mut z);
-        let exact_loss = loss_fn.value_and_grad(&z, positives, &mut grad, &mut scratch) as f64;
-        let e = est.estimate(&ctx, phi.row(i), positives, &mut rng::seeded(5, i as u64), &mut est_grad).loss as f64;
-        abs_err += (e - exact_loss).abs();
-        abs_loss += exact_loss.abs();
-    }
+    let (cos_sum, abs_err, abs_loss) = data.accuracy(est.as_ref(), loss_fn.as_ref(), &ctx, &refs, (&d_est, &d_exact));
     let n = samples as f64;
     Ok(serde_json::json!({
         "bench": "estimator",
