@@ -120,6 +120,41 @@ impl LinearModel {
     }
 }
 
+/// Makes `fitted`'s summary the whole run's (on one rank, it is): returns the run's seconds
+/// and the bytes of the model's files over all ranks.
+fn whole_run_totals(
+    comm: &dyn Collective,
+    fitted: &mut farout_linear::Fitted,
+    shards: &Shards,
+) -> Result<(f64, usize), Error> {
+    let (rank, ranks) = (comm.rank(), comm.size());
+    // The run takes as long as its slowest rank; sizes add up over the shards.
+    let mut rank_seconds = vec![0f64; ranks];
+    rank_seconds[rank] = fitted.summary.seconds;
+    comm.allreduce_sum_f64(&mut rank_seconds)?;
+    let seconds = rank_seconds.iter().copied().fold(0.0, f64::max);
+    let s = &mut fitted.summary;
+    let mut sizes = [s.nnz_before_pruning as u64, s.nnz_after_pruning as u64, fitted.model.file_len() as u64];
+    comm.allreduce_sum_u64(&mut sizes)?;
+    (s.seconds, s.nnz_before_pruning, s.nnz_after_pruning) = (seconds, sizes[0] as usize, sizes[1] as usize);
+    if ranks > 1 {
+        s.stats = rank_stats(comm, &s.stats, &rank_seconds, shards)?;
+    }
+    Ok((seconds, sizes[2] as usize))
+}
+
+/// Rank 0's last record: the test metrics after the training seconds, at step `epochs`.
+fn record_final(sinks: &mut Sinks, epochs: usize, seconds: f64, metrics: &BTreeMap<String, f64>) -> Result<(), Error> {
+    // After the last epoch's record (step = epoch) for solvers with epochs.
+    let epochs = epochs.max(1);
+    let mut values: Vec<(String, f64)> = vec![("eval/epoch".into(), epochs as f64), ("train/seconds".into(), seconds)];
+    values.extend(metrics.iter().map(|(k, v)| (format!("eval/{k}"), *v)));
+    let values: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    sinks.record(epochs as u64, seconds, &values)?;
+    sinks.flush()?;
+    Ok(())
+}
+
 /// The split of `train`'s labels over `ranks` ranks: contiguous ranges whose largest cost is
 /// smallest, a label costing its positives plus the mean positives of a label (a label's
 /// solver touches every sample once per iteration, and more often the more positives it has).
@@ -221,80 +256,100 @@ impl LinearRun {
     /// ranks, each trains its share of the labels (see the module docs); only rank 0 logs.
     pub fn train(&self, comm: &dyn Collective) -> Result<Summary, Error> {
         let cfg = &self.config;
-        let solver = self.solver();
         let (rank, ranks) = (comm.rank(), comm.size());
         let log_dir = cfg.log_dir();
         let mut sinks = Sinks::open_on_root(comm, &log_dir, &cfg.log, true)?;
         let train = TrainSet::from_dataset(&self.data.train)?;
-        let shards = if solver.params().label_parallel() {
-            label_shards(&train, ranks)?
-        } else {
-            Shards::even(train.n_labels(), ranks)?
-        };
+        let shards = self.label_split(&train, ranks)?;
         let labels = shards.range(rank);
-        let ranks_note = if ranks > 1 { format!(", {ranks} MPI ranks") } else { String::new() };
-        log::info!(
-            "{}: {} on {} samples, {} features, {} labels, {} threads{ranks_note}",
-            cfg.name,
-            solver.name(),
-            train.n_samples(),
-            train.n_features(),
-            train.n_labels(),
-            rayon::current_num_threads()
-        );
-        let bar = progress_bar(
-            cfg.log.progress && comm.is_root(),
-            0,
-            "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}, ETA {eta}",
-        );
-        let of_rank = if ranks > 1 { ", rank 0's labels" } else { "" };
-        bar.set_prefix(format!("{} ({}{of_rank})", cfg.name, solver.name()));
-        let reporter = Reporter {
-            bar: bar.clone(),
-            name: &cfg.name,
-            start: Instant::now(),
-            epochs: Mutex::new(EpochLog { sinks: &mut sinks, last: 0, error: None }),
-        };
-        let fitted = solver.params().fit_shard(&train, &shards, comm, &reporter).map_err(Error::from);
-        let EpochLog { last: epochs, error, .. } = reporter.epochs.into_inner().unwrap_or_else(|e| e.into_inner());
-        let mut fitted = agree(comm, fitted.and_then(|f| error.map_or(Ok(f), Err)))?;
-        bar.finish();
+        self.log_start(&train, ranks);
+        let (mut fitted, epochs) = self.fit(&train, &shards, comm, &mut sinks)?;
         let n_labels = train.n_labels();
         drop(train);
-        // The run takes as long as its slowest rank; sizes add up over the shards.
-        let mut rank_seconds = vec![0f64; ranks];
-        rank_seconds[rank] = fitted.summary.seconds;
-        comm.allreduce_sum_f64(&mut rank_seconds)?;
-        let seconds = rank_seconds.iter().copied().fold(0.0, f64::max);
-        let s = &mut fitted.summary;
-        let mut sizes = [s.nnz_before_pruning as u64, s.nnz_after_pruning as u64, fitted.model.file_len() as u64];
-        comm.allreduce_sum_u64(&mut sizes)?;
-        (s.seconds, s.nnz_before_pruning, s.nnz_after_pruning) = (seconds, sizes[0] as usize, sizes[1] as usize);
-        if ranks > 1 {
-            s.stats = rank_stats(comm, &s.stats, &rank_seconds, &shards)?;
-        }
+        let (seconds, model_bytes) = whole_run_totals(comm, &mut fitted, &shards)?;
         let model = LinearModel { model: fitted.model, first: labels.start, n_labels };
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
         let metrics = evaluate(&model, test, cfg.eval.final_max_samples, comm)?;
         if comm.is_root() {
-            // After the last epoch's record (step = epoch) for solvers with epochs.
-            let epochs = epochs.max(1);
-            let mut values: Vec<(String, f64)> =
-                vec![("eval/epoch".into(), epochs as f64), ("train/seconds".into(), seconds)];
-            values.extend(metrics.iter().map(|(k, v)| (format!("eval/{k}"), *v)));
-            let values: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-            sinks.record(epochs as u64, seconds, &values)?;
-            sinks.flush()?;
+            record_final(&mut sinks, epochs, seconds, &metrics)?;
         }
         if cfg.checkpoint.enabled {
             let path = self.save(&model, comm)?;
             log::info!("saved the model to {}", path.display());
         }
+        Ok(self.summary(metrics, seconds, model_bytes, log_dir, &fitted.summary))
+    }
+
+    /// The labels of each of `ranks` ranks: balanced by cost for the solvers that train every
+    /// label on its own, else an even split of the classes.
+    fn label_split(&self, train: &TrainSet, ranks: usize) -> Result<Shards, Error> {
+        if self.solver().params().label_parallel() {
+            label_shards(train, ranks)
+        } else {
+            Ok(Shards::even(train.n_labels(), ranks)?)
+        }
+    }
+
+    /// Logs what is trained on what.
+    fn log_start(&self, train: &TrainSet, ranks: usize) {
+        let ranks_note = if ranks > 1 { format!(", {ranks} MPI ranks") } else { String::new() };
+        log::info!(
+            "{}: {} on {} samples, {} features, {} labels, {} threads{ranks_note}",
+            self.config.name,
+            self.solver().name(),
+            train.n_samples(),
+            train.n_features(),
+            train.n_labels(),
+            rayon::current_num_threads()
+        );
+    }
+
+    /// Fits this rank's `shards` of the labels with a progress bar, writing per-epoch records
+    /// to `sinks`; fails on every rank if it failed on one. Returns the fitted shard and the
+    /// last epoch reported (0: none).
+    fn fit(
+        &self,
+        train: &TrainSet,
+        shards: &Shards,
+        comm: &dyn Collective,
+        sinks: &mut Sinks,
+    ) -> Result<(farout_linear::Fitted, usize), Error> {
+        let (cfg, solver) = (&self.config, self.solver());
+        let bar = progress_bar(
+            cfg.log.progress && comm.is_root(),
+            0,
+            "{prefix} [{elapsed_precise}] {bar:30.cyan/blue} {pos}/{len} {msg}, ETA {eta}",
+        );
+        let of_rank = if comm.size() > 1 { ", rank 0's labels" } else { "" };
+        bar.set_prefix(format!("{} ({}{of_rank})", cfg.name, solver.name()));
+        let reporter = Reporter {
+            bar: bar.clone(),
+            name: &cfg.name,
+            start: Instant::now(),
+            epochs: Mutex::new(EpochLog { sinks, last: 0, error: None }),
+        };
+        let fitted = solver.params().fit_shard(train, shards, comm, &reporter).map_err(Error::from);
+        let EpochLog { last: epochs, error, .. } = reporter.epochs.into_inner().unwrap_or_else(|e| e.into_inner());
+        let fitted = agree(comm, fitted.and_then(|f| error.map_or(Ok(f), Err)))?;
+        bar.finish();
+        Ok((fitted, epochs))
+    }
+
+    /// The run's summary.
+    fn summary(
+        &self,
+        metrics: BTreeMap<String, f64>,
+        seconds: f64,
+        model_bytes: usize,
+        log_dir: PathBuf,
+        fitted: &farout_linear::FitSummary,
+    ) -> Summary {
+        let cfg = &self.config;
         let n_train = self.data.train.len();
-        Ok(Summary {
+        Summary {
             name: cfg.name.clone(),
             task: cfg.task(),
-            estimator: solver.name().to_string(),
+            estimator: self.solver().name().to_string(),
             metrics,
             train_seconds: seconds,
             steps: 1,
@@ -303,7 +358,7 @@ impl LinearRun {
             classes_scored_per_sample: self.data.n_classes as f64,
             index_recall: None,
             grad_cosine: None,
-            model_bytes: sizes[2] as usize,
+            model_bytes,
             peak_rss_bytes: peak_rss_bytes(),
             n_classes: self.data.n_classes,
             d_model: self.data.n_features,
@@ -311,8 +366,8 @@ impl LinearRun {
             n_test: self.data.test.as_ref().map_or(0, |t| t.len()),
             seed: cfg.seed,
             log_dir,
-            linear: Some(serde_json::to_value(&fitted.summary).expect("summaries serialise")),
-        })
+            linear: Some(serde_json::to_value(fitted).expect("summaries serialise")),
+        }
     }
 
     /// Saves `model` in the checkpoint directory: `linear.model` from one process; from
