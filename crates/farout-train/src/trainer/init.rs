@@ -10,6 +10,7 @@ use farout_dist::{Collective, Shards};
 use farout_estimators::{Built, GradientEstimator, Problem};
 use farout_layer::{LayerInit, OutputLayer, sharded_sparse};
 use farout_models::{DocEncoder, FaceHead};
+use std::ops::Range;
 use std::time::Instant;
 
 /// Whether `output.class_chunk`, when set, goes with the exact softmax and no warm-up, and if
@@ -96,75 +97,118 @@ fn check_model_memory(config: &Config, data: &TaskData) -> Result<(), Error> {
     Ok(farout_core::resources::check_memory(layer + table, what, change)?)
 }
 
+/// The data of `config`, loaded once its output settings are checked, and checked: a training
+/// set with classes, and a model that fits in memory.
+fn load_checked(config: &Config) -> Result<TaskData, Error> {
+    check_class_chunk(config)?;
+    let data = data::load(config)?;
+    if data.train.is_empty() {
+        return Err(Error::NoData("the training set is empty"));
+    }
+    if data.n_classes == 0 {
+        return Err(Error::NoData("the data have no classes (K = 0)"));
+    }
+    check_model_memory(config, &data)?;
+    Ok(data)
+}
+
+/// The encoder of `config` over `data`'s features, and the dimension of the features it gives
+/// the output layer. The face head's embeddings replace `data`'s features (computed once).
+fn build_encoder(config: &Config, data: &mut TaskData) -> Result<(Encoder, usize), Error> {
+    let encoder = match config.model.encoder {
+        EncoderKind::FaceHead => {
+            let head = FaceHead::new(&config.model.face_head, data.n_features)?;
+            embed_in_place(&head, &mut data.train, config.eval.batch_size);
+            if let Some(t) = &mut data.test {
+                embed_in_place(&head, t, config.eval.batch_size);
+            }
+            Encoder::Face(head)
+        }
+        EncoderKind::DocEncoder => {
+            Encoder::Doc(DocEncoder::new(&config.model.doc_encoder, data.n_features, config.seed)?)
+        }
+        EncoderKind::SkipGram => unreachable!("data::load rejects text corpora"),
+    };
+    let d_model = match &encoder {
+        Encoder::Face(h) => h.d_out(data.n_features),
+        Encoder::Doc(e) => e.d_model(),
+    };
+    Ok((encoder, d_model))
+}
+
+/// This rank's classes of the output layer (an even share), and with several ranks its shard.
+fn class_rows(n_classes: usize, comm: &dyn Collective) -> Result<(Range<usize>, Option<Shard>), Error> {
+    if n_classes < comm.size() {
+        return Err(Error::NoData("fewer classes than MPI ranks: every rank needs one"));
+    }
+    let rows = Shards::even(n_classes, comm.size())?.range(comm.rank());
+    let shard = (comm.size() > 1).then_some(Shard { rank: comm.rank(), ranks: comm.size(), first: rows.start });
+    Ok((rows, shard))
+}
+
+/// The output layer of `rows` (features of dimension `d_model`) with the index of `config`'s
+/// estimator attached, and the estimators (the run's and the warm-up's) for `data`. With
+/// several ranks (`sharded`) the estimators must train a class-sharded layer.
+fn layer_and_estimators(
+    config: &Config,
+    data: &TaskData,
+    rows: Range<usize>,
+    d_model: usize,
+    comm: &dyn Collective,
+    sharded: bool,
+) -> Result<(OutputLayer, crate::estimators::RunEstimator), Error> {
+    let (out, seed) = (&config.output, config.seed);
+    let mut layer = OutputLayer::with_rows(rows, d_model, &out.layer, &out.optimizer, seed)?;
+    let (labels, k) = (&data.train.labels, data.n_classes);
+    let label_counts = || {
+        let mut counts = vec![0u64; k];
+        labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
+        counts
+    };
+    let problem = Problem { n_classes: k, n_data: data.train.len(), dim: d_model, label_counts: &label_counts };
+    let run = crate::estimators::build(config, &problem)?;
+    crate::estimators::attach_index(&mut layer, &run.built, config, k, comm.size())?;
+    if sharded {
+        check_sharded_estimator(run.built.estimator.as_ref(), comm.size())?;
+        if let Some(w) = &run.warmup {
+            check_sharded_estimator(w.as_ref(), comm.size())?;
+        }
+    }
+    Ok((layer, run))
+}
+
+/// An error if `estimator` models one label per sample and a training sample of `data` has
+/// several.
+fn check_single_label(estimator: &dyn GradientEstimator, data: &TaskData) -> Result<(), Error> {
+    if estimator.single_label() {
+        let (most, i) = data.train.labels.most_labels();
+        if most > 1 {
+            return Err(Error::Key(ConfigError::key(
+                "data.first_label",
+                format!(
+                    "output.estimator = \"{}\" models one label per sample, but training sample {i} has {most} \
+                 labels; set data.first_label = true (the A&R paper keeps each sample's first label)",
+                    estimator.name()
+                ),
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl<'c> Trainer<'c> {
     /// [`Trainer::new`] as one of the ranks of `comm`: with several ranks, each holds an even
     /// share of the output layer's classes (see [`farout_layer::sharded`]).
     pub fn new(config: Config, comm: &'c dyn Collective) -> Result<Self, Error> {
-        check_class_chunk(&config)?;
-        let mut data = data::load(&config)?;
-        if data.train.is_empty() {
-            return Err(Error::NoData("the training set is empty"));
-        }
-        if data.n_classes == 0 {
-            return Err(Error::NoData("the data have no classes (K = 0)"));
-        }
-        check_model_memory(&config, &data)?;
-        let encoder = match config.model.encoder {
-            EncoderKind::FaceHead => {
-                let head = FaceHead::new(&config.model.face_head, data.n_features)?;
-                embed_in_place(&head, &mut data.train, config.eval.batch_size);
-                if let Some(t) = &mut data.test {
-                    embed_in_place(&head, t, config.eval.batch_size);
-                }
-                Encoder::Face(head)
-            }
-            EncoderKind::DocEncoder => {
-                Encoder::Doc(DocEncoder::new(&config.model.doc_encoder, data.n_features, config.seed)?)
-            }
-            EncoderKind::SkipGram => unreachable!("data::load rejects text corpora"),
-        };
-        let d_model = match &encoder {
-            Encoder::Face(h) => h.d_out(data.n_features),
-            Encoder::Doc(e) => e.d_model(),
-        };
-        if data.n_classes < comm.size() {
-            return Err(Error::NoData("fewer classes than MPI ranks: every rank needs one"));
-        }
-        let rows = Shards::even(data.n_classes, comm.size())?.range(comm.rank());
-        let shard = (comm.size() > 1).then_some(Shard { rank: comm.rank(), ranks: comm.size(), first: rows.start });
-        let (out, seed) = (&config.output, config.seed);
-        let mut layer = OutputLayer::with_rows(rows, d_model, &out.layer, &out.optimizer, seed)?;
-        let (labels, k) = (&data.train.labels, data.n_classes);
-        let label_counts = || {
-            let mut counts = vec![0u64; k];
-            labels.labels.iter().for_each(|&c| counts[c as usize] += 1);
-            counts
-        };
-        let problem = Problem { n_classes: k, n_data: data.train.len(), dim: d_model, label_counts: &label_counts };
-        let crate::estimators::RunEstimator { built, warmup } = crate::estimators::build(&config, &problem)?;
-        crate::estimators::attach_index(&mut layer, &built, &config, k, comm.size())?;
-        if shard.is_some() {
-            check_sharded_estimator(built.estimator.as_ref(), comm.size())?;
-            if let Some(w) = &warmup {
-                check_sharded_estimator(w.as_ref(), comm.size())?;
-            }
-        }
+        let mut data = load_checked(&config)?;
+        let (encoder, d_model) = build_encoder(&config, &mut data)?;
+        let (rows, shard) = class_rows(data.n_classes, comm)?;
+        let (layer, run) = layer_and_estimators(&config, &data, rows, d_model, comm, shard.is_some())?;
+        let crate::estimators::RunEstimator { built, warmup } = run;
         let reference = built.reference();
         let Built { estimator, loss, search, .. } = built;
         let (loss, search_top) = (loss.boxed(), search.map_or(0, |s| s.top));
-        if estimator.single_label() {
-            let (most, i) = data.train.labels.most_labels();
-            if most > 1 {
-                return Err(Error::Key(ConfigError::key(
-                    "data.first_label",
-                    format!(
-                        "output.estimator = \"{}\" models one label per sample, but training sample {i} has {most} \
-                     labels; set data.first_label = true (the A&R paper keeps each sample's first label)",
-                        estimator.name()
-                    ),
-                )));
-            }
-        }
+        check_single_label(estimator.as_ref(), &data)?;
         let mut trainer = Self {
             comm,
             config,
@@ -282,7 +326,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let zero = Trainer::new(tiny_face(dir.path(), "[output.layer]\ninit_std = 0.0"), &Local).unwrap();
         assert!(zero.layer().weights().as_slice().iter().all(|&w| w == 0.0));
-        let msi = Trainer::new(tiny_face(dir.path(), "[output.layer]\ninit_std = 0.0\ninit = \"msi\""), &Local).unwrap();
+        let msi =
+            Trainer::new(tiny_face(dir.path(), "[output.layer]\ninit_std = 0.0\ninit = \"msi\""), &Local).unwrap();
         let w = msi.layer().weights();
         let nonzero_rows = (0..w.rows()).filter(|&k| w.row(k).iter().any(|&x| x != 0.0)).count();
         assert_eq!(nonzero_rows, w.rows(), "every class has training samples, so every row moves");
