@@ -77,7 +77,7 @@ impl TextGenSpec {
         }
         if self.min_len == 0 || self.max_len < self.min_len {
             return bad(
-                "data.synthetic.max_len",
+                "max_len",
                 format!("need 1 <= min_len <= max_len, found {}..{}", self.min_len, self.max_len),
             );
         }
@@ -91,7 +91,8 @@ impl TextGenSpec {
 
     /// Writes the corpus to `path`, calling `progress(tokens written)` now and then.
     pub fn write(&self, path: &Path, progress: &(dyn Fn(u64) + Sync)) -> Result<u64> {
-        self.check()?;
+        // The spec is `[data.synthetic]` of a config: its keys named in full, as the config's.
+        self.check().map_err(|e| e.under("data.synthetic"))?;
         let zipf =
             |n: usize| AliasTable::new(&(0..n).map(|r| (r as f64 + 1.0).powf(-self.exponent)).collect::<Vec<_>>());
         let global = zipf(self.words).expect("words >= 2");

@@ -86,13 +86,13 @@ impl Proposal {
     }
 
     /// Checks that the proposal covers `k` classes.
-    pub fn check(&self, k: usize) -> Result<(), crate::Error> {
+    pub fn check(&self, k: usize) -> Result<(), farout_core::ParamError> {
         match self {
-            Proposal::Unigram(t) if t.len() != k => Err(crate::Error::Param(farout_core::ParamError::new(
+            Proposal::Unigram(t) if t.len() != k => Err(farout_core::ParamError::new(
                 "proposal",
                 format!("unigram over {} classes", t.len()),
                 "the counts must cover every class of the layer",
-            ))),
+            )),
             _ => Ok(()),
         }
     }

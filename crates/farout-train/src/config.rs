@@ -892,6 +892,54 @@ mod tests {
         assert!(e.starts_with("key `output.optimizer.eps`"), "{e}");
     }
 
+    /// Every section's `check` returns a `farout_core::ParamError` and [`ConfigError::param`]
+    /// prefixes its section: the messages are the ones each section has always written (a
+    /// value and its range after ` = `, or a message after `: `).
+    #[test]
+    fn parameter_errors_of_every_section_keep_their_messages() {
+        let doc = MINIMAL.replace("synthetic_face", "synthetic_xmc").replace("face_head", "doc_encoder");
+        let text = MINIMAL
+            .replace("synthetic_face", "text")
+            .replace("face_head", "skip_gram")
+            .replace("\"softmax\"", "\"negative_sampling\"");
+        let linear = "[data]\nformat = \"synthetic_xmc\"\n[linear]\nsolver = \"memoir\"\n";
+        let cases: [(&str, &[&str], &str); 10] = [
+            (
+                MINIMAL,
+                &["output.optimizer={kind=\"sgd\", lr=0.1, decay=-1}"],
+                "key `output.optimizer.decay` = -1 must be >= 0",
+            ),
+            (LDGS, &["output.tau2=-1"], "key `output.tau2` = -1 must be >= 0"),
+            (
+                LDGS,
+                &["index.kind=\"hamming\"", "index.bits=70"],
+                "key `index.bits` = 70 must be a multiple of 64 from 64 to 512",
+            ),
+            (&doc, &["model.doc_encoder.dropout=1.5"], "key `model.doc_encoder.dropout`: 1.5 is not in [0, 1)"),
+            (
+                &doc,
+                &["model.doc_encoder.optimizer={kind=\"sgd\", lr=0}"],
+                "key `model.doc_encoder.optimizer.lr`: 0 must be a finite number > 0",
+            ),
+            (linear, &["linear.eta0=0"], "key `linear.eta0` = 0 must be a finite number > 0 (0.1 in [E])"),
+            (
+                linear,
+                &["linear.oracle={kind=\"hamming\", bits=70}"],
+                "key `linear.oracle.bits` = 70 must be a multiple of 64 from 64 to 512",
+            ),
+            (&text, &["model.skip_gram.lr=0"], "key `model.skip_gram.lr`: 0 must be a finite number > 0"),
+            (&text, &["data.text.t=2"], "key `data.text.t`: 2 must be in (0, 1)"),
+            (
+                &text,
+                &["data.synthetic.min_len=0"],
+                "key `data.synthetic.max_len`: need 1 <= min_len <= max_len, found 0..25",
+            ),
+        ];
+        for (config, sets, want) in cases {
+            assert_eq!(check_err(config, sets), want, "{sets:?}");
+        }
+    }
+
     #[test]
     fn syntax_and_override_errors_say_where() {
         let e = parse_err("[data\nformat = 1", &[]);
