@@ -341,70 +341,95 @@ enum Model {
     Logistic,
 }
 
-/// Section 4.2 on Bibtex: keep each observation's first label, linear model on the raw
-/// features (`psi = W x + b`), 5,000 iterations of |B| = 488, |S| = 20 with the paper's step
-/// schedule, for exact softmax, OVE and the three A&R estimators.
-pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, Error> {
-    let train = farout_data::xmc::read(&dir.join("train.txt"))?;
-    let test = farout_data::xmc::read(&dir.join("test.txt"))?;
-    let features = |ds: &farout_data::Dataset, file: &str| match &ds.features {
+/// The sparse features of `ds`, read from `dir/file`; an error if they are dense.
+fn sparse_features(dir: &Path, ds: &farout_data::Dataset, file: &str) -> Result<farout_data::SparseRows, Error> {
+    match &ds.features {
         farout_data::Features::Sparse(s) => Ok(s.clone()),
         farout_data::Features::Dense(_) => {
             Err(Error::DataMismatch { path: dir.join(file), msg: "bibtex features should be sparse".into() })
         }
-    };
-    let (xtr, xte) = (features(&train, "train.txt")?, features(&test, "test.txt")?);
-    let d = xtr.n_cols.max(xte.n_cols);
-    // First labels, renumbered over the classes that occur as a first label.
-    let first = |ds: &farout_data::Dataset| -> Vec<Option<ClassId>> {
-        (0..ds.len()).map(|i| ds.labels.get(i).first().copied()).collect()
-    };
-    let (ytr, yte) = (first(&train), first(&test));
-    let mut ids: Vec<ClassId> = ytr.iter().chain(&yte).flatten().copied().collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let remap = |y: ClassId| ids.binary_search(&y).expect("collected above") as ClassId;
-    let dense = |x: &farout_data::SparseRows, ys: &[Option<ClassId>]| {
-        let rows: Vec<usize> = (0..ys.len()).filter(|&i| ys[i].is_some()).collect();
-        let mut m = Matrix::zeros(rows.len(), d);
-        for (r, &i) in rows.iter().enumerate() {
-            let (cols, vals) = x.row(i);
-            for (&c, &v) in cols.iter().zip(vals) {
-                m.row_mut(r)[c as usize] = v;
-            }
-        }
-        let labels: Vec<ClassId> = rows.iter().map(|&i| remap(ys[i].expect("filtered"))).collect();
-        (m, labels)
-    };
-    let (phi_tr, y_tr) = dense(&xtr, &ytr);
-    let (phi_te, y_te) = dense(&xte, &yte);
-    let k = ids.len();
-    let n = y_tr.len();
-    if opts.batch == 0 || opts.batch > n {
-        return Err(Error::Option { name: "batch", msg: format!("{} must be in 1..={n}", opts.batch) });
     }
-    let methods: Vec<(Box<dyn GradientEstimator>, Model)> = vec![
-        (Box::new(Exact::new(Softmax)), Model::Softmax),
-        (Box::new(Ove::new(opts.negatives)?), Model::Softmax),
-        (Box::new(ArSoftmax::new(opts.negatives, n)?), Model::Softmax),
-        (Box::new(ArProbit::new(opts.negatives, n)?), Model::Probit),
-        (Box::new(ArLogistic::new(opts.negatives, n)?), Model::Logistic),
-    ];
-    let mut results = Vec::new();
-    for (est, model) in &methods {
+}
+
+/// Bibtex as the experiment sees it: the observations with at least one label, their features
+/// as dense rows and their first label, renumbered over the `classes` that occur as one.
+struct FirstLabels {
+    phi_tr: Matrix,
+    y_tr: Vec<ClassId>,
+    phi_te: Matrix,
+    y_te: Vec<ClassId>,
+    classes: usize,
+}
+
+impl FirstLabels {
+    /// From the train and test sets and their sparse features.
+    fn new(
+        (train, xtr): (&farout_data::Dataset, &farout_data::SparseRows),
+        (test, xte): (&farout_data::Dataset, &farout_data::SparseRows),
+    ) -> Self {
+        let d = xtr.n_cols.max(xte.n_cols);
+        // First labels, renumbered over the classes that occur as a first label.
+        let first = |ds: &farout_data::Dataset| -> Vec<Option<ClassId>> {
+            (0..ds.len()).map(|i| ds.labels.get(i).first().copied()).collect()
+        };
+        let (ytr, yte) = (first(train), first(test));
+        let mut ids: Vec<ClassId> = ytr.iter().chain(&yte).flatten().copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let remap = |y: ClassId| ids.binary_search(&y).expect("collected above") as ClassId;
+        let dense = |x: &farout_data::SparseRows, ys: &[Option<ClassId>]| {
+            let rows: Vec<usize> = (0..ys.len()).filter(|&i| ys[i].is_some()).collect();
+            let mut m = Matrix::zeros(rows.len(), d);
+            for (r, &i) in rows.iter().enumerate() {
+                let (cols, vals) = x.row(i);
+                for (&c, &v) in cols.iter().zip(vals) {
+                    m.row_mut(r)[c as usize] = v;
+                }
+            }
+            let labels: Vec<ClassId> = rows.iter().map(|&i| remap(ys[i].expect("filtered"))).collect();
+            (m, labels)
+        };
+        let (phi_tr, y_tr) = dense(xtr, &ytr);
+        let (phi_te, y_te) = dense(xte, &yte);
+        Self { phi_tr, y_tr, phi_te, y_te, classes: ids.len() }
+    }
+
+    /// Trains a linear model with `est` on the training observations (the paper's schedule)
+    /// and tests it under `model`.
+    fn train_and_test(
+        &self,
+        est: &dyn GradientEstimator,
+        model: Model,
+        opts: &ArBibtexOptions,
+    ) -> Result<MethodResult, Error> {
+        let (k, d, n) = (self.classes, self.phi_tr.cols(), self.y_tr.len());
         let cfg = OutputLayerConfig { bias: true, init_std: 0.1, ..Default::default() };
         let mut layer = OutputLayer::new(k, d, &cfg, &paper_schedule(n, opts.batch), opts.seed)?;
         let mut phi = Matrix::zeros(opts.batch, d);
         let run = PaperRun { batch: opts.batch, iterations: opts.iterations, seed: opts.seed, salt: 0xB1B };
         let bar = progress_bar(opts.progress, opts.iterations, est.name());
-        let seconds = run.train(&mut layer, est.as_ref(), &y_tr, &bar, &mut phi, |ids, phi| {
+        let seconds = run.train(&mut layer, est, &self.y_tr, &bar, &mut phi, |ids, phi| {
             for (r, &i) in ids.iter().enumerate() {
-                phi.row_mut(r).copy_from_slice(phi_tr.row(i));
+                phi.row_mut(r).copy_from_slice(self.phi_tr.row(i));
             }
         })?;
+        let (ll, correct) = self.test_sums(&layer, model);
+        let epochs = opts.iterations as f64 * opts.batch as f64 / n as f64;
+        Ok(MethodResult {
+            method: est.name().to_string(),
+            test_log_lik: ll / self.y_te.len() as f64,
+            accuracy: correct as f64 / self.y_te.len() as f64,
+            seconds_per_epoch: seconds / epochs,
+        })
+    }
+
+    /// The test log-likelihood under `model` of `layer`'s utilities, summed over the test
+    /// observations, and how many of them have their label as the argmax.
+    fn test_sums(&self, layer: &OutputLayer, model: Model) -> (f64, usize) {
+        let y_te = &self.y_te;
         let mut z = Matrix::default();
-        layer.scores(&phi_te, &mut z);
-        let (ll, correct) = (0..y_te.len())
+        layer.scores(&self.phi_te, &mut z);
+        (0..y_te.len())
             .into_par_iter()
             .map(|i| {
                 let psi = z.row(i);
@@ -420,14 +445,39 @@ pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, E
                 let best = (0..psi.len()).max_by(|&a, &b| psi[a].total_cmp(&psi[b])).unwrap_or(0);
                 (ll, (best == y) as usize)
             })
-            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        let epochs = opts.iterations as f64 * opts.batch as f64 / n as f64;
-        results.push(MethodResult {
-            method: est.name().to_string(),
-            test_log_lik: ll / y_te.len() as f64,
-            accuracy: correct as f64 / y_te.len() as f64,
-            seconds_per_epoch: seconds / epochs,
-        });
+            .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
-    Ok(ArBibtexReport { methods: results, classes: k, n_train: n, n_test: y_te.len(), iterations: opts.iterations })
+}
+
+/// Section 4.2 on Bibtex: keep each observation's first label, linear model on the raw
+/// features (`psi = W x + b`), 5,000 iterations of |B| = 488, |S| = 20 with the paper's step
+/// schedule, for exact softmax, OVE and the three A&R estimators.
+pub fn ar_bibtex(dir: &Path, opts: &ArBibtexOptions) -> Result<ArBibtexReport, Error> {
+    let train = farout_data::xmc::read(&dir.join("train.txt"))?;
+    let test = farout_data::xmc::read(&dir.join("test.txt"))?;
+    let (xtr, xte) = (sparse_features(dir, &train, "train.txt")?, sparse_features(dir, &test, "test.txt")?);
+    let data = FirstLabels::new((&train, &xtr), (&test, &xte));
+    let k = data.classes;
+    let n = data.y_tr.len();
+    if opts.batch == 0 || opts.batch > n {
+        return Err(Error::Option { name: "batch", msg: format!("{} must be in 1..={n}", opts.batch) });
+    }
+    let methods: Vec<(Box<dyn GradientEstimator>, Model)> = vec![
+        (Box::new(Exact::new(Softmax)), Model::Softmax),
+        (Box::new(Ove::new(opts.negatives)?), Model::Softmax),
+        (Box::new(ArSoftmax::new(opts.negatives, n)?), Model::Softmax),
+        (Box::new(ArProbit::new(opts.negatives, n)?), Model::Probit),
+        (Box::new(ArLogistic::new(opts.negatives, n)?), Model::Logistic),
+    ];
+    let mut results = Vec::new();
+    for (est, model) in &methods {
+        results.push(data.train_and_test(est.as_ref(), *model, opts)?);
+    }
+    Ok(ArBibtexReport {
+        methods: results,
+        classes: k,
+        n_train: n,
+        n_test: data.y_te.len(),
+        iterations: opts.iterations,
+    })
 }
