@@ -83,27 +83,7 @@ enum Command {
         words: Vec<String>,
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
-    Predict {
-        /// The experiment config.
-        config: PathBuf,
-        #[arg(long = "set", value_name = "KEY=VALUE")]
-        set: Vec<String>,
-        /// Checkpoint directory (default: the config's).
-        #[arg(long)]
-        checkpoint: Option<PathBuf>,
-        /// Data to predict (default: the config's test set).
-        #[arg(long)]
-        input: Option<PathBuf>,
-        /// Labels of the input for npy/raw data (optional).
-        #[arg(long)]
-        labels: Option<PathBuf>,
-        /// Number of classes per sample.
-        #[arg(long, default_value_t = 5)]
-        top_k: usize,
-        /// Write here instead of standard output.
-        #[arg(long)]
-        out: Option<PathBuf>,
-    },
+    Predict(PredictArgs),
     /// Generate synthetic data sets.
     Data {
         #[command(subcommand)]
@@ -121,6 +101,29 @@ enum Command {
         #[command(subcommand)]
         command: repro::ReproCommand,
     },
+}
+
+#[derive(clap::Args)]
+struct PredictArgs {
+    /// The experiment config.
+    config: PathBuf,
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Checkpoint directory (default: the config's).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Data to predict (default: the config's test set).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Labels of the input for npy/raw data (optional).
+    #[arg(long)]
+    labels: Option<PathBuf>,
+    /// Number of classes per sample.
+    #[arg(long, default_value_t = 5)]
+    top_k: usize,
+    /// Write here instead of standard output.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -468,105 +471,154 @@ fn one_process(comm: &dyn Collective, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// `farout train`: trains (one process on rayon's pool), and on rank 0 prints the JSON summary
+/// and writes it to `summary`.
+fn cmd_train(
+    path: &Path,
+    set: &[String],
+    summary: Option<&Path>,
+    options: &TrainOptions,
+    comm: &dyn Collective,
+) -> Result<()> {
+    let config = load_config(path, set, comm.size())?;
+    if let Some(out) = options.export_vectors {
+        refuse_to_overwrite("--export-vectors", out, path, &config, &[])?;
+    }
+    // One process trains on the pool (with one MPI rank, `Local`'s collectives are
+    // what the rank's would be); ranks of a larger job make their MPI calls from the
+    // main thread.
+    let trained = if comm.size() == 1 {
+        on_pool(|| farout_train::train(&config, options, &farout_dist::Local))
+    } else {
+        farout_train::train(&config, options, comm)
+    };
+    let json = trained?.to_json();
+    if comm.is_root() {
+        emit(&json)?;
+        if let Some(p) = summary {
+            std::fs::write(p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// `farout eval analogy|similarity`, in one process: prints the word vectors' scores.
+fn cmd_eval_vectors(what: EvalVectors, comm: &dyn Collective) -> Result<()> {
+    one_process(comm, "farout eval analogy|similarity")?;
+    let json = match what {
+        EvalVectors::Analogy { vectors, questions, restrict } => serde_json::to_string_pretty(
+            &farout_skipgram::eval::analogy(&load_vectors(&vectors)?, &questions, restrict)?,
+        )?,
+        EvalVectors::Similarity { vectors, pairs } => {
+            serde_json::to_string_pretty(&farout_skipgram::eval::similarity(&load_vectors(&vectors)?, &pairs)?)?
+        }
+    };
+    emit(&json)
+}
+
+/// `farout eval CONFIG`: evaluates the trained model on the config's test set; rank 0 prints
+/// the metrics.
+fn cmd_eval(config: Option<PathBuf>, set: &[String], checkpoint: Option<&Path>, comm: &dyn Collective) -> Result<()> {
+    let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
+    let t = open_trained(load_config(&config, set, comm.size())?, checkpoint, comm)?;
+    let test = t.test().context("the config names no test set (data.test)")?;
+    let metrics = t.evaluate(test)?;
+    if comm.is_root() {
+        emit(serde_json::to_string_pretty(&metrics)?)?;
+    }
+    Ok(())
+}
+
+/// `farout predict`: the top-k classes of every sample of `--input` (or of the test set); rank
+/// 0 writes them to `--out` (or standard output).
+fn cmd_predict(args: PredictArgs, comm: &dyn Collective) -> Result<()> {
+    let PredictArgs { config: path, set, checkpoint, input, labels, top_k, out } = args;
+    let config = load_config(&path, &set, comm.size())?;
+    if let Some(o) = &out {
+        let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
+        refuse_to_overwrite("--out", o, &path, &config, &other)?;
+    }
+    let t = open_trained(config, checkpoint.as_deref(), comm)?;
+    let owned;
+    let ds = match &input {
+        Some(p) => {
+            owned = t.load_input(p, labels.as_deref())?;
+            &owned
+        }
+        None => t.test().context("no --input and the config names no test set")?,
+    };
+    let preds = t.predict(ds, top_k)?;
+    if !comm.is_root() {
+        return Ok(());
+    }
+    let mut w: Box<dyn Write> = match &out {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    for hits in preds {
+        let line: Vec<String> = hits.iter().map(|h| format!("{}:{:.6}", h.class, h.score)).collect();
+        writeln!(w, "{}", line.join(" "))?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// `farout bench layer`, the one benchmark that runs on several ranks.
+fn cmd_bench_layer(command: bench::BenchCommand, comm: &dyn Collective) -> Result<()> {
+    if comm.size() > 1 {
+        // The node's cores shared among its ranks, as `train` shares them.
+        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads_per_rank()).build_global();
+    }
+    bench::run(command, comm)
+}
+
+/// `farout export`: writes the checkpoint's rows to `out`.
+fn cmd_export(
+    path: &Path,
+    set: &[String],
+    out: &Path,
+    rows: Option<ExportRows>,
+    input: Option<&Path>,
+    comm: &dyn Collective,
+) -> Result<()> {
+    let config = load_config(path, set, comm.size())?;
+    refuse_to_overwrite("--out", out, path, &config, &[("--input", input)])?;
+    let n = export(config, out, rows, input, comm)?;
+    log::info!("wrote {n} vectors to {}", out.display());
+    Ok(())
+}
+
+/// `farout compare`: trains (or reads back) the runs on rayon's pool and prints the table.
+fn cmd_compare(args: CompareArgs) -> Result<()> {
+    let args = args.into();
+    emit(on_pool(|| farout_train::compare(&args))?.table.trim_end())
+}
+
+/// Runs the command on this rank. Under `mpirun`, train, eval (with a config), predict and
+/// bench layer run on every rank; every other command refuses to run on several.
 fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
-    let root = comm.is_root();
     match cli.command {
         Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
-            let config = load_config(&path, &set, comm.size())?;
-            if let Some(out) = &export_vectors {
-                refuse_to_overwrite("--export-vectors", out, &path, &config, &[])?;
-            }
             let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
-            // One process trains on the pool (with one MPI rank, `Local`'s collectives are
-            // what the rank's would be); ranks of a larger job make their MPI calls from the
-            // main thread.
-            let trained = if comm.size() == 1 {
-                on_pool(|| farout_train::train(&config, &options, &farout_dist::Local))
-            } else {
-                farout_train::train(&config, &options, comm)
-            };
-            let json = trained?.to_json();
-            if root {
-                emit(&json)?;
-                if let Some(p) = summary {
-                    std::fs::write(&p, json + "\n").with_context(|| format!("writing {}", p.display()))?;
-                }
-            }
+            cmd_train(&path, &set, summary.as_deref(), &options, comm)?
         }
-        Command::Eval(EvalArgs { vectors: Some(what), .. }) => {
-            one_process(comm, "farout eval analogy|similarity")?;
-            let json = match what {
-                EvalVectors::Analogy { vectors, questions, restrict } => serde_json::to_string_pretty(
-                    &farout_skipgram::eval::analogy(&load_vectors(&vectors)?, &questions, restrict)?,
-                )?,
-                EvalVectors::Similarity { vectors, pairs } => {
-                    serde_json::to_string_pretty(&farout_skipgram::eval::similarity(&load_vectors(&vectors)?, &pairs)?)?
-                }
-            };
-            emit(&json)?;
-        }
+        Command::Eval(EvalArgs { vectors: Some(what), .. }) => cmd_eval_vectors(what, comm)?,
         Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
-            let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-            let t = open_trained(load_config(&config, &set, comm.size())?, checkpoint.as_deref(), comm)?;
-            let test = t.test().context("the config names no test set (data.test)")?;
-            let metrics = t.evaluate(test)?;
-            if root {
-                emit(serde_json::to_string_pretty(&metrics)?)?;
-            }
+            cmd_eval(config, &set, checkpoint.as_deref(), comm)?
         }
-        Command::Predict { config: path, set, checkpoint, input, labels, top_k, out } => {
-            let config = load_config(&path, &set, comm.size())?;
-            if let Some(o) = &out {
-                let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
-                refuse_to_overwrite("--out", o, &path, &config, &other)?;
-            }
-            let t = open_trained(config, checkpoint.as_deref(), comm)?;
-            let owned;
-            let ds = match &input {
-                Some(p) => {
-                    owned = t.load_input(p, labels.as_deref())?;
-                    &owned
-                }
-                None => t.test().context("no --input and the config names no test set")?,
-            };
-            let preds = t.predict(ds, top_k)?;
-            if !root {
-                return Ok(());
-            }
-            let mut w: Box<dyn Write> = match &out {
-                Some(p) => Box::new(std::io::BufWriter::new(
-                    std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-                )),
-                None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
-            };
-            for hits in preds {
-                let line: Vec<String> = hits.iter().map(|h| format!("{}:{:.6}", h.class, h.score)).collect();
-                writeln!(w, "{}", line.join(" "))?;
-            }
-            w.flush()?;
-        }
-        Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => {
-            if comm.size() > 1 {
-                // The node's cores shared among its ranks, as `train` shares them.
-                let _ = rayon::ThreadPoolBuilder::new().num_threads(threads_per_rank()).build_global();
-            }
-            bench::run(command, comm)?
-        }
+        Command::Predict(args) => cmd_predict(args, comm)?,
+        Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => cmd_bench_layer(command, comm)?,
         _ if comm.size() > 1 => one_process(comm, "this command")?,
         Command::Export { config: path, set, out, rows, input } => {
-            let config = load_config(&path, &set, comm.size())?;
-            refuse_to_overwrite("--out", &out, &path, &config, &[("--input", input.as_deref())])?;
-            let n = export(config, &out, rows, input.as_deref(), comm)?;
-            log::info!("wrote {n} vectors to {}", out.display());
+            cmd_export(&path, &set, &out, rows, input.as_deref(), comm)?
         }
         Command::Vectors { vectors, words } => print_vectors(&vectors, words)?,
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,
-        Command::Compare(args) => {
-            let args = args.into();
-            emit(on_pool(|| farout_train::compare(&args))?.table.trim_end())?
-        }
+        Command::Compare(args) => cmd_compare(args)?,
     }
     Ok(())
 }
