@@ -308,9 +308,9 @@ struct LinearTask<'c> {
 
 impl LinearTask<'_> {
     fn model(&self) -> Result<&LinearModel, Error> {
-        self.model.as_ref().ok_or_else(|| {
-            Error::Unsupported("the linear model is neither trained nor loaded: train it, or load its checkpoint")
-        })
+        self.model.as_ref().ok_or(Error::Unsupported(
+            "the linear model is neither trained nor loaded: train it, or load its checkpoint",
+        ))
     }
 }
 

@@ -13,9 +13,6 @@ use farout_models::{DocEncoder, FaceHead};
 use std::ops::Range;
 use std::time::Instant;
 
-/// Whether `output.class_chunk`, when set, goes with the exact softmax and no warm-up, and if
-/// not the key that says why. The estimator of a class-sharded layer is checked once built
-/// ([`check_sharded_estimator`]).
 /// The checks of a classifier config: the encoder goes with the data's features (the face head
 /// with dense embeddings, the document encoder with sparse documents), then the training
 /// sections every network has.
@@ -40,6 +37,9 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
     config.check_training()
 }
 
+/// Whether `output.class_chunk`, when set, goes with the exact softmax and no warm-up, and if
+/// not the key that says why. The estimator of a class-sharded layer is checked once built
+/// ([`check_sharded_estimator`]).
 fn check_class_chunk(config: &Config) -> Result<(), Error> {
     let why = |key: &str, msg: String| Err(Error::Key(ConfigError::key(key, msg)));
     if config.output.class_chunk > 0 {
