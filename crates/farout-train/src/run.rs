@@ -30,18 +30,7 @@ pub fn train(config: &Config, options: &TrainOptions, comm: &dyn Collective) -> 
         (false, true) => Start::Overwrite,
         (false, false) => Start::Fresh,
     };
-    if options.resume && !kind.resumes() {
-        return Err(Error::Option {
-            name: "resume",
-            msg: "a linear solver trains in one go; there is nothing to resume".into(),
-        });
-    }
-    if options.export_vectors.is_some() && !kind.has_word_vectors() {
-        return Err(Error::Option {
-            name: "export-vectors",
-            msg: "is for skip-gram configs (model.encoder = \"skip_gram\")".into(),
-        });
-    }
+    kind.check_options(options)?;
     // Rank 0 holds the lock and replaces a previous run; every rank learns if it failed.
     let guard = if comm.is_root() { RunGuard::acquire(config, start).map(Some) } else { Ok(None) };
     let mut guard = agree(comm, guard)?;

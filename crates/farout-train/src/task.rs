@@ -97,6 +97,24 @@ impl TaskKind {
     pub fn has_word_vectors(self) -> bool {
         self == Self::SkipGram
     }
+
+    /// An error when `options` ask for what the task does not do: `--resume` of a task that
+    /// trains in one go, `--export-vectors` of a task without word vectors.
+    pub fn check_options(self, options: &TrainOptions) -> Result<(), Error> {
+        if options.resume && !self.resumes() {
+            return Err(Error::Option {
+                name: "resume",
+                msg: "a linear solver trains in one go; there is nothing to resume".into(),
+            });
+        }
+        if options.export_vectors.is_some() && !self.has_word_vectors() {
+            return Err(Error::Option {
+                name: "export-vectors",
+                msg: "is for skip-gram configs (model.encoder = \"skip_gram\")".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Reading a config: a config is valid when its task's checks pass, so loading and checking
@@ -121,11 +139,6 @@ impl Config {
     pub fn check(&self) -> Result<(), ConfigError> {
         self.check_format()?;
         TaskKind::of(self).check(self)
-    }
-
-    /// The task this config trains.
-    pub fn task_kind(&self) -> TaskKind {
-        TaskKind::of(self)
     }
 }
 
@@ -320,12 +333,7 @@ impl Task for LinearTask<'_> {
     }
 
     fn train(&mut self, options: &TrainOptions) -> Result<RunSummary, Error> {
-        if options.resume {
-            return Err(Error::Option {
-                name: "resume",
-                msg: "a linear solver trains in one go; there is nothing to resume".into(),
-            });
-        }
+        self.kind().check_options(options)?;
         Ok(RunSummary::Classifier(self.run.train(self.comm)?))
     }
 
