@@ -76,10 +76,7 @@ impl TextGenSpec {
             return bad("mix", format!("{} must be in [0, 1]", self.mix));
         }
         if self.min_len == 0 || self.max_len < self.min_len {
-            return bad(
-                "max_len",
-                format!("need 1 <= min_len <= max_len, found {}..{}", self.min_len, self.max_len),
-            );
+            return bad("max_len", format!("need 1 <= min_len <= max_len, found {}..{}", self.min_len, self.max_len));
         }
         Ok(())
     }
