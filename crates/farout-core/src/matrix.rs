@@ -50,6 +50,14 @@ impl Matrix {
         &mut self.data[i * self.cols..(i + 1) * self.cols]
     }
 
+    /// The row and column of the first NaN or infinite value, if any: a check for matrices
+    /// that come from outside farout's own code (an index or a layer trusts finite values).
+    pub fn first_non_finite(&self) -> Option<(usize, usize)> {
+        let at = self.as_slice().iter().position(|x| !x.is_finite())?;
+        let cols = self.cols().max(1);
+        Some((at / cols, at % cols))
+    }
+
     /// All values, row-major.
     pub fn as_slice(&self) -> &[f32] {
         &self.data

@@ -97,6 +97,30 @@ pub fn check_len(path: &Path, line: Option<usize>, needed: Option<u64>, have: u6
     })
 }
 
+/// Checks that the values of a matrix read from `path` (`cols` values per row) are all
+/// finite: one policy for every reader of vectors, which refuses NaN and infinities where they
+/// enter, naming the file and the first bad row (0-based, as numpy indexes it) and column,
+/// rather than letting them reach an index, a solver or a metric that trusts them.
+///
+/// ```
+/// # use std::path::Path;
+/// let e = farout_data::check_finite(Path::new("x.npy"), &[1.0, 2.0, f32::NAN, 0.0], 2);
+/// assert_eq!(e.unwrap_err().to_string(), "x.npy: row 1, column 0 holds NaN (1 of 4 values are not finite); farout refuses NaN and infinite values");
+/// ```
+pub fn check_finite(path: &Path, values: &[f32], cols: usize) -> Result<()> {
+    let Some(first) = values.iter().position(|v| !v.is_finite()) else { return Ok(()) };
+    let bad = values[first..].iter().filter(|v| !v.is_finite()).count();
+    let cols = cols.max(1);
+    let msg = format!(
+        "row {}, column {} holds {} ({bad} of {} values are not finite); farout refuses NaN and infinite values",
+        first / cols,
+        first % cols,
+        values[first],
+        values.len()
+    );
+    Err(Error::Format { path: path.to_path_buf(), msg })
+}
+
 /// Capacity of a read buffer for `len` bytes: [`READ_BUFFER`] or less for a smaller file.
 pub(crate) fn buffer_len(len: u64) -> usize {
     len.clamp(1, READ_BUFFER as u64) as usize

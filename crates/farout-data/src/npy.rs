@@ -118,7 +118,8 @@ impl Opened {
     }
 }
 
-/// Reads a 2-D little-endian f32 array (`descr '<f4'`).
+/// Reads a 2-D little-endian f32 array (`descr '<f4'`); NaN or infinite values are an error
+/// naming the first one's row and column ([`crate::check_finite`]).
 pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
     let mut f = open(path)?;
     let h = &f.header;
@@ -130,6 +131,7 @@ pub fn read_f32_matrix(path: &Path) -> Result<Matrix> {
     };
     let mut data = vec![0f32; f.count(path, 4)?];
     farout_core::binio::read_f32s(&mut f.r, &mut data).map_err(io_err(path))?;
+    crate::check_finite(path, &data, cols)?;
     Ok(Matrix::from_vec(rows, cols, data).expect("length checked above"))
 }
 
@@ -336,6 +338,16 @@ mod tests {
         std::fs::write(&p, &b).unwrap();
         let e = read_ids(&p).unwrap_err().to_string();
         assert!(e.contains("q.npy") && e.contains("expected integer labels"), "{e}");
+    }
+
+    #[test]
+    fn nan_and_infinite_values_are_refused_with_their_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("w.npy");
+        let m = Matrix::from_vec(3, 2, vec![1.0, 2.0, 3.0, f32::INFINITY, f32::NAN, 0.0]).unwrap();
+        write_f32_matrix(&p, &m).unwrap();
+        let e = read_f32_matrix(&p).unwrap_err().to_string();
+        assert!(e.ends_with("w.npy: row 1, column 1 holds inf (2 of 6 values are not finite); farout refuses NaN and infinite values"), "{e}");
     }
 
     #[test]

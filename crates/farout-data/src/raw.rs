@@ -4,7 +4,8 @@ use crate::{Error, Result, io_err};
 use farout_core::Matrix;
 use std::path::Path;
 
-/// Reads `path` as rows of `dim` little-endian f32 values.
+/// Reads `path` as rows of `dim` little-endian f32 values; NaN or infinite values are an error
+/// naming the first one's row and column ([`crate::check_finite`]).
 pub fn read_f32(path: &Path, dim: usize) -> Result<Matrix> {
     let row_bytes = dim.checked_mul(4).filter(|&b| b > 0).ok_or_else(|| {
         farout_core::ParamError::message(
@@ -22,6 +23,7 @@ pub fn read_f32(path: &Path, dim: usize) -> Result<Matrix> {
     }
     let mut data = vec![0f32; (len / 4) as usize];
     farout_core::binio::read_f32s(&mut file, &mut data).map_err(io_err(path))?;
+    crate::check_finite(path, &data, dim)?;
     Ok(Matrix::from_vec(data.len() / dim, dim, data).expect("length checked above"))
 }
 
@@ -39,6 +41,10 @@ mod tests {
         assert_eq!((m.rows(), m.row(1)), (2, &[4.0, 5.0, 6.0][..]));
         let e = read_f32(&p, 4).unwrap_err().to_string();
         assert!(e.contains("x.f32") && e.contains("not a whole number of rows"), "{e}");
+        let nan = [1.0f32, 2.0, 3.0, 4.0, f32::NAN, 6.0];
+        std::fs::write(&p, nan.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        let e = read_f32(&p, 3).unwrap_err().to_string();
+        assert!(e.contains("x.f32: row 1, column 1 holds NaN"), "{e}");
     }
 
     #[test]

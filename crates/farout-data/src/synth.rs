@@ -118,8 +118,10 @@ impl FaceSpec {
 
     fn check(&self) -> std::result::Result<(), ParamError> {
         let p = |name, msg: String| Err(ParamError::message(name, msg));
-        if self.n_classes == 0 || self.dim == 0 {
-            return p("n_classes/dim", "must be > 0".into());
+        for (key, n) in [("n_classes", self.n_classes), ("dim", self.dim)] {
+            if n == 0 {
+                return p(key, "must be > 0".into());
+            }
         }
         if self.min_per_class == 0 || self.n_samples < self.n_classes * self.min_per_class {
             return p(
@@ -395,15 +397,25 @@ pub struct XmcGenerator {
 impl XmcGenerator {
     /// Validates `spec` and builds the samplers.
     pub fn new(spec: XmcSpec) -> Result<Self> {
-        let p = |name, msg: String| Err(ParamError::message(name, msg).into());
-        if spec.n_labels == 0 || spec.n_features == 0 || spec.n_samples == 0 {
-            return p("n_samples/n_features/n_labels", "must be > 0".into());
+        let p = |name: &'static str, msg: String| -> Result<Self> { Err(ParamError::message(name, msg).into()) };
+        let counts = [
+            ("n_samples", spec.n_samples),
+            ("n_features", spec.n_features),
+            ("n_labels", spec.n_labels),
+            ("features_per_label", spec.features_per_label),
+            ("features_per_sample", spec.features_per_sample),
+        ];
+        if let Some(&(key, _)) = counts.iter().find(|(_, n)| *n == 0) {
+            return p(key, "must be > 0".into());
         }
-        if !(spec.labels_per_sample >= 1.0) || spec.features_per_label == 0 || spec.features_per_sample == 0 {
-            return p("labels_per_sample/features_per_*", "need labels_per_sample >= 1 and feature counts > 0".into());
+        if !(spec.labels_per_sample >= 1.0) {
+            return p("labels_per_sample", format!("{} must be >= 1", spec.labels_per_sample));
         }
-        if !(0.0..1.0).contains(&spec.test_fraction) || !(0.0..=1.0).contains(&spec.noise_fraction) {
-            return p("test_fraction/noise_fraction", "must lie in [0, 1)".into());
+        if !(0.0..1.0).contains(&spec.test_fraction) {
+            return p("test_fraction", format!("{} must lie in [0, 1)", spec.test_fraction));
+        }
+        if !(0.0..=1.0).contains(&spec.noise_fraction) {
+            return p("noise_fraction", format!("{} must lie in [0, 1]", spec.noise_fraction));
         }
         let n_test = (spec.n_samples as f64 * spec.test_fraction).round() as usize;
         Ok(Self {

@@ -51,7 +51,7 @@ fn read_checked(mut reader: impl BufRead, path: &Path, len: Option<u64>) -> Resu
         if n == 0 {
             break;
         }
-        xmc.push_line(&line)?;
+        xmc.push_line(&line).map_err(|e| xmc.explain_first_line(e))?;
     }
     xmc.finish()
 }
@@ -103,6 +103,22 @@ impl<'p> XmcReader<'p> {
         let line_no = if has_header { 1 } else { 0 };
         let (label_buf, scratch) = (Vec::new(), Vec::new());
         Ok(Self { path, has_header, n_samples, n_features, n_labels, line_no, features, labels, label_buf, scratch })
+    }
+
+    /// An error on the first line of a file without header says which format was assumed and
+    /// why: the line may have been meant as a malformed header.
+    fn explain_first_line(&self, e: Error) -> Error {
+        match e {
+            Error::Parse { path, line: 1, msg } if !self.has_header => Error::Parse {
+                path,
+                line: 1,
+                msg: format!(
+                    "{msg} (line 1 is not an XMC header of three integers `N D K`, so the file was read as \
+                     LIBSVM, without a header, and line 1 as its first sample)"
+                ),
+            },
+            e => e,
+        }
     }
 
     /// A parse error at the line read last.
@@ -315,6 +331,31 @@ mod tests {
             let msg = parse(text).unwrap_err().to_string();
             assert!(msg.starts_with(expect), "{msg:?} should start with {expect:?}");
         }
+    }
+
+    #[test]
+    fn a_malformed_header_says_the_file_was_read_as_libsvm_and_why() {
+        let msg = parse(
+            "100 50
+1 0:1
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(msg.starts_with("t.txt:1: expected `feature:value`, found `50`"), "{msg}");
+        assert!(
+            msg.contains("line 1 is not an XMC header of three integers `N D K`, so the file was read as LIBSVM"),
+            "{msg}"
+        );
+        // An error on a later line of a LIBSVM file is only that line's.
+        let msg = parse(
+            "1 0:1
+1 0-1
+",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!msg.contains("XMC header"), "{msg}");
     }
 
     #[test]

@@ -131,6 +131,25 @@ fn fuzz<S: Strategy>(name: &str, strategy: S, case: impl Fn(&Path, S::Value) -> 
     }
 }
 
+/// LIBSVM files (the XMC lines without a header; sizes from the ids), valid and with a
+/// non-finite value or a malformed header for the mutations to start from.
+fn libsvm_files() -> Vec<Vec<u8>> {
+    vec![
+        b"1,4 1:1 9:0.5\n 2:1\n0 3:2e-3\n".to_vec(),
+        b"3 1:0.25 2:-1\n3,7 5:1\n".to_vec(),
+        b"1 2:nan 4:1\n0 1:inf\n".to_vec(),
+        b"100 50\n1 0:1\n".to_vec(),
+    ]
+}
+
+/// Whether every value of a read data set is finite: the readers refuse NaN and infinities.
+fn all_finite(d: &farout_data::Dataset) -> bool {
+    match &d.features {
+        farout_data::Features::Sparse(s) => s.values.iter().all(|v| v.is_finite()),
+        farout_data::Features::Dense(m) => m.as_slice().iter().all(|v| v.is_finite()),
+    }
+}
+
 fn fuzz_xmc_read() {
     let bytes = input(xmc_files());
     fuzz("data.txt", bytes, |path, bytes| {
@@ -140,9 +159,46 @@ fn fuzz_xmc_read() {
     });
 }
 
+fn fuzz_libsvm_read() {
+    let bytes = input(libsvm_files());
+    fuzz("data.libsvm", bytes, |path, bytes| {
+        check(path, &bytes, XMC, |p| {
+            let d = xmc::read(p)?;
+            assert!(all_finite(&d), "a non-finite value was accepted");
+            Ok::<_, farout_data::Error>(d)
+        })
+    });
+}
+
 fn fuzz_npy_f32_matrix() {
     let bytes = input(npy_files());
     fuzz("x.npy", bytes, |path, bytes| check(path, &bytes, NPY, npy::read_f32_matrix));
+}
+
+/// Vector files as `farout bench search --vectors` and the data readers take them: float
+/// matrices, a few holding NaN or infinities, mutated; what is read is finite.
+fn fuzz_npy_vectors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let matrices = [
+        Matrix::from_vec(2, 3, vec![0.5, -1.0, 3.0e38, 1e-40, 0.0, -0.0]).unwrap(),
+        Matrix::from_vec(2, 2, vec![1.0, f32::NAN, 2.0, 3.0]).unwrap(),
+        Matrix::from_vec(1, 3, vec![f32::NEG_INFINITY, 1.0, 2.0]).unwrap(),
+    ];
+    let valid = matrices
+        .iter()
+        .map(|m| {
+            let p = tmp.path().join("v.npy");
+            npy::write_f32_matrix(&p, m).unwrap();
+            std::fs::read(p).unwrap()
+        })
+        .collect();
+    fuzz("w.npy", input(valid), |path, bytes| {
+        check(path, &bytes, NPY, |p| {
+            let m = npy::read_f32_matrix(p)?;
+            assert!(m.first_non_finite().is_none(), "a non-finite value was accepted");
+            Ok::<_, farout_data::Error>(m)
+        })
+    });
 }
 
 fn fuzz_npy_ids() {
@@ -173,7 +229,13 @@ fn fuzz_labels_npy() {
 fn fuzz_raw_f32() {
     let valid = vec![vec![0u8; 24], (0..=255).collect()];
     let dim = prop_oneof![1usize..9, Just(usize::MAX / 4)];
-    fuzz("x.f32", (input(valid), dim), |path, (bytes, dim)| check(path, &bytes, RAW, |p| raw::read_f32(p, dim)));
+    fuzz("x.f32", (input(valid), dim), |path, (bytes, dim)| {
+        check(path, &bytes, RAW, |p| {
+            let m = raw::read_f32(p, dim)?;
+            assert!(m.first_non_finite().is_none(), "a non-finite value was accepted");
+            Ok::<_, farout_data::Error>(m)
+        })
+    });
 }
 
 fn fuzz_vocab_load() {
@@ -305,6 +367,8 @@ fn fuzz_readers() {
     fuzz_labels_text();
     fuzz_labels_npy();
     fuzz_raw_f32();
+    fuzz_libsvm_read();
+    fuzz_npy_vectors();
     fuzz_vocab_load();
     fuzz_vocab_build();
     fuzz_bounds_hold_for_the_costliest_files();
