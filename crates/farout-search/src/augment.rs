@@ -53,6 +53,16 @@ impl NormAugmentation {
         self.max_norm
     }
 
+    /// The bound M, as a saved index stores it.
+    pub(crate) fn bound(&self) -> f32 {
+        self.max_norm
+    }
+
+    /// The augmentation of bound `max_norm` (a saved index's), if it is a positive finite number.
+    pub(crate) fn with_bound(max_norm: f32) -> Option<Self> {
+        (max_norm.is_finite() && max_norm > 0.0).then_some(Self { max_norm })
+    }
+
     /// `out = [row / M, sqrt(max(0, 1 - |row|^2 / M^2))]`; `row`: `[D]`, `out`: `[D + 1]`.
     pub(crate) fn augment_row(&self, row: &[f32], out: &mut [f32]) {
         let d = row.len();

@@ -29,6 +29,7 @@
 //! Searches return what the index in use returns; [`MipsIndex::calibrations`] reports the
 //! spherical index's budgets, or brute force (every row probed) for each `k` after the switch.
 
+use crate::persist::{Dec, Enc, Problem, inconsistent};
 use crate::{
     Calibrated, ExactIndex, FlatInt8Config, FlatInt8Index, Hit, MipsIndex, Rows, SphericalConfig, SphericalIndex,
 };
@@ -205,7 +206,51 @@ impl MipsIndex for AutoIndex {
     fn memory_bytes(&self) -> usize {
         self.index().memory_bytes()
     }
+
+    fn save_state(&self, out: &mut Enc) -> Result<(), crate::persist::Unsupported> {
+        self.save(out)
+    }
 }
+
+impl AutoIndex {
+    /// Writes the parameters, the index in use and the counters that decide the next switch
+    /// (`crate::persist`).
+    fn save(&self, out: &mut Enc) -> Result<(), crate::persist::Unsupported> {
+        out.config(&self.config);
+        out.u8(self.is_brute_force() as u8);
+        self.index().save_state(out)?;
+        out.u64(self.brute_force.len() as u64);
+        self.brute_force.iter().for_each(|fit| crate::spherical::save_fit(out, fit));
+        out.u64(self.flat_queries.load(Ordering::Relaxed) as u64);
+        out.u64(self.retry_after as u64);
+        out.f32(self.norm_floor);
+        Ok(())
+    }
+
+    /// Reads what [`AutoIndex::save`] wrote for the rows `w`.
+    pub(crate) fn restore(dec: &mut Dec, w: Rows) -> Result<Self, Problem> {
+        let config: AutoConfig = dec.config("auto")?;
+        crate::IndexParams::check(&config).map_err(inconsistent)?;
+        let current = match dec.u8()? {
+            0 => Current::Clusters(Box::new(SphericalIndex::restore(dec, w)?)),
+            1 => Current::Flat(FlatInt8Index::restore(dec, w)?),
+            other => return Err(inconsistent(format!("the automatic index uses index {other}, not 0 or 1"))),
+        };
+        let n = dec.usize_at_most(MAX_SAVED_CALIBRATIONS, "calibrations")?;
+        let brute_force = (0..n).map(|_| crate::spherical::restore_fit(dec)).collect::<Result<Vec<_>, _>>()?;
+        let flat_queries = AtomicUsize::new(dec.usize_at_most(usize::MAX, "queries")?);
+        let retry_after = dec.usize_at_most(usize::MAX, "retry_after")?;
+        let norm_floor = dec.f32()?;
+        if !(norm_floor.is_finite() && norm_floor >= 0.0) {
+            return Err(inconsistent("the norm floor is not a finite number >= 0"));
+        }
+        Ok(Self { config, current, brute_force, flat_queries, retry_after, norm_floor })
+    }
+}
+
+/// Most calibrations a saved automatic index may report (one per `k` searched): a bound on
+/// what a damaged file can make the reader allocate.
+const MAX_SAVED_CALIBRATIONS: usize = 1 << 16;
 
 #[cfg(test)]
 mod tests {

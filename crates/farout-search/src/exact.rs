@@ -49,6 +49,11 @@ impl MipsIndex for ExactIndex {
         "exact"
     }
 
+    /// Brute force has no state: nothing to write.
+    fn save_state(&self, _out: &mut crate::persist::Enc) -> Result<(), crate::persist::Unsupported> {
+        Ok(())
+    }
+
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         HEAP.with_borrow_mut(|heap| {
             heap.reset(k);

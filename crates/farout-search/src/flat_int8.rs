@@ -127,6 +127,15 @@ impl FlatInt8Index {
         Self { config: config.clone(), blocks, rows: w.len(), f32_only }
     }
 
+    /// The index saved as [`MipsIndex::save_state`] wrote it, over the rows `w`: its codes
+    /// are the quantised rows (kept equal to `W` by every sync), quantised again here at the
+    /// cost of reading them.
+    pub(crate) fn restore(dec: &mut crate::persist::Dec, w: Rows) -> Result<Self, crate::persist::Problem> {
+        let config: FlatInt8Config = dec.config("flat_int8")?;
+        crate::IndexParams::check(&config).map_err(crate::persist::inconsistent)?;
+        Ok(Self::build(w, &config))
+    }
+
     /// Rows rescored exactly per query for `k` results.
     fn depth(&self, k: usize) -> usize {
         quant::rescore_depth(k, self.config.rescore)
@@ -188,6 +197,12 @@ impl FlatInt8Index {
 impl MipsIndex for FlatInt8Index {
     fn name(&self) -> &'static str {
         "flat_int8"
+    }
+
+    /// The parameters only: the codes are the quantised rows (see [`FlatInt8Index::restore`]).
+    fn save_state(&self, out: &mut crate::persist::Enc) -> Result<(), crate::persist::Unsupported> {
+        out.config(&self.config);
+        Ok(())
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {

@@ -25,6 +25,7 @@
 //! first.
 
 use crate::augment::NormAugmentation;
+use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::{ClassId, Matrix, kernels, rng};
 use std::cell::RefCell;
@@ -281,9 +282,46 @@ fn nearest(distances: &[u16], max_distance: usize, budget: usize, s: &mut Select
     }
 }
 
+impl HammingIndex {
+    /// Writes the parameters, norm bound, projections and codes (`crate::persist`).
+    fn save(&self, out: &mut Enc) {
+        out.config(&self.config);
+        out.u64(self.words as u64);
+        out.f32(self.augmentation.bound());
+        out.matrix(&self.planes);
+        out.u64s(&self.codes);
+        out.u8(self.rebuild as u8);
+    }
+
+    /// Reads what [`HammingIndex::save`] wrote for the rows `w`.
+    pub(crate) fn restore(dec: &mut Dec, w: Rows) -> Result<Self, Problem> {
+        let config: HammingConfig = dec.config("hamming")?;
+        crate::IndexParams::check(&config).map_err(inconsistent)?;
+        let words = dec.usize_at_most(8, "64-bit words per code")?;
+        let augmentation = NormAugmentation::with_bound(dec.f32()?).ok_or_else(|| inconsistent("the norm bound"))?;
+        let planes = dec.matrix()?;
+        if words == 0 || (planes.rows(), planes.cols()) != (64 * words, w.dim() + 1) {
+            return Err(inconsistent(format!(
+                "{} x {} projections for codes of {words} words",
+                planes.rows(),
+                planes.cols()
+            )));
+        }
+        let codes = dec.u64s()?;
+        expect_len(&codes, w.len() * words, "code words")?;
+        let rebuild = dec.u8()? != 0;
+        Ok(Self { config, words, augmentation, planes, codes, rebuild })
+    }
+}
+
 impl MipsIndex for HammingIndex {
     fn name(&self) -> &'static str {
         "hamming"
+    }
+
+    fn save_state(&self, out: &mut Enc) -> Result<(), crate::persist::Unsupported> {
+        self.save(out);
+        Ok(())
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {

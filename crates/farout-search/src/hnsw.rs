@@ -105,6 +105,14 @@ impl MipsIndex for HnswIndex {
         "hnsw"
     }
 
+    fn save_state(&self, _out: &mut crate::persist::Enc) -> Result<(), crate::persist::Unsupported> {
+        Err(crate::persist::Unsupported {
+            kind: "hnsw",
+            why: "hnsw_rs 0.3 reloads a graph only as a value borrowing its loader, which the index \
+                  cannot keep; build it again from the vectors, or save an \"auto\" or \"spherical\" index",
+        })
+    }
+
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         out.clear();
         let rows = self.current.len();

@@ -32,6 +32,7 @@ mod flat_int8;
 mod hamming;
 mod hnsw;
 mod lsh;
+pub mod persist;
 pub mod quant;
 mod spherical;
 #[cfg(test)]
@@ -167,6 +168,13 @@ pub trait MipsIndex: Send + Sync {
 
     /// Bytes held by the index (not counting `W`).
     fn memory_bytes(&self) -> usize;
+
+    /// Writes what [`persist`] needs to restore the index without building it again, so that
+    /// the restored index answers as this one does. The default refuses, saying the kind has
+    /// no saved form; a kind that cannot be saved overrides it to say why.
+    fn save_state(&self, _out: &mut persist::Enc) -> Result<(), persist::Unsupported> {
+        Err(persist::Unsupported { kind: self.name(), why: "this index kind has no saved form" })
+    }
 }
 
 /// The rows of `W` an index searches: every column, or one block of columns (the LDGS block
@@ -379,6 +387,12 @@ impl BlockIndex {
                 config.build(rows.with_norm_floor(floors.get(j).copied().unwrap_or(0.0)))
             })
             .collect();
+        Self { blocks, width }
+    }
+
+    /// The index made of `blocks`, each over `width` columns (a restored index's; see
+    /// [`persist`]).
+    pub fn from_blocks(blocks: Vec<Box<dyn MipsIndex>>, width: usize) -> Self {
         Self { blocks, width }
     }
 

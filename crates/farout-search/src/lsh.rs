@@ -2,6 +2,7 @@
 //! by sign random projections in several tables, probed in order of confidence.
 
 use crate::augment::NormAugmentation;
+use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::{Hit, MipsIndex, Rows};
 use farout_core::{ClassId, Matrix, kernels, rng};
 use std::cell::RefCell;
@@ -163,9 +164,79 @@ impl SimpleLshIndex {
     }
 }
 
+impl SimpleLshIndex {
+    /// Writes the parameters, norm bound, projections, codes and buckets (`crate::persist`);
+    /// each bucket's rows in their order, which decides the order a probe meets them.
+    fn save(&self, out: &mut Enc) {
+        out.config(&self.config);
+        out.u64(self.bits as u64);
+        out.f32(self.augmentation.bound());
+        out.matrix(&self.planes);
+        out.u32s(&self.codes);
+        for table in &self.buckets {
+            let mut codes: Vec<u32> = table.keys().copied().collect();
+            codes.sort_unstable();
+            out.u64(codes.len() as u64);
+            for code in codes {
+                out.u32(code);
+                out.u32s(&table[&code]);
+            }
+        }
+        out.u8(self.rebuild as u8);
+    }
+
+    /// Reads what [`SimpleLshIndex::save`] wrote for the rows `w`, checking that every row
+    /// sits once in each table, in the bucket of its code.
+    pub(crate) fn restore(dec: &mut Dec, w: Rows) -> Result<Self, Problem> {
+        let (n, d) = (w.len(), w.dim());
+        let config: SimpleLshConfig = dec.config("simple_lsh")?;
+        crate::IndexParams::check(&config).map_err(inconsistent)?;
+        let tables = config.tables.max(1);
+        let bits = dec.usize_at_most(31, "bits per table")?;
+        let augmentation = NormAugmentation::with_bound(dec.f32()?).ok_or_else(|| inconsistent("the norm bound"))?;
+        let planes = dec.matrix()?;
+        if bits == 0 || (planes.rows(), planes.cols()) != (tables * bits, d + 1) {
+            return Err(inconsistent(format!(
+                "{} x {} projections for {tables} tables of {bits} bits",
+                planes.rows(),
+                planes.cols()
+            )));
+        }
+        let codes = dec.u32s()?;
+        expect_len(&codes, n.checked_mul(tables).ok_or_else(|| inconsistent("table count"))?, "row codes")?;
+        let mut pos = vec![u32::MAX; n * tables];
+        let mut buckets = vec![HashMap::new(); tables];
+        for (t, table) in buckets.iter_mut().enumerate() {
+            for _ in 0..dec.usize_at_most(n, "buckets in a table")? {
+                let (code, ids) = (dec.u32()?, dec.u32s()?);
+                for (p, &i) in ids.iter().enumerate() {
+                    let slot = (i as usize).checked_mul(tables).map(|s| s + t).filter(|&s| s < pos.len());
+                    match slot {
+                        Some(s) if codes[s] == code && pos[s] == u32::MAX => pos[s] = p as u32,
+                        _ => return Err(inconsistent(format!("table {t}'s bucket {code} lists row {i} wrongly"))),
+                    }
+                }
+                if ids.is_empty() || table.insert(code, ids).is_some() {
+                    return Err(inconsistent(format!("table {t}'s bucket {code} is empty or listed twice")));
+                }
+            }
+        }
+        if pos.contains(&u32::MAX) {
+            return Err(inconsistent("a row is missing from a table"));
+        }
+        let rebuild = dec.u8()? != 0;
+        Ok(Self { config, bits, augmentation, planes, codes, pos, buckets, rebuild })
+    }
+}
+
 impl MipsIndex for SimpleLshIndex {
     fn name(&self) -> &'static str {
         "simple_lsh"
+    }
+
+    fn save_state(&self, out: &mut Enc) -> Result<(), crate::persist::Unsupported> {
+        self.save(out);
+        Ok(())
     }
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {

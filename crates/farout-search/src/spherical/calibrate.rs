@@ -30,6 +30,7 @@
 //! [`SphericalIndex`]: super::SphericalIndex
 
 use super::SphericalIndex;
+use crate::persist::{Dec, Enc, Problem, inconsistent};
 use crate::quant::QuantQueries;
 use crate::{ExactIndex, Hit, MipsIndex, Rows};
 #[cfg(test)]
@@ -157,6 +158,73 @@ impl Calibrations {
     pub(super) fn fitted(&self) -> Vec<Calibrated> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).entries.iter().map(|e| e.fit).collect()
     }
+}
+
+impl Calibrations {
+    /// Writes the budgets in force, their counters and the sample being collected
+    /// (`crate::persist`).
+    pub(super) fn save(&self, out: &mut Enc) {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        out.u64(self.queries.load(Ordering::Relaxed) as u64);
+        out.u64(self.reassigned.load(Ordering::Relaxed) as u64);
+        out.u64(state.entries.len() as u64);
+        for e in &state.entries {
+            save_fit(out, &e.fit);
+            [e.at_queries, e.at_reassigned, e.renew_after].iter().for_each(|&v| out.u64(v as u64));
+        }
+        out.f32s(&state.sample);
+    }
+
+    /// Reads what [`Calibrations::save`] wrote, for an index of `dim` columns.
+    pub(super) fn restore(dec: &mut Dec, dim: usize) -> Result<Self, Problem> {
+        let (queries, reassigned) = (dec.usize_at_most(usize::MAX, "queries")?, dec.usize_at_most(usize::MAX, "rows")?);
+        let n = dec.usize_at_most(MAX_SAVED_ENTRIES, "calibrations")?;
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let fit = restore_fit(dec)?;
+            let at_queries = dec.usize_at_most(queries, "a calibration's query counter")?;
+            let at_reassigned = dec.usize_at_most(reassigned, "a calibration's row counter")?;
+            let renew_after = dec.usize_at_most(usize::MAX, "renew_after")?;
+            entries.push(Entry { fit, at_queries, at_reassigned, renew_after });
+        }
+        let sample = dec.f32s()?;
+        if dim == 0 || !sample.len().is_multiple_of(dim) {
+            return Err(inconsistent("the calibration sample is not whole queries"));
+        }
+        Ok(Self {
+            state: RwLock::new(State { entries, sample, busy: false }),
+            queries: AtomicUsize::new(queries),
+            reassigned: AtomicUsize::new(reassigned),
+        })
+    }
+}
+
+/// Most calibrations (one per `k` searched) a saved index may hold: a bound on what a damaged
+/// file can make the reader allocate, far above the handful of `k` a run searches.
+const MAX_SAVED_ENTRIES: usize = 1 << 16;
+
+/// Writes one calibration (the budget `None` as `u64::MAX`).
+pub(crate) fn save_fit(out: &mut Enc, fit: &Calibrated) {
+    out.u64(fit.k as u64);
+    out.u64(fit.budget.map_or(u64::MAX, |b| b as u64));
+    out.f64(fit.probed);
+    out.f64(fit.recall);
+    out.u64(fit.queries as u64);
+}
+
+/// Reads what [`save_fit`] wrote.
+pub(crate) fn restore_fit(dec: &mut Dec) -> Result<Calibrated, Problem> {
+    let k = dec.usize_at_most(u32::MAX as usize, "a calibration's k")?;
+    let budget = match dec.u64()? {
+        u64::MAX => None,
+        b => Some(usize::try_from(b).map_err(|_| inconsistent("a budget overflows"))?),
+    };
+    let (probed, recall) = (dec.f64()?, dec.f64()?);
+    let queries = dec.usize_at_most(usize::MAX, "calibration queries")?;
+    if !(probed.is_finite() && recall.is_finite()) {
+        return Err(inconsistent("a calibration's figures are not finite"));
+    }
+    Ok(Calibrated { k, budget, probed, recall, queries })
 }
 
 impl SphericalIndex {

@@ -44,6 +44,7 @@ mod calibrate;
 mod cluster;
 mod int8;
 mod kmeans;
+mod persist;
 mod refresh;
 mod search;
 
@@ -52,6 +53,7 @@ use crate::quant::QuantRows;
 use crate::{Hit, MipsIndex, Rows};
 pub use calibrate::Calibrated;
 use calibrate::Calibrations;
+pub(crate) use calibrate::{restore_fit, save_fit};
 use cluster::Cluster;
 use farout_core::{ClassId, Matrix};
 use serde::{Deserialize, Serialize};
@@ -263,6 +265,11 @@ impl MipsIndex for SphericalIndex {
 
     fn calibrations(&self) -> Vec<Calibrated> {
         self.calibrations.fitted()
+    }
+
+    fn save_state(&self, out: &mut crate::persist::Enc) -> Result<(), crate::persist::Unsupported> {
+        self.save(out);
+        Ok(())
     }
 
     fn memory_bytes(&self) -> usize {
