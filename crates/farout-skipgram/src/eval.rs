@@ -12,7 +12,7 @@
 //!   `oov`); otherwise its pairs are skipped and counted.
 
 use crate::vectors::Vectors;
-use crate::{Error, io_err, parse_err};
+use crate::{Error, format_err, io_err, parse_err};
 use farout_core::{Matrix, gemm, kernels};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -101,38 +101,58 @@ fn read_lines(path: &Path) -> Result<Vec<String>, Error> {
         .collect()
 }
 
-/// Analogy accuracy of `v` on the questions in `path` (module docs).
-pub fn analogy(v: &Vectors, path: &Path, restrict: usize) -> Result<AnalogyReport, Error> {
-    let (units, index) = unit_rows(v, restrict);
-    let d = units.cols();
-    let mut sections: Vec<Section> = Vec::new();
-    // (section, [a, b, c, expected]) of the questions asked.
-    let mut asked: Vec<(usize, [usize; 4])> = Vec::new();
+/// The sections of an analogy file in file order: each one's name (its `: name` line) and its
+/// questions `a b c d`.
+pub type Questions = Vec<(String, Vec<[String; 4]>)>;
+
+/// Reads an analogy file (`: section` lines, then `a b c d` lines; blank lines skipped). A
+/// question before the first section, a line of other than four words, or a file without any
+/// question is an error naming the file (and line).
+pub fn read_questions(path: &Path) -> Result<Questions, Error> {
+    let mut sections: Questions = Vec::new();
     for (i, line) in read_lines(path)?.iter().enumerate() {
         let line = line.trim();
         if line.is_empty() {
             continue;
         }
         if let Some(name) = line.strip_prefix(':') {
-            sections.push(Section { name: name.trim().to_owned(), ..Section::default() });
+            sections.push((name.trim().to_owned(), Vec::new()));
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
         let bad = |msg: String| parse_err(path, i + 1, msg);
-        if words.len() != 4 {
+        let Ok(q) = <[&str; 4]>::try_from(words.as_slice()) else {
             return Err(bad(format!("expected four words, found {}", words.len())));
-        }
-        if sections.is_empty() {
+        };
+        let Some((_, questions)) = sections.last_mut() else {
             return Err(bad("a question before the first `: section` line".into()));
-        }
-        let s = sections.len() - 1;
-        let ids: Vec<Option<usize>> = words.iter().map(|w| index.get(&w.to_lowercase()).copied()).collect();
-        match ids[..] {
-            [Some(a), Some(b), Some(c), Some(e)] => {
-                sections[s].asked += 1;
-                asked.push((s, [a, b, c, e]));
+        };
+        questions.push(q.map(str::to_owned));
+    }
+    if sections.iter().all(|(_, q)| q.is_empty()) {
+        return Err(format_err(path, "holds no analogy questions (`: section` lines, then `a b c d` lines)"));
+    }
+    Ok(sections)
+}
+
+/// Analogy accuracy of `v` on the questions in `path` (module docs).
+pub fn analogy(v: &Vectors, path: &Path, restrict: usize) -> Result<AnalogyReport, Error> {
+    let questions = read_questions(path)?;
+    let (units, index) = unit_rows(v, restrict);
+    let d = units.cols();
+    let mut sections: Vec<Section> = Vec::new();
+    // (section, [a, b, c, expected]) of the questions asked.
+    let mut asked: Vec<(usize, [usize; 4])> = Vec::new();
+    for (s, (name, qs)) in questions.iter().enumerate() {
+        sections.push(Section { name: name.clone(), ..Section::default() });
+        for q in qs {
+            match q.each_ref().map(|w| index.get(&w.to_lowercase()).copied()) {
+                [Some(a), Some(b), Some(c), Some(e)] => {
+                    sections[s].asked += 1;
+                    asked.push((s, [a, b, c, e]));
+                }
+                _ => sections[s].skipped += 1,
             }
-            _ => sections[s].skipped += 1,
         }
     }
     // Score every candidate for a chunk of questions with one matrix product.
@@ -187,18 +207,8 @@ pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
         }
         v.ngrams()?.oov_vector(&word, out).then(|| kernels::normalize(out)).map(|_| true)
     };
-    for (i, line) in read_lines(path)?.iter().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let bad = |msg: String| parse_err(path, i + 1, msg);
-        if f.len() != 3 {
-            return Err(bad(format!("expected `word word score`, found {} fields", f.len())));
-        }
-        let score: f64 = f[2].parse().map_err(|_| bad(format!("score {:?} is not a number", f[2])))?;
-        match (unit(f[0], &mut a), unit(f[1], &mut b)) {
+    for (w1, w2, score) in read_pairs(path)? {
+        match (unit(&w1, &mut a), unit(&w2, &mut b)) {
             (Some(oa), Some(ob)) => {
                 model.push(kernels::dot(&a, &b) as f64);
                 human.push(score);
@@ -214,6 +224,33 @@ pub fn similarity(v: &Vectors, path: &Path) -> Result<SimilarityReport, Error> {
         skipped,
         oov,
     })
+}
+
+/// Reads a word-pair file: `word1 word2 score` per line, tab or space separated, `#` comments
+/// and blank lines skipped. A line of other than three fields, a score that is not a finite
+/// number, or a file without any pair is an error naming the file (and line).
+pub fn read_pairs(path: &Path) -> Result<Vec<(String, String, f64)>, Error> {
+    let mut pairs = Vec::new();
+    for (i, line) in read_lines(path)?.iter().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let bad = |msg: String| parse_err(path, i + 1, msg);
+        let [w1, w2, score] = f[..] else {
+            return Err(bad(format!("expected `word word score`, found {} fields", f.len())));
+        };
+        let score: f64 = score.parse().map_err(|_| bad(format!("score {score:?} is not a number")))?;
+        if !score.is_finite() {
+            return Err(bad(format!("score {score} is not finite")));
+        }
+        pairs.push((w1.to_owned(), w2.to_owned(), score));
+    }
+    if pairs.is_empty() {
+        return Err(format_err(path, "holds no word pairs (`word word score` lines)"));
+    }
+    Ok(pairs)
 }
 
 /// Ranks 1..n with ties given their average rank.
@@ -351,6 +388,29 @@ mod tests {
         // Restricting to the 4 most frequent words skips the capitals entirely.
         let r = analogy(&v, &p, 4).unwrap();
         assert_eq!((r.total.correct, r.total.asked, r.total.skipped, r.candidates), (3, 3, 3, 4));
+    }
+
+    #[test]
+    fn empty_question_and_pair_files_and_non_finite_scores_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p
+        };
+        let v = vectors(&[("a", [1.0, 0.0, 0.0]), ("b", [0.0, 1.0, 0.0])]);
+        for text in ["", "\n: family\n\n"] {
+            let e = analogy(&v, &file("q.txt", text), 0).unwrap_err().to_string();
+            assert!(e.ends_with("q.txt: holds no analogy questions (`: section` lines, then `a b c d` lines)"), "{e}");
+        }
+        let e = read_questions(&file("q.txt", "a b c d\n")).unwrap_err().to_string();
+        assert!(e.ends_with("q.txt:1: a question before the first `: section` line"), "{e}");
+        let e = similarity(&v, &file("p.txt", "# only a comment\n")).unwrap_err().to_string();
+        assert!(e.ends_with("p.txt: holds no word pairs (`word word score` lines)"), "{e}");
+        for (score, shown) in [("nan", "NaN"), ("inf", "inf"), ("-1e999", "-inf")] {
+            let e = similarity(&v, &file("p.txt", &format!("a b 1.0\nb a {score}\n"))).unwrap_err().to_string();
+            assert!(e.ends_with(&format!("p.txt:2: score {shown} is not finite")), "{e}");
+        }
     }
 
     #[test]

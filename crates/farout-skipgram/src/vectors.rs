@@ -189,8 +189,26 @@ impl<'a> Vectors<'a> {
         write().map_err(io(path))
     }
 
-    /// Reads a file in `format` (see [`Format::from_path`]).
+    /// Reads a file in `format` (see [`Format::from_path`]). A `.npy` file is refused by name,
+    /// and so are NaN or infinite values (they would drop out of every nearest-neighbour search
+    /// and bias a score silently), naming the first word that holds one.
     pub fn load(path: &Path, format: Format) -> Result<Vectors<'static>, Error> {
+        let mut start = [0u8; 6];
+        let n = File::open(path).and_then(|mut f| f.read(&mut start)).map_err(io(path))?;
+        if start[..n] == *b"\x93NUMPY" {
+            return Err(format_err(
+                path,
+                "a numpy .npy array, not word vectors: give a word2vec text file, a word2vec binary file \
+                 (.bin) or a farout model (.model)",
+            ));
+        }
+        let v = Self::read_file(path, format)?;
+        check_finite(path, format, &v)?;
+        Ok(v)
+    }
+
+    /// [`Self::load`] without its checks of the values.
+    fn read_file(path: &Path, format: Format) -> Result<Vectors<'static>, Error> {
         if format == Format::Model {
             return Self::load_model(path);
         }
@@ -198,7 +216,7 @@ impl<'a> Vectors<'a> {
         let file_len = file.metadata().map_err(io(path))?.len();
         let mut r = BufReader::new(file);
         let mut header = String::new();
-        r.read_line(&mut header).map_err(io(path))?;
+        r.read_line(&mut header).map_err(not_text(path, 1))?;
         let mut it = header.split_whitespace().map(str::parse::<usize>);
         let (Some(Ok(n)), Some(Ok(dim)), None) = (it.next(), it.next(), it.next()) else {
             return Err(parse_err(path, 1, format!("expected `count dim`, found {:?}", header.trim_end())));
@@ -224,7 +242,7 @@ impl<'a> Vectors<'a> {
                 for i in 0..n {
                     line.clear();
                     let lineno = i + 2;
-                    if r.read_line(&mut line).map_err(io(path))? == 0 {
+                    if r.read_line(&mut line).map_err(not_text(path, lineno))? == 0 {
                         return Err(parse_err(path, lineno, format!("the file ends after {i} of {n} vectors")));
                     }
                     let mut fields = line.split_whitespace();
@@ -352,6 +370,50 @@ impl Vectors<'_> {
     }
 }
 
+/// The error of a failed read of line `line` of a text file: invalid UTF-8 says which formats
+/// are binary, since a binary file read as text fails that way.
+fn not_text(path: &Path, line: usize) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| {
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            parse_err(
+                path,
+                line,
+                "not valid UTF-8, so not a word2vec text file: word2vec binary files are read from names ending \
+                 in .bin, farout models from names ending in .model",
+            )
+        } else {
+            io(path)(e)
+        }
+    }
+}
+
+/// An error naming the first word of `v` (read from `path`) whose vector holds NaN or an
+/// infinity, or saying that an n-gram row does.
+fn check_finite(path: &Path, format: Format, v: &Vectors) -> Result<(), Error> {
+    let m = v.matrix();
+    let mut bad = (0..m.rows()).filter(|&i| m.row(i).iter().any(|x| !x.is_finite()));
+    if let Some(first) = bad.next() {
+        let line = if format == Format::Text { format!(", line {}", first + 2) } else { String::new() };
+        return Err(format_err(
+            path,
+            format!(
+                "{} of {} vectors hold NaN or infinite values (the first: `{}`{line}); the model diverged or the \
+                 file is corrupt",
+                bad.count() + 1,
+                m.rows(),
+                v.words()[first]
+            ),
+        ));
+    }
+    if v.ngrams().is_some_and(|t| t.as_slice().iter().any(|x| !x.is_finite())) {
+        return Err(format_err(
+            path,
+            "n-gram rows hold NaN or infinite values; the model diverged or the file is corrupt",
+        ));
+    }
+    Ok(())
+}
+
 /// A writer that hashes what goes through it.
 struct Crc32Writer<W> {
     inner: W,
@@ -391,6 +453,29 @@ mod tests {
     fn sample() -> Vectors<'static> {
         let m = Matrix::from_vec(3, 2, vec![0.5, -1.25, 1e-7, 3.0e8, -0.0, f32::MIN_POSITIVE]).unwrap();
         Vectors::new(vec!["the".into(), "día".into(), "x'y".into()], m).unwrap()
+    }
+
+    #[test]
+    fn nan_vectors_npy_files_and_binary_read_as_text_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Matrix::from_vec(3, 2, vec![0.5, 1.0, f32::NAN, 0.0, 1.0, f32::INFINITY]).unwrap();
+        let v = Vectors::new(vec!["the".into(), "cat".into(), "dog".into()], m).unwrap();
+        for (name, format, line) in [("v.txt", Format::Text, ", line 3"), ("v.bin", Format::Binary, "")] {
+            let p = dir.path().join(name);
+            v.save(&p, format).unwrap();
+            let e = Vectors::load(&p, format).unwrap_err().to_string();
+            let want = format!("{name}: 2 of 3 vectors hold NaN or infinite values (the first: `cat`{line})");
+            assert!(e.contains(&want), "{e}");
+        }
+        let npy = dir.path().join("w.npy");
+        farout_data::npy::write_f32_matrix(&npy, &Matrix::zeros(2, 2)).unwrap();
+        let e = Vectors::load(&npy, Format::from_path(&npy)).unwrap_err().to_string();
+        assert!(e.contains("w.npy: a numpy .npy array, not word vectors"), "{e}");
+        let bin = dir.path().join("v.vec");
+        sample().save(&bin, Format::Binary).unwrap();
+        std::fs::write(&bin, [&b"3 2\n\xff\xfe"[..], &std::fs::read(&bin).unwrap()[4..]].concat()).unwrap();
+        let e = Vectors::load(&bin, Format::Text).unwrap_err().to_string();
+        assert!(e.contains("v.vec:2: not valid UTF-8, so not a word2vec text file"), "{e}");
     }
 
     #[test]
