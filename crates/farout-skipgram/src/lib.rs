@@ -11,7 +11,8 @@
 //! - [`subwords`]: fastText's character n-grams, hashed into extra input rows;
 //! - [`pairs`]: text to (context, centre) pairs, shared by both trainers;
 //! - [`vectors`]: word2vec text and binary files (gensim reads them);
-//! - [`eval`]: analogy accuracy and similarity correlation.
+//! - [`eval`]: analogy accuracy and similarity correlation;
+//! - [`nearest`]: the nearest words of a word or vector by cosine, through a search index.
 //!
 //! The corpus, its vocabulary and subsampling live in `farout_data::corpus`. No Burn here: the
 //! model is two embedding tables (input vectors `U` and output vectors `V`, the output layer's W).
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod collapsed;
 pub mod eval;
 pub mod hogwild;
+pub mod nearest;
 pub mod pairs;
 pub mod sgns;
 pub mod subwords;
