@@ -193,12 +193,20 @@ impl OutputLayer {
     }
 
     /// Replaces W by `w` of the same shape (for example output vectors trained elsewhere); an
-    /// attached index is rebuilt before its next search.
+    /// attached index is rebuilt before its next search. NaN or infinite weights are refused
+    /// here, where they enter, rather than in the index built over them.
     pub fn set_weights(&mut self, w: Matrix) -> Result<(), Error> {
         if (w.rows(), w.cols()) != (self.w.rows(), self.w.cols()) {
             return Err(Error::Param(ParamError::message(
                 "output",
                 format!("weights of {} x {} for a {} x {} layer", w.rows(), w.cols(), self.w.rows(), self.w.cols()),
+            )));
+        }
+        if let Some((row, col)) = w.first_non_finite() {
+            let v = w.row(row)[col];
+            return Err(Error::Param(ParamError::message(
+                "output",
+                format!("weight row {row}, column {col} is {v}: the layer takes finite weights only"),
             )));
         }
         self.w = w;
@@ -208,6 +216,25 @@ impl OutputLayer {
         Ok(())
     }
 
+    /// The largest magnitude of a weight or bias of the rows the last training step updated
+    /// (every row after a dense step; 0 before the first step), NaN if one of them is NaN. A
+    /// pass over those rows: callers check it every so often, not at every step.
+    pub fn updated_scale(&self) -> f32 {
+        if self.grads.is_dense {
+            return self.scale();
+        }
+        let bias = |k: usize| self.bias.as_ref().map_or(0.0, |b| b[k]);
+        self.touched.iter().fold(0.0, |m, &k| {
+            let k = k as usize;
+            max_magnitude(max_magnitude(m, self.w.row(k)), &[bias(k)])
+        })
+    }
+
+    /// The largest magnitude of a weight or bias of the layer, NaN if one is NaN.
+    pub fn scale(&self) -> f32 {
+        max_magnitude(max_magnitude(0.0, self.w.as_slice()), self.bias.as_deref().unwrap_or(&[]))
+    }
+
     /// The biases, if any.
     pub fn bias(&self) -> Option<&[f32]> {
         self.bias.as_deref()
@@ -215,6 +242,12 @@ impl OutputLayer {
 
     /// Replaces the biases by `b` (one per class; the layer must have biases).
     pub fn set_bias(&mut self, b: Vec<f32>) -> Result<(), Error> {
+        if let Some(k) = b.iter().position(|x| !x.is_finite()) {
+            return Err(Error::Param(ParamError::message(
+                "output",
+                format!("the bias of class {k} is {}: the layer takes finite biases only", b[k]),
+            )));
+        }
         match &mut self.bias {
             Some(old) if old.len() == b.len() => {
                 *old = b;
@@ -714,8 +747,19 @@ impl OutputLayer {
     }
 
     /// Restores W, the bias and the optimiser state saved by [`Self::save`] into this layer,
-    /// which must have the same shape, bias setting and optimiser kind.
+    /// which must have the same shape, bias setting and optimiser kind (`output.optimizer`).
     pub fn load(&mut self, path: &Path) -> Result<(), Error> {
+        self.read_checkpoint(path, true)
+    }
+
+    /// Restores W and the bias saved by [`Self::save`] into this layer of the same shape and
+    /// bias setting, leaving the optimiser as it is: what evaluation and prediction need, whatever
+    /// optimiser the layer was trained with.
+    pub fn load_weights(&mut self, path: &Path) -> Result<(), Error> {
+        self.read_checkpoint(path, false)
+    }
+
+    fn read_checkpoint(&mut self, path: &Path, with_optimizer: bool) -> Result<(), Error> {
         let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
         let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
         let mut magic = [0u8; 8];
@@ -728,16 +772,23 @@ impl OutputLayer {
             *x = read_u64(&mut f).map_err(|e| err(e.to_string()))?;
         }
         let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
-        if h[..3] != expect || h[4] != self.opt_w.accum.len() as u64 {
+        if h[..3] != expect {
             return Err(err(format!(
-                "checkpoint holds a {} x {} layer (bias {}, {} optimiser values) but the config builds {} x {} (bias {}, {})",
+                "checkpoint holds a {} x {} layer (bias {}) but the config builds {} x {} (bias {}): the data's \
+                 classes, the features (or model.doc_encoder.d_model) or output.layer.bias differ from the run's",
                 h[0],
                 h[1],
                 h[2] == 1,
-                h[4],
                 expect[0],
                 expect[1],
                 expect[2] == 1,
+            )));
+        }
+        if with_optimizer && h[4] != self.opt_w.accum.len() as u64 {
+            return Err(err(format!(
+                "checkpoint holds {} optimiser values but the config's output.optimizer keeps {}: resume with the \
+                 output.optimizer the run was trained with",
+                h[4],
                 self.opt_w.accum.len()
             )));
         }
@@ -745,18 +796,27 @@ impl OutputLayer {
         if let Some(b) = &mut self.bias {
             read_f32s(&mut f, b).map_err(|e| err(e.to_string()))?;
         }
-        read_f32s(&mut f, &mut self.opt_w.accum).map_err(|e| err(e.to_string()))?;
-        read_f32s(&mut f, &mut self.opt_b.accum).map_err(|e| err(e.to_string()))?;
-        self.opt_w.step = h[3];
         if let Some(a) = &mut self.attached {
             a.index = None; // rebuilt from the loaded W at the next search step
         }
+        if !with_optimizer {
+            return Ok(());
+        }
+        read_f32s(&mut f, &mut self.opt_w.accum).map_err(|e| err(e.to_string()))?;
+        read_f32s(&mut f, &mut self.opt_b.accum).map_err(|e| err(e.to_string()))?;
+        self.opt_w.step = h[3];
         self.opt_b.step = h[3];
         Ok(())
     }
 }
 
 const MAGIC: &[u8; 8] = b"FAROUTL1";
+
+/// The larger of `m` and the largest `|x|` of `xs`; NaN once either holds a NaN (`f32::max`
+/// would drop it).
+fn max_magnitude(m: f32, xs: &[f32]) -> f32 {
+    xs.iter().fold(m, |m, x| if m.is_nan() || x.abs() <= m { m } else { x.abs() })
+}
 
 /// Ranges of the class runs starting at `starts` (the last start being `n_entries`) with about
 /// equal numbers of entries, for `4 × threads` parallel parts at most: range p is the runs
@@ -871,6 +931,24 @@ mod tests {
             }
         }
         (dw, dphi, db)
+    }
+
+    #[test]
+    fn non_finite_weights_are_refused_where_they_enter_and_the_scale_sees_them() {
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3, ..Default::default() };
+        let mut layer = OutputLayer::new(4, 3, &cfg, &OptimizerConfig::default(), 5).unwrap();
+        let mut w = Matrix::zeros(4, 3);
+        w.row_mut(2)[1] = f32::NAN;
+        let e = layer.set_weights(w.clone()).unwrap_err().to_string();
+        assert!(e.contains("weight row 2, column 1 is NaN"), "{e}");
+        let e = layer.set_bias(vec![0.0, f32::INFINITY, 0.0, 0.0]).unwrap_err().to_string();
+        assert!(e.contains("the bias of class 1 is inf"), "{e}");
+        w.row_mut(2)[1] = -7.5;
+        layer.set_weights(w).unwrap();
+        layer.set_bias(vec![0.0, 2.0, 0.0, 0.0]).unwrap();
+        assert_eq!(layer.scale(), 7.5);
+        assert!(max_magnitude(1.0, &[f32::NAN, 3.0]).is_nan());
+        assert_eq!(max_magnitude(1.0, &[-3.0, 2.0]), 3.0);
     }
 
     fn check_step(est: &dyn GradientEstimator, opt: OptimizerConfig) {
