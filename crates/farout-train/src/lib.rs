@@ -37,6 +37,7 @@ mod run;
 pub mod sinks;
 pub mod skipgram;
 pub mod task;
+pub mod stop;
 mod trainer;
 
 pub use compare::{CompareOptions, CompareReport, compare};
@@ -138,6 +139,15 @@ pub enum Error {
         kept: String,
         /// The config keys to change.
         keys: String,
+    },
+    /// Training stopped on request ([`stop::request`], e.g. Ctrl-C) after `step`, with its
+    /// checkpoint saved.
+    #[error("training stopped on request after step {step}; the checkpoint in {} continues it (--resume)", checkpoint.display())]
+    Interrupted {
+        /// The last step taken.
+        step: u64,
+        /// The checkpoint saved.
+        checkpoint: PathBuf,
     },
     /// The task cannot answer the request (what to use instead).
     #[error("{0}")]

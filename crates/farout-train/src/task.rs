@@ -124,12 +124,19 @@ impl Config {
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self, Error> {
         let at = |error: ConfigError| Error::Config { path: path.to_path_buf(), error };
         let text = std::fs::read_to_string(path).map_err(crate::io_err(path))?;
-        let mut config = Self::parse(&text, overrides).map_err(at)?;
+        let name = path.file_stem().map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
+        Self::from_text(&text, overrides, &name).map_err(at)
+    }
+
+    /// [`Config::load`] of config text that has no file (the Python package's dicts): `name`
+    /// is the run's name unless the text sets one.
+    pub fn from_text(text: &str, overrides: &[String], name: &str) -> Result<Self, ConfigError> {
+        let mut config = Self::parse(text, overrides)?;
         config.expand_data_paths();
         if config.name.is_empty() {
-            config.name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into());
+            config.name = name.into();
         }
-        config.check().map_err(at)?;
+        config.check()?;
         config.limit_threads();
         Ok(config)
     }

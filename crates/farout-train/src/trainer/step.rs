@@ -109,6 +109,11 @@ impl Trainer<'_> {
                 self.end_epoch(&mut run)?;
             }
         }
+        if crate::stop::requested() {
+            run.bar.abandon();
+            let checkpoint = self.save_checkpoint()?;
+            return Err(Error::Interrupted { step: self.state.step, checkpoint });
+        }
         self.finish(run)
     }
 
@@ -150,7 +155,9 @@ impl Trainer<'_> {
     /// Whether the run is over: all steps taken or the time budget spent.
     fn stopped(&self, run: &RunLog) -> bool {
         let max_seconds = self.config.train.max_seconds;
-        self.state.step >= run.total_steps || (max_seconds > 0.0 && self.state.train_seconds >= max_seconds)
+        self.state.step >= run.total_steps
+            || (max_seconds > 0.0 && self.state.train_seconds >= max_seconds)
+            || crate::stop::requested()
     }
 
     /// The current epoch's sample order (a function of the seed and the epoch, so a resumed

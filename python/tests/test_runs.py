@@ -1,0 +1,72 @@
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import farout
+from conftest import ROOT
+
+
+def tiny_face(**extra):
+    """A small synthetic face-head config, as a dict of TOML tables."""
+    config = {
+        "name": "py-face",
+        "seed": 3,
+        "data": {"format": "synthetic_face", "face": {"n_classes": 50, "n_samples": 2000, "dim": 16}},
+        "model": {"encoder": "face_head"},
+        "output": {"estimator": "softmax"},
+        "train": {"epochs": 2, "batch_size": 64},
+        "log": {"progress": False},
+    }
+    config.update(extra)
+    return config
+
+
+def test_train_then_evaluate_a_dict_config(in_tmp):
+    summary = farout.train(tiny_face())
+    assert summary["name"] == "py-face" and summary["epochs"] == 2
+    metrics = farout.evaluate(tiny_face())
+    assert metrics["p@1"] == pytest.approx(summary["metrics"]["p@1"], abs=1e-12)
+
+
+def test_a_second_run_needs_overwrite_and_overrides_apply(in_tmp):
+    farout.train(tiny_face())
+    with pytest.raises(farout.InvalidInput, match="already holds a run"):
+        farout.train(tiny_face())
+    s = farout.train(tiny_face(), overrides={"train.epochs": 1}, overwrite=True)
+    assert s["epochs"] == 1
+
+
+def test_config_errors_name_the_key(in_tmp):
+    with pytest.raises(farout.InvalidInput, match="epochs"):
+        farout.train(tiny_face(), overrides=["train.epochs=-1"])
+    with pytest.raises(farout.InvalidInput, match="estimator"):
+        farout.train(tiny_face(output={"estimator": "magic"}))
+    with pytest.raises(farout.FileError, match="no-such.toml"):
+        farout.train("no-such.toml")
+    with pytest.raises(farout.InvalidInput, match="path"):
+        farout.train(42)
+
+
+def test_ctrl_c_stops_between_steps_and_keeps_the_checkpoint(in_tmp):
+    config = tiny_face(train={"epochs": 1000, "batch_size": 64})
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt, match="checkpoint"):
+        farout.train(config)
+    assert time.time() - t0 < 30
+    assert (in_tmp / "runs" / "py-face" / "checkpoint").is_dir()
+    # The run continues from it.
+    s = farout.train(config, overrides={"train.epochs": 1}, resume=True)
+    assert s["steps"] > 0
+
+
+def test_compare_returns_one_row_per_run(in_tmp):
+    a = tiny_face(name="cmp-softmax")
+    b = tiny_face(name="cmp-sampled", output={"estimator": "sampled_softmax", "n_samples": 10})
+    rows = farout.compare([a, b], out="cmp")
+    assert len(rows) == 2
+    assert (in_tmp / "cmp" / "summary.md").exists()
