@@ -48,7 +48,7 @@ def task(n_classes, dim_in, n_train, n_test, seed=0):
     def draw(n):
         y = rng.integers(0, n_classes, size=n)
         x = (means[y] + 0.6 * rng.normal(size=(n, dim_in)).astype(np.float32)) @ mix
-        return torch.from_numpy(x), torch.from_numpy(y)
+        return torch.from_numpy(x.astype(np.float32)), torch.from_numpy(y)
 
     return draw(n_train), draw(n_test)
 
@@ -60,8 +60,10 @@ def train(estimator, data, args):
         torch.nn.Linear(x.shape[1], 256), torch.nn.ReLU(), torch.nn.Linear(256, args.dim)
     )
     layer = farout.OutputLayer(
-        args.classes, args.dim, estimator=estimator, loss="softmax",
-        optimizer={"kind": "adagrad", "lr": 0.5}, layer={"init_std": 0.01}, **({"top": 100} if estimator == "ldgs" else {}),
+        args.classes, args.dim, estimator=estimator,
+        optimizer={"kind": "adagrad", "lr": 0.5}, layer={"init_std": 0.01},
+        # LDGS approximates the softmax loss (the exact layer's) from its top 100 classes.
+        **({"loss": "softmax", "top": 100} if estimator == "ldgs" else {}),
     )
     opt = torch.optim.Adam(encoder.parameters(), lr=1e-3)
     start = time.perf_counter()
@@ -75,7 +77,7 @@ def train(estimator, data, args):
     with torch.no_grad():
         ids, _ = layer.scores(encoder(xt).numpy(), k=1)
     accuracy = float((ids[:, 0] == yt.numpy()).mean())
-    return accuracy, seconds, float(loss)
+    return accuracy, seconds, float(loss.detach())
 
 
 def main():
