@@ -188,7 +188,7 @@ pub struct IndexParams {
 
 impl IndexParams {
     /// The index `kind` with these parameters, read as a config's `[index]` would be.
-    fn config(&self, kind: &str) -> Result<farout_search::IndexConfig> {
+    pub(crate) fn config(&self, kind: &str) -> Result<farout_search::IndexConfig> {
         let mut settings = vec![format!("kind=\"{}\"", kind.replace('-', "_"))];
         let mut set = |key: &str, value: Option<String>| {
             if let Some(v) = value {
