@@ -45,6 +45,9 @@ pub enum GenKind {
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
+        /// Replace the files of an earlier data set in --out.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Sparse multi-label documents: writes train.txt and test.txt in XMC format.
     Xmc {
@@ -69,6 +72,9 @@ pub enum GenKind {
         /// Output directory.
         #[arg(long)]
         out: PathBuf,
+        /// Replace the files of an earlier data set in --out.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// A Zipfian corpus with topics as text, one sentence per line: the synthetic corpus of the
     /// skip-gram configs (`[data.synthetic]`), written once so other tools (gensim, fastText,
@@ -91,6 +97,9 @@ pub enum GenKind {
         /// Output file.
         #[arg(long)]
         out: PathBuf,
+        /// Replace an earlier file at --out.
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
@@ -98,10 +107,35 @@ fn bar(total: u64) -> ProgressBar {
     farout_train::report::progress_bar(true, total, "[{elapsed_precise}] {bar:30} {pos}/{len} samples, ETA {eta}")
 }
 
+/// The files `data gen face` writes into its directory.
+const FACE_FILES: [&str; 5] = ["train.npy", "train.labels.npy", "test.npy", "test.labels.npy", "means.npy"];
+/// The files `data gen xmc` writes into its directory.
+const XMC_FILES: [&str; 2] = ["train.txt", "test.txt"];
+
+/// An error, unless `overwrite`, if `out` (with one of `names` joined, `""` for `out` itself)
+/// already exists: a generated data set never replaces files silently.
+fn refuse_to_replace(out: &std::path::Path, names: &[&str], overwrite: bool) -> Result<()> {
+    let found: Vec<String> = names
+        .iter()
+        .map(|n| if n.is_empty() { out.to_path_buf() } else { out.join(n) })
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !overwrite && !found.is_empty() {
+        anyhow::bail!(
+            "--out {}: {} already exist(s); pass --overwrite to replace, or choose another --out",
+            out.display(),
+            found.join(", ")
+        );
+    }
+    Ok(())
+}
+
 pub fn run(cmd: DataCommand) -> Result<()> {
     let DataCommand::Gen { kind } = cmd;
     match kind {
-        GenKind::Face { classes, samples, dim, noise, size_exponent, test_fraction, seed, out } => {
+        GenKind::Face { classes, samples, dim, noise, size_exponent, test_fraction, seed, out, overwrite } => {
+            refuse_to_replace(&out, &FACE_FILES, overwrite)?;
             let spec = FaceSpec {
                 n_classes: classes,
                 n_samples: samples,
@@ -136,7 +170,9 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             test_fraction,
             seed,
             out,
+            overwrite,
         } => {
+            refuse_to_replace(&out, &XMC_FILES, overwrite)?;
             let spec = XmcSpec {
                 n_samples: samples,
                 n_features: features,
@@ -156,7 +192,8 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             b.finish();
             log::info!("wrote {} (K = {labels}, N = {samples}, V = {features})", out.display());
         }
-        GenKind::Corpus { tokens, vocab, exponent, topics, seed, out } => {
+        GenKind::Corpus { tokens, vocab, exponent, topics, seed, out, overwrite } => {
+            refuse_to_replace(&out, &[""], overwrite)?;
             let spec = TextGenSpec { words: vocab, tokens, exponent, topics, seed, ..TextGenSpec::default() };
             spec.check()?;
             let change = "lower --tokens or --vocab";

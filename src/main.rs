@@ -2,12 +2,12 @@
 
 mod bench;
 mod datagen;
-mod index;
 mod repro;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use farout_dist::Collective;
+use farout_train::guard::Protected;
 use farout_train::report::StderrLogger;
 use farout_train::{CompareOptions, Config, Task, TrainOptions};
 use std::io::{BufRead, Write};
@@ -81,22 +81,10 @@ enum Command {
         #[arg(long)]
         vectors: PathBuf,
         /// The words; none: read whitespace-separated words from standard input.
-        #[arg(conflicts_with = "nearest")]
         words: Vec<String>,
-        /// Print the `--topn` nearest words of this word by cosine similarity instead, one
-        /// `word neighbour cosine` line each, best first (repeatable). From a `.model` file a
-        /// word outside the vocabulary is queried by the mean of its n-gram rows.
-        #[arg(long, value_name = "WORD")]
-        nearest: Vec<String>,
-        /// Neighbours printed per `--nearest` word.
-        #[arg(long, default_value_t = 10, requires = "nearest", value_parser = clap::value_parser!(u64).range(1..))]
-        topn: u64,
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
     Predict(PredictArgs),
-    /// Build a search index over the rows of a `.npy` file and save it (loads without being
-    /// built again, e.g. by `farout.Index.load`); prints JSON.
-    Index(index::IndexArgs),
     /// Generate synthetic data sets.
     Data {
         #[command(subcommand)]
@@ -214,54 +202,11 @@ enum EvalVectors {
     },
 }
 
-/// Word vectors for `eval analogy` / `eval similarity`; a NaN or infinite vector is an error
-/// (it would otherwise drop out of every nearest-neighbour search and bias the score silently).
+/// Word vectors for `eval analogy`, `eval similarity` and `vectors` (the reader refuses NaN and
+/// infinite values, naming the first word that holds one).
 fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors<'static>> {
     use farout_skipgram::vectors::{Format, Vectors};
-    let v = Vectors::load(path, Format::from_path(path))?;
-    let m = v.matrix();
-    let bad = (0..m.rows()).filter(|&i| m.row(i).iter().any(|x| !x.is_finite())).collect::<Vec<_>>();
-    if let Some(&first) = bad.first() {
-        anyhow::bail!(
-            "{}: {} of {} vectors hold NaN or infinite values (the first: `{}`); the model diverged or the file is corrupt",
-            path.display(),
-            bad.len(),
-            m.rows(),
-            v.words()[first]
-        );
-    }
-    if v.ngrams().is_some_and(|t| t.as_slice().iter().any(|x| !x.is_finite())) {
-        anyhow::bail!(
-            "{}: n-gram rows hold NaN or infinite values; the model diverged or the file is corrupt",
-            path.display()
-        );
-    }
-    Ok(v)
-}
-
-/// `farout vectors --nearest`: the `topn` nearest words of each of `words` by cosine, through
-/// the default search index (brute force for the few queries of a command line; see
-/// `farout_skipgram::nearest`), one `word neighbour cosine` line each.
-fn print_nearest(path: &Path, words: &[String], topn: usize) -> Result<()> {
-    use farout_skipgram::nearest::{Neighbours, word_query};
-    let v = load_vectors(path)?;
-    let mut queries = farout_core::Matrix::zeros(words.len(), v.matrix().cols());
-    let mut own = Vec::with_capacity(words.len());
-    for (i, word) in words.iter().enumerate() {
-        let (x, id) = word_query(&v, word).with_context(|| format!("{}: --nearest {word}", path.display()))?;
-        queries.row_mut(i).copy_from_slice(&x);
-        own.push(id);
-    }
-    let found = Neighbours::new(v.matrix(), farout_search::IndexConfig::default())?
-        .search(&queries, topn, |i| own[i].into_iter().collect());
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for (word, hits) in words.iter().zip(&found) {
-        for h in hits {
-            writeln!(out, "{word} {} {}", v.words()[h.class as usize], h.score)?;
-        }
-    }
-    out.flush()?;
-    Ok(())
+    Ok(Vectors::load(path, Format::from_path(path))?)
 }
 
 /// `farout vectors`: one `word v1 ... v_dim` line per word.
@@ -378,46 +323,6 @@ pub fn emit(text: impl std::fmt::Display) -> Result<()> {
     Ok(())
 }
 
-/// An error if the output file `out` (named by `option`) is the config file, one of the files
-/// the config reads or one of the command's `other` inputs: writing there would destroy it.
-fn refuse_to_overwrite(
-    option: &str,
-    out: &Path,
-    config_path: &Path,
-    config: &Config,
-    other: &[(&str, Option<&Path>)],
-) -> Result<()> {
-    let d = &config.data;
-    let synthetic_corpus = d.corpus.is_none().then(|| config.log_dir().join("corpus.txt"));
-    let e = &config.eval;
-    let inputs = [
-        ("config", Some(config_path.to_path_buf())),
-        ("data.train", d.train.clone()),
-        ("data.test", d.test.clone()),
-        ("data.train_labels", d.train_labels.clone()),
-        ("data.test_labels", d.test_labels.clone()),
-        ("data.corpus", d.corpus.clone().or(synthetic_corpus)),
-        ("eval.heldout", e.heldout.clone()),
-        ("eval.analogy", e.analogy.clone()),
-        ("eval.similarity", e.similarity.clone()),
-    ];
-    let named = inputs.iter().map(|(what, p)| (*what, p.as_deref()));
-    for (what, p) in named.chain(other.iter().copied()) {
-        if p.is_some_and(|p| same_file(out, p)) {
-            anyhow::bail!("{option} {} is the {what} file: writing there would destroy it", out.display());
-        }
-    }
-    Ok(())
-}
-
-/// Whether `a` and `b` name the same existing file (through links and relative paths).
-fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    }
-}
-
 /// rayon threads for each of several ranks: the cores shared by the ranks on this node
 /// (`OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`), at least one.
 fn threads_per_rank() -> usize {
@@ -519,8 +424,12 @@ fn cmd_train(
     comm: &dyn Collective,
 ) -> Result<()> {
     let config = load_config(path, set, comm.size())?;
+    let protected = Protected::of_run(path, &config);
     if let Some(out) = options.export_vectors {
-        refuse_to_overwrite("--export-vectors", out, path, &config, &[])?;
+        protected.check("export-vectors", out)?;
+    }
+    if let Some(out) = summary {
+        protected.clone().with("--export-vectors", options.export_vectors).check("summary", out)?;
     }
     // One process trains on the pool (with one MPI rank, `Local`'s collectives are
     // what the rank's would be); ranks of a larger job make their MPI calls from the
@@ -573,8 +482,8 @@ fn cmd_predict(args: PredictArgs, comm: &dyn Collective) -> Result<()> {
     let PredictArgs { config: path, set, checkpoint, input, labels, top_k, out } = args;
     let config = load_config(&path, &set, comm.size())?;
     if let Some(o) = &out {
-        let other = [("--input", input.as_deref()), ("--labels", labels.as_deref())];
-        refuse_to_overwrite("--out", o, &path, &config, &other)?;
+        let p = Protected::of_run(&path, &config).with("--input", input.as_deref()).with("--labels", labels.as_deref());
+        p.with_dir("--checkpoint directory", checkpoint.as_deref()).check("out", o)?;
     }
     let t = open_trained(config, checkpoint.as_deref(), comm)?;
     let owned;
@@ -622,7 +531,7 @@ fn cmd_export(
     comm: &dyn Collective,
 ) -> Result<()> {
     let config = load_config(path, set, comm.size())?;
-    refuse_to_overwrite("--out", out, path, &config, &[("--input", input)])?;
+    Protected::of_run(path, &config).with("--input", input).check("out", out)?;
     let n = export(config, out, rows, input, comm)?;
     log::info!("wrote {n} vectors to {}", out.display());
     Ok(())
@@ -652,11 +561,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         Command::Export { config: path, set, out, rows, input } => {
             cmd_export(&path, &set, &out, rows, input.as_deref(), comm)?
         }
-        Command::Vectors { vectors, nearest, topn, .. } if !nearest.is_empty() => {
-            print_nearest(&vectors, &nearest, topn as usize)?
-        }
-        Command::Vectors { vectors, words, .. } => print_vectors(&vectors, words)?,
-        Command::Index(args) => index::run(args)?,
+        Command::Vectors { vectors, words } => print_vectors(&vectors, words)?,
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,

@@ -231,7 +231,7 @@ fn settings_that_would_give_a_silently_wrong_result_are_errors_or_warnings() {
     std::fs::write(&pairs, "the cat 5.0\ncat dog 7.0\nthe dog 2.0\n").unwrap();
     fails_with(
         &["eval", "similarity", "--vectors", vectors.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()],
-        &["v.txt", "1 of 3 vectors hold NaN or infinite values (the first: `cat`)"],
+        &["v.txt", "1 of 3 vectors hold NaN or infinite values (the first: `cat`, line 3)"],
     );
 }
 
@@ -362,4 +362,227 @@ fn a_closed_output_pipe_ends_the_command_quietly() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.status.success(), "exit {:?}: {err}", o.status);
+}
+
+/// `path` as a `--set` value (a quoted TOML string).
+fn quoted(path: &Path) -> String {
+    format!("\"{}\"", path.display())
+}
+
+/// Every path farout writes is checked against what the run reads or owns: the summary, the
+/// predictions and the exported vectors never replace the config, the data or the trained
+/// model, and a generated data set never replaces an earlier one silently.
+#[test]
+fn no_output_replaces_the_config_the_data_or_the_trained_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::copy(SOFTMAX, &config).unwrap();
+    let config = config.to_str().unwrap();
+    let before = std::fs::read(config).unwrap();
+    let epoch = ["--set", "train.epochs=1"];
+    fails(
+        &tiny("train", config, dir.path(), &[&epoch[..], &["--summary", config]].concat()),
+        &["--summary", "is the config file"],
+    );
+    assert_eq!(std::fs::read(config).unwrap(), before);
+    summary(&run(&tiny("train", config, dir.path(), &epoch)));
+    let manifest = dir.path().join("ckpt/manifest.json");
+    let (m, layer) = (manifest.to_str().unwrap(), dir.path().join("ckpt/layer.bin"));
+    let layer_before = std::fs::read(&layer).unwrap();
+    fails(
+        &tiny("train", config, dir.path(), &["--resume", "--set", "train.epochs=2", "--summary", m]),
+        &[
+            "--summary",
+            "lies in the checkpoint directory (the trained model)",
+            &dir.path().join("ckpt").display().to_string(),
+        ],
+    );
+    fails(
+        &tiny("predict", config, dir.path(), &["--out", layer.to_str().unwrap()]),
+        &["--out", "lies in the checkpoint directory"],
+    );
+    fails(
+        &tiny("export", config, dir.path(), &["--out", &dir.path().join("ckpt/w.npy").display().to_string()]),
+        &["--out", "lies in the checkpoint directory"],
+    );
+    assert_eq!(std::fs::read(&layer).unwrap(), layer_before);
+    assert!(manifest.exists());
+    eval_p1(dir.path(), config, &[]);
+    let data = dir.path().join("gen");
+    let generate = |extra: &[&str]| {
+        let mut a = vec!["data", "gen", "xmc", "--samples", "50", "--features", "30", "--labels", "5"];
+        a.extend(["--out", data.to_str().unwrap()]);
+        a.extend(extra);
+        farout(&a)
+    };
+    assert!(generate(&[]).status.success());
+    let o = generate(&["--seed", "2"]);
+    assert!(!o.status.success() && stderr(&o).contains("already exist"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("train.txt") && stderr(&o).contains("--overwrite"), "{}", stderr(&o));
+    assert!(generate(&["--seed", "2", "--overwrite"]).status.success());
+}
+
+/// NaN and infinities are refused where they enter, naming the file and row: `.npy` features
+/// and the vectors `bench search --vectors` searches (which made the HNSW index panic), word
+/// vectors, word-pair scores.
+#[test]
+fn nan_and_infinite_values_are_refused_at_every_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("w.npy");
+    let mut m = farout_core::Matrix::from_vec(3, 2, vec![1.0, 0.5, 0.2, 0.1, -0.3, 0.7]).unwrap();
+    let q = dir.path().join("q.npy");
+    farout_data::npy::write_f32_matrix(&q, &m).unwrap();
+    m.row_mut(1)[0] = f32::NAN;
+    farout_data::npy::write_f32_matrix(&w, &m).unwrap();
+    for index in ["hnsw", "spherical", "simple_lsh", "hamming"] {
+        let (w, q) = (w.to_str().unwrap(), q.to_str().unwrap());
+        fails_with(
+            &["bench", "search", "--index", index, "--vectors", w, "--query-vectors", q],
+            &["w.npy: row 1, column 0 holds NaN"],
+        );
+    }
+    let labels = dir.path().join("l.npy");
+    farout_data::npy::write_ids(&labels, &[0, 1, 2]).unwrap();
+    let npy = [
+        "--set".to_string(),
+        "data.format=\"npy\"".into(),
+        "--set".into(),
+        format!("data.train={}", quoted(&w)),
+        "--set".into(),
+        format!("data.train_labels={}", quoted(&labels)),
+        "--set".into(),
+        format!("data.test={}", quoted(&q)),
+        "--set".into(),
+        format!("data.test_labels={}", quoted(&labels)),
+    ];
+    let mut args = tiny("train", "configs/quickstart.toml", dir.path(), &[]);
+    args.extend(npy);
+    fails(&args, &["w.npy: row 1, column 0 holds NaN"]);
+    let pairs = dir.path().join("pairs.tsv");
+    std::fs::write(&pairs, "the cat 5.0\ncat dog nan\n").unwrap();
+    let vectors = dir.path().join("v.txt");
+    std::fs::write(&vectors, "3 2\nthe 0.1 0.2\ncat 0.4 0.3\ndog 0.2 0.1\n").unwrap();
+    fails_with(
+        &["eval", "similarity", "--vectors", vectors.to_str().unwrap(), "--pairs", pairs.to_str().unwrap()],
+        &["pairs.tsv:2: score NaN is not finite"],
+    );
+    std::fs::write(&vectors, "3 2\nthe 0.1 0.2\ncat inf 0.3\ndog 0.2 0.1\n").unwrap();
+    fails_with(
+        &["vectors", "--vectors", vectors.to_str().unwrap(), "cat"],
+        &["v.txt: 1 of 3 vectors hold NaN or infinite values (the first: `cat`, line 3)"],
+    );
+}
+
+/// Sizes that reach an allocation are checked first, with the key to change: a label id of
+/// 10^8 (K = 10^8 + 1 classes and a batch's scores over them), the skip-gram tables before the
+/// corpus is written, a `--top-k` of 2^64 - 1.
+#[test]
+fn sizes_are_checked_before_they_are_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    farout_data::npy::write_f32_matrix(&x, &farout_core::Matrix::from_vec(2, 1, vec![0.5, -0.5]).unwrap()).unwrap();
+    let labels = dir.path().join("l.npy");
+    farout_data::npy::write_ids(&labels, &[0, 100_000_000]).unwrap();
+    let mut args = tiny("train", "configs/quickstart.toml", dir.path(), &[]);
+    for (key, p) in [("train", &x), ("train_labels", &labels), ("test", &x), ("test_labels", &labels)] {
+        args.extend(["--set".into(), format!("data.{key}={}", quoted(p))]);
+    }
+    args.extend(["--set".into(), "data.format=\"npy\"".into(), "--set".into(), "train.batch_size=256".into()]);
+    fails(&args, &["100000001 classes", "a batch's scores", "train.batch_size", "of memory are available"]);
+    let sg =
+        tiny("train", "configs/skipgram-quickstart.toml", dir.path(), &["--set", "model.skip_gram.dim=1000000000"]);
+    fails(&sg, &["the skip-gram tables", "model.skip_gram.dim", "of memory are available"]);
+    assert!(!dir.path().join("log/corpus.txt").exists(), "no corpus was written");
+    let buckets = ["--set", "model.skip_gram.maxn=6", "--set", "model.skip_gram.buckets=1073741824"];
+    let sg = tiny("train", "configs/skipgram-quickstart.toml", dir.path(), &buckets);
+    fails(&sg, &["1073741824 n-gram rows", "model.skip_gram.buckets", "of memory are available"]);
+    assert!(!dir.path().join("log/corpus.txt").exists(), "no corpus was written");
+    summary(&run(&tiny("train", SOFTMAX, dir.path(), &["--set", "train.epochs=1"])));
+    let o = run(&tiny("predict", SOFTMAX, dir.path(), &["--top-k", "18446744073709551615"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first = String::from_utf8_lossy(&o.stdout).lines().next().unwrap_or_default().to_string();
+    assert_eq!(first.split_whitespace().count(), 20, "every one of the K = 20 classes: {first}");
+}
+
+/// A blow-up the loss does not show (SGD at lr 10^20 with the margin loss, which is 0 once
+/// every margin is met, however large the weights) is caught by the weights' scale.
+#[test]
+fn weights_that_blow_up_behind_a_small_loss_stop_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let sgd = ["--set", "output.optimizer={kind=\"sgd\",lr=1e20,decay=0.0}", "--set", "train.epochs=2"];
+    fails(
+        &tiny("train", "configs/bibtex-margin.toml", dir.path(), &sgd),
+        &["training diverged at step", "an output-layer weight reaches", "output.optimizer.lr"],
+    );
+}
+
+/// Messages say what was assumed and which key to change.
+#[test]
+fn messages_name_the_format_assumed_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let bad_header = file("bad.txt", "2 200\n1 0:1\n3 4:1\n");
+    fails(
+        &tiny("train", SOFTMAX, dir.path(), &["--set", &format!("data.train={}", quoted(&bad_header))]),
+        &["bad.txt:1:", "not an XMC header of three integers `N D K`, so the file was read as LIBSVM"],
+    );
+    fails(
+        &tiny("train", "configs/quickstart.toml", dir.path(), &["--set", "data.face.dim=0"]),
+        &["data.face.dim", "must be > 0"],
+    );
+    fails(&tiny("train", SOFTMAX, dir.path(), &["--set", "index.recall_queries=0"]), &["index.recall_queries"]);
+    // A LIBSVM test file narrower than the training file is padded, as LIBSVM does.
+    let train = file("train.libsvm", "0 0:1 5:1\n1 1:1 6:1\n2 2:1 3:1\n0 0:1 4:1\n");
+    let test = file("test.libsvm", "0 0:1\n1 1:1\n");
+    let mut libsvm: Vec<String> = vec!["train".into(), SOFTMAX.into()];
+    for (key, p) in [("train", &train), ("test", &test)] {
+        libsvm.extend(["--set".into(), format!("data.{key}={}", quoted(p))]);
+    }
+    libsvm.extend(quiet_in(dir.path()));
+    libsvm.extend(["--set".into(), "train.epochs=1".into()]);
+    summary(&run(&libsvm));
+    // Evaluation needs no optimiser state: a run trained with another optimiser evaluates.
+    let run_dir = dir.path().join("sgd");
+    let sgd = ["--set", "output.optimizer={kind=\"sgd\",lr=0.02,decay=0.0}", "--set", "train.epochs=1"];
+    summary(&run(&tiny("train", SOFTMAX, &run_dir, &sgd)));
+    eval_p1(&run_dir, SOFTMAX, &[]);
+    let npy = dir.path().join("v.npy");
+    farout_data::npy::write_f32_matrix(&npy, &farout_core::Matrix::zeros(2, 2)).unwrap();
+    fails_with(
+        &["vectors", "--vectors", npy.to_str().unwrap(), "cat"],
+        &["v.npy: a numpy .npy array, not word vectors"],
+    );
+    // A network config pointed at a linear model's checkpoint.
+    let linear = dir.path().join("linear");
+    summary(&run(&tiny("train", "configs/bibtex-dismec.toml", &linear, &[])));
+    let ck = linear.join("ckpt");
+    fails(
+        &tiny("eval", SOFTMAX, dir.path(), &["--checkpoint", ck.to_str().unwrap()]),
+        &["holds a linear model (linear.model), not a network's checkpoint"],
+    );
+}
+
+/// Results that would be silently meaningless are errors: a corpus that gives no training
+/// pair, an analogy or word-pair file without questions.
+#[test]
+fn degenerate_inputs_are_errors_not_meaningless_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("tiny.txt");
+    std::fs::write(&corpus, "the cat sat\n").unwrap();
+    let sets = ["--set", &format!("data.corpus={}", quoted(&corpus)), "--set", "data.text.min_count=1"];
+    fails(
+        &tiny("train", "configs/skipgram-quickstart.toml", dir.path(), &sets),
+        &["tiny.txt", "trained no (context, centre) pair"],
+    );
+    let vectors = dir.path().join("v.txt");
+    std::fs::write(&vectors, "3 2\nthe 0.1 0.2\ncat 0.4 0.3\ndog 0.2 0.1\n").unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "").unwrap();
+    let (v, e) = (vectors.to_str().unwrap(), empty.to_str().unwrap());
+    fails_with(&["eval", "analogy", "--vectors", v, "--questions", e], &["empty.txt: holds no analogy questions"]);
+    fails_with(&["eval", "similarity", "--vectors", v, "--pairs", e], &["empty.txt: holds no word pairs"]);
 }

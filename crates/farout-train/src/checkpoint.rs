@@ -211,7 +211,16 @@ pub fn verify(dir: &Path) -> Result<Manifest, Error> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(bad(&path, "missing: the checkpoint is incomplete or was written by an older farout".into()));
+            let linear = [crate::linear::MODEL_FILE, "linear.shards.json"].into_iter().find(|f| dir.join(f).exists());
+            let msg = match linear {
+                Some(f) => format!(
+                    "missing: {} holds a linear model ({f}), not a network's checkpoint; evaluate it with the \
+                     [linear] config that trained it",
+                    dir.display()
+                ),
+                None => "missing: the checkpoint is incomplete or was written by an older farout".into(),
+            };
+            return Err(bad(&path, msg));
         }
         Err(e) => return Err(bad(&path, e.to_string())),
     };

@@ -541,6 +541,10 @@ impl Config {
             self.model.doc_encoder.check().map_err(|e| ConfigError::param("model.doc_encoder", e))?;
         }
         at_least_one("index.refresh_every", self.index.refresh_every as usize)?;
+        if self.index.recall_every > 0 {
+            // A recall over no query would be logged as 0 (or NaN), a silent false alarm.
+            at_least_one("index.recall_queries", self.index.recall_queries)?;
+        }
         self.index.index.check().map_err(|e| ConfigError::param("index", e))?;
         for (key, optimizer) in
             [("output.optimizer", &out.optimizer), ("model.doc_encoder.optimizer", &self.model.doc_encoder.optimizer)]

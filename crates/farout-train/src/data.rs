@@ -30,14 +30,14 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             let bytes = d.face.generator_bytes() + d.face.features_bytes();
             let what = format!("the synthetic faces ({} x {} features)", d.face.n_samples, d.face.dim);
             resources::check_memory(bytes, what, "lower data.face.n_samples, n_classes or dim")?;
-            let g = FaceGenerator::new(d.face.clone())?;
+            let g = FaceGenerator::new(d.face.clone()).map_err(|e| generator_err("data.face", e))?;
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
         DataFormat::SyntheticXmc => {
             let bytes = d.xmc.generator_bytes() + d.xmc.data_bytes();
             let what = format!("the synthetic documents ({} of them)", d.xmc.n_samples);
             resources::check_memory(bytes, what, "lower data.xmc.n_samples, n_features or n_labels")?;
-            let g = XmcGenerator::new(d.xmc.clone())?;
+            let g = XmcGenerator::new(d.xmc.clone()).map_err(|e| generator_err("data.xmc", e))?;
             (g.dataset(Split::Train), Some(g.dataset(Split::Test)))
         }
         DataFormat::Text => {
@@ -95,6 +95,14 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
     Ok(TaskData { train, test, n_classes, n_features, idf })
 }
 
+/// A generator's error, its parameter's key under `section` (e.g. `data.face.dim`).
+fn generator_err(section: &str, e: farout_data::Error) -> Error {
+    match e {
+        farout_data::Error::Param(p) => Error::Key(ConfigError::param(section, p)),
+        e => e.into(),
+    }
+}
+
 /// An error unless `ds` (read from `path`) has samples and at least one label: an empty test
 /// set would leave the final metrics to the training set, and unlabelled data train nothing.
 fn require_labelled(ds: &Dataset, path: &Path, labels_key: &str) -> Result<(), Error> {
@@ -106,6 +114,16 @@ fn require_labelled(ds: &Dataset, path: &Path, labels_key: &str) -> Result<(), E
         return Ok(());
     };
     Err(Error::DataMismatch { path: path.to_path_buf(), msg })
+}
+
+/// Widens sparse data `ds` to the training set's features and labels where it has fewer, as
+/// LIBSVM does: a LIBSVM file without a header takes its sizes from the largest ids it holds,
+/// so a test file that never uses the last features or labels is narrower but valid.
+fn pad_sparse_to(ds: &mut Dataset, train: &Dataset) {
+    if let (Features::Sparse(rows), Features::Sparse(t)) = (&mut ds.features, &train.features) {
+        rows.n_cols = rows.n_cols.max(t.n_cols);
+        ds.labels.n_labels = ds.labels.n_labels.max(train.labels.n_labels);
+    }
 }
 
 /// Applies the configured feature transforms to sparse rows: tf-idf weighting (with the
@@ -131,7 +149,7 @@ pub fn load_split(
 ) -> Result<Dataset, Error> {
     let d = &config.data;
     let k_hint = (d.n_classes > 0).then_some(d.n_classes);
-    let ds = match d.format {
+    let mut ds = match d.format {
         DataFormat::Xmc => xmc::read(path)?,
         DataFormat::Npy | DataFormat::Raw => {
             let features =
@@ -172,6 +190,7 @@ pub fn load_split(
         }
     };
     if let Some(train) = like {
+        pad_sparse_to(&mut ds, train);
         if ds.features.n_cols() != train.features.n_cols() {
             return Err(Error::DataMismatch {
                 path: path.to_path_buf(),

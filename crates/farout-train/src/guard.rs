@@ -85,3 +85,148 @@ fn previous_run(config: &Config) -> Option<String> {
     found.retain(|p| p.exists());
     (!found.is_empty()).then(|| found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
 }
+
+/// What a command reads or owns, against which every file it writes is checked, in one place:
+/// the config, the files it names (data, test set, corpus, evaluation files), the command's own
+/// inputs, and the run's files (its checkpoint directory and the copies beside it, where the
+/// trained model lives, its log, lock and generated corpus). Writing onto any of them would
+/// destroy it.
+#[derive(Clone, Debug, Default)]
+pub struct Protected {
+    /// Single files, each with what it is (`"config"`, `"data.train"`, `"--input"`).
+    files: Vec<(String, PathBuf)>,
+    /// Directories no output may enter, each with what it holds.
+    dirs: Vec<(String, PathBuf)>,
+}
+
+/// Files of a run's log directory that the run writes itself.
+const RUN_FILES: [&str; 6] =
+    ["farout.lock", "metrics.jsonl", "corpus.txt", "corpus.json", "heldout.txt", "heldout.json"];
+
+impl Protected {
+    /// The config at `config_path`, the files `config` reads and the run's own files.
+    pub fn of_run(config_path: &Path, config: &Config) -> Self {
+        let (d, e) = (&config.data, &config.eval);
+        let mut p = Self::default().with("config", Some(config_path));
+        let named = [
+            ("data.train", &d.train),
+            ("data.test", &d.test),
+            ("data.train_labels", &d.train_labels),
+            ("data.test_labels", &d.test_labels),
+            ("data.corpus", &d.corpus),
+            ("eval.heldout", &e.heldout),
+            ("eval.analogy", &e.analogy),
+            ("eval.similarity", &e.similarity),
+        ];
+        for (what, path) in named {
+            p = p.with(what, path.as_deref());
+        }
+        let log = config.log_dir();
+        for name in RUN_FILES {
+            p = p.with(&format!("run's {name}"), Some(&log.join(name)));
+        }
+        p.dirs.push(("run's TensorBoard log".into(), log.join("tb")));
+        let ck = config.checkpoint_dir();
+        for dir in crate::checkpoint::with_siblings(&ck).into_iter().chain([crate::checkpoint::previous(&ck)]) {
+            p.dirs.push(("checkpoint directory (the trained model)".into(), dir));
+        }
+        p
+    }
+
+    /// These and `path` (if given), described as `what`.
+    pub fn with(mut self, what: &str, path: Option<&Path>) -> Self {
+        self.files.extend(path.map(|p| (what.to_string(), p.to_path_buf())));
+        self
+    }
+
+    /// These and the directory `dir` (if given), holding `what`.
+    pub fn with_dir(mut self, what: &str, dir: Option<&Path>) -> Self {
+        self.dirs.extend(dir.map(|d| (what.to_string(), d.to_path_buf())));
+        self
+    }
+
+    /// An error naming both paths if `out`, written for the option `--option`, is one of the
+    /// protected files or lies in a protected directory.
+    pub fn check(&self, option: &'static str, out: &Path) -> Result<(), Error> {
+        let target = resolve(out);
+        let clash = |msg: String| Error::Option { name: option, msg };
+        for (what, p) in &self.files {
+            if resolve(p) == target {
+                let same = if p == out { String::new() } else { format!(" ({})", p.display()) };
+                return Err(clash(format!(
+                    "{} is the {what} file{same}: writing there would destroy it",
+                    out.display()
+                )));
+            }
+        }
+        for (what, dir) in &self.dirs {
+            if target.starts_with(resolve(dir)) {
+                return Err(clash(format!(
+                    "{} lies in the {what} {}: writing there would destroy it; write elsewhere",
+                    out.display(),
+                    dir.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `p` made absolute, `.` and `..` taken lexically, links resolved as far as it exists (a file
+/// to be written does not exist yet: its nearest existing ancestor is resolved and the rest
+/// appended).
+fn resolve(p: &Path) -> PathBuf {
+    use std::path::Component;
+    let abs = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut lexical = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                lexical.pop();
+            }
+            c => lexical.push(c),
+        }
+    }
+    let mut existing = lexical.as_path();
+    let mut rest = Vec::new();
+    while !existing.try_exists().unwrap_or(false) {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else { return lexical };
+        rest.push(name.to_os_string());
+        existing = parent;
+    }
+    let mut out = std::fs::canonicalize(existing).unwrap_or_else(|_| existing.to_path_buf());
+    out.extend(rest.iter().rev());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_onto_the_config_the_data_or_into_the_checkpoint_are_refused_naming_both_paths() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::parse("[data]\nformat = \"synthetic_xmc\"\n", &[]).unwrap();
+        let train = dir.path().join("train.txt");
+        std::fs::write(&train, "1 1 1\n0 0:1\n").unwrap();
+        config.data.train = Some(train.clone());
+        config.log.dir = Some(dir.path().join("run"));
+        let config_path = dir.path().join("c.toml");
+        std::fs::write(&config_path, "").unwrap();
+        let p = Protected::of_run(&config_path, &config).with("--input", Some(Path::new("in.txt")));
+        let e = p.check("out", &dir.path().join("sub/../c.toml")).unwrap_err().to_string();
+        assert!(e.starts_with("--out: ") && e.contains("is the config file") && e.contains("c.toml ("), "{e}");
+        let e = p.check("summary", &train).unwrap_err().to_string();
+        assert!(e.contains("is the data.train file: writing there would destroy it"), "{e}");
+        let manifest = dir.path().join("run/checkpoint/manifest.json");
+        let e = p.check("summary", &manifest).unwrap_err().to_string();
+        assert!(e.contains("lies in the checkpoint directory (the trained model)"), "{e}");
+        assert!(e.contains(&dir.path().join("run/checkpoint").display().to_string()), "{e}");
+        assert!(p.check("out", &dir.path().join("run/checkpoint.tmp/layer.bin")).is_err());
+        assert!(p.check("out", &dir.path().join("run/metrics.jsonl")).is_err());
+        assert!(p.check("out", Path::new("in.txt")).is_err());
+        assert!(p.check("out", &dir.path().join("run/predictions.txt")).is_ok());
+        assert!(p.check("out", &dir.path().join("checkpoint-copy.txt")).is_ok());
+    }
+}

@@ -539,6 +539,8 @@ pub fn predict(
     k: usize,
     comm: &dyn Collective,
 ) -> Result<Vec<Vec<Hit>>, Error> {
+    // No more hits than labels exist: a larger k (up to usize::MAX) must not size a buffer.
+    let k = k.min(model.n_labels);
     let x = rows(ds);
     let predictor = model.model.predictor();
     let local: Vec<Vec<Hit>> = (0..n.min(ds.len()))

@@ -508,6 +508,18 @@ impl<'a> Session<'a> {
         output: &Matrix,
         extra: impl FnOnce(&Path) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        if s.pairs == 0 && !s.stopped {
+            let corpus = self.config.data.corpus.clone().unwrap_or_else(|| self.config.log_dir().join("corpus.txt"));
+            return Err(Error::DataMismatch {
+                path: corpus,
+                msg: format!(
+                    "epoch {} trained no (context, centre) pair: after min_count and subsampling no sentence \
+                     keeps two words; use a larger corpus, lower data.text.min_count or set data.text.subsample \
+                     = \"none\"",
+                    s.epoch + 1
+                ),
+            });
+        }
         let t_eval = Instant::now();
         let train_seconds = self.train_seconds();
         {
@@ -636,6 +648,10 @@ struct Start {
 impl Start {
     fn open(config: &Config, resume: bool) -> Result<Self, Error> {
         let sg = &config.model.skip_gram;
+        // Before a corpus is written or read: the tables of the fewest words a run trains (two),
+        // or of every word of a synthetic corpus.
+        let fewest = if config.data.corpus.is_none() { config.data.synthetic.words } else { 2 };
+        check_table_memory(config, fewest as u64)?;
         let (corpus, heldout) = corpus_paths(config)?;
         let t_vocab = Instant::now();
         let (vocab, subwords, emb, state) = if resume {
@@ -645,6 +661,7 @@ impl Start {
             (vocab, subwords, emb, state)
         } else {
             let vocab = Vocab::build(&corpus, &config.data.text, threads(config))?;
+            check_table_memory(config, vocab.len() as u64)?;
             let subwords = Subwords::new(vocab.words(), sg.ngrams());
             let rows = subwords.table_rows();
             let emb = Embeddings::init(rows, vocab.len(), sg.dim, sg.init_range, config.seed);
@@ -678,6 +695,20 @@ impl Start {
         }
         Ok(Self { corpus, heldout, vocab, subwords, emb, state, vocab_seconds })
     }
+}
+
+/// An error, before they are allocated, if the input and output tables of `n_words` words and
+/// the n-gram rows (`model.skip_gram.buckets`, when subwords are on) do not fit in memory.
+fn check_table_memory(config: &Config, n_words: u64) -> Result<(), Error> {
+    let sg = &config.model.skip_gram;
+    let ngrams = sg.ngrams();
+    let buckets = if ngrams.enabled() { ngrams.buckets as u64 } else { 0 };
+    let rows = n_words.saturating_mul(2).saturating_add(buckets);
+    let bytes = farout_core::resources::array_bytes(&[rows, sg.dim as u64], 4);
+    let what =
+        format!("the skip-gram tables ({n_words} words in and out, {buckets} n-gram rows, dimension {})", sg.dim);
+    let change = "lower model.skip_gram.dim or model.skip_gram.buckets (or data.synthetic.words)";
+    Ok(farout_core::resources::check_memory(bytes, what, change)?)
 }
 
 /// Training threads: `train.threads`, or every core.

@@ -37,6 +37,14 @@ fn step_range(comm: &dyn Collective, step: u64) -> Result<(u64, u64), Error> {
     Ok((-steps[1] as u64, steps[0] as u64))
 }
 
+/// A weight or bias of the output layer larger than this in magnitude means the run has blown
+/// up even when its loss looks fine (a margin loss is 0 once every margin is met, however large
+/// the weights): at 10^8 the spacing of f32 values is 8 (2^-24 relative), so an update of any
+/// sensible size no longer moves the weight, and scores of 10^8 |phi| are far beyond the scale of
+/// every loss (a margin of 1; softmax's exp overflows past 88). The check runs at logging steps
+/// on the rows the step updated, and on the whole layer before a checkpoint is written.
+pub const WEIGHT_LIMIT: f32 = 1e8;
+
 impl Trainer<'_> {
     /// This rank's checkpoint directory: the config's, or with a class-sharded layer its
     /// `rank-R-of-P` directory inside it.
@@ -61,6 +69,7 @@ impl Trainer<'_> {
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
         }
+        self.check_weight_scale(true)?;
         // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint).
         crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
@@ -91,6 +100,18 @@ impl Trainer<'_> {
         Ok(())
     }
 
+    /// An error stopping the run when a weight or bias of the layer (`whole`) or of the rows
+    /// the last step updated exceeds [`WEIGHT_LIMIT`] in magnitude, or is NaN.
+    pub(super) fn check_weight_scale(&self, whole: bool) -> Result<(), Error> {
+        let scale = if whole { self.layer.scale() } else { self.layer.updated_scale() };
+        if scale <= WEIGHT_LIMIT {
+            return Ok(());
+        }
+        Err(self.diverged(format!(
+            "an output-layer weight reaches {scale:.4e}, beyond {WEIGHT_LIMIT:e}, whatever the loss says"
+        )))
+    }
+
     /// The error that stops a diverged run: what went wrong, the checkpoint that is kept and
     /// the keys to change.
     pub(super) fn diverged(&self, why: String) -> Error {
@@ -111,10 +132,16 @@ impl Trainer<'_> {
     /// Restores layer, encoder and progress from the newest complete checkpoint in `dir` (or,
     /// after a save was interrupted, beside it: see [`crate::checkpoint`]). Files are checked
     /// against the checkpoint's manifest, and NaN or infinite weights are refused.
-    fn load_checkpoint_files(&mut self, dir: &Path) -> Result<(), Error> {
+    /// Evaluation (`resume` false) reads the weights alone: the optimiser the config builds may
+    /// differ from the one the run trained with.
+    fn load_checkpoint_files(&mut self, dir: &Path, resume: bool) -> Result<(), Error> {
         let dir = &crate::checkpoint::open(dir)?;
         let state: State = crate::checkpoint::read_state(dir, "training state")?;
-        self.layer.load(&dir.join("layer.bin"))?;
+        if resume {
+            self.layer.load(&dir.join("layer.bin"))?;
+        } else {
+            self.layer.load_weights(&dir.join("layer.bin"))?;
+        }
         if let Encoder::Doc(e) = &mut self.encoder {
             e.load(dir)?;
         }
@@ -136,12 +163,19 @@ impl Trainer<'_> {
     /// number of ranks, or ranks whose checkpoints are at different steps, are errors on every
     /// rank.
     pub fn load_checkpoint(&mut self, dir: &Path) -> Result<(), Error> {
+        self.load_checkpoint_for(dir, false)
+    }
+
+    /// [`Self::load_checkpoint`], with the optimiser's state when the run is to be resumed.
+    fn load_checkpoint_for(&mut self, dir: &Path, resume: bool) -> Result<(), Error> {
         let comm = self.comm;
         let ranks = comm.size();
         let written = checkpoint_rank_counts(dir);
         let loaded = match (written.as_slice(), ranks) {
-            ([], 1) => self.load_checkpoint_files(dir),
-            ([p], _) if *p == ranks => self.load_checkpoint_files(&dir.join(rank_checkpoint(comm.rank(), ranks))),
+            ([], 1) => self.load_checkpoint_files(dir, resume),
+            ([p], _) if *p == ranks => {
+                self.load_checkpoint_files(&dir.join(rank_checkpoint(comm.rank(), ranks)), resume)
+            }
             ([], _) => Err(Error::Checkpoint {
                 path: dir.to_path_buf(),
                 msg: format!("holds a checkpoint of one process, not of {ranks} MPI ranks: run without mpirun"),
@@ -169,7 +203,7 @@ impl Trainer<'_> {
             Ok(())
         } else {
             match crate::checkpoint::at_progress(&rank_dir, low) {
-                Some(back) => self.load_checkpoint_files(&back),
+                Some(back) => self.load_checkpoint_files(&back, resume),
                 None => Err(Error::Checkpoint {
                     path: dir.to_path_buf(),
                     msg: format!(
@@ -197,7 +231,7 @@ impl Trainer<'_> {
     /// [`Trainer::resume`] as one of the ranks of `comm`.
     pub fn resume(&mut self) -> Result<(), Error> {
         let dir = self.config.checkpoint_dir();
-        self.load_checkpoint(&dir)
+        self.load_checkpoint_for(&dir, true)
     }
 }
 

@@ -162,6 +162,8 @@ impl Trainer<'_> {
     pub fn predict(&self, ds: &Dataset, k: usize) -> Result<Vec<Vec<Hit>>, Error> {
         let comm = self.comm;
         let first = self.shard.map_or(0, |s| s.first);
+        // No more hits than classes exist: a larger k (up to usize::MAX) must not size a buffer.
+        let k = k.min(self.data.n_classes);
         let mut out = Vec::with_capacity(ds.len());
         self.scored_batches(ds, ds.len(), |_, z| {
             out.extend(sharded::merged_top_k(comm, z, first, k)?);

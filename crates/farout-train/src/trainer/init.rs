@@ -92,9 +92,19 @@ fn check_model_memory(config: &Config, data: &TaskData) -> Result<(), Error> {
         _ => (v, 0),
     };
     let layer = farout_core::resources::array_bytes(&[k, d, 3], 4);
-    let what = format!("the model ({k} classes x {d} output layer, {v} input features)");
-    let change = "lower model.doc_encoder.d_model or the data's classes and features";
-    Ok(farout_core::resources::check_memory(layer + table, what, change)?)
+    // The exact estimators score every class of a batch and keep a dense gradient: [B, K] twice
+    // (or [B, output.class_chunk] with chunks).
+    let exact = matches!(config.output.estimator.name(), "softmax" | "margin");
+    let chunk = if config.output.class_chunk > 0 { k.min(config.output.class_chunk as u64) } else { k };
+    let scores =
+        if exact { farout_core::resources::array_bytes(&[config.train.batch_size as u64, chunk, 2], 4) } else { 0 };
+    let what = format!(
+        "the model ({k} classes x {d} output layer, {v} input features{})",
+        if exact { format!(", a batch's scores over {chunk} classes") } else { String::new() }
+    );
+    let change = "lower model.doc_encoder.d_model, train.batch_size (or set output.class_chunk), or the data's \
+                  classes (one more than the largest label id) and features";
+    Ok(farout_core::resources::check_memory(layer + table + scores, what, change)?)
 }
 
 /// The data of `config`, loaded once its output settings are checked, and checked: a training

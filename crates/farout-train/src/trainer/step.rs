@@ -288,6 +288,7 @@ impl Trainer<'_> {
         let (eval_due, checkpoint_due) = (due(eval.every_steps), ck.enabled && due(ck.every_steps));
         let (recall_queries, eval_samples) = (index.recall_queries, eval.max_samples);
         if log_due {
+            crate::dist::agree(comm, self.check_weight_scale(false))?;
             self.log_window(run)?;
         }
         run.bar.set_position(step_no);
