@@ -3,7 +3,8 @@
 
 use crate::errors::invalid;
 use farout_data::{LabelSets, SparseRows};
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use numpy::ndarray::Array2;
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 /// A CSR matrix from scipy's arrays (`indptr` int64, `indices` int64, `data` float32), checked:
@@ -89,4 +90,15 @@ pub fn csr_arrays(py: Python<'_>, rows: SparseRows) -> CsrArrays<'_> {
     let indptr: Vec<i64> = rows.indptr.iter().map(|&p| p as i64).collect();
     let indices: Vec<i64> = rows.indices.iter().map(|&c| i64::from(c)).collect();
     (indptr.into_pyarray(py), indices.into_pyarray(py), rows.values.into_pyarray(py))
+}
+
+/// The `k` best classes of `n` rows: ids `int64[n, k]` and scores `float32[n, k]`.
+pub type TopK<'py> = (Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>);
+
+/// [`TopK`] arrays from row-major ids and scores of `n` rows of `k`.
+pub fn top_k_arrays(py: Python<'_>, n: usize, k: usize, ids: Vec<i64>, scores: Vec<f32>) -> PyResult<TopK<'_>> {
+    let shape_err = |e: numpy::ndarray::ShapeError| invalid(e.to_string());
+    let ids = Array2::from_shape_vec((n, k), ids).map_err(shape_err)?;
+    let scores = Array2::from_shape_vec((n, k), scores).map_err(shape_err)?;
+    Ok((ids.into_pyarray(py), scores.into_pyarray(py)))
 }

@@ -4,7 +4,7 @@
 //! that carry gradient with the layer's optimiser, and keeps the estimator's index up to date,
 //! exactly as `farout train` does inside its own loop.
 
-use crate::arrays::label_sets;
+use crate::arrays::{TopK, label_sets, top_k_arrays};
 use crate::errors::{IntoPy, invalid};
 use farout_core::rng::{self, Rng};
 use farout_core::{ClassId, Matrix};
@@ -128,12 +128,7 @@ impl OutputLayer {
 
     /// The `k` best classes of every row of `features` by exact score `w_k·φ + b_k`, best
     /// first: ids `int64[B, k]` and scores `float32[B, k]`.
-    fn scores<'py>(
-        &self,
-        py: Python<'py>,
-        features: PyReadonlyArray2<'py, f32>,
-        k: usize,
-    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+    fn scores<'py>(&self, py: Python<'py>, features: PyReadonlyArray2<'py, f32>, k: usize) -> PyResult<TopK<'py>> {
         let phi = self.features(&features)?;
         let k = k.min(self.layer.n_classes());
         if k == 0 {
@@ -153,9 +148,7 @@ impl OutputLayer {
             }
             (ids, scores)
         });
-        let ids = Array2::from_shape_vec((phi.rows(), k), ids).map_err(|e| invalid(e.to_string()))?;
-        let scores = Array2::from_shape_vec((phi.rows(), k), scores).map_err(|e| invalid(e.to_string()))?;
-        Ok((ids.into_pyarray(py), scores.into_pyarray(py)))
+        top_k_arrays(py, phi.rows(), k, ids, scores)
     }
 
     /// W as a new `float32[n_classes, dim]` array.

@@ -2,14 +2,13 @@
 //! (the CLI's `linear.model` file), tf-idf, and the XMC / LIBSVM reader. The scikit-learn
 //! classes are Python (`farout/linear.py`) over these functions.
 
-use crate::arrays::{CsrArrays, csr, csr_arrays, label_sets};
+use crate::arrays::{CsrArrays, TopK, csr, csr_arrays, label_sets, top_k_arrays};
 use crate::errors::{IntoPy, invalid};
 use farout_data::{Dataset, Features, SparseRows};
 use farout_dist::Local;
 use farout_linear::{Predictor, Silent, SolverConfig, SparseModel, TrainSet};
 use farout_train::linear::LinearModel as Model;
-use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -89,12 +88,7 @@ pub fn fit_linear(py: Python<'_>, params: &str, x: Csr<'_>, y: Labels<'_>) -> Py
 impl LinearModel {
     /// Labels `int64[n, k]` and scores `float32[n, k]` of the `k` best labels of every row of
     /// `x`, best first (`k` is capped at the number of labels).
-    fn predict<'py>(
-        &self,
-        py: Python<'py>,
-        x: Csr<'py>,
-        k: usize,
-    ) -> PyResult<(Bound<'py, PyArray2<i64>>, Bound<'py, PyArray2<f32>>)> {
+    fn predict<'py>(&self, py: Python<'py>, x: Csr<'py>, k: usize) -> PyResult<TopK<'py>> {
         let x = rows("X", x)?;
         self.check_features(&x)?;
         let k = k.min(self.model.n_labels);
@@ -103,10 +97,7 @@ impl LinearModel {
         }
         let n = x.n_rows();
         let (labels, scores) = py.detach(|| top_k(&self.predictor, &x, k));
-        let shape_err = |e: numpy::ndarray::ShapeError| invalid(e.to_string());
-        let labels = Array2::from_shape_vec((n, k), labels).map_err(shape_err)?;
-        let scores = Array2::from_shape_vec((n, k), scores).map_err(shape_err)?;
-        Ok((labels.into_pyarray(py), scores.into_pyarray(py)))
+        top_k_arrays(py, n, k, labels, scores)
     }
 
     /// P@1/3/5, nDCG@1/3/5 (and accuracy for single-label data) on `x` with labels `y`, as the
