@@ -2,6 +2,7 @@
 
 mod bench;
 mod datagen;
+mod index;
 mod repro;
 
 use anyhow::{Context, Result};
@@ -81,10 +82,22 @@ enum Command {
         #[arg(long)]
         vectors: PathBuf,
         /// The words; none: read whitespace-separated words from standard input.
+        #[arg(conflicts_with = "nearest")]
         words: Vec<String>,
+        /// Print the `--topn` nearest words of this word by cosine similarity instead, one
+        /// `word neighbour cosine` line each, best first (repeatable). From a `.model` file a
+        /// word outside the vocabulary is queried by the mean of its n-gram rows.
+        #[arg(long, value_name = "WORD")]
+        nearest: Vec<String>,
+        /// Neighbours printed per `--nearest` word.
+        #[arg(long, default_value_t = 10, requires = "nearest", value_parser = clap::value_parser!(u64).range(1..))]
+        topn: u64,
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
     Predict(PredictArgs),
+    /// Build a search index over the rows of a `.npy` file and save it (loads without being
+    /// built again, e.g. by `farout.Index.load`); prints JSON.
+    Index(index::IndexArgs),
     /// Generate synthetic data sets.
     Data {
         #[command(subcommand)]
@@ -207,6 +220,31 @@ enum EvalVectors {
 fn load_vectors(path: &Path) -> Result<farout_skipgram::vectors::Vectors<'static>> {
     use farout_skipgram::vectors::{Format, Vectors};
     Ok(Vectors::load(path, Format::from_path(path))?)
+}
+
+/// `farout vectors --nearest`: the `topn` nearest words of each of `words` by cosine, through
+/// the default search index (brute force for the few queries of a command line; see
+/// `farout_skipgram::nearest`), one `word neighbour cosine` line each.
+fn print_nearest(path: &Path, words: &[String], topn: usize) -> Result<()> {
+    use farout_skipgram::nearest::{Neighbours, word_query};
+    let v = load_vectors(path)?;
+    let mut queries = farout_core::Matrix::zeros(words.len(), v.matrix().cols());
+    let mut own = Vec::with_capacity(words.len());
+    for (i, word) in words.iter().enumerate() {
+        let (x, id) = word_query(&v, word).with_context(|| format!("{}: --nearest {word}", path.display()))?;
+        queries.row_mut(i).copy_from_slice(&x);
+        own.push(id);
+    }
+    let found = Neighbours::new(v.matrix(), farout_search::IndexConfig::default())?
+        .search(&queries, topn, |i| own[i].into_iter().collect());
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for (word, hits) in words.iter().zip(&found) {
+        for h in hits {
+            writeln!(out, "{word} {} {}", v.words()[h.class as usize], h.score)?;
+        }
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// `farout vectors`: one `word v1 ... v_dim` line per word.
@@ -561,7 +599,11 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         Command::Export { config: path, set, out, rows, input } => {
             cmd_export(&path, &set, &out, rows, input.as_deref(), comm)?
         }
-        Command::Vectors { vectors, words } => print_vectors(&vectors, words)?,
+        Command::Vectors { vectors, nearest, topn, .. } if !nearest.is_empty() => {
+            print_nearest(&vectors, &nearest, topn as usize)?
+        }
+        Command::Vectors { vectors, words, .. } => print_vectors(&vectors, words)?,
+        Command::Index(args) => index::run(args)?,
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,
