@@ -57,6 +57,17 @@ struct Hidden {
 }
 
 impl DocEncoderConfig {
+    /// The ranges `farout tune` draws from (keys relative to `[model.doc_encoder]`): the
+    /// dimension D (multiples of 4, so that 1, 2 or 4 LDGS blocks divide it) and the
+    /// optimiser's step size.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::{Dim, Value};
+        let dims = [64, 100, 128, 256].into_iter().map(Value::Int).collect();
+        let mut space = vec![Dim::choice("d_model", dims)];
+        space.extend(self.optimizer.search_space().into_iter().map(|d| d.under("optimizer")));
+        space
+    }
+
     /// Checks the parameters; errors name the key relative to `[model.doc_encoder]`.
     pub fn check(&self) -> Result<(), ParamError> {
         if self.d_model == 0 {

@@ -8,6 +8,7 @@
 //! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`];
 //! - [`fuzz`]: what the readers' fuzz tests share (a peak-counting allocator, file mutations);
 //! - [`resources`]: the memory and disk space available, to check sizes before allocating.
+//! - [`space`]: search spaces, the ranges of plug-in parameters that `farout tune` draws from.
 #![warn(missing_docs)]
 
 pub mod alias;
@@ -20,6 +21,7 @@ pub mod metrics;
 mod registry;
 pub mod resources;
 pub mod rng;
+pub mod space;
 mod sparse;
 pub mod topk;
 pub mod vexp;

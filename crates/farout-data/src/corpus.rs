@@ -76,6 +76,12 @@ impl Default for TextSpec {
 }
 
 impl TextSpec {
+    /// The ranges `farout tune` draws from (keys relative to `[data.text]`): the subsampling
+    /// threshold t, log-uniformly over word2vec's usual 1e-5 to 1e-3.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        vec![farout_core::space::Dim::float_log("t", 1e-5, 1e-3)]
+    }
+
     /// Checks the values; errors name the key relative to `[data.text]`.
     pub fn check(&self) -> std::result::Result<(), ParamError> {
         if self.min_count == 0 {

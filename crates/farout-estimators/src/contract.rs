@@ -28,6 +28,12 @@ pub trait EstimatorParams {
     /// Checks what serde cannot (ranges); errors name the key relative to `[output]`.
     fn check(&self) -> Result<(), farout_core::ParamError>;
 
+    /// The ranges `farout tune` draws the estimator's own knobs from (keys relative to
+    /// `[output]`, as in [`EstimatorParams::check`]'s errors). Default: nothing to tune.
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        Vec::new()
+    }
+
     /// The exact loss the estimator computes or approximates (its evaluation loss and the
     /// reference of its gradient).
     fn loss(&self) -> Result<ExactLoss, Error>;

@@ -203,6 +203,12 @@ impl Default for MarginConfig {
 }
 
 impl EstimatorParams for MarginConfig {
+    /// The smoothing μ of the margin loss (a scale: log-uniform around the shipped 5).
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::Dim;
+        vec![Dim::float_log("mu", 0.5, 20.0)]
+    }
+
     fn check(&self) -> Result<(), farout_core::ParamError> {
         self.loss()?;
         Ok(())

@@ -698,6 +698,21 @@ impl LdgsConfig {
 }
 
 impl EstimatorParams for LdgsConfig {
+    /// μ of the margin loss (log-uniform, with the margin loss), the classes retrieved per block
+    /// (top, log-uniform: its cost is linear in it) and the number of blocks B (1, 2 or 4,
+    /// which divide the usual D).
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::{Dim, Value};
+        let mut space = vec![
+            Dim::int("top", 5, 100, true),
+            Dim::choice("blocks", vec![Value::Int(1), Value::Int(2), Value::Int(4)]),
+        ];
+        if self.loss == LossKind::Margin {
+            space.push(Dim::float_log("mu", 0.5, 20.0));
+        }
+        space
+    }
+
     fn check(&self) -> Result<(), farout_core::ParamError> {
         if !(self.tau2 >= 0.0) {
             return Err(farout_core::ParamError::new("tau2", self.tau2, "must be >= 0"));

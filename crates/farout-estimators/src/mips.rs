@@ -206,6 +206,16 @@ pub(crate) fn search_top(top: usize, n_classes: usize) -> usize {
 }
 
 impl EstimatorParams for MipsConfig {
+    /// μ of the margin loss and the classes retrieved (top), both log-uniform.
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::Dim;
+        let mut space = vec![Dim::int("top", 5, 200, true)];
+        if self.loss == LossKind::Margin {
+            space.push(Dim::float_log("mu", 0.5, 20.0));
+        }
+        space
+    }
+
     fn check(&self) -> Result<(), farout_core::ParamError> {
         self.loss()?;
         Ok(())

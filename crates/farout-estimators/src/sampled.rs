@@ -317,6 +317,13 @@ impl SampledSoftmaxConfig {
 }
 
 impl EstimatorParams for SampledSoftmaxConfig {
+    /// The negatives per sample (log-uniform: the cost is linear in them), unless they are set
+    /// as a fraction of K.
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::Dim;
+        if self.sample_fraction > 0.0 { Vec::new() } else { vec![Dim::int("n_samples", 2, 64, true)] }
+    }
+
     fn check(&self) -> Result<(), farout_core::ParamError> {
         self.negatives().check()?;
         check_alpha(self.alpha)
@@ -366,6 +373,13 @@ impl Default for NegativeSamplingConfig {
 }
 
 impl EstimatorParams for NegativeSamplingConfig {
+    /// The negatives per sample (log-uniform: the cost is linear in them), unless they are set
+    /// as a fraction of K.
+    fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::Dim;
+        if self.sample_fraction > 0.0 { Vec::new() } else { vec![Dim::int("n_samples", 2, 64, true)] }
+    }
+
     fn check(&self) -> Result<(), farout_core::ParamError> {
         Negatives { n_samples: self.n_samples, sample_fraction: self.sample_fraction }.check()?;
         check_alpha(self.alpha)

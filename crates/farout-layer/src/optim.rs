@@ -81,6 +81,19 @@ impl Default for OptimizerConfig {
 }
 
 impl OptimizerConfig {
+    /// The ranges `farout tune` draws from (keys relative to the optimiser's table): the step
+    /// size, log-uniformly over a decade either side of the configured one (a step size is a
+    /// scale, and the configured one is where a recipe starts). The A&R schedule keeps its own.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::Dim;
+        match *self {
+            OptimizerConfig::Sgd { lr, .. } | OptimizerConfig::Adagrad { lr, .. } if lr > 0.0 && lr.is_finite() => {
+                vec![Dim::float_log("lr", f64::from(lr) / 10.0, f64::from(lr) * 10.0)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// Checks the values; errors name the key relative to the optimizer's table (`lr`, `eps`).
     pub fn check(&self) -> Result<(), ParamError> {
         // The step size's key: `lr`, or `rho0` for the A&R schedule.

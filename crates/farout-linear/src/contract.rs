@@ -7,6 +7,7 @@ use crate::Result;
 use crate::data::TrainSet;
 use crate::model::SparseModel;
 use farout_core::ParamError;
+use farout_core::space::Dim;
 use farout_dist::{Collective, Shards};
 use serde::Serialize;
 use std::ops::Range;
@@ -16,6 +17,13 @@ pub trait LinearSolver: Send + Sync + std::fmt::Debug {
     /// Checks every parameter; the error names the key relative to `[linear]` and what is
     /// allowed.
     fn check(&self) -> std::result::Result<(), ParamError>;
+
+    /// The ranges `farout tune` draws this solver's parameters from (keys relative to
+    /// `[linear]`, as in [`LinearSolver::check`]'s errors): the scales log-uniformly around the
+    /// papers' defaults. Default: nothing to tune.
+    fn search_space(&self) -> Vec<Dim> {
+        Vec::new()
+    }
 
     /// Trains on `data` (parameters already checked), reporting work done to `progress`.
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted>;

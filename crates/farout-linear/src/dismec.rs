@@ -30,6 +30,7 @@ use crate::newton::{self, LabelStats, NewtonParams, Rows, Scratch};
 use crate::ova::{check_label_range, one_vs_all};
 use crate::{Error, Result};
 use farout_core::ParamError;
+use farout_core::space::{Dim, Value};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::ops::Range;
@@ -159,6 +160,16 @@ impl DismecConfig {
 impl LinearSolver for DismecConfig {
     fn check(&self) -> std::result::Result<(), ParamError> {
         DismecConfig::check(self)
+    }
+
+    /// C over two decades around \[M\]'s 1 (the loss weight is a scale), the pruning
+    /// threshold around \[M\]'s 0.01, and the initialisation (MSI or zero).
+    fn search_space(&self) -> Vec<Dim> {
+        vec![
+            Dim::float_log("c", 0.1, 10.0),
+            Dim::float_log("prune_threshold", 0.001, 0.1),
+            Dim::choice("init", vec![Value::Str("msi".into()), Value::Str("zero".into())]),
+        ]
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {

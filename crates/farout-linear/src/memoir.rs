@@ -82,6 +82,7 @@ use crate::data::TrainSet;
 use crate::model::SparseModel;
 use crate::oracle::{ArgmaxOracle, MipsOracle, RefreshKind, best_excluding};
 use crate::{Error, Result};
+use farout_core::space::Dim;
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, rng};
 use farout_data::SparseRows;
@@ -230,6 +231,12 @@ impl MemoirConfig {
 impl LinearSolver for MemoirConfig {
     fn check(&self) -> std::result::Result<(), ParamError> {
         MemoirConfig::check(self)
+    }
+
+    /// The step size η0 and its decay η_step, log-uniformly over two decades around \[E\]'s
+    /// 0.1 and 0.02, and the passes over the pairs.
+    fn search_space(&self) -> Vec<Dim> {
+        vec![Dim::float_log("eta0", 0.01, 1.0), Dim::float_log("eta_step", 0.002, 0.2), Dim::int("epochs", 1, 20, true)]
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {

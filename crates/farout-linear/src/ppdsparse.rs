@@ -131,6 +131,7 @@ use crate::ova::{check_label_range, one_vs_all};
 use crate::{Error, Result};
 use farout_core::ParamError;
 use farout_core::rng::{self, Rng, RngExt};
+use farout_core::space::Dim;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::ops::Range;
@@ -294,6 +295,16 @@ fn check_size(n: usize) -> Result<()> {
 impl LinearSolver for PpdSparseConfig {
     fn check(&self) -> std::result::Result<(), ParamError> {
         PpdSparseConfig::check(self)
+    }
+
+    /// λ (ℓ1) and τ (ℓ2) over the ranges \[P\] tries (0.01–1 and 0.1–10), log-uniformly, and
+    /// the pruning threshold around 0.01.
+    fn search_space(&self) -> Vec<Dim> {
+        vec![
+            Dim::float_log("lambda", 0.001, 1.0),
+            Dim::float_log("tau", 0.1, 10.0),
+            Dim::float_log("prune_threshold", 0.001, 0.1),
+        ]
     }
 
     fn fit(&self, data: &TrainSet, progress: &dyn Progress) -> Result<Fitted> {

@@ -141,6 +141,19 @@ impl Default for SkipGramConfig {
 }
 
 impl SkipGramConfig {
+    /// The ranges `farout tune` draws from (keys relative to `[model.skip_gram]`): the step
+    /// size log-uniformly around word2vec's 0.025, the window, and (with subword vectors,
+    /// `maxn > 0`) the n-gram lengths as fastText's pairs.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::{Dim, Value};
+        let mut space = vec![Dim::float_log("lr", 0.005, 0.1), Dim::int("window", 2, 10, false)];
+        if self.maxn > 0 {
+            space.push(Dim::choice("minn", vec![Value::Int(2), Value::Int(3)]));
+            space.push(Dim::choice("maxn", vec![Value::Int(5), Value::Int(6)]));
+        }
+        space
+    }
+
     /// Checks the values; errors name the key relative to `[model.skip_gram]`.
     pub fn check(&self) -> Result<(), ParamError> {
         let bad = |key, msg: String| Err(ParamError::message(key, msg));
