@@ -4,6 +4,7 @@ mod bench;
 mod datagen;
 mod index;
 mod repro;
+mod tune;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -111,6 +112,8 @@ enum Command {
     /// Train several configs that differ in their estimator; write a table and curves.
     Compare(CompareArgs),
     /// Reproduce a paper's experiment; prints one JSON object.
+    /// Search a config's settings on a validation split within a time budget; retrain the best.
+    Tune(tune::TuneArgs),
     Repro {
         #[command(subcommand)]
         command: repro::ReproCommand,
@@ -608,6 +611,7 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
         Command::Bench { command } => bench::run(command, comm)?,
         Command::Repro { command } => repro::run(command)?,
         Command::Compare(args) => cmd_compare(args)?,
+        Command::Tune(args) => tune::run(args)?,
     }
     Ok(())
 }

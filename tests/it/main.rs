@@ -7,6 +7,7 @@ mod errors;
 mod quality;
 mod robustness;
 mod skipgram;
+mod tune;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

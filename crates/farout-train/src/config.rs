@@ -116,6 +116,13 @@ pub struct DataConfig {
     pub synthetic: TextGenSpec,
     /// Tokenisation, vocabulary and subsampling of `text`.
     pub text: TextSpec,
+    /// Set this fraction of the training rows (drawn with `seed`) aside as the set the run
+    /// evaluates on, and do not read the test set (0 = off): a validation split, as `farout
+    /// tune` searches on. Row data sets only (not `text`).
+    pub holdout: f64,
+    /// Train on this fraction of the training rows (drawn with `seed`, after `holdout`; 1 =
+    /// all): the growing data of a search's early rounds. Row data sets only.
+    pub train_fraction: f64,
 }
 
 impl Default for DataConfig {
@@ -136,6 +143,25 @@ impl Default for DataConfig {
             corpus: None,
             synthetic: TextGenSpec::default(),
             text: TextSpec::default(),
+            holdout: 0.0,
+            train_fraction: 1.0,
+        }
+    }
+}
+
+impl DataConfig {
+    /// The ranges `farout tune` draws from (keys relative to `[data]`): the preprocessing of
+    /// sparse rows (tf-idf weighting, row normalisation), which can move P@1 as much as any
+    /// solver setting; the subsampling threshold of a corpus. Dense features have none.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::{Dim, Value};
+        let both = || vec![Value::Bool(true), Value::Bool(false)];
+        match self.format {
+            DataFormat::Xmc | DataFormat::SyntheticXmc => {
+                vec![Dim::choice("tfidf", both()), Dim::choice("normalize", both())]
+            }
+            DataFormat::Text => self.text.search_space().into_iter().map(|d| d.under("text")).collect(),
+            _ => Vec::new(),
         }
     }
 }
@@ -218,6 +244,15 @@ pub struct TrainConfig {
     pub max_seconds: f64,
     /// Log training scalars every this many steps.
     pub log_every: u64,
+}
+
+impl TrainConfig {
+    /// The ranges `farout tune` draws from (keys relative to `[train]`): the batch size. The
+    /// epochs are the search's budget, not a dimension.
+    pub fn search_space(&self) -> Vec<farout_core::space::Dim> {
+        use farout_core::space::{Dim, Value};
+        vec![Dim::choice("batch_size", [8, 16, 32, 64, 128].into_iter().map(Value::Int).collect())]
+    }
 }
 
 impl Default for TrainConfig {
@@ -468,6 +503,18 @@ impl Config {
                 Some(_) => Ok(()),
             }
         };
+        if !(0.0..1.0).contains(&d.holdout) {
+            return Err(ConfigError::key("data.holdout", format!(" = {} must be in [0, 1)", d.holdout)));
+        }
+        if !(d.train_fraction > 0.0 && d.train_fraction <= 1.0) {
+            return Err(ConfigError::key("data.train_fraction", format!(" = {} must be in (0, 1]", d.train_fraction)));
+        }
+        if d.format == DataFormat::Text && (d.holdout > 0.0 || d.train_fraction < 1.0) {
+            return Err(ConfigError::key(
+                "data.holdout",
+                "and data.train_fraction split row data sets; a text corpus is held out with eval.heldout",
+            ));
+        }
         match d.format {
             DataFormat::Xmc => {
                 need(&d.train, "train")?;
@@ -770,7 +817,7 @@ fn one_line(s: &str) -> String {
 
 /// Sets `a.b.c = value` in `table`; `value` is parsed as TOML (`5`, `0.1`, `true`, `"x"`,
 /// `[1, 2]`) and taken as a string when it does not parse.
-fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), ConfigError> {
+pub(crate) fn apply_override(table: &mut toml::Table, o: &str) -> Result<(), ConfigError> {
     let bad = |msg: String| ConfigError::Override { arg: o.to_string(), msg };
     let (key, value) = o.split_once('=').ok_or_else(|| bad("expected key=value".into()))?;
     let key = key.trim();

@@ -51,17 +51,24 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
             require_labelled(&train, train_path, "data.train_labels")?;
             let test = match &d.test {
-                Some(p) => {
+                Some(p) if d.holdout == 0.0 => {
                     let test = load_split(config, p, d.test_labels.as_deref(), Some(&train))?;
                     require_labelled(&test, p, "data.test_labels")?;
                     Some(test)
                 }
-                None => None,
+                _ => None,
             };
             (train, test)
         }
     };
     // The idf comes from the raw training rows; every split is weighted by it.
+    if d.holdout > 0.0 || d.train_fraction < 1.0 {
+        let (kept, valid) = crate::tune::split::split(&train, d.holdout, d.train_fraction, config.seed);
+        train = kept;
+        if d.holdout > 0.0 {
+            test = Some(valid);
+        }
+    }
     let idf = match (&train.features, d.tfidf) {
         (Features::Sparse(f), true) => Some(f.idf()),
         _ => None,

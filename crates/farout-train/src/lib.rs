@@ -17,6 +17,7 @@
 //! - [`train`]: the one entry of `farout train`: checks, locks and trains the config's task;
 //! - [`bench`]: micro-benchmarks against same-run references (`farout bench ...`);
 //! - [`compare`]: several configs trained side by side, with a table and curves;
+//! - [`tune`]: `farout tune`, a search of a config's settings on a validation split;
 //! - [`Trainer`]: the training loop with progress bar, periodic evaluation, checkpoints,
 //!   resume, divergence detection and the final summary.
 #![warn(missing_docs)]
@@ -38,6 +39,7 @@ pub mod sinks;
 pub mod skipgram;
 pub mod task;
 pub mod stop;
+pub mod tune;
 mod trainer;
 
 pub use compare::{CompareOptions, CompareReport, compare};

@@ -2,6 +2,7 @@
 //! table (`summary.md`, `summary.csv`) and curves (`curves.png`, `curves.svg`) against training
 //! time (log axis) and epochs — the LDGS paper's Figures 1-3: test P@1 for classifiers, the
 //! held-out full-softmax objective for skip-gram (Figure 3: GD, GD-MIPS, GD-Decomp-MIPS).
+//! `--from` also reads a `farout tune` directory: its tuned run beside the others.
 
 mod plot;
 
@@ -328,8 +329,19 @@ fn train_all(args: &CompareOptions) -> Result<Vec<Run>, Error> {
     Ok(runs)
 }
 
-/// The runs of an earlier `compare` output directory (`DIR/runs/<method>@<repeat>/`).
+/// The runs of an earlier `compare` or `tune` output directory (`DIR/runs/<method>@<repeat>/`;
+/// a tune's final run is `<name>-tuned@0`, and its method names the trials it chose from).
 fn read_runs(dir: &Path) -> Result<Vec<Run>, Error> {
+    let mut runs = read_run_dirs(dir)?;
+    let trials = dir.join("trials.csv");
+    if trials.exists() {
+        let n = crate::tune::trials::read(&trials)?.len();
+        runs.iter_mut().for_each(|r| r.method = format!("{} (tuned, {n} trials)", r.method));
+    }
+    Ok(runs)
+}
+
+fn read_run_dirs(dir: &Path) -> Result<Vec<Run>, Error> {
     let runs_dir = dir.join("runs");
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&runs_dir)
         .map_err(|source| CompareError::NotACompareDir { path: dir.to_path_buf(), source })?

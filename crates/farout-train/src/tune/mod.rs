@@ -1,0 +1,421 @@
+//! `farout tune`: the best recipe for a config's own data, searched on a validation split
+//! within a wall-clock budget.
+//!
+//! The search never reads the test set: every trial trains on the training rows left after
+//! `data.holdout` sets a seeded fraction aside ([`split`]) and is scored on those rows (a
+//! skip-gram trial by its held-out objective, or by the analogy or word-pair file its config
+//! names). The space is the plug-ins' own ([`space::default_space`]), with a space file's
+//! ranges over it. Successive halving ([`search`]) spends the budget; every trial goes to
+//! `DIR/trials.csv` as it ends ([`trials`]), so `--resume` continues a search. At the end the
+//! best setting is written as a complete config (`DIR/best.toml`), retrained on the whole
+//! training set and evaluated on the test set once (`DIR/runs/<name>-tuned@0`, which
+//! `farout compare --from DIR` reads), and the metric is drawn against the search's time
+//! (`DIR/progress.png`, `.svg`).
+//!
+//! ```text
+//! DIR/trials.csv      id, rung, resource, metric, seconds, elapsed, stop, settings
+//! DIR/best.toml       the base config with the best settings
+//! DIR/progress.png    validation metric against search seconds
+//! DIR/trials/<id>-r<rung>/       each trial's logs
+//! DIR/runs/<name>-tuned@0/       the final run: summary.json, metrics.jsonl, checkpoint/
+//! ```
+
+mod outdir;
+mod plot;
+pub mod recipe;
+pub mod search;
+pub mod space;
+pub mod split;
+pub mod trials;
+
+use crate::task::{RunSummary, TaskKind, TrainOptions};
+use crate::{Config, Error, io_err};
+use farout_core::space::Dim;
+use recipe::{Recipe, Setting};
+use search::{ETA, RUNGS_ABOVE, Resource};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use trials::{Stop, Trial};
+
+/// What to tune, and how long.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// The base config.
+    pub config: PathBuf,
+    /// `key=value` overrides of the base config.
+    pub set: Vec<String>,
+    /// Seconds of search (the final retraining excluded).
+    pub budget: f64,
+    /// A space file over the plug-ins' spaces.
+    pub space: Option<PathBuf>,
+    /// Fraction of the training rows set aside for validation.
+    pub valid_fraction: f64,
+    /// The validation metric (default: `p@1`; skip-gram: the held-out objective).
+    pub metric: Option<String>,
+    /// Output directory.
+    pub out: PathBuf,
+    /// Continue the search in `out` from its `trials.csv`.
+    pub resume: bool,
+    /// Seed of the draws (default: the config's seed).
+    pub seed: Option<u64>,
+    /// Stop after this many settings (0: as many as the budget allows).
+    pub max_settings: usize,
+    /// Show the progress bar.
+    pub progress: bool,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        Self {
+            config: PathBuf::new(),
+            set: Vec::new(),
+            budget: 600.0,
+            space: None,
+            valid_fraction: 0.2,
+            metric: None,
+            out: PathBuf::from("runs/tune"),
+            resume: false,
+            seed: None,
+            max_settings: 0,
+            progress: true,
+        }
+    }
+}
+
+/// What a tune found.
+#[derive(Clone, Debug)]
+pub struct TuneReport {
+    /// Every trial.
+    pub trials: Vec<Trial>,
+    /// The best trial's settings.
+    pub best: Vec<Setting>,
+    /// The best trial's validation figure.
+    pub best_valid: f64,
+    /// The final run (the best settings on the whole training set, scored on the test set).
+    pub summary: RunSummary,
+    /// The trials as a Markdown table.
+    pub table: String,
+    /// The output directory.
+    pub out: PathBuf,
+}
+
+/// The validation metric and its direction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    /// Its name (`p@1`, `analogy`, `heldout_objective`, ...).
+    pub name: String,
+    /// Whether higher is better.
+    pub higher: bool,
+}
+
+const CLASSIFIER_METRICS: [&str; 8] = ["p@1", "p@3", "p@5", "ndcg@1", "ndcg@3", "ndcg@5", "accuracy", "loss"];
+const SKIPGRAM_METRICS: [&str; 3] = ["heldout_objective", "analogy", "similarity"];
+
+impl Metric {
+    /// The metric `asked` (or the task's default) for `config`, if the task has it and the
+    /// config gives what it needs.
+    pub fn of(config: &Config, asked: Option<&str>) -> Result<Self, Error> {
+        let skip_gram = TaskKind::of(config) == TaskKind::SkipGram;
+        let allowed: &[&str] = if skip_gram { &SKIPGRAM_METRICS } else { &CLASSIFIER_METRICS };
+        let name = asked.unwrap_or(allowed[0]).to_string();
+        if !allowed.contains(&name.as_str()) {
+            let msg =
+                format!("{name}: a {} config is tuned on one of {}", TaskKind::of(config).name(), allowed.join(", "));
+            return Err(Error::Option { name: "metric", msg });
+        }
+        let e = &config.eval;
+        let missing = match name.as_str() {
+            "heldout_objective" if e.heldout_pairs == 0 || (e.heldout.is_none() && config.data.corpus.is_some()) => {
+                Some(
+                    "needs held-out text: set eval.heldout (and eval.heldout_pairs > 0), or tune on analogy or similarity",
+                )
+            }
+            "analogy" if e.analogy.is_none() => Some("needs eval.analogy (analogy questions)"),
+            "similarity" if e.similarity.is_none() => Some("needs eval.similarity (word pairs with scores)"),
+            _ => None,
+        };
+        if let Some(msg) = missing {
+            return Err(Error::Option { name: "metric", msg: format!("{name} {msg}") });
+        }
+        Ok(Self { higher: !matches!(name.as_str(), "loss" | "heldout_objective"), name })
+    }
+
+    /// The metric's value in a run's summary.
+    pub fn value(&self, summary: &RunSummary) -> Option<f64> {
+        match summary {
+            RunSummary::Classifier(s) => s.metrics.get(&self.name).copied(),
+            RunSummary::SkipGram(s) => match self.name.as_str() {
+                "analogy" => s.analogy.as_ref().map(|a| a.accuracy),
+                "similarity" => s.similarity.as_ref().map(|r| r.spearman),
+                _ => s.heldout_objective,
+            },
+        }
+        .filter(|x| x.is_finite())
+    }
+}
+
+/// Runs the search, writes its files, retrains the best setting and evaluates it on the test
+/// set.
+pub fn tune(opts: &TuneOptions) -> Result<TuneReport, Error> {
+    if !(opts.budget.is_finite() && opts.budget > 0.0) {
+        return Err(Error::Option {
+            name: "budget",
+            msg: format!("{}: give a positive number of seconds", opts.budget),
+        });
+    }
+    if !(opts.valid_fraction > 0.0 && opts.valid_fraction < 1.0) {
+        let msg = format!("{}: give a fraction in (0, 1)", opts.valid_fraction);
+        return Err(Error::Option { name: "valid-fraction", msg });
+    }
+    let (recipe, base) = Recipe::load(&opts.config, &opts.set)?;
+    let metric = Metric::of(&base, opts.metric.as_deref())?;
+    outdir::check(&opts.out, &opts.config, &base)?;
+    let mut space = space::default_space(&base);
+    let origin = match &opts.space {
+        Some(p) => {
+            space = space::read_space(p, space)?;
+            p.display().to_string()
+        }
+        None => "the default space".to_string(),
+    };
+    space::check_space(&space, &recipe, &origin)?;
+    let resource = match TaskKind::of(&base) {
+        TaskKind::Linear => Resource::Rows,
+        _ => Resource::Epochs(base.train.epochs),
+    };
+    search::check_resource(&recipe, resource).map_err(|error| Error::Config { path: opts.config.clone(), error })?;
+    let trials_path = opts.out.join("trials.csv");
+    let earlier = match (trials_path.exists(), opts.resume) {
+        (true, true) => search::earlier(trials::read(&trials_path)?),
+        (true, false) => {
+            let msg = format!(
+                "{} holds an earlier search: pass --resume to continue it, or another --out",
+                opts.out.display()
+            );
+            return Err(Error::Option { name: "out", msg });
+        }
+        (false, _) => Default::default(),
+    };
+    std::fs::create_dir_all(&opts.out).map_err(io_err(&opts.out))?;
+    let seed = opts.seed.unwrap_or(base.seed);
+    let mut s = Search::new(opts, &recipe, &base, metric, resource, earlier);
+    s.run(&space, seed)?;
+    s.finish()
+}
+
+/// A search in progress.
+struct Search<'a> {
+    opts: &'a TuneOptions,
+    recipe: &'a Recipe,
+    metric: Metric,
+    resource: Resource,
+    holdout: Option<Setting>,
+    earlier: std::collections::HashMap<(usize, usize), Trial>,
+    trials: Vec<Trial>,
+    clock: Instant,
+    /// Search seconds spent before a resume.
+    offset: f64,
+    bar: indicatif::ProgressBar,
+    out_of_time: bool,
+}
+
+impl<'a> Search<'a> {
+    fn new(
+        opts: &'a TuneOptions,
+        recipe: &'a Recipe,
+        base: &Config,
+        metric: Metric,
+        resource: Resource,
+        earlier: std::collections::HashMap<(usize, usize), Trial>,
+    ) -> Self {
+        let offset = earlier.values().map(|t| t.elapsed).fold(0.0, f64::max);
+        // Skip-gram holds text out through eval.heldout (or scores an eval file); rows are split.
+        let holdout = (TaskKind::of(base) != TaskKind::SkipGram)
+            .then(|| ("data.holdout".to_string(), format!("{:?}", opts.valid_fraction)));
+        let template = "tune [{bar:30}] {pos}/{len} s  {msg}";
+        let bar = crate::report::progress_bar(opts.progress, opts.budget.ceil() as u64, template);
+        Self {
+            opts,
+            recipe,
+            metric,
+            resource,
+            holdout,
+            earlier,
+            trials: Vec::new(),
+            clock: Instant::now(),
+            offset,
+            bar,
+            out_of_time: false,
+        }
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.offset + self.clock.elapsed().as_secs_f64()
+    }
+
+    /// Brackets of successive halving until the budget (or `max_settings`) is spent.
+    fn run(&mut self, space: &[Dim], seed: u64) -> Result<(), Error> {
+        let per_bracket = ETA.pow(RUNGS_ABOVE);
+        let mut next_id = 0;
+        for bracket in 0.. {
+            let left = match self.opts.max_settings {
+                0 => per_bracket,
+                m => m.saturating_sub(next_id).min(per_bracket),
+            };
+            if left == 0 || self.out_of_time {
+                break;
+            }
+            let mut alive: Vec<(usize, Vec<Setting>)> = search::draws(space, bracket, seed)
+                .into_iter()
+                .take(left)
+                .enumerate()
+                .map(|(i, s)| (next_id + i, s))
+                .collect();
+            next_id += per_bracket;
+            for rung in 0..=RUNGS_ABOVE as usize {
+                alive = self.rung(rung, &alive)?;
+                if alive.is_empty() || self.out_of_time {
+                    break;
+                }
+            }
+        }
+        self.bar.finish_and_clear();
+        Ok(())
+    }
+
+    /// Trains `alive` at rung `rung`; returns the ones promoted to the next rung.
+    fn rung(&mut self, rung: usize, alive: &[(usize, Vec<Setting>)]) -> Result<Vec<(usize, Vec<Setting>)>, Error> {
+        let first = self.trials.len();
+        for (id, settings) in alive {
+            match self.trial(*id, rung, settings)? {
+                Some(t) => self.trials.push(t),
+                None => break,
+            }
+            self.update_bar();
+            trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
+        }
+        let ran = first..self.trials.len();
+        if self.out_of_time {
+            return Ok(Vec::new());
+        }
+        let top = rung == RUNGS_ABOVE as usize;
+        let metrics: Vec<Option<f64>> = self.trials[ran.clone()].iter().map(|t| t.metric).collect();
+        let promoted = if top { Vec::new() } else { search::promote(&metrics, self.metric.higher) };
+        for (i, t) in self.trials[ran.clone()].iter_mut().enumerate() {
+            if t.stop == Stop::Pending {
+                t.stop = if top {
+                    Stop::Finished
+                } else if promoted.contains(&i) {
+                    Stop::Promoted
+                } else {
+                    Stop::Halved
+                };
+            }
+        }
+        trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
+        Ok(promoted.into_iter().map(|i| alive[i].clone()).collect())
+    }
+
+    /// One trial (reused from the earlier search when it ran there), or `None` when the budget
+    /// cannot fit it.
+    fn trial(&mut self, id: usize, rung: usize, settings: &[Setting]) -> Result<Option<Trial>, Error> {
+        if let Some(t) = self.earlier.get(&(id, rung)).filter(|t| t.settings == settings) {
+            return Ok(Some(Trial {
+                stop: if t.stop == Stop::Failed { Stop::Failed } else { Stop::Pending },
+                ..t.clone()
+            }));
+        }
+        let remaining = self.opts.budget - self.elapsed();
+        let expected = search::expected_seconds(&self.trials, rung).unwrap_or(0.0);
+        if remaining <= 0.0 || (!self.trials.is_empty() && expected > remaining) {
+            self.out_of_time = true;
+            return Ok(None);
+        }
+        let r = self.resource.at(rung);
+        let mut all = search::trial_settings(settings, self.resource, r);
+        all.extend(self.holdout.clone());
+        let start = Instant::now();
+        let outcome = self.recipe.config(&all).map_err(Error::from).and_then(|mut c| {
+            c.log.dir = Some(self.opts.out.join("trials").join(format!("{id}-r{rung}")));
+            (c.checkpoint.enabled, c.log.progress, c.log.tensorboard) = (false, false, false);
+            if TaskKind::of(&c).takes_budget() {
+                c.train.max_seconds = remaining.max(1.0);
+            }
+            let summary =
+                crate::train(&c, &TrainOptions { overwrite: true, ..Default::default() }, &farout_dist::Local)?;
+            Ok((summary, c.train.epochs))
+        });
+        let seconds = start.elapsed().as_secs_f64();
+        let (metric, stop) = match outcome {
+            Ok((summary, epochs)) => {
+                let cut = match &summary {
+                    RunSummary::Classifier(s) => s.epochs < epochs && self.resource != Resource::Rows,
+                    RunSummary::SkipGram(s) => s.epochs < epochs,
+                };
+                (self.metric.value(&summary), if cut { Stop::Budget } else { Stop::Pending })
+            }
+            Err(e) => {
+                log::warn!("trial {id} (rung {rung}) failed: {e}");
+                (None, Stop::Failed)
+            }
+        };
+        let stop = if metric.is_none() { Stop::Failed } else { stop };
+        if stop == Stop::Budget {
+            self.out_of_time = true;
+        }
+        let settings = settings.to_vec();
+        Ok(Some(Trial { id, rung, resource: r, settings, metric, seconds, elapsed: self.elapsed(), stop }))
+    }
+
+    fn update_bar(&self) {
+        self.bar.set_position((self.elapsed().min(self.opts.budget)) as u64);
+        let best = search::best(&self.trials, self.metric.higher)
+            .or_else(|| self.trials.iter().find(|t| t.metric.is_some()))
+            .and_then(|t| t.metric);
+        let left = (self.opts.budget - self.elapsed()).max(0.0);
+        let best = best.map_or("-".into(), |b| format!("{b:.4}"));
+        self.bar.set_message(format!(
+            "best {} {best} · {} trials · {left:.0} s left",
+            self.metric.name,
+            self.trials.len()
+        ));
+    }
+
+    /// Writes best.toml and the plot, retrains the best setting and scores it on the test set.
+    fn finish(self) -> Result<TuneReport, Error> {
+        let out = &self.opts.out;
+        let best = search::best(&self.trials, self.metric.higher).ok_or(Error::NoData(
+            "no trial of the search finished: raise --budget, or see the warnings for why trials failed",
+        ))?;
+        let (settings, best_valid) = (best.settings.clone(), best.metric.expect("best has a figure"));
+        log::info!("best validation {} {best_valid:.4} ({})", self.metric.name, best.settings_text());
+        write_best(&out.join("best.toml"), self.recipe, &settings, &self.metric, best_valid)?;
+        plot::plot(out, &self.trials, &self.metric)?;
+        let mut c = self.recipe.config(&settings)?;
+        c.log.dir = Some(out.join("runs").join(format!("{}-tuned@0", c.name)));
+        c.log.progress = self.opts.progress;
+        let summary = crate::train(&c, &TrainOptions { overwrite: true, ..Default::default() }, &farout_dist::Local)?;
+        let path = c.log_dir().join("summary.json");
+        std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
+        let table = trials::table(&self.trials, &self.metric.name, self.resource.unit());
+        let md = out.join("trials.md");
+        std::fs::write(&md, &table).map_err(io_err(&md))?;
+        Ok(TuneReport { trials: self.trials, best: settings, best_valid, summary, table, out: out.clone() })
+    }
+}
+
+/// Writes the best recipe as a complete config, with what it scored as a comment.
+fn write_best(path: &Path, recipe: &Recipe, settings: &[Setting], metric: &Metric, valid: f64) -> Result<(), Error> {
+    let table = recipe.table(settings)?;
+    let text = format!(
+        "# farout tune: validation {} {valid:.4} with {}\n{}",
+        metric.name,
+        if settings.is_empty() {
+            "the base config's own settings".to_string()
+        } else {
+            settings.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+        },
+        toml::to_string(&table).expect("a config tree serialises")
+    );
+    std::fs::write(path, text).map_err(io_err(path))
+}

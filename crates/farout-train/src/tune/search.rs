@@ -1,0 +1,181 @@
+//! Successive halving within a wall-clock budget.
+//!
+//! A bracket draws `ETA^RUNGS_ABOVE` settings (the first bracket's first is the base config
+//! itself), trains each with the least resource (`1/ETA^2` of the epochs, or of the training
+//! rows for a linear solver, which trains in one go), keeps the best `1/ETA` of them, trains
+//! those with `ETA` times the resource, and so on up to the full resource: a bracket costs
+//! about `RUNGS_ABOVE + 1` full runs however many settings it tries (Jamieson & Talwalkar 2016,
+//! "Non-stochastic best arm identification and hyperparameter optimization", Alg. 1). Brackets
+//! repeat, with new draws, until the budget is spent.
+//!
+//! Each trial trains from scratch: a network's checkpoint could be continued, but a continued
+//! run keeps the shorter run's step-size schedule (skip-gram's linear decay, A&R's), and
+//! DiSMEC's Newton solver converges from any start, so a warm start from a neighbouring C saves
+//! iterations, not a different answer; neither is implemented here.
+
+use super::recipe::{Recipe, Setting};
+use super::trials::{Stop, Trial};
+use farout_core::rng::seeded;
+use farout_core::space::Dim;
+use std::collections::HashMap;
+
+/// The halving rate η: each rung keeps the best third and gives it three times the resource.
+pub const ETA: usize = 3;
+/// Rungs above the first: three rungs, at 1/9, 1/3 and all of the resource.
+pub const RUNGS_ABOVE: u32 = 2;
+
+/// What a trial trains with more of at each rung.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Resource {
+    /// Epochs (networks, skip-gram), up to the config's own.
+    Epochs(usize),
+    /// A fraction of the training rows (linear solvers).
+    Rows,
+}
+
+impl Resource {
+    /// The resource of rung `rung`: `ETA^(rung - RUNGS_ABOVE)` of the full one, at least one
+    /// epoch.
+    pub fn at(self, rung: usize) -> f64 {
+        let share = (ETA as f64).powi(rung as i32 - RUNGS_ABOVE as i32);
+        match self {
+            Resource::Epochs(e) => (e as f64 * share).ceil().max(1.0),
+            Resource::Rows => share,
+        }
+    }
+
+    /// The setting that gives a trial the resource `r`.
+    pub fn setting(self, r: f64) -> Setting {
+        match self {
+            Resource::Epochs(_) => ("train.epochs".into(), format!("{}", r as usize)),
+            Resource::Rows => ("data.train_fraction".into(), format!("{r:?}")),
+        }
+    }
+
+    /// The unit's name in tables.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Resource::Epochs(_) => "epochs",
+            Resource::Rows => "train fraction",
+        }
+    }
+}
+
+/// The settings of bracket `bracket`: `ETA^RUNGS_ABOVE` draws from `space` (the first
+/// bracket's first setting is the base config's own), fixed by `seed`.
+pub fn draws(space: &[Dim], bracket: usize, seed: u64) -> Vec<Vec<Setting>> {
+    let mut rng = seeded(seed, 0x7D4E_0000 + bracket as u64);
+    let n = ETA.pow(RUNGS_ABOVE);
+    (0..n)
+        .map(|i| {
+            let drawn: Vec<Setting> = space.iter().map(|d| (d.key.to_string(), d.draw(&mut rng).to_string())).collect();
+            if bracket == 0 && i == 0 { Vec::new() } else { drawn }
+        })
+        .collect()
+}
+
+/// Which trials of a rung go on: the best `len / ETA` (at least one) by metric, failed trials
+/// never; ties keep the earlier trial.
+pub fn promote(metrics: &[Option<f64>], higher_is_better: bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..metrics.len()).filter(|&i| metrics[i].is_some()).collect();
+    let key = |i: &usize| metrics[*i].expect("filtered");
+    order.sort_by(|a, b| {
+        let (x, y) = (key(a), key(b));
+        let c = if higher_is_better { y.total_cmp(&x) } else { x.total_cmp(&y) };
+        c.then(a.cmp(b))
+    });
+    order.truncate((metrics.len() / ETA).max(1));
+    order
+}
+
+/// The best trial: the best metric among the trials of the highest rung any trial finished
+/// (a figure on more epochs or data is the one the final run repeats).
+pub fn best(trials: &[Trial], higher_is_better: bool) -> Option<&Trial> {
+    let done = |t: &&Trial| t.metric.is_some() && t.stop != Stop::Budget;
+    let top = trials.iter().filter(done).map(|t| t.rung).max()?;
+    trials.iter().filter(done).filter(|t| t.rung == top).min_by(|a, b| {
+        let (x, y) = (a.metric.expect("done"), b.metric.expect("done"));
+        if higher_is_better { y.total_cmp(&x) } else { x.total_cmp(&y) }
+    })
+}
+
+/// Earlier trials by (id, rung), for a resumed search: a trial is reused when its settings are
+/// the same and it was not cut short by the budget.
+pub fn earlier(trials: Vec<Trial>) -> HashMap<(usize, usize), Trial> {
+    trials.into_iter().filter(|t| t.stop != Stop::Budget).map(|t| ((t.id, t.rung), t)).collect()
+}
+
+/// The seconds a trial of rung `rung` is expected to take: the mean of that rung's trials so
+/// far, else `ETA` times the rung below's.
+pub fn expected_seconds(trials: &[Trial], rung: usize) -> Option<f64> {
+    let at = |r: usize| {
+        let s: Vec<f64> = trials.iter().filter(|t| t.rung == r).map(|t| t.seconds).collect();
+        (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
+    };
+    at(rung).or_else(|| (rung > 0).then(|| at(rung - 1).map(|s| s * ETA as f64)).flatten())
+}
+
+/// The recipe of a trial: its settings, then the resource's.
+pub fn trial_settings(settings: &[Setting], resource: Resource, r: f64) -> Vec<Setting> {
+    let mut s = settings.to_vec();
+    s.push(resource.setting(r));
+    s
+}
+
+/// Checks that the base recipe takes the resource's setting at every rung.
+pub fn check_resource(recipe: &Recipe, resource: Resource) -> Result<(), crate::config::ConfigError> {
+    for rung in 0..=RUNGS_ABOVE as usize {
+        recipe.config(&[resource.setting(resource.at(rung))])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rungs_give_a_ninth_a_third_and_all_of_the_resource() {
+        let e = Resource::Epochs(9);
+        assert_eq!((e.at(0), e.at(1), e.at(2)), (1.0, 3.0, 9.0));
+        assert_eq!(Resource::Epochs(5).at(0), 1.0);
+        assert!((Resource::Rows.at(0) - 1.0 / 9.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn halving_keeps_the_best_third_and_never_a_failed_trial() {
+        let m = [Some(0.5), Some(0.7), None, Some(0.6), Some(0.1), Some(0.65)];
+        assert_eq!(promote(&m, true), vec![1, 5]);
+        assert_eq!(promote(&m, false), vec![4, 0]);
+        assert_eq!(promote(&[None, Some(0.2)], true), vec![1]);
+    }
+
+    #[test]
+    fn the_first_draw_is_the_base_config_and_draws_are_seeded() {
+        let space = vec![Dim::float_log("linear.c", 0.1, 10.0)];
+        let a = draws(&space, 0, 5);
+        assert!(a[0].is_empty());
+        assert_eq!(a.len(), 9);
+        assert_eq!(a, draws(&space, 0, 5));
+        assert_ne!(draws(&space, 1, 5), a);
+    }
+
+    #[test]
+    fn the_best_trial_comes_from_the_highest_rung_finished() {
+        let t = |id, rung, m, stop| Trial {
+            id,
+            rung,
+            resource: 1.0,
+            settings: vec![],
+            metric: Some(m),
+            seconds: 1.0,
+            elapsed: 1.0,
+            stop,
+        };
+        let trials = [t(0, 0, 0.9, Stop::Halved), t(1, 1, 0.6, Stop::Finished), t(2, 1, 0.7, Stop::Finished)];
+        assert_eq!(best(&trials, true).unwrap().id, 2);
+        assert_eq!(best(&trials, false).unwrap().id, 1);
+        let cut = [t(0, 0, 0.5, Stop::Promoted), t(0, 1, 0.9, Stop::Budget)];
+        assert_eq!(best(&cut, true).unwrap().rung, 0);
+    }
+}

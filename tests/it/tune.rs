@@ -1,0 +1,157 @@
+//! `farout tune`: reproducible with a fixed seed and one thread, its best.toml runs and gives
+//! the reported figure, bad spaces and outputs onto inputs are refused.
+
+use crate::{farout, stderr, summary};
+use std::path::Path;
+
+const LINEAR: &str = "seed = 1\n[data]\nformat = \"xmc\"\ntrain = \"tests/data/xmc-tiny/train.txt\"\n\
+                      test = \"tests/data/xmc-tiny/test.txt\"\n[train]\nthreads = 1\n[linear]\nsolver = \"dismec\"\n";
+
+/// Writes `text` as `dir/base.toml`; returns its path.
+fn config(dir: &Path, text: &str) -> String {
+    let path = dir.join("base.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// `farout tune CONFIG --out OUT --max-settings N ARGS...`.
+fn tune(config: &str, out: &Path, settings: usize, args: &[&str]) -> std::process::Output {
+    let out = out.display().to_string();
+    let n = settings.to_string();
+    let mut all = vec!["tune", config, "--out", &out, "--budget", "600", "--max-settings", &n];
+    all.extend(args);
+    farout(&all)
+}
+
+/// The trials file without its two time columns (seconds, elapsed).
+fn trials_without_times(out: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    text.lines()
+        .map(|l| {
+            let (fields, settings) = l.split_once(",\"").unwrap_or((l, ""));
+            let f: Vec<&str> = fields.split(',').collect();
+            format!("{},{},{},{},{} {settings}", f[0], f[1], f[2], f[3], f[6])
+        })
+        .collect()
+}
+
+#[test]
+fn a_tune_with_a_fixed_seed_and_one_thread_is_reproducible() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), LINEAR);
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for out in [&a, &b] {
+        let o = tune(&c, out, 5, &["--seed", "3"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    let ta = trials_without_times(&a);
+    assert!(ta.len() > 5, "every setting at the first rung and the promoted ones above: {ta:?}");
+    assert_eq!(ta, trials_without_times(&b));
+    assert_eq!(std::fs::read(a.join("best.toml")).unwrap(), std::fs::read(b.join("best.toml")).unwrap());
+    for f in ["progress.png", "progress.svg", "trials.md", "runs/base-tuned@0/summary.json"] {
+        assert!(a.join(f).exists(), "{f}");
+    }
+}
+
+#[test]
+fn best_toml_runs_and_gives_the_reported_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), LINEAR);
+    let out = dir.path().join("tune");
+    let o = tune(&c, &out, 3, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let json_end = text.find("\n}\n").expect("a JSON summary first") + 2;
+    let reported: serde_json::Value = serde_json::from_str(&text[..json_end]).unwrap();
+    assert!(text[json_end..].contains("| id | rung |"), "the trials' table follows: {text}");
+    let best = out.join("best.toml").display().to_string();
+    let log = format!("log.dir=\"{}\"", dir.path().join("again").display());
+    let again = summary(&farout(&["train", &best, "--set", &log, "--set", "log.progress=false"]));
+    assert_eq!(again["metrics"]["p@1"], reported["metrics"]["p@1"], "{again}\n{reported}");
+    assert_eq!(again["n_train"], 120, "best.toml trains on the whole training set");
+    assert_eq!(again["n_test"], 30, "and scores the test set");
+}
+
+#[test]
+fn a_space_with_a_bad_key_or_range_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), LINEAR);
+    for (space, key, why) in [
+        ("\"linear.cee\" = { log = [0.1, 1.0] }", "linear.cee", "cee"),
+        ("\"linear.c\" = { log = [0.0, 1.0] }", "linear.c", "lo > 0"),
+        ("\"linear.c\" = { float = [-1.0, 1.0] }", "linear.c", "refuses linear.c = -1.0"),
+        ("\"linear.init\" = { choice = [\"msi\", \"warm\"] }", "linear.init", "warm"),
+        ("[linear.c]\nlog = [1.0]", "linear.c", "[lo, hi]"),
+        ("\"linear.c\" = { range = [1, 2] }", "linear.c", "unknown form `range`"),
+        ("\"linear.c\" = { log = [0.1, 1.0], int = [1, 2] }", "linear.c", "exactly one of"),
+    ] {
+        let path = dir.path().join("space.toml");
+        std::fs::write(&path, space).unwrap();
+        let out = dir.path().join("out");
+        let o = tune(&c, &out, 1, &["--space", &path.display().to_string()]);
+        assert!(!o.status.success(), "{space} was accepted");
+        let e = stderr(&o);
+        assert!(e.contains("--space") && e.contains(key) && e.contains(why), "{space}: {e}");
+        assert!(!out.join("trials.csv").exists(), "refused before the search");
+    }
+}
+
+#[test]
+fn the_output_directory_is_never_an_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), LINEAR);
+    let ckpt = dir.path().join("ckpt");
+    let ckpt_set = format!("checkpoint.dir=\"{}\"", ckpt.display());
+    for (out, extra) in [
+        (Path::new("tests/data/xmc-tiny").to_path_buf(), None),
+        (Path::new("tests/data/xmc-tiny/train.txt").to_path_buf(), None),
+        (dir.path().to_path_buf(), None),
+        (ckpt.join("tune"), Some(ckpt_set.as_str())),
+    ] {
+        let mut args = vec![];
+        if let Some(s) = extra {
+            args.extend(["--set", s]);
+        }
+        let o = tune(&c, &out, 1, &args);
+        assert!(!o.status.success());
+        assert!(stderr(&o).contains("--out"), "{}", stderr(&o));
+    }
+    assert_eq!(std::fs::read_to_string(&c).unwrap(), LINEAR);
+}
+
+#[test]
+fn an_interrupted_tune_resumes_from_its_trials() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), LINEAR);
+    let out = dir.path().join("tune");
+    assert!(tune(&c, &out, 2, &[]).status.success());
+    let first = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    let o = tune(&c, &out, 2, &[]);
+    assert!(!o.status.success() && stderr(&o).contains("--resume"), "{}", stderr(&o));
+    let o = tune(&c, &out, 4, &["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    // The first two settings' rung-0 rows are reused as they were (same seconds).
+    let row = |text: &str, id: &str| text.lines().find(|l| l.starts_with(&format!("{id},0,"))).unwrap().to_string();
+    assert_eq!(row(&first, "0").split(',').nth(4), row(&again, "0").split(',').nth(4));
+    assert!(again.lines().any(|l| l.starts_with("3,0,")), "{again}");
+}
+
+#[test]
+fn every_shipped_config_takes_both_ends_of_every_range_of_its_default_space() {
+    use farout_train::tune::{recipe::Recipe, space};
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    for dir in std::iter::once(Path::new("configs").to_path_buf())
+        .chain(std::fs::read_dir("configs/compare").unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()))
+    {
+        let entries = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path());
+        paths.extend(entries.filter(|p| p.extension().is_some_and(|e| e == "toml")));
+    }
+    assert!(paths.len() > 30, "{paths:?}");
+    for path in paths {
+        let (recipe, base) = Recipe::load(&path, &[]).unwrap();
+        let dims = space::default_space(&base);
+        assert!(!dims.is_empty(), "{}: nothing to tune", path.display());
+        space::check_space(&dims, &recipe, "the default space").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
