@@ -111,9 +111,9 @@ enum Command {
     },
     /// Train several configs that differ in their estimator; write a table and curves.
     Compare(CompareArgs),
-    /// Reproduce a paper's experiment; prints one JSON object.
     /// Search a config's settings on a validation split within a time budget; retrain the best.
     Tune(tune::TuneArgs),
+    /// Reproduce a paper's experiment; prints one JSON object.
     Repro {
         #[command(subcommand)]
         command: repro::ReproCommand,

@@ -50,6 +50,7 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             let train_path = d.train.as_deref().expect("config check requires data.train");
             let train = load_split(config, train_path, d.train_labels.as_deref(), None)?;
             require_labelled(&train, train_path, "data.train_labels")?;
+            // A validation split replaces the test set, which is then never read.
             let test = match &d.test {
                 Some(p) if d.holdout == 0.0 => {
                     let test = load_split(config, p, d.test_labels.as_deref(), Some(&train))?;
@@ -61,7 +62,6 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             (train, test)
         }
     };
-    // The idf comes from the raw training rows; every split is weighted by it.
     if d.holdout > 0.0 || d.train_fraction < 1.0 {
         let (kept, valid) = crate::tune::split::split(&train, d.holdout, d.train_fraction, config.seed);
         train = kept;
@@ -69,6 +69,7 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             test = Some(valid);
         }
     }
+    // The idf comes from the raw training rows; every split is weighted by it.
     let idf = match (&train.features, d.tfidf) {
         (Features::Sparse(f), true) => Some(f.idf()),
         _ => None,

@@ -38,8 +38,8 @@ mod run;
 pub mod sinks;
 pub mod skipgram;
 pub mod task;
-pub mod stop;
 pub mod tune;
+pub mod stop;
 mod trainer;
 
 pub use compare::{CompareOptions, CompareReport, compare};
