@@ -70,6 +70,12 @@ fn best_toml_runs_and_gives_the_reported_figure() {
     assert_eq!(again["metrics"]["p@1"], reported["metrics"]["p@1"], "{again}\n{reported}");
     assert_eq!(again["n_train"], 120, "best.toml trains on the whole training set");
     assert_eq!(again["n_test"], 30, "and scores the test set");
+    // `farout compare --from` reads the tune directory: its final run, named with its trials.
+    let cmp = dir.path().join("cmp");
+    let o = farout(&["compare", "--from", &out.display().to_string(), "--out", &cmp.display().to_string()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("| base-tuned (tuned, ") && table.contains(" trials) | dismec |"), "{table}");
 }
 
 #[test]

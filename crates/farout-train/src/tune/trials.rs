@@ -152,7 +152,7 @@ pub fn table(trials: &[Trial], metric: &str, unit: &str) -> String {
             "| {} | {} | {} | {m} | {:.1} | {} | {} |",
             t.id,
             t.rung,
-            t.resource,
+            format!("{:.3}", t.resource).trim_end_matches('0').trim_end_matches('.'),
             t.seconds,
             t.stop.as_str(),
             t.settings_text()
