@@ -9,9 +9,11 @@
 
 mod arrays;
 mod errors;
+mod index;
 mod layer;
 mod linear;
 mod runs;
+mod vectors;
 
 use pyo3::prelude::*;
 
@@ -48,5 +50,8 @@ fn _farout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear::transform, m)?)?;
     m.add_function(wrap_pyfunction!(linear::read_xmc, m)?)?;
     m.add_class::<layer::OutputLayer>()?;
+    m.add_class::<index::NativeIndex>()?;
+    m.add_class::<vectors::NativeVectors>()?;
+    m.add_function(wrap_pyfunction!(vectors::train_word_vectors, m)?)?;
     Ok(())
 }
