@@ -37,10 +37,10 @@ pub mod repro;
 mod run;
 pub mod sinks;
 pub mod skipgram;
-pub mod task;
-pub mod tune;
 pub mod stop;
+pub mod task;
 mod trainer;
+pub mod tune;
 
 pub use compare::{CompareOptions, CompareReport, compare};
 pub use config::Config;
