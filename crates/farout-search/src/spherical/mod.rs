@@ -174,6 +174,21 @@ pub struct SphericalIndex {
     calibrations: Calibrations,
 }
 
+/// What probing reads of the (augmented) centroids: their first `d` coordinates, and with int8
+/// scoring those rows' codes. Derived from the centroids, so a loaded index recomputes them.
+fn centroid_views(centroids: &Matrix, d: usize, scoring: Scoring) -> (Matrix, Option<QuantRows>) {
+    let mut centroids_d = Matrix::zeros(centroids.rows(), d);
+    for j in 0..centroids.rows() {
+        centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
+    }
+    let centroid_codes = (scoring == Scoring::Int8).then(|| {
+        let mut codes = QuantRows::new(d);
+        centroids_d.iter_rows().for_each(|row| codes.push(row));
+        codes
+    });
+    (centroids_d, centroid_codes)
+}
+
 impl SphericalIndex {
     /// Builds the index over the rows of `w`: fits the centroids (`kmeans.rs`), assigns every
     /// row to one and copies it into its cluster.
@@ -196,15 +211,7 @@ impl SphericalIndex {
             pos[i] = clusters[a as usize].len() as u32;
             clusters[a as usize].push(i as ClassId, w.row(i));
         }
-        let mut centroids_d = Matrix::zeros(c, d);
-        for j in 0..c {
-            centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
-        }
-        let centroid_codes = (config.scoring == Scoring::Int8).then(|| {
-            let mut codes = QuantRows::new(d);
-            centroids_d.iter_rows().for_each(|row| codes.push(row));
-            codes
-        });
+        let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Self {
             config: config.clone(),
             augmentation,

@@ -8,12 +8,12 @@
 
 use super::calibrate::Calibrations;
 use super::cluster::Cluster;
-use super::{Scoring, SphericalConfig, SphericalIndex};
+use super::{Scoring, SphericalConfig, SphericalIndex, centroid_views};
 use crate::Rows;
 use crate::augment::NormAugmentation;
 use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::quant::QuantRows;
-use farout_core::{ClassId, Matrix};
+use farout_core::ClassId;
 
 impl SphericalIndex {
     /// Writes the index's state (see the module docs).
@@ -71,15 +71,7 @@ impl SphericalIndex {
         }
         let rebuild = dec.u8()? != 0;
         let calibrations = Calibrations::restore(dec, d)?;
-        let mut centroids_d = Matrix::zeros(c, d);
-        for j in 0..c {
-            centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
-        }
-        let centroid_codes = (config.scoring == Scoring::Int8).then(|| {
-            let mut codes = QuantRows::new(d);
-            centroids_d.iter_rows().for_each(|row| codes.push(row));
-            codes
-        });
+        let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Ok(Self {
             config,
             augmentation,
