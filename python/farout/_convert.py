@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numbers
 import os
-from typing import Any, Sequence, Tuple
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -51,6 +51,22 @@ def features(x: Any, name: str = "X") -> Csr:
     indptr = np.zeros(a.shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=a.shape[0]), out=indptr[1:])
     return indptr, cols.astype(np.int64), np.ascontiguousarray(a[rows, cols]), int(a.shape[1])
+
+
+def float32_rows(a: Any, name: str, dim: Union[int, None] = None) -> np.ndarray:
+    """``a`` as a C-contiguous ``float32[n, D]`` array: read in place when it already is one;
+    other float and integer arrays, Fortran-order and strided arrays are copied once (a 1-D
+    array is one row). Values are checked (finite) by the native side."""
+    arr = np.asarray(a)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise InvalidInput(f"{name}: expected an array of real numbers, got dtype {arr.dtype}")
+    if arr.ndim == 1:
+        arr = arr.reshape(1, -1)
+    if arr.ndim != 2:
+        raise InvalidInput(f"{name}: expected a 2-D array (rows x dimension), got shape {arr.shape}")
+    if dim is not None and arr.shape[1] != dim:
+        raise InvalidInput(f"{name}: rows of {arr.shape[1]} values; the index's vectors have {dim}")
+    return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def labels(y: Any, n_labels: int | None = None, name: str = "Y") -> Labels:

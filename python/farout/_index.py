@@ -9,6 +9,7 @@ from typing import Any, Tuple, Union
 import numpy as np
 
 from . import _farout
+from ._convert import float32_rows
 from ._convert import path as _path
 from ._errors import InvalidInput
 
@@ -17,22 +18,6 @@ __all__ = ["Index"]
 # Index kinds whose probe budget calibrates to a target recall (the others take no `recall`).
 _CALIBRATED = ("auto", "spherical")
 _DEFAULT_RECALL = 0.9
-
-
-def float32_rows(a: Any, name: str, dim: Union[int, None] = None) -> np.ndarray:
-    """``a`` as a C-contiguous ``float32[n, D]`` array: read in place when it already is one;
-    other float and integer arrays, Fortran-order and strided arrays are copied once (a 1-D
-    array is one row). Values are checked (finite) by the native side."""
-    arr = np.asarray(a)
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
-        raise InvalidInput(f"{name}: expected an array of real numbers, got dtype {arr.dtype}")
-    if arr.ndim == 1:
-        arr = arr.reshape(1, -1)
-    if arr.ndim != 2:
-        raise InvalidInput(f"{name}: expected a 2-D array (rows x dimension), got shape {arr.shape}")
-    if dim is not None and arr.shape[1] != dim:
-        raise InvalidInput(f"{name}: rows of {arr.shape[1]} values; the index's vectors have {dim}")
-    return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 class Index:

@@ -12,12 +12,10 @@ from ._errors import InvalidInput
 
 
 def _matrix(x: Any, name: str) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype == object or not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
-        raise InvalidInput(f"{name}: expected a 2-D array of real numbers, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise InvalidInput(f"{name}: expected a 2-D array [batch, dim], got shape {a.shape}")
-    return np.ascontiguousarray(a, dtype=np.float32)
+    """``x`` as C-contiguous ``float32[B, dim]`` features: a batch is 2-D, never one row."""
+    if np.ndim(x) != 2:
+        raise InvalidInput(f"{name}: expected a 2-D array [batch, dim], got shape {np.shape(x)}")
+    return _convert.float32_rows(x, name)
 
 
 class OutputLayer:

@@ -12,7 +12,7 @@ import numpy as np
 from . import _farout
 from ._convert import path as _path
 from ._errors import InvalidInput
-from ._index import float32_rows
+from ._convert import float32_rows
 
 __all__ = ["KeyedVectors", "train_word_vectors"]
 

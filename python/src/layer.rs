@@ -71,16 +71,12 @@ impl OutputLayer {
             )));
         }
         let data: Vec<f32> = view.iter().copied().collect();
-        if let Some(at) = data.iter().position(|v| !v.is_finite()) {
-            let d = self.layer.d_model();
-            return Err(invalid(format!(
-                "features: row {}, column {} is {}; values must be finite",
-                at / d,
-                at % d,
-                data[at]
-            )));
+        let phi = Matrix::from_vec(view.nrows(), view.ncols(), data).map_err(|e| invalid(e.to_string()))?;
+        if let Some((row, col)) = phi.first_non_finite() {
+            let value = phi.row(row)[col];
+            return Err(invalid(format!("features: row {row}, column {col} is {value}; values must be finite")));
         }
-        Matrix::from_vec(view.nrows(), view.ncols(), data).map_err(|e| invalid(e.to_string()))
+        Ok(phi)
     }
 }
 
