@@ -2,9 +2,10 @@
 //! passes (already converted to the dtypes below, C-contiguous), each value checked once.
 
 use crate::errors::invalid;
+use farout_core::Matrix;
 use farout_data::{LabelSets, SparseRows};
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 /// A CSR matrix from scipy's arrays (`indptr` int64, `indices` int64, `data` float32), checked:
@@ -101,4 +102,21 @@ pub fn top_k_arrays(py: Python<'_>, n: usize, k: usize, ids: Vec<i64>, scores: V
     let ids = Array2::from_shape_vec((n, k), ids).map_err(shape_err)?;
     let scores = Array2::from_shape_vec((n, k), scores).map_err(shape_err)?;
     Ok((ids.into_pyarray(py), scores.into_pyarray(py)))
+}
+
+/// The values of a C-contiguous `[n, d]` array with every value finite; `what` names the
+/// argument in errors, which give the first row holding a NaN or infinity.
+pub fn finite_rows<'a>(a: &'a PyReadonlyArray2<'_, f32>, what: &str) -> PyResult<(&'a [f32], usize, usize)> {
+    let [n, d] = [a.shape()[0], a.shape()[1]];
+    let values = a.as_slice().map_err(|_| invalid(format!("{what}: expected a C-contiguous float32 array")))?;
+    if let Some(at) = values.iter().position(|x| !x.is_finite()) {
+        return Err(invalid(format!("{what}: row {} holds {}; values must be finite", at / d.max(1), values[at])));
+    }
+    Ok((values, n, d))
+}
+
+/// A copy of `m` as a new `float32[rows, cols]` array.
+pub fn matrix_array<'py>(py: Python<'py>, m: &Matrix) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let a = Array2::from_shape_vec((m.rows(), m.cols()), m.as_slice().to_vec()).map_err(|e| invalid(e.to_string()))?;
+    Ok(a.into_pyarray(py))
 }

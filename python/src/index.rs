@@ -9,12 +9,12 @@
 //! when they are C-contiguous float32 (the Python side makes them so, copying only other
 //! layouts and dtypes) and copied once into farout's matrix type before a batched search.
 
-use crate::arrays::{TopK, top_k_arrays};
+use crate::arrays::{TopK, finite_rows, matrix_array, top_k_arrays};
 use crate::errors::{IntoPy, invalid};
 use farout_core::Matrix;
 use farout_core::topk::{Hit, by_score};
 use farout_search::{BlockIndex, IndexConfig, Rows, persist};
-use numpy::{IntoPyArray, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -24,17 +24,6 @@ pub struct NativeIndex {
     w: Matrix,
     config: IndexConfig,
     index: BlockIndex,
-}
-
-/// The values of a C-contiguous `[n, d]` array with every value finite; `what` names the
-/// argument in errors, which give the first row holding a NaN or infinity.
-fn finite_rows<'a>(a: &'a PyReadonlyArray2<'_, f32>, what: &str) -> PyResult<(&'a [f32], usize, usize)> {
-    let [n, d] = [a.shape()[0], a.shape()[1]];
-    let values = a.as_slice().map_err(|_| invalid(format!("{what}: expected a C-contiguous float32 array")))?;
-    if let Some(at) = values.iter().position(|x| !x.is_finite()) {
-        return Err(invalid(format!("{what}: row {} holds {}; values must be finite", at / d.max(1), values[at])));
-    }
-    Ok((values, n, d))
 }
 
 /// The index configuration `params` (a JSON object of `[index]` keys with `kind`), checked.
@@ -212,6 +201,6 @@ impl NativeIndex {
 
     /// A copy of the vectors, `float32[K, D]`.
     fn vectors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        Ok(self.w.as_slice().to_vec().into_pyarray(py).reshape([self.w.rows(), self.w.cols()])?)
+        matrix_array(py, &self.w)
     }
 }

@@ -4,7 +4,7 @@
 //! that carry gradient with the layer's optimiser, and keeps the estimator's index up to date,
 //! exactly as `farout train` does inside its own loop.
 
-use crate::arrays::{TopK, label_sets, top_k_arrays};
+use crate::arrays::{TopK, label_sets, matrix_array, top_k_arrays};
 use crate::errors::{IntoPy, invalid};
 use farout_core::rng::{self, Rng};
 use farout_core::{ClassId, Matrix};
@@ -150,10 +150,7 @@ impl OutputLayer {
     /// W as a new `float32[n_classes, dim]` array.
     #[getter]
     fn weights<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let w = self.layer.weights();
-        let a =
-            Array2::from_shape_vec((w.rows(), w.cols()), w.as_slice().to_vec()).map_err(|e| invalid(e.to_string()))?;
-        Ok(a.into_pyarray(py))
+        matrix_array(py, self.layer.weights())
     }
 
     /// The bias as a new `float32[n_classes]` array, or None for a layer without one.

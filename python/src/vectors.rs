@@ -4,13 +4,13 @@
 //! queries, the automatic index after), the evaluations of `farout eval`, and
 //! `farout.train_word_vectors`. The Python class (`farout/_vectors.py`) wraps this one.
 
-use crate::arrays::{TopK, top_k_arrays};
+use crate::arrays::{TopK, finite_rows, matrix_array, top_k_arrays};
 use crate::errors::{IntoPy, invalid, to_py};
 use farout_core::Matrix;
 use farout_search::IndexConfig;
 use farout_skipgram::nearest::Neighbours;
 use farout_skipgram::vectors::{Format, Lookup, Vectors};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray2, PyUntypedArrayMethods};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray2, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -92,8 +92,7 @@ impl NativeVectors {
 
     /// A copy of the vectors, `float32[n, D]`.
     fn vectors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let m = self.v.matrix();
-        Ok(m.as_slice().to_vec().into_pyarray(py).reshape([m.rows(), m.cols()])?)
+        matrix_array(py, self.v.matrix())
     }
 
     /// Rows `int64[n, topn]` and cosines `float32[n, topn]` of the `topn` words nearest each
@@ -114,10 +113,7 @@ impl NativeVectors {
                 exclude.len()
             )));
         }
-        let q = queries.as_slice().map_err(|_| invalid("queries: expected a C-contiguous float32 array"))?;
-        if q.iter().any(|x| !x.is_finite()) {
-            return Err(invalid("queries: values must be finite"));
-        }
+        let (q, ..) = finite_rows(&queries, "queries")?;
         let q = Matrix::from_vec(n, d, q.to_vec()).expect("n rows of d values");
         let found = py.detach(|| self.neighbours().search(&q, topn, |i| exclude[i].clone()));
         let (mut ids, mut scores) = (vec![-1i64; n * topn], vec![f32::NEG_INFINITY; n * topn]);
