@@ -539,44 +539,109 @@ fn checkpoint_step(ckpt: &Path, r: usize) -> u64 {
         .unwrap_or(0)
 }
 
-/// A 2-rank run killed by a signal after its first checkpoints (every 7 of 640 steps) resumes
-/// from the ranks' checkpoints, mid-epoch, and ends as the run that was never killed.
+/// The pid of rank `rank` among the children of `mpirun` (its environment names its rank).
+fn rank_pid(mpirun: u32, rank: usize) -> Option<u32> {
+    let env = format!("OMPI_COMM_WORLD_RANK={rank}");
+    let pids = std::fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    pids.into_iter().find(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        ppid == Some(mpirun)
+            && std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|vars| vars.split(|&b| b == 0).any(|v| v == env.as_bytes()))
+    })
+}
+
+/// How long the ranks of a job may take to stop after one of them was killed (they take 1 to 3
+/// seconds); past it the test kills the job and fails.
+const STOP_WITHIN: Duration = Duration::from_secs(20);
+
+/// The step a run's log says it resumed at.
+fn resumed_at(log: &str) -> Option<u64> {
+    let (_, rest) = log.split_once("resuming at step ")?;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
+/// Starts `mpirun MPIRUN_OPTS -np 2 farout ARGS`, waits until both ranks have checkpointed
+/// `steps` steps past the run's start (step 0, or the step its log says it resumed at) in
+/// `ckpt`, kills rank `victim` with SIGKILL and waits for the job to end. Returns the time
+/// from the kill to the end of `mpirun`, its standard error and the step it resumed at. A job
+/// still running `STOP_WITHIN` after the kill fails the test.
+fn kill_a_rank(
+    mpirun_opts: &[&str],
+    args: &[String],
+    ckpt: &Path,
+    steps: u64,
+    victim: usize,
+) -> (Duration, String, Option<u64>) {
+    let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
+    let log = ckpt.parent().unwrap().with_extension(format!("kill-{victim}.err"));
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe"])
+        .args(mpirun_opts)
+        .args(["-np", "2", FAROUT])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("mpirun runs");
+    let start = Instant::now();
+    let resume = args.iter().any(|a| a == "--resume");
+    let mut from = None;
+    while from.is_none_or(|f| checkpoint_step(ckpt, 0).min(checkpoint_step(ckpt, 1)) < f + steps) {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed:\n{}", read(&log));
+        assert!(start.elapsed() < TIMEOUT, "no checkpoint within {TIMEOUT:?}");
+        from = if resume { resumed_at(&read(&log)) } else { Some(0) };
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let pids: Vec<u32> = (0..2).map(|r| rank_pid(child.id(), r).expect("the ranks are mpirun's children")).collect();
+    let kill = |pid: u32| Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap();
+    assert!(kill(pids[victim]).success());
+    let killed = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if killed.elapsed() > STOP_WITHIN {
+            pids.iter().for_each(|&p| drop(kill(p)));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("rank {victim} was killed and the job still ran {STOP_WITHIN:?} later:\n{}", read(&log));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (killed.elapsed(), read(&log), from.filter(|_| resume))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// A rank killed with SIGKILL mid-epoch stops the job within seconds, with a message naming
+/// it: Open MPI's `mpirun` aborts the job itself; with that turned off (`--enable-recovery`)
+/// the other rank's watchdog stops it. Each time `--resume` continues from the ranks' last
+/// checkpoints (every 7 of 640 steps), and the run ends as the one that was never killed.
 #[test]
 fn a_killed_two_rank_run_resumes_and_ends_as_the_uninterrupted_one() {
     let dir = tempfile::tempdir().unwrap();
     let longer = ["--set", "train.epochs=20", "--set", "checkpoint.every_steps=7"];
     let straight = json(&mpirun(2, &face_args("train", &dir.path().join("straight"), &longer)));
     let run = dir.path().join("killed");
-    let killed_at = {
-        let _one_at_a_time = MPIRUN.lock().unwrap_or_else(|e| e.into_inner());
-        let mut child = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", FAROUT])
-            .args(face_args("train", &run, &longer))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mpirun runs");
-        let start = Instant::now();
-        let ckpt = run.join("ckpt");
-        while checkpoint_step(&ckpt, 0).min(checkpoint_step(&ckpt, 1)) < 16 {
-            assert!(child.try_wait().unwrap().is_none(), "the run ended before it could be killed");
-            assert!(start.elapsed() < TIMEOUT, "no checkpoint within {TIMEOUT:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        // SIGTERM: mpirun passes it on to both ranks and exits.
-        let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-        assert!(term.success());
-        let status = child.wait().unwrap();
-        assert!(!status.success(), "killed");
-        checkpoint_step(&ckpt, 0)
-    };
-    assert!((16..640).contains(&killed_at), "killed at step {killed_at}");
+    let ckpt = run.join("ckpt");
+    let (took, err, _) = kill_a_rank(&[], &face_args("train", &run, &longer), &ckpt, 16, 1);
+    assert!(err.contains("process rank 1 with PID") && err.contains("signal 9"), "{err}");
+    eprintln!("rank 1 killed: mpirun ended {took:?} later");
     let mut resume = face_args("train", &run, &longer);
     resume.push("--resume".into());
+    // Resumed, and rank 0 killed 16 steps on, under an mpirun that does not abort the job.
+    let recovery = ["--mca", "orte_enable_recovery", "1"];
+    let (took, err, first) = kill_a_rank(&recovery, &resume, &ckpt, 16, 0);
+    let first = first.unwrap();
+    assert!((16..640).contains(&first), "resumed at step {first}");
+    assert!(err.contains("(rank 1) rank 0 (pid ") && err.contains("farout train CONFIG --resume"), "{err}");
+    eprintln!("resumed at step {first}, rank 0 killed: rank 1 stopped the job {took:?} later");
     let out = mpirun(2, &resume);
-    assert!(stderr(&out).contains("resuming at step"), "{}", stderr(&out));
+    let second = resumed_at(&stderr(&out));
+    assert!(second.is_some_and(|s| (first + 16..640).contains(&s)), "{}", stderr(&out));
     let same_end = |out: &Output| {
         let resumed = json(out);
         assert_eq!(resumed["steps"], straight["steps"]);

@@ -68,7 +68,8 @@ fn parse(var: &'static str, value: &str, what: &'static str) -> Result<usize, Di
 /// - not under a launcher, or under `mpirun -np 1`: [`Local`];
 /// - under a launcher with more than one rank, built with the `mpi` feature: MPI is initialised
 ///   (the returned box owns it: MPI is finalised when the box is dropped, so keep it alive until
-///   the end of `main`);
+///   the end of `main`), and watched ([`crate::Watched`]: a rank that dies does not leave the
+///   others waiting);
 /// - the same, built without the feature: [`DistError::NoMpiFeature`], whose message says to
 ///   rebuild with `--features mpi`. Every rank fails the same way, so nothing hangs.
 pub fn connect() -> Result<Box<dyn Collective>, DistError> {
@@ -95,7 +96,8 @@ fn connect_mpi(launch: Launch) -> Result<Box<dyn Collective>, DistError> {
             mpi.size()
         )));
     }
-    Ok(Box::new(mpi))
+    // A rank that dies must not leave the others waiting forever (see `Watched`).
+    Ok(Box::new(crate::Watched::new(mpi)?))
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -28,6 +28,10 @@
 //!   [`DistError`] and none is left waiting in a collective. What cannot be checked locally —
 //!   ranks calling different collectives, or reductions of different lengths — is a program
 //!   bug that MPI reports by aborting the job.
+//! - **A rank that dies stops the job.** [`connect`] wraps MPI in [`Watched`]: while a rank
+//!   waits in a collective, a thread checks that the ranks on its machine are alive, and a
+//!   collective kept waiting [`GRACE`] by a lost rank stops this one with a message naming it
+//!   (Open MPI's `mpirun` usually aborts the job first; other launchers may not).
 //! - **Threads.** The trait has no `Send`/`Sync` bound: an MPI communicator belongs to the thread
 //!   that initialised MPI (`MPI_THREAD_FUNNELED`), and `MpiCollective` is neither `Send` nor
 //!   `Sync`, so the compiler keeps collectives on that thread. rayon workers compute; the main
@@ -69,6 +73,7 @@ mod local;
 mod mpi_impl;
 mod shards;
 mod threads;
+mod watchdog;
 
 pub use error::DistError;
 pub use hits::{gather_all_hits, merge_top_k};
@@ -78,6 +83,7 @@ pub use local::Local;
 pub use mpi_impl::{MpiCollective, init};
 pub use shards::{Shards, local_index};
 pub use threads::Threads;
+pub use watchdog::{GRACE, Peer, TICK, Watched};
 
 /// Collective operations over the `size()` ranks of one job.
 ///
