@@ -4,6 +4,7 @@ mod cli;
 mod config_reference;
 mod configs;
 mod errors;
+mod index;
 mod quality;
 mod robustness;
 mod skipgram;
