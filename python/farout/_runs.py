@@ -34,8 +34,9 @@ def train(config: Config, overrides: Overrides = None, overwrite: bool = False, 
     values: ``{"train.epochs": 3}`` or ``["train.epochs=3"]``. A run already in the config's
     directories is an error unless ``overwrite`` (replace it) or ``resume`` (continue it).
     Progress bars show when standard error is a terminal. Ctrl-C stops a network's training
-    after the current step with its checkpoint saved, and raises ``KeyboardInterrupt``
-    (``resume=True`` continues it).
+    after the current step (skip-gram within its sentence) with its checkpoint saved, and raises
+    ``KeyboardInterrupt`` (``resume=True`` continues it); a linear solver stops after the labels
+    it is solving and keeps no model.
 
     >>> summary = farout.train("configs/bibtex-dismec.toml", overwrite=True)
     >>> summary["metrics"]["p@1"]

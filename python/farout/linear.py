@@ -82,7 +82,8 @@ class _LinearClassifier(_Base):
     def fit(self, X: Any, Y: Any) -> "_LinearClassifier":
         """Trains on features ``X`` (scipy sparse or a dense 2-D array, ``[n, d]``) and labels
         ``Y`` (a CSR indicator matrix ``[n, K]`` or one list of label ids per sample). The GIL
-        is released while it trains. Returns ``self``."""
+        is released while it trains; Ctrl-C stops it after the labels being solved and raises
+        ``KeyboardInterrupt`` (the fitted model, if any, is the previous one). Returns ``self``."""
         x = _convert.features(X)
         y = _convert.labels(Y)
         self.model_ = _farout.fit_linear(self._config(), x, y)

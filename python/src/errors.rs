@@ -4,7 +4,8 @@
 //! - `farout.FileError` (a `FaroutError` and an `OSError`): a file could not be read or written;
 //! - `farout.InvalidInput` (a `FaroutError` and a `ValueError`): everything else a caller can fix
 //!   (config keys, data, shapes, labels, NaN);
-//! - `KeyboardInterrupt`: a run stopped by Ctrl-C, with its checkpoint saved.
+//! - `KeyboardInterrupt`: a run stopped by Ctrl-C (with its checkpoint saved), or a linear fit
+//!   (no model kept).
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyValueError};
 use pyo3::prelude::*;
@@ -49,8 +50,13 @@ fn io_error<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a std::io::Error> {
     None
 }
 
+/// Whether `e` is a run or a fit stopped on request (a linear solver's error may come bare or
+/// inside the training error, which forwards its message and source).
 fn is_interrupt(e: &(dyn StdError + 'static)) -> bool {
-    matches!(e.downcast_ref::<farout_train::Error>(), Some(farout_train::Error::Interrupted { .. }))
+    use farout_linear::Error as Linear;
+    use farout_train::Error as Train;
+    matches!(e.downcast_ref::<Train>(), Some(Train::Interrupted { .. } | Train::Linear(Linear::Interrupted { .. })))
+        || matches!(e.downcast_ref::<Linear>(), Some(Linear::Interrupted { .. }))
 }
 
 /// `Result<T, E>` into `PyResult<T>` through [`to_py`].

@@ -63,7 +63,8 @@ impl LinearModel {
     }
 }
 
-/// Fits solver `params` (JSON) on features `x` and labels `y`; releases the GIL while it trains.
+/// Fits solver `params` (JSON) on features `x` and labels `y`; releases the GIL while it trains,
+/// and Ctrl-C stops it after the labels being solved (`KeyboardInterrupt`, no model kept).
 #[pyfunction]
 pub fn fit_linear(py: Python<'_>, params: &str, x: Csr<'_>, y: Labels<'_>) -> PyResult<LinearModel> {
     let solver = solver(params)?;
@@ -75,11 +76,14 @@ pub fn fit_linear(py: Python<'_>, params: &str, x: Csr<'_>, y: Labels<'_>) -> Py
     if x.n_rows() == 0 {
         return Err(invalid("X has no rows: there is nothing to fit"));
     }
-    let fitted = py.detach(|| {
+    let (fitted, interrupted) = crate::runs::interruptible(py, || {
         let train = TrainSet::new(x, &y)?;
         solver.params().fit(&train, &Silent)
-    });
+    })?;
     let fitted = fitted.py_err()?;
+    if let Some(signal) = interrupted {
+        return Err(signal);
+    }
     let summary = serde_json::to_string(&fitted.summary).ok();
     Ok(LinearModel::new(fitted.model, summary))
 }

@@ -3,6 +3,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import farout
@@ -66,6 +67,54 @@ def test_ctrl_c_stops_between_steps_and_keeps_the_checkpoint(in_tmp):
     # The run continues from it.
     s = farout.train(config, overrides={"train.epochs": 1}, resume=True)
     assert s["steps"] > 0
+
+
+def interrupt_after(seconds, call, match):
+    """Runs ``call()`` with SIGINT sent after ``seconds``; it must raise KeyboardInterrupt whose
+    message matches ``match``, well before the work it was given could end."""
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.time()
+    try:
+        with pytest.raises(KeyboardInterrupt, match=match):
+            call()
+    finally:
+        timer.cancel()
+    return time.time() - t0
+
+
+def tiny_skipgram(**train):
+    return {
+        "name": "py-sg",
+        "data": {"format": "text", "synthetic": {"words": 500, "tokens": 200_000, "topics": 10}},
+        "model": {"encoder": "skip_gram", "skip_gram": {"dim": 16}},
+        "output": {"estimator": "negative_sampling"},
+        "train": {"threads": 1, **train},
+        "log": {"progress": False},
+    }
+
+
+def test_ctrl_c_stops_skip_gram_mid_epoch_and_keeps_the_checkpoint(in_tmp):
+    # A thousand epochs of 200,000 words: minutes on any machine; the stop comes mid-epoch.
+    took = interrupt_after(1.5, lambda: farout.train(tiny_skipgram(epochs=1000)), "words; the checkpoint in")
+    assert took < 60
+    assert (in_tmp / "runs" / "py-sg" / "checkpoint" / "state.json").exists()
+    s = farout.train(tiny_skipgram(epochs=2), resume=True)
+    assert s["words"] > 0
+
+
+def test_ctrl_c_stops_a_linear_fit_between_labels(in_tmp):
+    import scipy.sparse as sp
+
+    # 100,000 one-sample labels on 3,000 rows: a minute or more of label problems anywhere.
+    rng = np.random.default_rng(0)
+    x = sp.random(3000, 400, density=0.05, format="csr", random_state=1, dtype=np.float32)
+    y = [[int(j) for j in rng.choice(100_000, 40, replace=False)] for _ in range(3000)]
+    model = farout.linear.DiSMEC()
+    took = interrupt_after(1.0, lambda: model.fit(x, y), "labels; no model was kept")
+    assert took < 30
+    with pytest.raises(farout.InvalidInput, match="is not fitted"):
+        model.predict(x[:2])
 
 
 def test_compare_returns_one_row_per_run(in_tmp):

@@ -23,6 +23,7 @@ pub mod resources;
 pub mod rng;
 pub mod space;
 mod sparse;
+pub mod stop;
 pub mod topk;
 pub mod vexp;
 

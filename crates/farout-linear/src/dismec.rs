@@ -333,7 +333,7 @@ impl Dismec {
                 st.seconds = start.elapsed().as_secs_f64();
                 (f, w, b, st)
             },
-        );
+        )?;
         let report = TrainReport {
             nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
             nnz_after_pruning: model.nnz(),

@@ -119,6 +119,17 @@ pub enum Error {
         #[source]
         problem: ModelFileError,
     },
+    /// Fitting stopped on request ([`farout_core::stop`], e.g. Ctrl-C); a partial model would
+    /// predict only some labels, so none is kept.
+    #[error("fitting stopped on request after {done} of {total} {unit}; no model was kept")]
+    Interrupted {
+        /// Units of work finished.
+        done: usize,
+        /// Units of work of the whole fit.
+        total: usize,
+        /// `"labels"` or `"batches"`.
+        unit: &'static str,
+    },
 }
 
 /// Result of this crate.

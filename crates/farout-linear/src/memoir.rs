@@ -572,6 +572,9 @@ impl Memoir {
         progress.begin(plan.total as u64, "batches");
 
         for t in 1..=plan.total {
+            if farout_core::stop::requested() {
+                return Err(Error::Interrupted { done: t - 1, total: plan.total, unit: "batches" });
+            }
             let (epoch, pos) = ((t - 1) / plan.per_epoch, (t - 1) % plan.per_epoch);
             if pos == 0 {
                 run.begin_epoch(self.config.seed, epoch, plan.n);

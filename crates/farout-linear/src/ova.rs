@@ -10,6 +10,7 @@ use crate::data::TrainSet;
 use crate::model::SparseModel;
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Checks that `labels` is a range of the `n_labels` labels (a shard may be empty).
 pub fn check_label_range(labels: &Range<usize>, n_labels: usize) -> crate::Result<()> {
@@ -26,7 +27,9 @@ pub type LabelResult<S> = (Vec<u32>, Vec<f32>, f32, S);
 /// Solves the labels `labels` of `data` (all of them, or one rank's shard) with
 /// `solve(scratch, label)` on the current rayon pool (`scratch()` makes one scratch per worker),
 /// advancing `progress` by one per label, and assembles the model of those labels (its label
-/// `i` is label `labels.start + i` of `data`) and their statistics, in label order.
+/// `i` is label `labels.start + i` of `data`) and their statistics, in label order. A stop
+/// request ([`farout_core::stop`]) ends it after the labels being solved, with
+/// [`crate::Error::Interrupted`].
 pub fn one_vs_all<T, S: Clone + Send>(
     data: &TrainSet,
     labels: Range<usize>,
@@ -34,20 +37,29 @@ pub fn one_vs_all<T, S: Clone + Send>(
     progress: &dyn Progress,
     scratch: impl Fn() -> T + Sync + Send,
     solve: impl Fn(&mut T, usize) -> LabelResult<S> + Sync + Send,
-) -> (SparseModel, Vec<S>) {
+) -> crate::Result<(SparseModel, Vec<S>)> {
     debug_assert!(labels.end <= data.n_labels());
     let (first, k) = (labels.start, labels.len());
     let mut order: Vec<usize> = labels.collect();
     order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
     progress.begin(k as u64, "labels");
-    let solved: Vec<LabelResult<S>> = order
+    let done = AtomicUsize::new(0);
+    // `None` for a label met after a stop request: collecting into an `Option` ends the loop.
+    let solved: Option<Vec<LabelResult<S>>> = order
         .par_iter()
         .map_init(&scratch, |t, &j| {
+            if farout_core::stop::requested() {
+                return None;
+            }
             let out = solve(t, j);
+            done.fetch_add(1, Ordering::Relaxed);
             progress.advance(1);
-            out
+            Some(out)
         })
         .collect();
+    let Some(solved) = solved else {
+        return Err(crate::Error::Interrupted { done: done.into_inner(), total: k, unit: "labels" });
+    };
     let mut slot = vec![0usize; k];
     order.iter().enumerate().for_each(|(at, &j)| slot[j - first] = at);
     let mut model = SparseModel::new(data.n_features(), bias);
@@ -57,5 +69,5 @@ pub fn one_vs_all<T, S: Clone + Send>(
         model.push_label(f, w, *b);
         stats.push(st.clone());
     }
-    (model, stats)
+    Ok((model, stats))
 }

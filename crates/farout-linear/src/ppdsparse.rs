@@ -257,7 +257,7 @@ impl PpdSparseConfig {
                 st.seconds = start.elapsed().as_secs_f64();
                 (f, w, b, st)
             },
-        );
+        )?;
         Ok(PpdTrained {
             nnz_before_pruning: labels.iter().map(|s| s.nnz_before_pruning).sum(),
             nnz_after_pruning: model.nnz(),

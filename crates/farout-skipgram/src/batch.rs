@@ -126,7 +126,7 @@ struct EpochPass {
     words: u64,
     last_report: Instant,
     meter: EpochMeter,
-    /// The deadline passed: no more steps this epoch.
+    /// The deadline passed or a stop was requested: no more steps this epoch.
     stopped: bool,
 }
 
@@ -180,7 +180,7 @@ impl EpochPass {
                 let l = step(layer, estimator, input, contexts, centres, phi, step_rng);
                 meter.add(l, job.batch_size as u64);
                 diverged = !l.is_finite();
-                *stopped = job.deadline.is_some_and(|d| Instant::now() >= d);
+                *stopped = farout_core::stop::due(job.deadline);
             }
         });
         diverged

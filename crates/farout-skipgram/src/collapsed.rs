@@ -416,7 +416,7 @@ impl GdJob<'_> {
                         let words = self.epoch_words * epoch as u64 + per_pair(meter.pairs());
                         progress(&meter.report(epoch, words, total_words, input), input, layer);
                     }
-                    if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                    if farout_core::stop::due(self.deadline) {
                         stopped = true;
                         break 'passes;
                     }

@@ -107,7 +107,7 @@ pub struct EpochStats {
     pub loss: f64,
     /// Seconds the epoch took.
     pub seconds: f64,
-    /// Whether the deadline stopped it early.
+    /// Whether the deadline (or a stop request) ended it early.
     pub stopped: bool,
 }
 
@@ -261,7 +261,8 @@ impl NsJob<'_> {
 
     /// One worker thread of an epoch: trains on the sentences of chunk after chunk until none
     /// is left or the run stops; flushes its counts every `REPORT_EVERY` words, stopping the
-    /// run on a non-finite loss (divergence) or past the deadline.
+    /// run on a non-finite loss (divergence), past the deadline or on a stop request
+    /// ([`farout_core::stop`]).
     fn train_chunks<R: HogwildRows>(&self, work: &EpochWork<R>) -> Result<(), Error> {
         let (epoch, total_words, shared, chunks) = (work.epoch, work.total_words, work.shared, work.chunks);
         let (input, output, keep) = (work.input, work.output, work.keep);
@@ -291,7 +292,7 @@ impl NsJob<'_> {
                             result = Err(Error::Diverged { epoch, words: done });
                             shared.stop.store(true, Ordering::Relaxed);
                         }
-                        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+                        if farout_core::stop::due(self.deadline) {
                             shared.stop.store(true, Ordering::Relaxed);
                         }
                     }

@@ -37,7 +37,7 @@ pub mod repro;
 mod run;
 pub mod sinks;
 pub mod skipgram;
-pub mod stop;
+pub use farout_core::stop;
 pub mod task;
 mod trainer;
 pub mod tune;
@@ -142,14 +142,16 @@ pub enum Error {
         /// The config keys to change.
         keys: String,
     },
-    /// Training stopped on request ([`stop::request`], e.g. Ctrl-C) after `step`, with its
-    /// checkpoint saved.
-    #[error("training stopped on request after step {step}; the checkpoint in {} continues it (--resume)", checkpoint.display())]
+    /// Training stopped on request ([`stop::request`], e.g. Ctrl-C) after `step` (a network's
+    /// steps, skip-gram's words), saying what was kept.
+    #[error("training stopped on request after {step} {unit}; {kept}")]
     Interrupted {
-        /// The last step taken.
+        /// The last step taken (or words read).
         step: u64,
-        /// The checkpoint saved.
-        checkpoint: PathBuf,
+        /// `"steps"` or `"words"`.
+        unit: &'static str,
+        /// What survives: the checkpoint that continues the run, or that nothing does.
+        kept: String,
     },
     /// The task cannot answer the request (what to use instead).
     #[error("{0}")]

@@ -584,6 +584,22 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
+    /// The error of a run stopped on request, at the end of the epoch it cut short (whose
+    /// checkpoint, when checkpoints are on, continues the run at the next epoch).
+    fn interrupted(&self) -> Error {
+        let state = self.state.borrow();
+        let kept = if self.config.checkpoint.enabled {
+            format!(
+                "the checkpoint in {} (after {} epochs, the last cut short) continues it (--resume)",
+                self.config.checkpoint_dir().display(),
+                state.epochs_done
+            )
+        } else {
+            "checkpoint.enabled is false, so nothing continues it".into()
+        };
+        Error::Interrupted { step: state.words, unit: "words", kept }
+    }
+
     /// What a training job returned, with a callback's error first and divergence explained.
     fn outcome<T>(&self, run: Result<T, farout_skipgram::Error>) -> Result<(), Error> {
         if let Some(e) = self.failure.borrow_mut().take() {
@@ -628,6 +644,10 @@ pub fn train(config: &Config, resume: bool, export: Option<&Path>) -> Result<Ski
     let stopped = train_negative_sampling(&session, &plan, &corpus, &mut emb)?;
     if !plan.ns_only && !stopped && session.epochs_done() < config.train.epochs {
         estimator = train_through_layer(&session, &plan, &corpus, resume, &mut emb)?;
+    }
+    if crate::stop::requested() {
+        session.bar.abandon();
+        return Err(session.interrupted());
     }
     session.bar.finish_and_clear();
     session.summary(estimator, &emb, vocab_seconds, export)
@@ -778,7 +798,7 @@ fn train_negative_sampling(session: &Session, plan: &Plan, corpus: &Path, emb: &
 }
 
 /// The output layer of phase 2 (the output vectors, or on resume the checkpoint's layer), its
-/// estimator and index, and the input table with its optimiser state (restored on resume):
+/// estimator and index (on resume the checkpoint's, when it has one), and the input table with its optimiser state (restored on resume):
 /// `k` words, `counts` their frequencies for proposals that need them.
 fn open_layer(
     config: &Config,
@@ -798,6 +818,9 @@ fn open_layer(
     let problem = farout_estimators::Problem { n_classes: k, n_data: k, dim: sg.dim, label_counts: counts };
     let built = crate::estimators::build(config, &problem)?.built;
     crate::estimators::attach_index(&mut layer, &built, config, k, 1)?;
+    if resume && layer_file.exists() {
+        layer.load_index(&ck_dir)?;
+    }
     let mut input = InputTable { vectors: std::mem::take(&mut emb.input), optimizer: out.optimizer.build(k, sg.dim) };
     let accum_file = ck_dir.join("input_optimizer.bin");
     if resume && accum_file.exists() {
@@ -837,6 +860,7 @@ fn train_through_layer(
     let mut on_epoch = |s: &EpochStats, input: &InputTable, layer: &OutputLayer| {
         Ok(session.end_epoch(s, &input.vectors, layer.weights(), |tmp| {
             layer.save(&tmp.join("layer.bin"))?;
+            layer.save_index(tmp)?;
             write_f32_file(&tmp.join("input_optimizer.bin"), input.optimizer.accum())
         }))
     };

@@ -112,7 +112,8 @@ impl Trainer<'_> {
         if crate::stop::requested() {
             run.bar.abandon();
             let checkpoint = self.save_checkpoint()?;
-            return Err(Error::Interrupted { step: self.state.step, checkpoint });
+            let kept = format!("the checkpoint in {} continues it (--resume)", checkpoint.display());
+            return Err(Error::Interrupted { step: self.state.step, unit: "steps", kept });
         }
         self.finish(run)
     }
