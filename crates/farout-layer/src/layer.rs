@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::Path;
 
+mod saved_index;
+
 /// Configuration of the output layer (the `[output.layer]` block of a config, together with
 /// the optimiser in `[output.optimizer]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -73,6 +73,7 @@ impl Trainer<'_> {
         // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint).
         crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
+            self.layer.save_index(tmp)?;
             if let Encoder::Doc(e) = &self.encoder {
                 e.save(tmp)?;
             }
@@ -129,8 +130,9 @@ impl Trainer<'_> {
         Error::Diverged { step: self.state.step, why, kept, keys: keys.into() }
     }
 
-    /// Restores layer, encoder and progress from the newest complete checkpoint in `dir` (or,
-    /// after a save was interrupted, beside it: see [`crate::checkpoint`]). Files are checked
+    /// Restores layer (with its index when resuming), encoder and progress from the newest
+    /// complete checkpoint in `dir` (or, after a save was interrupted, beside it: see
+    /// [`crate::checkpoint`]). Files are checked
     /// against the checkpoint's manifest, and NaN or infinite weights are refused.
     /// Evaluation (`resume` false) reads the weights alone: the optimiser the config builds may
     /// differ from the one the run trained with.
@@ -139,6 +141,9 @@ impl Trainer<'_> {
         let state: State = crate::checkpoint::read_state(dir, "training state")?;
         if resume {
             self.layer.load(&dir.join("layer.bin"))?;
+            // The index the run had, when the checkpoint carries one (else built at the next
+            // search step).
+            self.layer.load_index(dir)?;
         } else {
             self.layer.load_weights(&dir.join("layer.bin"))?;
         }
