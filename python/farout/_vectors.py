@@ -101,22 +101,62 @@ class KeyedVectors:
             raise KeyError(f"{word!r} is not in the vocabulary {why}")
         return v
 
-    def most_similar(self, query: Any, topn: int = 10) -> List[Tuple[str, float]]:
-        """The ``topn`` words nearest ``query`` by cosine, best first, as ``(word, cosine)``
-        pairs. ``query`` is a word (left out of its own neighbours; outside the vocabulary, its
-        n-gram vector) or a vector ``float32[D]``."""
+    def most_similar(
+        self,
+        positive: Any = None,
+        negative: Any = None,
+        topn: int = 10,
+    ) -> List[Tuple[str, float]]:
+        """The ``topn`` words nearest a query by cosine, best first, as ``(word, cosine)`` pairs.
+
+        As gensim's: the query is the mean of the unit vectors of the ``positive`` words minus
+        those of the ``negative`` words (``most_similar(positive=["king", "woman"],
+        negative=["man"])`` answers an analogy), and the words given are left out of the
+        answer. Each of ``positive`` and ``negative`` is a word, a vector ``float32[D]`` (taken as
+        it is, not normalised) or a list of them; an entry may be a ``(word_or_vector, weight)``
+        pair. A word outside the vocabulary takes its n-grams' vector when the model has them.
+        """
         if isinstance(topn, bool) or not isinstance(topn, (int, np.integer)) or topn < 1:
             raise InvalidInput(f"topn: expected an integer >= 1, got {topn!r}")
-        if isinstance(query, str):
-            vector, exclude = self[query], [] if query not in self else [self.get_index(query)]
-        else:
-            vector, exclude = query, []
-        q = float32_rows(vector, "query", self.vector_size)
-        if q.shape[0] != 1:
-            raise InvalidInput(f"query: expected one vector, got {q.shape[0]} rows")
-        ids, scores = self._native.most_similar(q, [exclude], int(topn))
+        terms = self._terms(positive, 1.0, "positive") + self._terms(negative, -1.0, "negative")
+        if not terms:
+            raise InvalidInput("most_similar: give at least one positive or negative word or vector")
+        parts, exclude = [], []
+        for term, weight in terms:
+            if isinstance(term, str):
+                v = self[term].astype(np.float64)
+                norm = np.linalg.norm(v)
+                parts.append(weight * (v / norm if norm > 0 else v))
+                if term in self:
+                    exclude.append(self.get_index(term))
+            else:
+                q = float32_rows(term, "query", self.vector_size)
+                if q.shape[0] != 1:
+                    raise InvalidInput(f"query: expected one vector, got {q.shape[0]} rows")
+                parts.append(weight * q[0].astype(np.float64))
+        query = np.mean(parts, axis=0).astype(np.float32)[None, :]
+        ids, scores = self._native.most_similar(query, [sorted(set(exclude))], int(topn))
         words = self.index_to_key
         return [(words[i], float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
+    @staticmethod
+    def _terms(given: Any, weight: float, name: str) -> List[Tuple[Any, float]]:
+        """``given`` (``None``, a word, a vector, or a list of them or of ``(term, weight)``
+        pairs) as a list of ``(term, weight)``, every weight multiplied by ``weight`` (-1 for
+        the negative terms)."""
+        if given is None:
+            return []
+        if isinstance(given, str) or (isinstance(given, np.ndarray) and given.ndim == 1):
+            return [(given, weight)]
+        if isinstance(given, np.ndarray):
+            raise InvalidInput(f"{name}: expected one vector float32[D] or a list, got an array of shape {given.shape}")
+        out = []
+        for item in given:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], (int, float, np.number)):
+                out.append((item[0], weight * float(item[1])))
+            else:
+                out.append((item, weight))
+        return out
 
     def similarity(self, a: str, b: str) -> float:
         """Cosine similarity of the vectors of words ``a`` and ``b`` (0 when one is zero)."""
@@ -152,7 +192,8 @@ def train_word_vectors(
     does with a skip-gram config, and returns them. ``params`` are the ``[model.skip_gram]``
     keys (``dim=100``, ``window=5``, ``lr``, ``mode="cbow"``, ``minn``/``maxn`` for subword
     vectors, ...); ``estimator`` is ``[output] estimator``. The run's files go to a temporary
-    directory, removed afterwards. Ctrl-C stops it between steps.
+    directory, removed afterwards. Ctrl-C stops it within a sentence (``KeyboardInterrupt``, no
+    vectors kept).
 
     >>> kv = farout.train_word_vectors("corpus.txt", dim=50, epochs=3, min_count=2)
     """
@@ -165,9 +206,15 @@ def train_word_vectors(
             "output": {"estimator": estimator},
             "train": {"epochs": int(epochs), "threads": int(threads)},
             "log": {"dir": os.path.join(tmp, "run")},
+            # The run's directory is removed afterwards: nothing could resume from a checkpoint.
+            "checkpoint": {"enabled": False},
         }
         try:
             text = json.dumps(config)
         except (TypeError, ValueError) as e:
             raise InvalidInput(f"word vectors: {e}") from None
-        return KeyedVectors._wrap(_farout.train_word_vectors(text, os.path.join(tmp, "vectors.model")))
+        try:
+            native = _farout.train_word_vectors(text, os.path.join(tmp, "vectors.model"))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt("train_word_vectors stopped on request; no vectors were kept") from None
+        return KeyedVectors._wrap(native)

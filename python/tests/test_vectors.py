@@ -51,6 +51,29 @@ def test_most_similar_equals_numpy_cosine_top_k(vectors, tmp_path, fmt):
     assert [w for w, _ in got] == [words[j] for j in order]
 
 
+def test_positive_and_negative_lists_follow_gensims_formula(vectors):
+    path, words, m = vectors
+    kv = farout.KeyedVectors.load(path)
+    unit = m / np.linalg.norm(m, axis=1, keepdims=True)
+    # gensim: the mean of the weighted unit vectors (vectors given as they are), the words
+    # given left out of the answer.
+    query = np.mean([unit[3], unit[40], 0.5 * m[7], -unit[11], -2.0 * unit[12]], axis=0)
+    order, cos = numpy_top(m, query, 8, exclude=[3, 40, 11, 12])
+    got = kv.most_similar(
+        positive=["w3", "w40", (m[7], 0.5)], negative=["w11", ("w12", 2.0)], topn=8
+    )
+    assert [w for w, _ in got] == [words[j] for j in order]
+    np.testing.assert_allclose([s for _, s in got], cos, atol=1e-5)
+    # One word, positional, as before; a lone negative word is the opposite direction.
+    assert kv.most_similar("w3", topn=4) == kv.most_similar(positive=["w3"], topn=4)
+    order, _ = numpy_top(m, -m[9], 4, exclude=[9])
+    assert [w for w, _ in kv.most_similar(negative="w9", topn=4)] == [words[j] for j in order]
+    with pytest.raises(farout.InvalidInput, match="at least one"):
+        kv.most_similar()
+    with pytest.raises(farout.InvalidInput, match="shape"):
+        kv.most_similar(positive=m[:2])
+
+
 def test_many_queries_go_through_the_index_and_find_the_nearest_words(vectors):
     path, words, m = vectors
     kv = farout.KeyedVectors.load(path)
