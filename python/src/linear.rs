@@ -157,24 +157,9 @@ impl LinearModel {
 
 /// Every row's `k` best labels and scores, flattened row-major.
 fn top_k(predictor: &Predictor, x: &SparseRows, k: usize) -> (Vec<i64>, Vec<f32>) {
-    use rayon::prelude::*;
-    let rows: Vec<(Vec<i64>, Vec<f32>)> = (0..x.n_rows())
-        .into_par_iter()
-        .map_init(
-            || (Vec::new(), Vec::new()),
-            |(scores, hits), i| {
-                let (c, v) = x.row(i);
-                predictor.top_k(c, v, k, scores, hits);
-                (hits.iter().map(|h| i64::from(h.class)).collect(), hits.iter().map(|h| h.score).collect())
-            },
-        )
-        .collect();
-    let mut labels = Vec::with_capacity(x.n_rows() * k);
-    let mut scores = Vec::with_capacity(x.n_rows() * k);
-    for (l, s) in rows {
-        labels.extend(l);
-        scores.extend(s);
-    }
+    let hits = predictor.predict(x, k);
+    let labels = hits.iter().flatten().map(|h| i64::from(h.class)).collect();
+    let scores = hits.iter().flatten().map(|h| h.score).collect();
     (labels, scores)
 }
 

@@ -362,7 +362,12 @@ impl Predictor {
 
     /// The `k` best labels of every row, in parallel over rows (per-thread score buffers).
     pub fn predict(&self, x: &SparseRows, k: usize) -> Vec<Vec<Hit>> {
-        (0..x.n_rows())
+        self.predict_first(x, x.n_rows(), k)
+    }
+
+    /// [`Self::predict`] for the first `n` rows of `x` only (all of them when `n` is larger).
+    pub fn predict_first(&self, x: &SparseRows, n: usize, k: usize) -> Vec<Vec<Hit>> {
+        (0..n.min(x.n_rows()))
             .into_par_iter()
             .map_init(Vec::new, |scores, i| {
                 let (c, v) = x.row(i);

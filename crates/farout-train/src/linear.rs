@@ -35,7 +35,6 @@ use farout_data::{Dataset, Features, SparseRows};
 use farout_dist::{Collective, Shards, merge_top_k};
 use farout_linear::{SolverConfig, SparseModel, TrainSet};
 use indicatif::ProgressBar;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -541,18 +540,8 @@ pub fn predict(
 ) -> Result<Vec<Vec<Hit>>, Error> {
     // No more hits than labels exist: a larger k (up to usize::MAX) must not size a buffer.
     let k = k.min(model.n_labels);
-    let x = rows(ds);
-    let predictor = model.model.predictor();
-    let local: Vec<Vec<Hit>> = (0..n.min(ds.len()))
-        .into_par_iter()
-        .map_init(Vec::new, |scores, i| {
-            let (c, v) = x.row(i);
-            let mut hits = Vec::with_capacity(k);
-            predictor.top_k(c, v, k, scores, &mut hits);
-            hits.iter_mut().for_each(|h| h.class += model.first as u32);
-            hits
-        })
-        .collect();
+    let mut local = model.model.predictor().predict_first(&rows(ds), n, k);
+    local.iter_mut().flatten().for_each(|h| h.class += model.first as u32);
     Ok(merge_top_k(comm, local, k)?)
 }
 
