@@ -125,13 +125,14 @@ class OutputLayer:
         return self._layer.estimator
 
     def save(self, path: Any) -> None:
-        """Writes W, the bias, the optimiser's state and the layer's settings into the
-        directory ``path``."""
+        """Writes W, the bias, the optimiser's state, the index once built (not ``hnsw``'s) and
+        the layer's settings into the directory ``path``."""
         self._layer.save(_convert.path(path, "path"))
 
     @classmethod
     def load(cls, path: Any) -> "OutputLayer":
-        """Reads a layer written by :meth:`save`; training continues where it stopped."""
+        """Reads a layer written by :meth:`save`; training continues where it stopped, with the
+        index it had (a layer saved without one builds it at its next step)."""
         return cls._wrap(_farout.OutputLayer.load(_convert.path(path, "path")))
 
     def __repr__(self) -> str:

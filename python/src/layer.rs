@@ -177,10 +177,12 @@ impl OutputLayer {
         self.spec.to_string()
     }
 
-    /// Writes the layer (W, bias, optimiser state, and its spec) into the directory `path`.
+    /// Writes the layer (W, bias, optimiser state, its index once built, and its spec) into the
+    /// directory `path`.
     fn save(&self, path: PathBuf) -> PyResult<()> {
         std::fs::create_dir_all(&path).py_err()?;
         self.layer.save(&path.join(WEIGHTS_FILE)).py_err()?;
+        self.layer.save_index(&path).py_err()?;
         std::fs::write(path.join(CONFIG_FILE), self.spec.to_string()).py_err()
     }
 
@@ -192,6 +194,7 @@ impl OutputLayer {
             serde_json::from_str(&spec).map_err(|e| invalid(format!("{}: {e}", path.join(CONFIG_FILE).display())))?;
         let mut layer = Self::build(spec, None)?;
         layer.layer.load(&path.join(WEIGHTS_FILE)).py_err()?;
+        layer.layer.load_index(&path).py_err()?;
         Ok(layer)
     }
 }

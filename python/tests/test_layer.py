@@ -64,6 +64,22 @@ def test_multi_label_scores_save_and_load(tmp_path):
     assert a == b
 
 
+def test_a_saved_ldgs_layer_continues_with_its_index(tmp_path):
+    k, d = 5_000, 16
+    layer = farout.OutputLayer(k, d, estimator="ldgs", top=50, layer={"init_std": 2.0}, seed=2)
+    for s in range(4):
+        layer.step(*batch(32, d, k, s))
+    layer.save(tmp_path / "layer")
+    assert (tmp_path / "layer" / "index.bin").exists()
+    back = farout.OutputLayer.load(tmp_path / "layer")
+    for s in range(4, 8):
+        a, ga = layer.step(*batch(32, d, k, s))
+        b, gb = back.step(*batch(32, d, k, s))
+        assert a == b
+        np.testing.assert_array_equal(ga, gb)
+    np.testing.assert_array_equal(back.weights, layer.weights)
+
+
 def test_bad_input_is_refused():
     layer = farout.OutputLayer(10, 4, estimator="softmax")
     phi = np.zeros((3, 4), dtype=np.float32)

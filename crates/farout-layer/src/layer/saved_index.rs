@@ -33,16 +33,29 @@ struct Upkeep {
 impl OutputLayer {
     /// Writes the attached index, once built, and its upkeep's counters into the checkpoint
     /// directory `dir`. Returns whether it did: nothing is written without a built index, or for
-    /// an `hnsw` index, which cannot be saved (a resumed run then builds its index again).
+    /// an `hnsw` index, which cannot be saved (a resumed run then builds its index again); an
+    /// index saved earlier into `dir` is then removed, since it no longer fits W.
     pub fn save_index(&self, dir: &Path) -> Result<bool, Error> {
-        let Some(a) = &self.attached else { return Ok(false) };
-        let Some(index) = &a.index else { return Ok(false) };
         let path = dir.join(INDEX_FILE);
-        match persist::save(&path, index, Some(&a.config), &self.w, false) {
-            Ok(()) => {}
-            Err(persist::FileError::Unsupported { .. }) => return Ok(false),
-            Err(e) => return Err(Error::Checkpoint { path, msg: e.to_string() }),
-        }
+        let saved = match self.attached.as_ref().and_then(|a| Some((a, a.index.as_ref()?))) {
+            Some((a, index)) => match persist::save(&path, index, Some(&a.config), &self.w, false) {
+                Ok(()) => Some(a),
+                Err(persist::FileError::Unsupported { .. }) => None,
+                Err(e) => return Err(Error::Checkpoint { path, msg: e.to_string() }),
+            },
+            None => None,
+        };
+        let Some(a) = saved else {
+            for stale in [path, dir.join(UPKEEP_FILE)] {
+                match std::fs::remove_file(&stale) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::Checkpoint { path: stale, msg: e.to_string() });
+                    }
+                    _ => {}
+                }
+            }
+            return Ok(false);
+        };
         let upkeep = Upkeep {
             steps_since_refresh: a.steps_since_refresh,
             steps_since_build: a.steps_since_build,
@@ -183,8 +196,10 @@ mod tests {
         std::fs::write(dir.path().join(UPKEEP_FILE), r#"{"steps_since_refresh":0,"steps_since_build":0,"rebuilds":1,"dirty_rows":[50000],"rebuild_requested":false,"norm_floors":[]}"#).unwrap();
         let e = b.load_index(dir.path()).unwrap_err().to_string();
         assert!(e.contains("index.json") && e.contains("50000"), "{e}");
-        // Without an index file, nothing is loaded (built at the next search step).
-        std::fs::remove_file(dir.path().join(INDEX_FILE)).unwrap();
+        // Without an index file, nothing is loaded (built at the next search step); a layer
+        // without a built index removes the files an earlier save left in its directory.
+        assert!(!layer().save_index(dir.path()).unwrap());
+        assert!(!dir.path().join(INDEX_FILE).exists() && !dir.path().join(UPKEEP_FILE).exists());
         assert!(!b.load_index(dir.path()).unwrap());
     }
 }
