@@ -74,6 +74,9 @@ enum Command {
         /// With `--rows features`: the data to encode (default: the config's test set).
         #[arg(long)]
         input: Option<PathBuf>,
+        /// A network's last step's weights, not the ones kept as the best on validation.
+        #[arg(long)]
+        last: bool,
     },
     /// Print the vectors of words, one `word v1 ... v_dim` line each (fastText's
     /// `print-word-vectors`): from a `.model` file, words outside the vocabulary get the mean
@@ -126,9 +129,13 @@ struct PredictArgs {
     config: PathBuf,
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Checkpoint directory (default: the config's).
+    /// Checkpoint directory (default: the config's; for a network that kept its weights best
+    /// on validation, those).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    /// Read the last step's weights, not the ones kept as the best on validation.
+    #[arg(long, conflicts_with = "checkpoint")]
+    last: bool,
     /// Data to predict (default: the config's test set).
     #[arg(long)]
     input: Option<PathBuf>,
@@ -187,9 +194,13 @@ struct EvalArgs {
     config: Option<PathBuf>,
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Checkpoint directory (default: the config's).
+    /// Checkpoint directory (default: the config's; for a network that kept its weights best
+    /// on validation, those).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
+    /// Evaluate the last step's weights, not the ones kept as the best on validation.
+    #[arg(long, conflicts_with = "checkpoint")]
+    last: bool,
 }
 
 #[derive(Subcommand)]
@@ -425,12 +436,14 @@ fn export(
     out: &Path,
     rows: Option<ExportRows>,
     input: Option<&Path>,
+    last: bool,
     comm: &dyn Collective,
 ) -> Result<usize> {
     if input.is_some() && rows != Some(ExportRows::Features) {
         anyhow::bail!("--input names the data to encode with --rows features");
     }
-    let task = open_trained(config, None, comm)?;
+    let checkpoint = chosen_checkpoint(&config, None, last);
+    let task = open_trained(config, checkpoint.as_deref(), comm)?;
     Ok(task.export(out, rows.map(Into::into), input)?)
 }
 
@@ -506,9 +519,17 @@ fn cmd_eval_vectors(what: EvalVectors, comm: &dyn Collective) -> Result<()> {
 
 /// `farout eval CONFIG`: evaluates the trained model on the config's test set; rank 0 prints
 /// the metrics.
-fn cmd_eval(config: Option<PathBuf>, set: &[String], checkpoint: Option<&Path>, comm: &dyn Collective) -> Result<()> {
+fn cmd_eval(
+    config: Option<PathBuf>,
+    set: &[String],
+    checkpoint: Option<PathBuf>,
+    last: bool,
+    comm: &dyn Collective,
+) -> Result<()> {
     let config = config.context("name a config, or use `farout eval analogy|similarity`")?;
-    let t = open_trained(load_config(&config, set, comm.size())?, checkpoint, comm)?;
+    let config = load_config(&config, set, comm.size())?;
+    let checkpoint = chosen_checkpoint(&config, checkpoint, last);
+    let t = open_trained(config, checkpoint.as_deref(), comm)?;
     let test = t.test().context("the config names no test set (data.test)")?;
     let metrics = t.evaluate(test)?;
     if comm.is_root() {
@@ -517,11 +538,18 @@ fn cmd_eval(config: Option<PathBuf>, set: &[String], checkpoint: Option<&Path>, 
     Ok(())
 }
 
+/// The checkpoint `--checkpoint` names, or with `--last` the config's checkpoint directory (the
+/// last step's weights); `None` leaves the task its default (a network's kept best weights).
+fn chosen_checkpoint(config: &Config, checkpoint: Option<PathBuf>, last: bool) -> Option<PathBuf> {
+    if last { Some(config.checkpoint_dir()) } else { checkpoint }
+}
+
 /// `farout predict`: the top-k classes of every sample of `--input` (or of the test set); rank
 /// 0 writes them to `--out` (or standard output).
 fn cmd_predict(args: PredictArgs, comm: &dyn Collective) -> Result<()> {
-    let PredictArgs { config: path, set, checkpoint, input, labels, top_k, out } = args;
+    let PredictArgs { config: path, set, checkpoint, last, input, labels, top_k, out } = args;
     let config = load_config(&path, &set, comm.size())?;
+    let checkpoint = chosen_checkpoint(&config, checkpoint, last);
     if let Some(o) = &out {
         let p = Protected::of_run(&path, &config).with("--input", input.as_deref()).with("--labels", labels.as_deref());
         p.with_dir("--checkpoint directory", checkpoint.as_deref()).check("out", o)?;
@@ -569,11 +597,12 @@ fn cmd_export(
     out: &Path,
     rows: Option<ExportRows>,
     input: Option<&Path>,
+    last: bool,
     comm: &dyn Collective,
 ) -> Result<()> {
     let config = load_config(path, set, comm.size())?;
     Protected::of_run(path, &config).with("--input", input).check("out", out)?;
-    let n = export(config, out, rows, input, comm)?;
+    let n = export(config, out, rows, input, last, comm)?;
     log::info!("wrote {n} vectors to {}", out.display());
     Ok(())
 }
@@ -593,14 +622,14 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             cmd_train(&path, &set, summary.as_deref(), &options, comm)?
         }
         Command::Eval(EvalArgs { vectors: Some(what), .. }) => cmd_eval_vectors(what, comm)?,
-        Command::Eval(EvalArgs { vectors: None, config, set, checkpoint }) => {
-            cmd_eval(config, &set, checkpoint.as_deref(), comm)?
+        Command::Eval(EvalArgs { vectors: None, config, set, checkpoint, last }) => {
+            cmd_eval(config, &set, checkpoint, last, comm)?
         }
         Command::Predict(args) => cmd_predict(args, comm)?,
         Command::Bench { command: command @ bench::BenchCommand::Layer { .. } } => cmd_bench_layer(command, comm)?,
         _ if comm.size() > 1 => one_process(comm, "this command")?,
-        Command::Export { config: path, set, out, rows, input } => {
-            cmd_export(&path, &set, &out, rows, input.as_deref(), comm)?
+        Command::Export { config: path, set, out, rows, input, last } => {
+            cmd_export(&path, &set, &out, rows, input.as_deref(), last, comm)?
         }
         Command::Vectors { vectors, nearest, topn, .. } if !nearest.is_empty() => {
             print_nearest(&vectors, &nearest, topn as usize)?

@@ -244,7 +244,37 @@ pub struct TrainConfig {
     pub max_seconds: f64,
     /// Log training scalars every this many steps.
     pub log_every: u64,
+    /// Which weights a classifier network keeps and reports: `auto` (the best on validation
+    /// when the run has a time budget, `train.max_seconds > 0`; else the last step), `best`
+    /// (always the best on validation) or `last` (the last step, trained on every row).
+    pub select: Select,
+    /// The fraction of the training rows (drawn with `seed`) set aside as the validation split
+    /// the best weights are chosen on, when the run selects them. With `data.holdout` the
+    /// held-out rows are the validation split and none is carved.
+    pub valid_fraction: f64,
+    /// Stop after this many evaluations in a row without a better validation figure, when the
+    /// run selects its best weights (0 = never stop early: run to the budget or the epochs).
+    pub patience: u64,
+    /// The validation metric the best weights are chosen by (`p@1`, `p@3`, `p@5`, `ndcg@1`,
+    /// `ndcg@3`, `ndcg@5`, `accuracy`; `loss`, lower is better).
+    pub select_metric: String,
 }
+
+/// `train.select`: which step's weights a classifier run keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Select {
+    /// The best on validation under a time budget, the last step otherwise.
+    #[default]
+    Auto,
+    /// The best on validation.
+    Best,
+    /// The last step.
+    Last,
+}
+
+/// The metrics `train.select_metric` may name (all but `loss` higher is better).
+pub const SELECT_METRICS: [&str; 8] = ["p@1", "p@3", "p@5", "ndcg@1", "ndcg@3", "ndcg@5", "accuracy", "loss"];
 
 impl TrainConfig {
     /// The ranges `farout tune` draws from (keys relative to `[train]`): the batch size. The
@@ -257,7 +287,18 @@ impl TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
-        Self { epochs: 5, batch_size: 64, threads: 0, max_steps: 0, max_seconds: 0.0, log_every: 50 }
+        Self {
+            epochs: 5,
+            batch_size: 64,
+            threads: 0,
+            max_steps: 0,
+            max_seconds: 0.0,
+            log_every: 50,
+            select: Select::Auto,
+            valid_fraction: 0.1,
+            patience: 10,
+            select_metric: "p@1".into(),
+        }
     }
 }
 
@@ -539,6 +580,28 @@ impl Config {
         Ok(())
     }
 
+    /// `train.select`, `valid_fraction` and `select_metric`: a fraction in (0, 1), a metric a
+    /// classifier reports, and `select = "best"` only where a run can select (not skip-gram).
+    fn check_selection(&self) -> Result<(), ConfigError> {
+        let t = &self.train;
+        if !(t.valid_fraction > 0.0 && t.valid_fraction < 1.0) {
+            return Err(ConfigError::key("train.valid_fraction", format!(" = {} must be in (0, 1)", t.valid_fraction)));
+        }
+        if !SELECT_METRICS.contains(&t.select_metric.as_str()) {
+            return Err(ConfigError::key(
+                "train.select_metric",
+                format!(" = {:?}: one of {}", t.select_metric, SELECT_METRICS.join(", ")),
+            ));
+        }
+        if t.select == Select::Best && self.model.encoder == EncoderKind::SkipGram {
+            return Err(ConfigError::key(
+                "train.select",
+                " = \"best\" applies to classifier networks; skip-gram keeps its last epoch (use \"auto\" or \"last\")",
+            ));
+        }
+        Ok(())
+    }
+
     /// A text corpus goes with the skip-gram encoder and only with it, and the estimator's own
     /// parameters are valid: the first checks of a network config (classifier or skip-gram).
     pub(crate) fn check_encoder_and_estimator(&self) -> Result<(), ConfigError> {
@@ -564,6 +627,7 @@ impl Config {
         at_least_one("train.batch_size", self.train.batch_size)?;
         at_least_one("eval.batch_size", self.eval.batch_size)?;
         finite_at_least("train.max_seconds", self.train.max_seconds, 0.0)?;
+        self.check_selection()?;
         finite_at_least("eval.every_seconds", self.eval.every_seconds, 0.0)?;
         if self.eval.every_seconds > 0.0
             && (self.model.encoder != EncoderKind::SkipGram || out.estimator.negative_sampling().is_some())
@@ -618,6 +682,28 @@ impl Config {
     /// The checkpoint directory.
     pub fn checkpoint_dir(&self) -> PathBuf {
         self.checkpoint.dir.clone().unwrap_or_else(|| self.log_dir().join("checkpoint"))
+    }
+
+    /// The directory of the weights best on validation, beside the checkpoint directory:
+    /// `<checkpoint dir>-best`.
+    pub fn best_checkpoint_dir(&self) -> PathBuf {
+        let dir = self.checkpoint_dir();
+        let mut name = dir.file_name().unwrap_or_default().to_os_string();
+        name.push("-best");
+        dir.with_file_name(name)
+    }
+
+    /// Whether a classifier run keeps its weights best on validation (`train.select`; `auto`:
+    /// under a time budget) rather than its last step's. Linear solvers train in one go and
+    /// skip-gram keeps its last epoch: never for them.
+    pub fn selects_best(&self) -> bool {
+        let network = self.linear.is_none() && self.model.encoder != EncoderKind::SkipGram;
+        network
+            && match self.train.select {
+                Select::Auto => self.train.max_seconds > 0.0,
+                Select::Best => true,
+                Select::Last => false,
+            }
     }
 
     /// A short description of the task for summaries, e.g. `xmc:bibtex` or `synthetic_face`.

@@ -12,8 +12,12 @@ use std::path::Path;
 pub struct TaskData {
     /// Training set.
     pub train: Dataset,
-    /// Test set, when the config names one.
+    /// Test set, when the config names one (with `data.holdout`, the held-out training rows).
     pub test: Option<Dataset>,
+    /// The validation split a run selecting its best weights is scored on
+    /// ([`Config::selects_best`]): `train.valid_fraction` of the training rows, set aside.
+    /// `None` with `data.holdout`, whose rows are the validation split already.
+    pub valid: Option<Dataset>,
     /// Number of classes K.
     pub n_classes: usize,
     /// Input dimension (features).
@@ -62,11 +66,18 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
             (train, test)
         }
     };
-    if d.holdout > 0.0 || d.train_fraction < 1.0 {
-        let (kept, valid) = crate::tune::split::split(&train, d.holdout, d.train_fraction, config.seed);
+    // Rows set aside: the held-out rows that replace the test set, or else the validation
+    // split of a run that selects its best weights (the test set is then kept for the report).
+    let carve_valid = d.holdout == 0.0 && config.selects_best();
+    let mut valid = None;
+    if d.holdout > 0.0 || d.train_fraction < 1.0 || carve_valid {
+        let fraction = if carve_valid { config.train.valid_fraction } else { d.holdout };
+        let (kept, rows) = crate::tune::split::split(&train, fraction, d.train_fraction, config.seed);
         train = kept;
         if d.holdout > 0.0 {
-            test = Some(valid);
+            test = Some(rows);
+        } else if carve_valid {
+            valid = Some(rows);
         }
     }
     // The idf comes from the raw training rows; every split is weighted by it.
@@ -75,15 +86,15 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
         _ => None,
     };
     prepare(config, idf.as_deref(), &mut train);
-    if let Some(t) = &mut test {
+    for t in test.iter_mut().chain(valid.iter_mut()) {
         prepare(config, idf.as_deref(), t);
     }
     if d.first_label {
-        train.labels.keep_first();
-        if let Some(t) = &mut test {
+        for t in std::iter::once(&mut train).chain(test.iter_mut()).chain(valid.iter_mut()) {
             t.labels.keep_first();
         }
     }
+    // The validation rows come from the training set and share its label count.
     let mut n_classes = train.labels.n_labels.max(test.as_ref().map_or(0, |t| t.labels.n_labels));
     if d.n_classes > 0 {
         let largest = train.labels.labels.iter().chain(test.iter().flat_map(|t| t.labels.labels.iter())).max();
@@ -96,11 +107,11 @@ pub fn load(config: &Config) -> Result<TaskData, Error> {
         n_classes = d.n_classes;
     }
     train.labels.n_labels = n_classes;
-    if let Some(t) = &mut test {
+    for t in test.iter_mut().chain(valid.iter_mut()) {
         t.labels.n_labels = n_classes;
     }
     let n_features = train.features.n_cols();
-    Ok(TaskData { train, test, n_classes, n_features, idf })
+    Ok(TaskData { train, test, valid, n_classes, n_features, idf })
 }
 
 /// A generator's error, its parameter's key under `section` (e.g. `data.face.dim`).

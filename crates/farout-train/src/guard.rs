@@ -53,7 +53,7 @@ impl RunGuard {
     /// the new run is set up, so that a run failing on its data or config replaces nothing.
     pub fn clear_previous(&mut self) -> Result<(), Error> {
         let Some(ck_dir) = self.replace.take() else { return Ok(()) };
-        for dir in crate::checkpoint::with_siblings(&ck_dir) {
+        for dir in run_checkpoints(&ck_dir) {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
             }
@@ -76,11 +76,21 @@ fn lock(path: &Path) -> Result<File, Error> {
     }
 }
 
+/// The directories of a run whose checkpoint directory is `ck_dir`: it, the directories a save
+/// passes through, and the same for the weights kept as the best on validation
+/// (`<checkpoint dir>-best`, [`Config::best_checkpoint_dir`]).
+fn run_checkpoints(ck_dir: &Path) -> Vec<PathBuf> {
+    let mut best = ck_dir.file_name().unwrap_or_default().to_os_string();
+    best.push("-best");
+    let best = ck_dir.with_file_name(best);
+    crate::checkpoint::with_siblings(ck_dir).into_iter().chain(crate::checkpoint::with_siblings(&best)).collect()
+}
+
 /// What a previous run left in the config's directories, if anything: its checkpoint directory
-/// (which holds a linear model too) or its metrics log.
+/// (which holds a linear model too), its kept best weights or its metrics log.
 fn previous_run(config: &Config) -> Option<String> {
     let metrics = config.log_dir().join("metrics.jsonl");
-    let mut found: Vec<PathBuf> = crate::checkpoint::with_siblings(&config.checkpoint_dir()).into();
+    let mut found: Vec<PathBuf> = run_checkpoints(&config.checkpoint_dir());
     found.push(metrics);
     found.retain(|p| p.exists());
     (!found.is_empty()).then(|| found.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
@@ -127,7 +137,9 @@ impl Protected {
         }
         p.dirs.push(("run's TensorBoard log".into(), log.join("tb")));
         let ck = config.checkpoint_dir();
-        for dir in crate::checkpoint::with_siblings(&ck).into_iter().chain([crate::checkpoint::previous(&ck)]) {
+        let best = config.best_checkpoint_dir();
+        let previous = [crate::checkpoint::previous(&ck), crate::checkpoint::previous(&best)];
+        for dir in run_checkpoints(&ck).into_iter().chain(previous) {
             p.dirs.push(("checkpoint directory (the trained model)".into(), dir));
         }
         p
@@ -225,6 +237,7 @@ mod tests {
         assert!(e.contains("lies in the checkpoint directory (the trained model)"), "{e}");
         assert!(e.contains(&dir.path().join("run/checkpoint").display().to_string()), "{e}");
         assert!(p.check("out", &dir.path().join("run/checkpoint.tmp/layer.bin")).is_err());
+        assert!(p.check("out", &dir.path().join("run/checkpoint-best/layer.bin")).is_err(), "the kept best weights");
         assert!(p.check("out", &dir.path().join("run/metrics.jsonl")).is_err());
         assert!(p.check("out", Path::new("in.txt")).is_err());
         assert!(p.check("out", &dir.path().join("run/predictions.txt")).is_ok());

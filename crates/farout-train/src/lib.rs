@@ -46,7 +46,7 @@ pub use compare::{CompareOptions, CompareReport, compare};
 pub use config::Config;
 pub use run::train;
 pub use task::{ExportRows, RunSummary, Task, TaskKind, TrainOptions};
-pub use trainer::{Summary, Trainer};
+pub use trainer::{Selection, Summary, Trainer};
 
 use std::path::PathBuf;
 

@@ -350,6 +350,7 @@ impl LinearRun {
             task: cfg.task(),
             estimator: self.solver().name().to_string(),
             metrics,
+            selection: None,
             train_seconds: seconds,
             steps: 1,
             epochs: 1,

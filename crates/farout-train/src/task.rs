@@ -215,7 +215,7 @@ pub trait Task {
     fn train(&mut self, options: &TrainOptions) -> Result<RunSummary, Error>;
 
     /// Reads the trained model back from `checkpoint` (default: the config's checkpoint
-    /// directory).
+    /// directory; for a network that kept its weights best on validation, those).
     fn load(&mut self, checkpoint: Option<&Path>) -> Result<(), Error>;
 
     /// The config's test set, if it names one.
@@ -274,7 +274,7 @@ impl Task for Trainer<'_> {
     }
 
     fn load(&mut self, checkpoint: Option<&Path>) -> Result<(), Error> {
-        let dir = checkpoint.map_or_else(|| self.config().checkpoint_dir(), Path::to_path_buf);
+        let dir = checkpoint.map_or_else(|| self.kept_checkpoint_dir(), Path::to_path_buf);
         self.load_checkpoint(&dir)
     }
 

@@ -9,6 +9,7 @@ mod plot;
 use crate::config::first_difference;
 use crate::skipgram::SkipGramSummary;
 use crate::task::TaskKind;
+use crate::trainer::Selection;
 use crate::{Config, Error, RunSummary, Summary, io_err};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -384,12 +385,15 @@ fn mean_std(xs: &[f64]) -> (f64, f64) {
     (m, (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / n).sqrt())
 }
 
-const CLASSIFIER_COLUMNS: [&str; 16] = [
+const CLASSIFIER_COLUMNS: [&str; 19] = [
     "method",
     "estimator",
     "runs",
     "p@1",
     "p@1_std",
+    "last_p@1",
+    "best_epoch",
+    "best_seconds",
     "p@3",
     "p@5",
     "accuracy",
@@ -460,9 +464,13 @@ fn classifier_row(g: &[&Summary]) -> Vec<String> {
     let metric = |k: &str| -> Vec<f64> { g.iter().filter_map(|s| s.metrics.get(k).copied()).collect() };
     let each = |f: &dyn Fn(&Summary) -> Option<f64>| -> Vec<f64> { g.iter().filter_map(|s| f(s)).collect() };
     let (_, p1_std) = mean_std(&metric("p@1"));
+    let kept = |f: &dyn Fn(&Selection) -> Option<f64>| each(&|s| s.selection.as_ref().and_then(f));
     vec![
         fmt_mean(metric("p@1"), 4),
         format!("{p1_std:.4}"),
+        fmt_mean(kept(&|x| x.last_metrics.get("p@1").copied()), 4),
+        fmt_mean(kept(&|x| Some(x.best_epoch)), 1),
+        fmt_mean(kept(&|x| Some(x.best_seconds)), 1),
         fmt_mean(metric("p@3"), 4),
         fmt_mean(metric("p@5"), 4),
         fmt_mean(metric("accuracy"), 4),
@@ -516,7 +524,10 @@ fn write_tables(out: &Path, runs: &[Run]) -> Result<String, Error> {
     }
     md += match kind {
         Kind::Classifier => {
-            "\nseconds: training only (evaluation excluded); peak_rss_mb: the run's peak resident memory; \
+            "\np@k: test figures of the kept weights (the best on validation when the run selects them, \
+             else the last step's); last_p@1: the last step's, best_epoch and best_seconds: where the kept \
+             weights were reached (empty when the run keeps its last step); \
+             seconds: training only (evaluation excluded); peak_rss_mb: the run's peak resident memory; \
              grad_cosine: mean cosine of the estimator's dL/dphi with the exact one at the end of training \
              (empty for exact estimators).\n"
         }

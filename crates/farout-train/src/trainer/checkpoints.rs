@@ -49,23 +49,36 @@ impl Trainer<'_> {
     /// This rank's checkpoint directory: the config's, or with a class-sharded layer its
     /// `rank-R-of-P` directory inside it.
     pub fn checkpoint_dir(&self) -> PathBuf {
-        let dir = self.config.checkpoint_dir();
+        self.rank_dir(self.config.checkpoint_dir())
+    }
+
+    /// This rank's directory of the checkpoint directory `dir`: `dir` itself, or with a
+    /// class-sharded layer its `rank-R-of-P` directory inside it.
+    fn rank_dir(&self, dir: PathBuf) -> PathBuf {
         match self.shard {
             Some(s) => dir.join(rank_checkpoint(s.rank, s.ranks)),
             None => dir,
         }
     }
 
+    /// The checkpoint a trained model is read from by default: the weights kept as the best on
+    /// validation (`<checkpoint dir>-best`) when the run kept them, else the last step's.
+    pub fn kept_checkpoint_dir(&self) -> PathBuf {
+        let best = self.config.best_checkpoint_dir();
+        if best.exists() { best } else { self.config.checkpoint_dir() }
+    }
+
     /// [`Trainer::save_checkpoint`] on every rank of `comm` (each its own rows); every rank
     /// learns if one failed.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
-        crate::dist::agree(self.comm, self.write_checkpoint())
+        crate::dist::agree(self.comm, self.write_checkpoint_in(&self.config.checkpoint_dir()))
     }
 
-    /// Writes the checkpoint atomically (see [`crate::checkpoint`]), after checking that the
-    /// weights are finite: a checkpoint is never written from a diverged model.
-    fn write_checkpoint(&self) -> Result<PathBuf, Error> {
-        let dir = self.checkpoint_dir();
+    /// Writes this rank's checkpoint in the checkpoint directory `base` atomically (see
+    /// [`crate::checkpoint`]), after checking that the weights are finite: a checkpoint is
+    /// never written from a diverged model.
+    pub(super) fn write_checkpoint_in(&self, base: &Path) -> Result<PathBuf, Error> {
+        let dir = self.rank_dir(base.to_path_buf());
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
         }

@@ -252,6 +252,7 @@ impl Trainer<'_> {
             task: self.config.task(),
             estimator: self.estimator.name().to_string(),
             metrics,
+            selection: None,
             train_seconds: s.train_seconds,
             steps: s.step,
             epochs: s.epoch,

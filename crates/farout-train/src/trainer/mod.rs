@@ -5,14 +5,17 @@
 //!   the config's classifier sections);
 //! - [`step`]: the loop: batches, one optimisation step, logs, divergence;
 //! - [`eval`]: test metrics, predictions, the layer's rows and features, the summary;
-//! - [`checkpoints`]: saving, loading and resuming, per rank for a class-sharded layer.
+//! - [`checkpoints`]: saving, loading and resuming, per rank for a class-sharded layer;
+//! - [`select`]: the weights best on validation, kept beside the checkpoint, and early stopping.
 
 mod checkpoints;
 mod eval;
 mod init;
+mod select;
 mod step;
 
 pub(crate) use init::check_config;
+pub use select::Selection;
 
 use crate::config::Config;
 use crate::data::TaskData;
@@ -46,6 +49,33 @@ struct State {
     /// Mean loss per sample of the first step, the reference of [`BLOWUP`].
     #[serde(default)]
     initial_loss: f64,
+    /// The validation figures of a run that keeps its best weights ([`select`]).
+    #[serde(default)]
+    valid: Tracking,
+}
+
+/// The validation evaluations of a run so far.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Tracking {
+    /// The best figure, whose weights are kept.
+    best: Option<Point>,
+    /// The latest figure.
+    last: Option<Point>,
+    /// Evaluations since the best.
+    since_best: u64,
+    /// Evaluations made.
+    evaluations: u64,
+}
+
+/// One validation figure and when it was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+struct Point {
+    step: u64,
+    /// Epochs completed, fractional.
+    epoch: f64,
+    /// Training seconds.
+    seconds: f64,
+    value: f64,
 }
 
 /// What a run reports at the end (printed as JSON, written by `--summary`).
@@ -58,8 +88,13 @@ pub struct Summary {
     /// Gradient estimator.
     pub estimator: String,
     /// Final test metrics (`p@1`, `p@3`, `p@5`, `ndcg@k`, `loss`, `accuracy` for multiclass);
-    /// train-set metrics when there is no test set.
+    /// train-set metrics when there is no test set. Of the kept weights: the best on
+    /// validation when the run selects them ([`Summary::selection`]), else the last step's.
     pub metrics: BTreeMap<String, f64>,
+    /// A run that kept its weights best on validation: where they were reached and the last
+    /// step's test metrics beside them. `None` when the last step is the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Selection>,
     /// Seconds spent training (evaluation and checkpoints excluded).
     pub train_seconds: f64,
     /// Optimisation steps taken.

@@ -149,15 +149,17 @@ impl Trainer<'_> {
     }
 
     /// Optimisation steps in one epoch.
-    fn steps_per_epoch(&self) -> u64 {
+    pub(super) fn steps_per_epoch(&self) -> u64 {
         self.data.train.len().div_ceil(self.config.train.batch_size) as u64
     }
 
-    /// Whether the run is over: all steps taken or the time budget spent.
+    /// Whether the run is over: all steps taken, the time budget spent, or the validation
+    /// figure no better for `train.patience` evaluations.
     fn stopped(&self, run: &RunLog) -> bool {
         let max_seconds = self.config.train.max_seconds;
         self.state.step >= run.total_steps
             || (max_seconds > 0.0 && self.state.train_seconds >= max_seconds)
+            || self.patience_spent()
             || crate::stop::requested()
     }
 
@@ -297,7 +299,7 @@ impl Trainer<'_> {
             self.measure_recall(run, &idx[..idx.len().min(recall_queries)])?;
         }
         if eval_due {
-            run.last_eval = self.log_eval(&mut run.sinks, eval_samples)?;
+            run.last_eval = self.log_eval(&mut run.sinks, eval_samples)? + &self.validate(&mut run.sinks)?;
         }
         if checkpoint_due {
             self.save_checkpoint()?;
@@ -356,19 +358,25 @@ impl Trainer<'_> {
         let cfg = &self.config;
         if cfg.eval.every_steps == 0 && self.state.epoch < cfg.train.epochs {
             run.last_eval = self.log_eval(&mut run.sinks, cfg.eval.max_samples)?;
+            run.last_eval += &self.validate(&mut run.sinks)?;
         }
+        let cfg = &self.config;
         if cfg.checkpoint.enabled && cfg.checkpoint.every_steps == 0 {
             self.save_checkpoint()?;
         }
         Ok(())
     }
 
-    /// The final evaluation (test set, or the training set without one), checkpoint and summary.
+    /// The final evaluation (test set, or the training set without one), checkpoint and summary;
+    /// a run that selects scores its last step on validation first, and reports the kept
+    /// weights' test metrics with the last step's beside them.
     fn finish(&mut self, mut run: RunLog) -> Result<Summary, Error> {
         let comm = self.comm;
         run.bar.finish();
+        self.validate(&mut run.sinks)?;
+        let final_samples = self.config.eval.final_max_samples;
         let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-        let metrics = self.evaluate_and_log(test, self.config.eval.final_max_samples, &mut run.sinks)?;
+        let metrics = self.evaluate_and_log(test, final_samples, &mut run.sinks)?;
         if self.config.checkpoint.enabled {
             self.save_checkpoint()?;
         }
@@ -383,6 +391,11 @@ impl Trainer<'_> {
             comm.allreduce_max_f64(&mut peak)?;
             summary.model_bytes = bytes[0] as usize;
             summary.peak_rss_bytes = summary.peak_rss_bytes.map(|_| peak[0] as u64);
+        }
+        // The kept weights replace the last ones in the trainer: what `Task::evaluate` scores.
+        if let Some((metrics, selection)) = self.keep_best(final_samples, &summary.metrics)? {
+            summary.metrics = metrics;
+            summary.selection = Some(selection);
         }
         Ok(summary)
     }

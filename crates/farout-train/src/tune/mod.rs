@@ -108,7 +108,7 @@ pub struct Metric {
     pub higher: bool,
 }
 
-const CLASSIFIER_METRICS: [&str; 8] = ["p@1", "p@3", "p@5", "ndcg@1", "ndcg@3", "ndcg@5", "accuracy", "loss"];
+const CLASSIFIER_METRICS: [&str; 8] = crate::config::SELECT_METRICS;
 const SKIPGRAM_METRICS: [&str; 3] = ["heldout_objective", "analogy", "similarity"];
 
 impl Metric {
@@ -210,6 +210,7 @@ struct Search<'a> {
     metric: Metric,
     resource: Resource,
     holdout: Option<Setting>,
+    kind: TaskKind,
     earlier: std::collections::HashMap<(usize, usize), Trial>,
     trials: Vec<Trial>,
     clock: Instant,
@@ -240,6 +241,7 @@ impl<'a> Search<'a> {
             metric,
             resource,
             holdout,
+            kind: TaskKind::of(base),
             earlier,
             trials: Vec::new(),
             clock: Instant::now(),
@@ -334,6 +336,8 @@ impl<'a> Search<'a> {
         let r = self.resource.at(rung);
         let mut all = search::trial_settings(settings, self.resource, r);
         all.extend(self.holdout.clone());
+        // A network trial keeps its weights best on the held-out rows by the search's metric.
+        all.extend(self.selection(false));
         let start = Instant::now();
         let outcome = self.recipe.config(&all).map_err(Error::from).and_then(|mut c| {
             c.log.dir = Some(self.opts.out.join("trials").join(format!("{id}-r{rung}")));
@@ -349,7 +353,10 @@ impl<'a> Search<'a> {
         let (metric, stop) = match outcome {
             Ok((summary, epochs)) => {
                 let cut = match &summary {
-                    RunSummary::Classifier(s) => s.epochs < epochs && self.resource != Resource::Rows,
+                    RunSummary::Classifier(s) => {
+                        let early = s.selection.as_ref().is_some_and(|x| x.stopped_early);
+                        s.epochs < epochs && !early && self.resource != Resource::Rows
+                    }
                     RunSummary::SkipGram(s) => s.epochs < epochs,
                 };
                 (self.metric.value(&summary), if cut { Stop::Budget } else { Stop::Pending })
@@ -365,6 +372,20 @@ impl<'a> Search<'a> {
         }
         let settings = settings.to_vec();
         Ok(Some(Trial { id, rung, resource: r, settings, metric, seconds, elapsed: self.elapsed(), stop }))
+    }
+
+    /// The settings that make a network run keep its weights best on validation by the
+    /// search's metric: `train.select_metric`, and `train.select = "best"` for a run without a
+    /// budget (`always`, the final run). None for linear solvers and skip-gram.
+    fn selection(&self, always: bool) -> Vec<Setting> {
+        if self.kind != TaskKind::Classifier {
+            return Vec::new();
+        }
+        let mut s = vec![("train.select_metric".to_string(), format!("{:?}", self.metric.name))];
+        if always {
+            s.push(("train.select".to_string(), "\"best\"".to_string()));
+        }
+        s
     }
 
     fn update_bar(&self) {
@@ -389,9 +410,13 @@ impl<'a> Search<'a> {
         ))?;
         let (settings, best_valid) = (best.settings.clone(), best.metric.expect("best has a figure"));
         log::info!("best validation {} {best_valid:.4} ({})", self.metric.name, best.settings_text());
-        write_best(&out.join("best.toml"), self.recipe, &settings, &self.metric, best_valid)?;
+        // The final network run keeps its weights best on its own validation split, as the
+        // trials did on theirs; best.toml says so, so that it runs as the final run did.
+        let mut recipe_settings = settings.clone();
+        recipe_settings.extend(self.selection(true));
+        write_best(&out.join("best.toml"), self.recipe, &recipe_settings, &self.metric, best_valid)?;
         plot::plot(out, &self.trials, &self.metric)?;
-        let mut c = self.recipe.config(&settings)?;
+        let mut c = self.recipe.config(&recipe_settings)?;
         c.log.dir = Some(out.join("runs").join(format!("{}-tuned@0", c.name)));
         c.log.progress = self.opts.progress;
         let summary = crate::train(&c, &TrainOptions { overwrite: true, ..Default::default() }, &farout_dist::Local)?;

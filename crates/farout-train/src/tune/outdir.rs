@@ -1,6 +1,6 @@
 //! The output directory of a tune is never one of its inputs: it may not be, nor hold, the
-//! config or a data file, nor lie inside the base config's checkpoint directory (a trial's
-//! writes there would replace the base run's model).
+//! config or a data file, nor lie inside the base config's checkpoint directory or its kept
+//! best weights (a trial's writes there would replace the base run's model).
 
 use crate::{Config, Error};
 use std::path::{Component, Path, PathBuf};
@@ -20,12 +20,13 @@ pub fn check(out: &Path, config_path: &Path, base: &Config) -> Result<(), Error>
             return Err(refuse(out, &format!("it would hold {what}, {}", input.display())));
         }
     }
-    let checkpoints = base.checkpoint_dir();
-    if resolve(&checkpoints).starts_with(&out_abs) || out_abs.starts_with(resolve(&checkpoints)) {
-        return Err(refuse(
-            out,
-            &format!("it overlaps the base config's checkpoint directory {}", checkpoints.display()),
-        ));
+    for checkpoints in [base.checkpoint_dir(), base.best_checkpoint_dir()] {
+        if resolve(&checkpoints).starts_with(&out_abs) || out_abs.starts_with(resolve(&checkpoints)) {
+            return Err(refuse(
+                out,
+                &format!("it overlaps the base config's checkpoint directory {}", checkpoints.display()),
+            ));
+        }
     }
     Ok(())
 }
