@@ -129,6 +129,28 @@ fn eval_and_predict_use_the_checkpoint() {
     assert!(stderr(&bad).contains("written as .npy"), "{}", stderr(&bad));
 }
 
+#[test]
+fn a_budgeted_run_is_evaluated_on_its_kept_weights_and_on_its_last_with_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    let mut args: Vec<&str> = ["train", "configs/quickstart.toml"].into_iter().chain(TINY_FACE).collect();
+    args.extend(["--set", "train.epochs=6", "--set", "train.max_seconds=600", "--set", "output.optimizer.lr=5.0"]);
+    args.extend(q.iter().map(String::as_str));
+    let trained = summary(&farout(&args));
+    let sel = &trained["selection"];
+    assert!(sel["best_step"].as_u64() < trained["steps"].as_u64(), "the best is not the last step: {trained}");
+    assert_ne!(trained["metrics"]["p@1"], sel["last_metrics"]["p@1"], "{trained}");
+    assert!(dir.path().join("ckpt-best/manifest.json").exists(), "kept beside the checkpoint");
+    args[0] = "eval";
+    let eval = |extra: &[&str]| {
+        let e = farout(&[&args[..], extra].concat());
+        assert!(e.status.success(), "{}", stderr(&e));
+        serde_json::from_slice::<serde_json::Value>(&e.stdout).unwrap()
+    };
+    assert_eq!(eval(&[])["p@1"], trained["metrics"]["p@1"], "eval reads the kept weights");
+    assert_eq!(eval(&["--last"])["p@1"], sel["last_metrics"]["p@1"], "--last reads the last step's");
+}
+
 /// The rows of a `.npy` matrix farout wrote.
 pub fn npy_matrix(path: &str) -> Vec<Vec<f32>> {
     let m = farout_data::npy::read_f32_matrix(std::path::Path::new(path)).unwrap();
