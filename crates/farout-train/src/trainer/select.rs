@@ -13,7 +13,7 @@
 //! step's beside them with where the best was reached. The test set is read only for these
 //! reports and the logged curves, never for a choice: the validation rows alone decide.
 
-use super::{Point, Trainer};
+use super::{Point, Summary, Trainer};
 use crate::Error;
 use crate::config::ConfigError;
 use crate::sinks::{MetricsSink, Sinks};
@@ -112,14 +112,10 @@ impl Trainer<'_> {
 
     /// At the end of a selecting run: loads the kept weights (unless they are the last step's),
     /// scores them on the test set (the training set without one; the first `max_samples`,
-    /// 0 = all) and returns their metrics with the [`Selection`] report, given the last step's
-    /// test metrics. `None` for a run that keeps its last step, whose stale kept weights (from
-    /// an earlier part of a resumed run) are removed.
-    pub(super) fn keep_best(
-        &mut self,
-        max_samples: usize,
-        last_metrics: &BTreeMap<String, f64>,
-    ) -> Result<Option<(BTreeMap<String, f64>, Selection)>, Error> {
+    /// 0 = all) and puts their metrics in `summary`, with the [`Selection`] report holding the
+    /// last step's (`summary.metrics` on entry). A run that keeps its last step leaves `summary`
+    /// as it is, and removes stale kept weights (from an earlier part of a resumed run).
+    pub(super) fn keep_best(&mut self, max_samples: usize, summary: &mut Summary) -> Result<(), Error> {
         let dir = self.config.best_checkpoint_dir();
         let Some(valid_rows) = self.selection_set().map(Dataset::len) else {
             if self.comm.is_root() {
@@ -129,19 +125,18 @@ impl Trainer<'_> {
                     }
                 }
             }
-            return Ok(None);
+            return Ok(());
         };
         let v = self.state.valid.clone();
-        let (Some(best), Some(last)) = (v.best, v.last) else { return Ok(None) };
+        let (Some(best), Some(last)) = (v.best, v.last) else { return Ok(()) };
         let stopped_early = self.patience_spent();
-        let metrics = if best.step == self.state.step {
-            last_metrics.clone()
-        } else {
+        let last_metrics = summary.metrics.clone();
+        if best.step != self.state.step {
             self.load_checkpoint(&dir)?;
             let test = self.data.test.as_ref().filter(|t| !t.is_empty()).unwrap_or(&self.data.train);
-            self.evaluate(test, max_samples)?
-        };
-        let selection = Selection {
+            summary.metrics = self.evaluate(test, max_samples)?;
+        }
+        summary.selection = Some(Selection {
             metric: self.config.train.select_metric.clone(),
             valid_rows,
             best_valid: best.value,
@@ -151,10 +146,10 @@ impl Trainer<'_> {
             best_seconds: best.seconds,
             evaluations: v.evaluations,
             stopped_early,
-            last_metrics: last_metrics.clone(),
+            last_metrics,
             checkpoint: dir,
-        };
-        Ok(Some((metrics, selection)))
+        });
+        Ok(())
     }
 }
 

@@ -393,10 +393,7 @@ impl Trainer<'_> {
             summary.peak_rss_bytes = summary.peak_rss_bytes.map(|_| peak[0] as u64);
         }
         // The kept weights replace the last ones in the trainer: what `Task::evaluate` scores.
-        if let Some((metrics, selection)) = self.keep_best(final_samples, &summary.metrics)? {
-            summary.metrics = metrics;
-            summary.selection = Some(selection);
-        }
+        self.keep_best(final_samples, &mut summary)?;
         Ok(summary)
     }
 }
