@@ -210,6 +210,20 @@ mod tests {
     }
 
     #[test]
+    fn a_resumed_run_continues_its_validation_record_and_keeps_the_same_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = Trainer::new(budgeted(dir.path(), 6, 0), &Local).unwrap().run().unwrap().selection.unwrap();
+        Trainer::new(budgeted(dir.path(), 3, 0), &Local).unwrap().run().unwrap();
+        let mut t = Trainer::new(budgeted(dir.path(), 6, 0), &Local).unwrap();
+        t.resume().unwrap();
+        let resumed = t.run().unwrap().selection.unwrap();
+        assert_eq!(
+            (resumed.best_step, resumed.best_valid, resumed.last_valid, resumed.evaluations),
+            (whole.best_step, whole.best_valid, whole.last_valid, whole.evaluations),
+        );
+    }
+
+    #[test]
     fn patience_stops_a_run_once_validation_stops_improving() {
         let dir = tempfile::tempdir().unwrap();
         let mut t = Trainer::new(budgeted(dir.path(), 40, 2), &Local).unwrap();
