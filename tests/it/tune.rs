@@ -1,5 +1,6 @@
 //! `farout tune`: reproducible with a fixed seed and one thread, its best.toml runs and gives
-//! the reported figure, bad spaces and outputs onto inputs are refused.
+//! the reported figure (a network's final run keeping its weights best on validation), bad
+//! spaces and outputs onto inputs are refused.
 
 use crate::{farout, stderr, summary};
 use std::path::Path;
@@ -76,6 +77,31 @@ fn best_toml_runs_and_gives_the_reported_figure() {
     assert!(o.status.success(), "{}", stderr(&o));
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(table.contains("| base-tuned (tuned, ") && table.contains(" trials) | dismec |"), "{table}");
+}
+
+const NETWORK: &str = "seed = 1\n[data]\nformat = \"xmc\"\ntrain = \"tests/data/xmc-tiny/train.txt\"\n\
+                       test = \"tests/data/xmc-tiny/test.txt\"\n[model]\nencoder = \"doc_encoder\"\n\
+                       [model.doc_encoder]\nd_model = 16\n[output]\nestimator = \"softmax\"\n\
+                       [train]\nepochs = 9\nbatch_size = 16\nthreads = 1\n[log]\ntensorboard = false\n";
+
+#[test]
+fn a_network_tunes_final_run_keeps_its_best_weights_and_best_toml_gives_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), NETWORK);
+    let out = dir.path().join("tune");
+    let o = tune(&c, &out, 3, &["--seed", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let reported: serde_json::Value = serde_json::from_str(&text[..text.find("\n}\n").unwrap() + 2]).unwrap();
+    let sel = &reported["selection"];
+    assert!(sel["best_step"].as_u64().is_some() && sel["last_metrics"]["p@1"].is_f64(), "{reported}");
+    assert!(std::fs::read_to_string(out.join("best.toml")).unwrap().contains("select = \"best\""));
+    let best = out.join("best.toml").display().to_string();
+    let log = format!("log.dir=\"{}\"", dir.path().join("again").display());
+    let again = summary(&farout(&["train", &best, "--set", &log, "--set", "log.progress=false"]));
+    assert_eq!(again["metrics"]["p@1"], reported["metrics"]["p@1"], "{again}\n{reported}");
+    assert_eq!(again["selection"]["best_step"], sel["best_step"]);
+    assert_eq!(again["selection"]["last_metrics"]["p@1"], sel["last_metrics"]["p@1"]);
 }
 
 #[test]
