@@ -99,6 +99,19 @@ enum Command {
     },
     /// Top-k classes with scores for every sample of a data file (config's format).
     Predict(PredictArgs),
+    /// Cut a network's checkpoint, written by P MPI ranks or one process, for another number
+    /// of ranks, into a new directory (the old one stays as it is); prints JSON. Continue with
+    /// `mpirun -np RANKS farout train CONFIG --resume --set checkpoint.dir="OUT"`.
+    Reshard {
+        /// The checkpoint directory (the config's `checkpoint.dir`).
+        checkpoint: PathBuf,
+        /// The number of ranks to cut it for (1: one process).
+        #[arg(long)]
+        ranks: usize,
+        /// The new checkpoint directory; must not exist.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Build a search index over the rows of a `.npy` file and save it (loads without being
     /// built again, e.g. by `farout.Index.load`); prints JSON.
     Index(index::IndexArgs),
@@ -635,6 +648,11 @@ fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
             print_nearest(&vectors, &nearest, topn as usize)?
         }
         Command::Vectors { vectors, words, .. } => print_vectors(&vectors, words)?,
+        Command::Reshard { checkpoint, ranks, out } => {
+            let done = farout_train::reshard::reshard(&checkpoint, &out, ranks)?;
+            log::info!("wrote the checkpoint of step {} for {ranks} rank(s) to {}", done.step, out.display());
+            emit(serde_json::to_string_pretty(&done)?)?
+        }
         Command::Index(args) => index::run(args)?,
         Command::Data { command } => datagen::run(command)?,
         Command::Bench { command } => bench::run(command, comm)?,

@@ -602,7 +602,9 @@ fn kill_a_rank(
     let killed = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if killed.elapsed() > STOP_WITHIN {
-            pids.iter().for_each(|&p| drop(kill(p)));
+            pids.iter().for_each(|&p| {
+                let _ = kill(p);
+            });
             let _ = child.kill();
             let _ = child.wait();
             panic!("rank {victim} was killed and the job still ran {STOP_WITHIN:?} later:\n{}", read(&log));
@@ -670,4 +672,76 @@ fn a_killed_two_rank_run_resumes_and_ends_as_the_uninterrupted_one() {
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(err.contains("at steps 637 to 640") && err.contains("kept none at step 637"), "{err}");
+}
+
+/// `farout reshard CHECKPOINT --ranks P --out DIR`, in one process; its JSON summary.
+fn reshard(from: &Path, to: &Path, ranks: usize) -> serde_json::Value {
+    let out = Command::new(FAROUT)
+        .args(["reshard", &from.display().to_string(), "--ranks", &ranks.to_string()])
+        .args(["--out", &to.display().to_string()])
+        .output()
+        .unwrap();
+    json(&out)
+}
+
+/// A checkpoint written by 2 ranks, re-sharded for 4 ranks and for one process, evaluates there
+/// to the metrics of the 2 ranks, comes back from 4 to 2 as the same layer files, and a run
+/// resumed from it on 4 ranks ends as the uninterrupted run on 2.
+#[test]
+fn a_checkpoint_of_two_ranks_moves_to_one_and_to_four_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let trained = json(&mpirun(2, &face_args("train", &run, &["--set", "train.epochs=1"])));
+    let (ck, four, one, back) =
+        (run.join("ckpt"), dir.path().join("four"), dir.path().join("one"), dir.path().join("back"));
+    let r = reshard(&ck, &four, 4);
+    assert_eq!(
+        (r["from_ranks"].as_u64(), r["to_ranks"].as_u64(), r["classes"].as_u64()),
+        (Some(2), Some(4), Some(1000))
+    );
+    assert_eq!(r["rows_per_rank"], serde_json::json!([250, 250, 250, 250]));
+    reshard(&ck, &one, 1);
+    reshard(&four, &back, 2);
+    for r in 0..2 {
+        let layer = |d: &Path| std::fs::read(d.join(format!("rank-{r}-of-2")).join("layer.bin")).unwrap();
+        assert!(layer(&back) == layer(&ck), "rank {r}'s rows differ after 2 -> 4 -> 2");
+    }
+    for (ranks, ckpt) in [(4, &four), (1, &one)] {
+        let at = ckpt.display().to_string();
+        let metrics = json(&mpirun(ranks, &face_args("eval", &run, &["--checkpoint", &at])));
+        for key in ["p@1", "p@5", "loss"] {
+            let (a, b) = (metrics[key].as_f64().unwrap(), trained["metrics"][key].as_f64().unwrap());
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{ranks} ranks, {key}: {a} against {b}");
+        }
+    }
+    // A search estimator's ranks each save the index of their own rows: left out, and built
+    // again where the checkpoint goes.
+    let mut sets = estimator_sets("ldgs");
+    sets.extend(["--set", "train.epochs=1", "--set", "index.kind=\"exact\""].map(String::from));
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let ldgs = dir.path().join("ldgs");
+    let trained = json(&mpirun(2, &face_args("train", &ldgs, &sets)));
+    assert!(ldgs.join("ckpt").join("rank-1-of-2").join("index.bin").exists());
+    let ldgs_one = dir.path().join("ldgs-one");
+    reshard(&ldgs.join("ckpt"), &ldgs_one, 1);
+    assert!(!ldgs_one.join("index.bin").exists());
+    let at = ldgs_one.display().to_string();
+    let mut eval = sets.clone();
+    eval.extend(["--checkpoint", &at]);
+    let metrics = json(&mpirun(1, &face_args("eval", &ldgs, &eval)));
+    for key in ["p@1", "p@5"] {
+        let (a, b) = (metrics[key].as_f64().unwrap(), trained["metrics"][key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-5, "ldgs in one process, {key}: {a} against {b} on 2 ranks");
+    }
+    // The second epoch on 4 ranks, from the checkpoint of the first on 2.
+    let moved = format!("checkpoint.dir=\"{}\"", four.display());
+    let resumed = mpirun(4, &face_args("train", &run, &["--resume", "--set", &moved]));
+    assert!(stderr(&resumed).contains("resuming at step 32"), "{}", stderr(&resumed));
+    let straight = json(&mpirun(2, &face_args("train", &dir.path().join("straight"), &[])));
+    let resumed = json(&resumed);
+    assert_eq!(resumed["steps"], straight["steps"]);
+    for key in ["p@1", "p@5", "loss"] {
+        let (a, b) = (resumed["metrics"][key].as_f64().unwrap(), straight["metrics"][key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{key}: resumed on 4 ranks {a}, straight on 2 {b}");
+    }
 }

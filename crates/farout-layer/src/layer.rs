@@ -1,4 +1,5 @@
 use crate::Error;
+use crate::layer_file::MAGIC;
 use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::gemm::{self, Op};
@@ -11,6 +12,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 mod saved_index;
+
+pub use saved_index::INDEX_FILES;
 
 /// Configuration of the output layer (the `[output.layer]` block of a config, together with
 /// the optimiser in `[output.optimizer]`).
@@ -726,7 +729,8 @@ impl OutputLayer {
         }
     }
 
-    /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format).
+    /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format,
+    /// described in [`crate::LayerFile`], which reads it without building a layer).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
         let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
         let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
@@ -811,8 +815,6 @@ impl OutputLayer {
         Ok(())
     }
 }
-
-const MAGIC: &[u8; 8] = b"FAROUTL1";
 
 /// The larger of `m` and the largest `|x|` of `xs`; NaN once either holds a NaN (`f32::max`
 /// would drop it).

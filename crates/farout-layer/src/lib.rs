@@ -25,12 +25,14 @@
 #![warn(missing_docs)]
 
 mod layer;
+mod layer_file;
 mod optim;
 pub mod sharded;
 mod sharded_layer;
 pub mod sharded_sparse;
 
-pub use layer::{IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
+pub use layer::{INDEX_FILES, IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};
+pub use layer_file::LayerFile;
 pub use optim::{Optimizer, OptimizerConfig, UpdateRule};
 pub use sharded_layer::ShardedLayer;
 

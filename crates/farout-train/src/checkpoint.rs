@@ -43,6 +43,13 @@ struct FileEntry {
     crc32: u32,
 }
 
+impl Manifest {
+    /// The files it lists (paths relative to the checkpoint directory), with their CRC-32.
+    pub fn files(&self) -> impl Iterator<Item = (&str, u32)> {
+        self.files.iter().map(|f| (f.name.as_str(), f.crc32))
+    }
+}
+
 /// A complete checkpoint found by [`latest`].
 #[derive(Clone, Debug)]
 pub struct Found {
@@ -248,7 +255,7 @@ pub fn verify(dir: &Path) -> Result<Manifest, Error> {
 }
 
 /// Lists the files of `dir` (recursively, sorted) in a synced manifest.
-fn write_manifest(dir: &Path, progress: u64) -> Result<(), Error> {
+pub(crate) fn write_manifest(dir: &Path, progress: u64) -> Result<(), Error> {
     let mut names = Vec::new();
     list_files(dir, Path::new(""), &mut names)?;
     names.sort();

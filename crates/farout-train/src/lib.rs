@@ -12,6 +12,7 @@
 //! - [`checkpoint`]: atomically replaced checkpoint directories;
 //! - [`repro`]: reproductions of the papers' experiments (`farout repro ...`);
 //! - [`dist`]: one job on several MPI ranks: agreeing on failures and on the config;
+//! - [`reshard`]: a network's checkpoint of P ranks cut for another number of ranks;
 //! - [`task`]: the three tasks a config trains (classifier, linear, skip-gram) behind one
 //!   contract: open, train, load, evaluate, predict, export;
 //! - [`train`]: the one entry of `farout train`: checks, locks and trains the config's task;
@@ -34,6 +35,7 @@ pub mod linear;
 pub use farout_core::metrics;
 pub mod report;
 pub mod repro;
+pub mod reshard;
 mod run;
 pub mod sinks;
 pub mod skipgram;

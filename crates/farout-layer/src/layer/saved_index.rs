@@ -18,6 +18,9 @@ use std::path::Path;
 const INDEX_FILE: &str = "index.bin";
 /// Its upkeep's counters beside it.
 const UPKEEP_FILE: &str = "index.json";
+/// The files [`OutputLayer::save_index`] writes: they describe one layer's own rows (one
+/// rank's, for a class-sharded layer), so a checkpoint cut for other rows leaves them out.
+pub const INDEX_FILES: [&str; 2] = [INDEX_FILE, UPKEEP_FILE];
 
 /// What [`Attached`] has counted since its index was built.
 #[derive(Serialize, Deserialize)]

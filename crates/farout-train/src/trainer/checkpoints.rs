@@ -7,13 +7,13 @@ use farout_dist::Collective;
 use std::path::{Path, PathBuf};
 
 /// The name of rank `rank`'s checkpoint directory (inside the config's) in a run on `ranks`.
-fn rank_checkpoint(rank: usize, ranks: usize) -> String {
+pub(crate) fn rank_checkpoint(rank: usize, ranks: usize) -> String {
     format!("rank-{rank}-of-{ranks}")
 }
 
 /// Ranks of the checkpoints inside `dir` (`rank-R-of-P` directories and their save siblings):
 /// the distinct P found.
-fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
+pub(crate) fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
     let mut found: Vec<usize> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -14,6 +14,7 @@ mod init;
 mod select;
 mod step;
 
+pub(crate) use checkpoints::{checkpoint_rank_counts, rank_checkpoint};
 pub(crate) use init::check_config;
 pub use select::Selection;
 

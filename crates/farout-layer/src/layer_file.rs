@@ -1,0 +1,229 @@
+//! An output layer's checkpoint file (`layer.bin`, written by [`crate::OutputLayer::save`]) as
+//! plain data, without building a layer: read, joined over the ranks that each wrote a slice
+//! of the classes, cut into the slices of another number of ranks, and written again. Moving
+//! rows changes no value, so a layer re-sharded from P to P' ranks and back is the same file.
+//!
+//! The format (little-endian): the 8-byte magic `FAROUTL1`; five u64, the rows n, the
+//! dimension d, 1 if there is a bias, the optimiser's step, the length of W's optimiser state
+//! (n d for AdaGrad, 0 for SGD); then f32 arrays: W (n x d, row-major), the bias (n values if
+//! any), W's optimiser state, the bias's optimiser state (one value per row when W has state).
+
+use crate::Error;
+use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::Path;
+
+/// The magic bytes that open a layer file.
+pub(crate) const MAGIC: &[u8; 8] = b"FAROUTL1";
+/// Bytes before the arrays: the magic and five u64.
+const HEADER_BYTES: u64 = 8 + 5 * 8;
+
+/// The contents of one `layer.bin`: a slice of the classes' rows of W, their bias and their
+/// optimiser state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerFile {
+    /// Rows (classes) held.
+    pub rows: usize,
+    /// Dimension of a row.
+    pub d: usize,
+    /// The optimiser's step count (the same on every rank of a run).
+    pub step: u64,
+    /// W, `rows x d` row-major.
+    pub w: Vec<f32>,
+    /// The bias, one per row, if the layer has one.
+    pub bias: Option<Vec<f32>>,
+    /// W's optimiser state, `rows x d` (empty for a stateless optimiser).
+    pub state_w: Vec<f32>,
+    /// The bias's optimiser state, one per row (empty for a stateless optimiser).
+    pub state_b: Vec<f32>,
+}
+
+impl LayerFile {
+    /// Reads `path`, checking its sizes against the file's length before allocating.
+    pub fn read(path: &Path) -> Result<LayerFile, Error> {
+        let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
+        let io = |e: std::io::Error| err(e.to_string());
+        let file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut f = std::io::BufReader::new(file);
+        let mut magic = [0u8; 8];
+        f.read_exact(&mut magic).map_err(io)?;
+        if magic != *MAGIC {
+            return Err(err("not a farout output-layer checkpoint".into()));
+        }
+        let mut h = [0u64; 5];
+        for x in &mut h {
+            *x = read_u64(&mut f).map_err(io)?;
+        }
+        let [rows, d, bias, step, state] = h;
+        let stateful = state != 0;
+        let values = (|| {
+            let wlen = rows.checked_mul(d)?;
+            if bias > 1 || (stateful && state != wlen) {
+                return None;
+            }
+            let per_row = bias + u64::from(stateful);
+            wlen.checked_add(state)?.checked_add(rows.checked_mul(per_row)?)
+        })();
+        let expected = values.and_then(|v| v.checked_mul(4)?.checked_add(HEADER_BYTES));
+        if expected != Some(len) {
+            return Err(err(format!(
+                "header says {rows} rows of {d} (bias flag {bias}, {state} optimiser values) but the file has {len} \
+                 bytes: it is truncated or not a layer file"
+            )));
+        }
+        let (rows, d) = (rows as usize, d as usize);
+        let mut read = |n: usize| -> Result<Vec<f32>, Error> {
+            let mut v = vec![0f32; n];
+            read_f32s(&mut f, &mut v).map_err(io)?;
+            Ok(v)
+        };
+        let w = read(rows * d)?;
+        let bias = if bias == 1 { Some(read(rows)?) } else { None };
+        let state_w = read(state as usize)?;
+        let state_b = read(if stateful { rows } else { 0 })?;
+        Ok(LayerFile { rows, d, step, w, bias, state_w, state_b })
+    }
+
+    /// Writes the file (the format [`crate::OutputLayer::load`] reads).
+    pub fn write(&self, path: &Path) -> Result<(), Error> {
+        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
+        f.write_all(MAGIC).map_err(err)?;
+        let header = [self.rows, self.d, usize::from(self.bias.is_some()), self.step as usize, self.state_w.len()];
+        for h in header {
+            write_u64(&mut f, h as u64).map_err(err)?;
+        }
+        let empty = Vec::new();
+        for part in [&self.w, self.bias.as_ref().unwrap_or(&empty), &self.state_w, &self.state_b] {
+            write_f32s(&mut f, part).map_err(err)?;
+        }
+        f.flush().map_err(err)
+    }
+
+    /// The layer of `parts`' rows one after the other (the slices of ranks 0, 1, ...). The parts
+    /// must agree on the dimension, the bias, the optimiser and its step; the error says which
+    /// part differs and how.
+    pub fn concat(parts: &[LayerFile]) -> Result<LayerFile, String> {
+        let first = parts.first().ok_or("no layer files to join")?;
+        let mut out =
+            LayerFile { rows: 0, w: Vec::new(), bias: first.bias.as_ref().map(|_| Vec::new()), ..first.clone() };
+        out.state_w.clear();
+        out.state_b.clear();
+        for (r, p) in parts.iter().enumerate() {
+            let differs = |what: &str, a: String, b: String| format!("part {r} holds {what} {a}, part 0 {b}");
+            if p.d != first.d {
+                return Err(differs("rows of dimension", p.d.to_string(), first.d.to_string()));
+            }
+            if p.bias.is_some() != first.bias.is_some() || p.state_w.is_empty() != first.state_w.is_empty() {
+                let shape =
+                    |f: &LayerFile| format!("(bias {}, optimiser state {})", f.bias.is_some(), !f.state_w.is_empty());
+                return Err(differs("a layer", shape(p), shape(first)));
+            }
+            if p.step != first.step {
+                return Err(differs("optimiser step", p.step.to_string(), first.step.to_string()));
+            }
+            out.rows += p.rows;
+            out.w.extend_from_slice(&p.w);
+            if let (Some(b), Some(pb)) = (&mut out.bias, &p.bias) {
+                b.extend_from_slice(pb);
+            }
+            out.state_w.extend_from_slice(&p.state_w);
+            out.state_b.extend_from_slice(&p.state_b);
+        }
+        Ok(out)
+    }
+
+    /// The rows `range` (and their bias and optimiser state): one rank's slice.
+    pub fn slice(&self, range: Range<usize>) -> LayerFile {
+        let d = self.d;
+        let of = |v: &[f32], width: usize| {
+            if v.is_empty() { Vec::new() } else { v[range.start * width..range.end * width].to_vec() }
+        };
+        LayerFile {
+            rows: range.len(),
+            d,
+            step: self.step,
+            w: of(&self.w, d),
+            bias: self.bias.as_ref().map(|b| of(b, 1)),
+            state_w: of(&self.state_w, d),
+            state_b: of(&self.state_b, 1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{OptimizerConfig, OutputLayer, OutputLayerConfig};
+    use farout_core::{Matrix, rng};
+    use farout_estimators::{Batch, Exact, Softmax};
+
+    fn layer(rows: std::ops::Range<usize>, bias: bool, adagrad: bool) -> OutputLayer {
+        let cfg = OutputLayerConfig { bias, ..OutputLayerConfig::default() };
+        let opt = if adagrad {
+            OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }
+        } else {
+            OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 }
+        };
+        OutputLayer::with_rows(rows, 5, &cfg, &opt, 7).unwrap()
+    }
+
+    /// A layer of 11 classes after one step (so that its bias and optimiser state are not 0).
+    fn trained(bias: bool, adagrad: bool) -> OutputLayer {
+        let mut l = layer(0..11, bias, adagrad);
+        let phi = Matrix::from_vec(2, 5, (0..10).map(|i| i as f32 * 0.1 - 0.3).collect()).unwrap();
+        let pos: [&[u32]; 2] = [&[3], &[9]];
+        l.train_step(&Exact::new(Softmax), Batch::new(&phi, &pos), &mut rng::seeded(0, 0), false);
+        l
+    }
+
+    #[test]
+    fn a_saved_layer_reads_writes_and_reshards_to_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        for (bias, adagrad) in [(true, true), (false, false), (true, false), (false, true)] {
+            let whole = trained(bias, adagrad);
+            let path = dir.path().join("layer.bin");
+            whole.save(&path).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let file = LayerFile::read(&path).unwrap();
+            assert_eq!((file.rows, file.d, file.bias.is_some()), (11, 5, bias));
+            assert_eq!(file.w, whole.weights().as_slice());
+            assert_eq!(file.step, 1);
+            assert_eq!(file.state_w.iter().any(|&a| a > 0.0), adagrad);
+            assert_eq!(file.bias.as_ref().is_some_and(|b| b.iter().any(|&x| x != 0.0)), bias);
+            // 11 rows as 3 ranks hold them, joined again: the same file.
+            let parts: Vec<LayerFile> = [0..4, 4..8, 8..11].map(|r| file.slice(r)).to_vec();
+            assert_eq!(parts[2].rows, 3);
+            let again = dir.path().join("again.bin");
+            LayerFile::concat(&parts).unwrap().write(&again).unwrap();
+            assert!(std::fs::read(&again).unwrap() == bytes, "bias {bias}, adagrad {adagrad}");
+            // A slice written is what a layer of those rows loads.
+            parts[1].write(&again).unwrap();
+            let mut part = layer(4..8, bias, adagrad);
+            part.load(&again).unwrap();
+            assert_eq!(part.weights().as_slice(), &whole.weights().as_slice()[4 * 5..8 * 5]);
+        }
+    }
+
+    #[test]
+    fn parts_that_do_not_belong_together_and_short_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer.bin");
+        layer(0..4, true, true).save(&path).unwrap();
+        let a = LayerFile::read(&path).unwrap();
+        let mut b = a.clone();
+        b.step += 1;
+        let e = LayerFile::concat(&[a.clone(), b]).unwrap_err();
+        assert!(e.contains("part 1 holds optimiser step 1, part 0 0"), "{e}");
+        let e = LayerFile::concat(&[a.clone(), LayerFile { bias: None, ..a.clone() }]).unwrap_err();
+        assert!(e.contains("part 1 holds a layer (bias false"), "{e}");
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 4]).unwrap();
+        let e = LayerFile::read(&path).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
+        std::fs::write(&path, b"FAROUTL2").unwrap();
+        assert!(LayerFile::read(&path).unwrap_err().to_string().contains("not a farout output-layer checkpoint"));
+    }
+}
