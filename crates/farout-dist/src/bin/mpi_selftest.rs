@@ -7,6 +7,10 @@
 //! mpirun --allow-run-as-root --oversubscribe -np 4 target/release/farout-mpi-selftest
 //! ```
 //!
+//! Rank 0's summary line also gives the mean time of the collectives a training step makes
+//! ([`timings`]); `--mca btl tcp,self` measures them over TCP instead of shared memory
+//! (docs/scaling.md).
+//!
 //! With `FAROUT_SELFTEST_BREAK=1` in the environment the last rank contributes one wrong value,
 //! and the run must fail (the test of the test).
 
@@ -243,6 +247,39 @@ fn check_sharded_top_k(t: &mut Checks, c: &dyn Collective) {
     t.equal("sharded top-3", &got, &want[..top]);
 }
 
+/// Mean seconds of `reps` calls of `op`, after one call to warm up.
+fn mean_seconds(reps: u32, mut op: impl FnMut()) -> f64 {
+    op();
+    let t0 = Instant::now();
+    (0..reps).for_each(|_| op());
+    t0.elapsed().as_secs_f64() / f64::from(reps)
+}
+
+/// The time of an allreduce of one f64 (the latency), of `dL/dphi` at B = 256, D = 128
+/// (32,768 f32, 128 KiB) and of the allgather of LDGS's merge at face-synthetic-ldgs.toml's
+/// settings (every block's top-Q: 8 B n_b Q = 1.43 MB per rank, as 358,400 f32).
+fn timings(c: &dyn Collective) -> String {
+    let mut one = [1.0f64];
+    let small = mean_seconds(200, || {
+        let _ = c.allreduce_sum_f64(&mut one);
+    });
+    let mut dphi = vec![0.5f32; 256 * 128];
+    let reduce = mean_seconds(50, || {
+        let _ = c.allreduce_sum_f32(&mut dphi);
+    });
+    let send = vec![0.25f32; 8 * 256 * 2 * 350 / 4];
+    let mut out = vec![0f32; send.len() * c.size()];
+    let gather = mean_seconds(20, || {
+        let _ = c.allgather_f32(&send, &mut out);
+    });
+    format!(
+        "allreduce(1 f64) {:.1} us; allreduce(32768 f32) {:.1} us; allgather(358400 f32 per rank) {:.1} us",
+        small * 1e6,
+        reduce * 1e6,
+        gather * 1e6
+    )
+}
+
 fn main() -> ExitCode {
     let start = Instant::now();
     // Default: `init()`, so that even `-np 1` goes through MPI. `--connect`: the path farout's
@@ -273,24 +310,16 @@ fn main() -> ExitCode {
         eprintln!("FAIL {f}");
     }
 
-    // Latency of a one-element allreduce, and failures summed over the ranks.
-    let reps = 200;
-    let t0 = Instant::now();
-    let mut x = [1.0f64];
-    for _ in 0..reps {
-        let _ = c.allreduce_sum_f64(&mut x);
-    }
-    let latency = t0.elapsed().as_secs_f64() / f64::from(reps);
+    // Times of the collectives a training step makes, and failures summed over the ranks.
+    let times = timings(&*c);
     let mut failed = [checks.failed.len() as u64, checks.run as u64];
     let summed = c.allreduce_sum_u64(&mut failed);
     if c.is_root() {
         println!(
-            "farout-mpi-selftest: {} ranks, {} checks, {} failed; allreduce(1 f64) {:.1} us; \
-             {:.3} s; {version}",
+            "farout-mpi-selftest: {} ranks, {} checks, {} failed; {times}; {:.3} s; {version}",
             c.size(),
             failed[1],
             failed[0],
-            latency * 1e6,
             start.elapsed().as_secs_f64(),
         );
     }
