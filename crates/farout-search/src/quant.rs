@@ -18,7 +18,9 @@
 //! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
 //! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
 //! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
-//! (8 accumulators). Each group starts on a cache line, so no 64-byte load straddles two.
+//! (8 accumulators), and a query left alone eight groups at a time (8 accumulators again: with
+//! two, the scan waits on `vpdpbusd`'s latency; docs/decisions.md, `vnni-one-query`). Each group
+//! starts on a cache line, so no 64-byte load straddles two.
 //!
 //! **AMX** (Intel Sapphire Rapids and later) multiplies whole tiles: `tdpbusd` takes 16 queries'
 //! codes of 64 dimensions (16 rows of 64 bytes) and 16 chunks of one group, which in the layout
@@ -522,20 +524,48 @@ mod vnni {
     /// (the query codes are read for every chunk of the rows), and `out` holds at least
     /// `Q x rows.padded_len()` floats: the stores are unchecked. (`which` holds at least `Q`
     /// queries of `queries`; that one is checked.)
-    // The accumulators are a `Q x GROUPS_PER_TILE` register tile: indices read clearer than
-    // nested iterators.
-    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
+        let groups = rows.padded_len() / GROUP;
+        // One query alone has only GROUPS_PER_TILE independent sums in a tile, too few to hide
+        // vpdpbusd's latency: it takes WIDE groups at a time while they last, then pairs (the
+        // group count is even, WIDE a multiple of two).
+        let wide = if Q == 1 { groups / WIDE * WIDE } else { 0 };
+        // SAFETY: as for this function; both ranges lie within the groups.
+        unsafe {
+            tile_groups::<Q, WIDE>(rows, queries, which, out, 0..wide);
+            tile_groups::<Q, GROUPS_PER_TILE>(rows, queries, which, out, wide..groups);
+        }
+    }
+
+    /// Groups scored together by the one-query tile.
+    const WIDE: usize = 8;
+
+    /// [`tile`] over the groups `groups` of the rows (`G` groups at a time; the range's length
+    /// is a multiple of `G`).
+    ///
+    /// # Safety
+    /// As for [`tile`], and `groups.end <= rows.padded_len() / GROUP`.
+    // The accumulators are a `Q x G` register tile: indices read clearer than nested iterators.
+    #[allow(clippy::needless_range_loop)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_groups<const Q: usize, const G: usize>(
+        rows: &QuantRows,
+        queries: &QuantQueries,
+        which: &[u32],
+        out: &mut [f32],
+        groups: std::ops::Range<usize>,
+    ) {
+        debug_assert_eq!(groups.len() % G, 0);
         let (n, chunks) = (rows.padded_len(), rows.chunks);
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
         let sq: [__m512; Q] = std::array::from_fn(|s| _mm512_set1_ps(queries.scale[which[s] as usize]));
         let codes = rows.code_bytes().as_ptr();
-        for g in (0..n / GROUP).step_by(GROUPS_PER_TILE) {
-            let mut acc = [[_mm512_setzero_si512(); GROUPS_PER_TILE]; Q];
+        for g in groups.step_by(G) {
+            let mut acc = [[_mm512_setzero_si512(); G]; Q];
             for c in 0..chunks {
-                let mut w = [_mm512_setzero_si512(); GROUPS_PER_TILE];
+                let mut w = [_mm512_setzero_si512(); G];
                 for (t, w) in w.iter_mut().enumerate() {
                     // SAFETY: group g + t < n / GROUP and chunk c < chunks lie within `codes`
                     // (padded_len / GROUP groups of `group_bytes`).
@@ -545,12 +575,12 @@ mod vnni {
                     // SAFETY: chunk c < chunks of the query's codes (`rows.chunks ==
                     // queries.chunks`, the caller's contract); unaligned 4-byte read.
                     let b = _mm512_set1_epi32(unsafe { u[s].add(c).read_unaligned() });
-                    for t in 0..GROUPS_PER_TILE {
+                    for t in 0..G {
                         acc[s][t] = _mm512_dpbusd_epi32(acc[s][t], b, w[t]);
                     }
                 }
             }
-            for t in 0..GROUPS_PER_TILE {
+            for t in 0..G {
                 let row = (g + t) * GROUP;
                 // SAFETY: rows row..row + 16 exist in `offset` and `scale` (padded storage).
                 let (offset, scale) = unsafe {
@@ -928,6 +958,10 @@ mod tests {
             // and one query.
             (64, 20, 16),
             (128, 32, 17),
+            // Single queries take eight groups at a time, then pairs: 20 groups (16 + 4) and
+            // 10 groups (8 + 2).
+            (64, 300, 5),
+            (32, 129, 1),
         ];
         for (dim, n_rows, n_queries) in shapes {
             let (rows, queries, which) = problem(dim, n_rows, n_queries, 1);
