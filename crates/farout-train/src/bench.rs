@@ -280,11 +280,16 @@ const QUERY_BATCH: usize = 256;
 /// Samples of `bench estimator`'s untimed first batch.
 const WARM_UP: usize = 256;
 
-/// Runs the queries through `index`, one by one in parallel and in batches of [`QUERY_BATCH`];
-/// returns the batched results and the queries/second of both ways. `warm_up` is searched
-/// first, untimed, in one batch: the timing is of the steady state (allocator and caches warm,
-/// an index calibrated to its target recall), as in training, where every step issues such a
-/// batch.
+/// Queries timed one at a time: the first this many, as `benches/peers/search_peers.py` times
+/// its peers' one-query calls.
+const SINGLE_QUERIES: usize = 200;
+
+/// Runs the queries through `index`, one at a time (the first [`SINGLE_QUERIES`], one after
+/// another on this thread, as a caller issuing one query per call does) and in batches of
+/// [`QUERY_BATCH`]; returns the batched results and the queries/second of both ways. `warm_up`
+/// is searched first, untimed, in one batch: the timing is of the steady state (allocator and
+/// caches warm, an index calibrated to its target recall), as in training, where every step
+/// issues such a batch.
 fn timed_queries(
     index: &dyn MipsIndex,
     w: &Matrix,
@@ -292,19 +297,15 @@ fn timed_queries(
     warm_up: &Matrix,
     top: usize,
 ) -> (Vec<Vec<Hit>>, f64, f64) {
-    use rayon::prelude::*;
     let mut part = Vec::new();
     index.search_batch(Rows::all(w), warm_up, top, &mut part);
+    let single = q.rows().min(SINGLE_QUERIES);
+    let mut hits = Vec::with_capacity(top);
     let t = Instant::now();
-    let _: Vec<Vec<Hit>> = (0..q.rows())
-        .into_par_iter()
-        .map(|i| {
-            let mut h = Vec::with_capacity(top);
-            index.search(Rows::all(w), q.row(i), top, &mut h);
-            h
-        })
-        .collect();
-    let single_qps = q.rows() as f64 / t.elapsed().as_secs_f64();
+    for i in 0..single {
+        index.search(Rows::all(w), q.row(i), top, &mut hits);
+    }
+    let single_qps = single as f64 / t.elapsed().as_secs_f64();
     let chunks: Vec<Matrix> = (0..q.rows())
         .step_by(QUERY_BATCH)
         .map(|start| {
