@@ -198,9 +198,19 @@ fn copy_files(from: &Path, to: &Path, names: &[String]) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Trainer;
     use crate::trainer::testutil::tiny_face;
+    use crate::{Config, Trainer};
     use farout_dist::Local;
+
+    /// The tiny face task (with the config lines `extra`) trained one epoch in one process in
+    /// `dir`: its config and its checkpoint directory.
+    fn one_epoch(dir: &Path, extra: &str) -> (Config, PathBuf) {
+        let mut config = tiny_face(dir, extra);
+        config.train.epochs = 1;
+        Trainer::new(config.clone(), &Local).unwrap().run().unwrap();
+        let one = config.checkpoint_dir();
+        (config, one)
+    }
 
     /// Every file of the checkpoint in `dir`, by name, with its bytes (the manifest left out).
     fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -214,10 +224,7 @@ mod tests {
     #[test]
     fn one_process_to_three_ranks_and_back_gives_the_same_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = tiny_face(dir.path(), "[output.optimizer]\nkind = \"adagrad\"\nlr = 0.1\n");
-        config.train.epochs = 1;
-        Trainer::new(config.clone(), &Local).unwrap().run().unwrap();
-        let one = config.checkpoint_dir();
+        let (config, one) = one_epoch(dir.path(), "[output.optimizer]\nkind = \"adagrad\"\nlr = 0.1\n");
         let three = dir.path().join("three");
         let r = reshard(&one, &three, 3).unwrap();
         assert_eq!((r.from_ranks, r.to_ranks, r.classes, r.rows_per_rank.clone()), (1, 3, 40, vec![14, 13, 13]));
@@ -247,10 +254,7 @@ mod tests {
     #[test]
     fn nothing_is_replaced_and_the_rank_count_is_checked() {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = tiny_face(dir.path(), "");
-        config.train.epochs = 1;
-        Trainer::new(config.clone(), &Local).unwrap().run().unwrap();
-        let one = config.checkpoint_dir();
+        let (_, one) = one_epoch(dir.path(), "");
         let e = reshard(&one, dir.path(), 2).unwrap_err().to_string();
         assert!(e.contains("already exists"), "{e}");
         let e = reshard(&one, &one.join("inside"), 2).unwrap_err().to_string();
