@@ -122,6 +122,7 @@ class OutputLayer:
 
     @property
     def estimator(self) -> str:
+        """The estimator computing the gradient (``"ldgs"``, ``"softmax"``, ...)."""
         return self._layer.estimator
 
     def save(self, path: Any) -> None:

@@ -76,14 +76,10 @@ pub fn fit_linear(py: Python<'_>, params: &str, x: Csr<'_>, y: Labels<'_>) -> Py
     if x.n_rows() == 0 {
         return Err(invalid("X has no rows: there is nothing to fit"));
     }
-    let (fitted, interrupted) = crate::runs::interruptible(py, || {
+    let fitted = crate::runs::outcome(crate::runs::interruptible(py, || {
         let train = TrainSet::new(x, &y)?;
         solver.params().fit(&train, &Silent)
-    })?;
-    let fitted = fitted.py_err()?;
-    if let Some(signal) = interrupted {
-        return Err(signal);
-    }
+    })?)?;
     let summary = serde_json::to_string(&fitted.summary).ok();
     Ok(LinearModel::new(fitted.model, summary))
 }

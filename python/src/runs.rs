@@ -62,9 +62,9 @@ pub fn interruptible<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -
     })
 }
 
-/// The outcome of an interruptible run: its error (a run stopped by Ctrl-C says where its
-/// checkpoint is), else the signal's exception, else its value.
-fn outcome<T>((out, interrupted): (Result<T, farout_train::Error>, Option<PyErr>)) -> PyResult<T> {
+/// The outcome of an interruptible run or fit: its error (a run stopped by Ctrl-C says where
+/// its checkpoint is), else the signal's exception, else its value.
+pub fn outcome<T, E: std::error::Error + 'static>((out, interrupted): (Result<T, E>, Option<PyErr>)) -> PyResult<T> {
     match (out, interrupted) {
         (Err(e), _) => Err(to_py(&e)),
         (Ok(_), Some(signal)) => Err(signal),

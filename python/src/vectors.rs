@@ -5,7 +5,7 @@
 //! `farout.train_word_vectors`. The Python class (`farout/_vectors.py`) wraps this one.
 
 use crate::arrays::{TopK, finite_rows, matrix_array, top_k_arrays};
-use crate::errors::{IntoPy, invalid, to_py};
+use crate::errors::{IntoPy, invalid};
 use farout_core::Matrix;
 use farout_search::IndexConfig;
 use farout_skipgram::nearest::Neighbours;
@@ -147,18 +147,15 @@ impl NativeVectors {
 
 /// Trains skip-gram word vectors as `farout train` would on the config `json` (a skip-gram
 /// config's tables) and reads the vectors it exports to `export` (a `.model`, with the n-gram
-/// rows when the model has subwords); Ctrl-C stops it between steps.
+/// rows when the model has subwords); Ctrl-C stops it within a sentence, keeping nothing.
 #[pyfunction]
 pub fn train_word_vectors(py: Python<'_>, json: &str, export: PathBuf) -> PyResult<NativeVectors> {
     let text = crate::runs::toml_text(json)?;
     let config = farout_train::Config::from_text(&text, &[], "word_vectors")
         .map_err(|e| invalid(format!("word vectors: {e}")))?;
     let options = farout_train::TrainOptions { resume: false, overwrite: true, export_vectors: Some(&export) };
-    let (run, interrupted) =
-        crate::runs::interruptible(py, || farout_train::train(&config, &options, &farout_dist::Local))?;
-    run.map_err(|e| to_py(&e))?;
-    if let Some(signal) = interrupted {
-        return Err(signal);
-    }
+    crate::runs::outcome(crate::runs::interruptible(py, || {
+        farout_train::train(&config, &options, &farout_dist::Local)
+    })?)?;
     NativeVectors::load(py, export)
 }
