@@ -798,8 +798,9 @@ fn train_negative_sampling(session: &Session, plan: &Plan, corpus: &Path, emb: &
 }
 
 /// The output layer of phase 2 (the output vectors, or on resume the checkpoint's layer), its
-/// estimator and index (on resume the checkpoint's, when it has one), and the input table with its optimiser state (restored on resume):
-/// `k` words, `counts` their frequencies for proposals that need them.
+/// estimator and index (on resume the checkpoint's, when it has one), and the input table with
+/// its optimiser state (restored on resume): `k` words, `counts` their frequencies for
+/// proposals that need them.
 fn open_layer(
     config: &Config,
     k: usize,

@@ -9,8 +9,8 @@
 
 use super::{Attached, OutputLayer};
 use crate::Error;
-use farout_core::ClassId;
-use farout_search::persist;
+use farout_core::{ClassId, Matrix};
+use farout_search::{BlockIndex, persist};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -39,17 +39,12 @@ impl OutputLayer {
     /// an `hnsw` index, which cannot be saved (a resumed run then builds its index again); an
     /// index saved earlier into `dir` is then removed, since it no longer fits W.
     pub fn save_index(&self, dir: &Path) -> Result<bool, Error> {
-        let path = dir.join(INDEX_FILE);
-        let saved = match self.attached.as_ref().and_then(|a| Some((a, a.index.as_ref()?))) {
-            Some((a, index)) => match persist::save(&path, index, Some(&a.config), &self.w, false) {
-                Ok(()) => Some(a),
-                Err(persist::FileError::Unsupported { .. }) => None,
-                Err(e) => return Err(Error::Checkpoint { path, msg: e.to_string() }),
-            },
-            None => None,
+        let written = match self.attached.as_ref().and_then(|a| Some((a, a.index.as_ref()?))) {
+            Some((a, index)) => write_index(dir, a, index, &self.w)?,
+            None => false,
         };
-        let Some(a) = saved else {
-            for stale in [path, dir.join(UPKEEP_FILE)] {
+        if !written {
+            for stale in INDEX_FILES.map(|f| dir.join(f)) {
                 match std::fs::remove_file(&stale) {
                     Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                         return Err(Error::Checkpoint { path: stale, msg: e.to_string() });
@@ -57,20 +52,8 @@ impl OutputLayer {
                     _ => {}
                 }
             }
-            return Ok(false);
-        };
-        let upkeep = Upkeep {
-            steps_since_refresh: a.steps_since_refresh,
-            steps_since_build: a.steps_since_build,
-            rebuilds: a.rebuilds,
-            dirty_rows: a.dirty_rows.clone(),
-            rebuild_requested: a.rebuild_requested,
-            norm_floors: a.norm_floors.clone(),
-        };
-        let path = dir.join(UPKEEP_FILE);
-        let json = serde_json::to_string(&upkeep).expect("counters serialise");
-        std::fs::write(&path, json).map_err(|e| Error::Checkpoint { path, msg: e.to_string() })?;
-        Ok(true)
+        }
+        Ok(written)
     }
 
     /// Restores the index [`Self::save_index`] wrote into `dir`, over the layer's current W
@@ -103,6 +86,29 @@ impl OutputLayer {
             (upkeep.dirty_rows, upkeep.rebuild_requested, upkeep.norm_floors);
         Ok(true)
     }
+}
+
+/// Writes `index` (attached as `a`, over the rows `w`) and its upkeep's counters into `dir`;
+/// `false` for an index that cannot be saved.
+fn write_index(dir: &Path, a: &Attached, index: &BlockIndex, w: &Matrix) -> Result<bool, Error> {
+    let path = dir.join(INDEX_FILE);
+    match persist::save(&path, index, Some(&a.config), w, false) {
+        Ok(()) => {}
+        Err(persist::FileError::Unsupported { .. }) => return Ok(false),
+        Err(e) => return Err(Error::Checkpoint { path, msg: e.to_string() }),
+    }
+    let upkeep = Upkeep {
+        steps_since_refresh: a.steps_since_refresh,
+        steps_since_build: a.steps_since_build,
+        rebuilds: a.rebuilds,
+        dirty_rows: a.dirty_rows.clone(),
+        rebuild_requested: a.rebuild_requested,
+        norm_floors: a.norm_floors.clone(),
+    };
+    let path = dir.join(UPKEEP_FILE);
+    let json = serde_json::to_string(&upkeep).expect("counters serialise");
+    std::fs::write(&path, json).map_err(|e| Error::Checkpoint { path, msg: e.to_string() })?;
+    Ok(true)
 }
 
 /// An error unless the counters' rows exist in the layer, each once, and the saved index has

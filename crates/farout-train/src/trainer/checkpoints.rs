@@ -71,13 +71,14 @@ impl Trainer<'_> {
     /// [`Trainer::save_checkpoint`] on every rank of `comm` (each its own rows); every rank
     /// learns if one failed.
     pub fn save_checkpoint(&self) -> Result<PathBuf, Error> {
-        crate::dist::agree(self.comm, self.write_checkpoint_in(&self.config.checkpoint_dir()))
+        crate::dist::agree(self.comm, self.write_checkpoint_in(&self.config.checkpoint_dir(), true))
     }
 
     /// Writes this rank's checkpoint in the checkpoint directory `base` atomically (see
     /// [`crate::checkpoint`]), after checking that the weights are finite: a checkpoint is
-    /// never written from a diverged model.
-    pub(super) fn write_checkpoint_in(&self, base: &Path) -> Result<PathBuf, Error> {
+    /// never written from a diverged model. The layer's index goes with it `with_index` (for a
+    /// checkpoint a run resumes from; one only evaluated reads the weights alone).
+    pub(super) fn write_checkpoint_in(&self, base: &Path, with_index: bool) -> Result<PathBuf, Error> {
         let dir = self.rank_dir(base.to_path_buf());
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
@@ -86,7 +87,9 @@ impl Trainer<'_> {
         // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint).
         crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
-            self.layer.save_index(tmp)?;
+            if with_index {
+                self.layer.save_index(tmp)?;
+            }
             if let Encoder::Doc(e) = &self.encoder {
                 e.save(tmp)?;
             }
@@ -145,9 +148,8 @@ impl Trainer<'_> {
 
     /// Restores layer (with its index when resuming), encoder and progress from the newest
     /// complete checkpoint in `dir` (or, after a save was interrupted, beside it: see
-    /// [`crate::checkpoint`]). Files are checked
-    /// against the checkpoint's manifest, and NaN or infinite weights are refused.
-    /// Evaluation (`resume` false) reads the weights alone: the optimiser the config builds may
+    /// [`crate::checkpoint`]). Files are checked against the checkpoint's manifest, and NaN or
+    /// infinite weights are refused. Evaluation (`resume` false) reads the weights alone: the optimiser the config builds may
     /// differ from the one the run trained with.
     fn load_checkpoint_files(&mut self, dir: &Path, resume: bool) -> Result<(), Error> {
         let dir = &crate::checkpoint::open(dir)?;

@@ -102,8 +102,9 @@ impl Trainer<'_> {
         if better {
             v.best = Some(point);
             v.since_best = 0;
+            // Only evaluated (weights alone), never resumed from: no index.
             let dir = self.config.best_checkpoint_dir();
-            crate::dist::agree(self.comm, self.write_checkpoint_in(&dir))?;
+            crate::dist::agree(self.comm, self.write_checkpoint_in(&dir, false))?;
         } else {
             v.since_best += 1;
         }
