@@ -1,14 +1,13 @@
 use crate::Error;
-use crate::layer_file::MAGIC;
+use crate::layer_file::{Parts, read_header};
 use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
-use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
+use farout_core::binio::read_f32s;
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, ParamError, Rng, kernels, rng};
 use farout_estimators::{Batch, BatchEstimate, BatchGrad, Ctx, GradientEstimator};
 use farout_search::{BlockIndex, IndexConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
 use std::path::Path;
 
 mod saved_index;
@@ -732,24 +731,16 @@ impl OutputLayer {
     /// Writes W, the bias and the optimiser state to `path` (farout's own little-endian format,
     /// described in [`crate::LayerFile`], which reads it without building a layer).
     pub fn save(&self, path: &Path) -> Result<(), Error> {
-        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-        let header = [
-            self.n_classes() as u64,
-            self.d_model() as u64,
-            self.bias.is_some() as u64,
-            self.opt_w.step,
-            self.opt_w.accum.len() as u64,
-        ];
-        f.write_all(MAGIC).map_err(err)?;
-        for h in header {
-            write_u64(&mut f, h).map_err(err)?;
-        }
-        let empty = Vec::new();
-        for part in [self.w.as_slice(), self.bias.as_deref().unwrap_or(&empty), &self.opt_w.accum, &self.opt_b.accum] {
-            write_f32s(&mut f, part).map_err(err)?;
-        }
-        f.flush().map_err(err)
+        let parts = Parts {
+            rows: self.n_classes(),
+            d: self.d_model(),
+            step: self.opt_w.step,
+            w: self.w.as_slice(),
+            bias: self.bias.as_deref(),
+            state_w: &self.opt_w.accum,
+            state_b: &self.opt_b.accum,
+        };
+        parts.write(path)
     }
 
     /// Restores W, the bias and the optimiser state saved by [`Self::save`] into this layer,
@@ -768,15 +759,7 @@ impl OutputLayer {
     fn read_checkpoint(&mut self, path: &Path, with_optimizer: bool) -> Result<(), Error> {
         let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
         let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
-        let mut magic = [0u8; 8];
-        f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
-        if magic != *MAGIC {
-            return Err(err("not a farout output-layer checkpoint".into()));
-        }
-        let mut h = [0u64; 5];
-        for x in &mut h {
-            *x = read_u64(&mut f).map_err(|e| err(e.to_string()))?;
-        }
+        let h = read_header(&mut f, path)?;
         let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
         if h[..3] != expect {
             return Err(err(format!(

@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::path::Path;
 
 /// The magic bytes that open a layer file.
-pub(crate) const MAGIC: &[u8; 8] = b"FAROUTL1";
+const MAGIC: &[u8; 8] = b"FAROUTL1";
 /// Bytes before the arrays: the magic and five u64.
 const HEADER_BYTES: u64 = 8 + 5 * 8;
 
@@ -47,16 +47,7 @@ impl LayerFile {
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let mut f = std::io::BufReader::new(file);
-        let mut magic = [0u8; 8];
-        f.read_exact(&mut magic).map_err(io)?;
-        if magic != *MAGIC {
-            return Err(err("not a farout output-layer checkpoint".into()));
-        }
-        let mut h = [0u64; 5];
-        for x in &mut h {
-            *x = read_u64(&mut f).map_err(io)?;
-        }
-        let [rows, d, bias, step, state] = h;
+        let [rows, d, bias, step, state] = read_header(&mut f, path)?;
         let stateful = state != 0;
         let values = (|| {
             let wlen = rows.checked_mul(d)?;
@@ -88,18 +79,16 @@ impl LayerFile {
 
     /// Writes the file (the format [`crate::OutputLayer::load`] reads).
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-        f.write_all(MAGIC).map_err(err)?;
-        let header = [self.rows, self.d, usize::from(self.bias.is_some()), self.step as usize, self.state_w.len()];
-        for h in header {
-            write_u64(&mut f, h as u64).map_err(err)?;
-        }
-        let empty = Vec::new();
-        for part in [&self.w, self.bias.as_ref().unwrap_or(&empty), &self.state_w, &self.state_b] {
-            write_f32s(&mut f, part).map_err(err)?;
-        }
-        f.flush().map_err(err)
+        let parts = Parts {
+            rows: self.rows,
+            d: self.d,
+            step: self.step,
+            w: &self.w,
+            bias: self.bias.as_deref(),
+            state_w: &self.state_w,
+            state_b: &self.state_b,
+        };
+        parts.write(path)
     }
 
     /// The layer of `parts`' rows one after the other (the slices of ranks 0, 1, ...). The parts
@@ -151,6 +140,52 @@ impl LayerFile {
             state_b: of(&self.state_b, 1),
         }
     }
+}
+
+/// A layer file's contents, borrowed: what [`LayerFile::write`] and
+/// [`crate::OutputLayer::save`] write, without copying a layer's arrays.
+pub(crate) struct Parts<'a> {
+    pub rows: usize,
+    pub d: usize,
+    pub step: u64,
+    pub w: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+    pub state_w: &'a [f32],
+    pub state_b: &'a [f32],
+}
+
+impl Parts<'_> {
+    /// Writes the file: the magic, the header, then the arrays (see the module docs).
+    pub(crate) fn write(&self, path: &Path) -> Result<(), Error> {
+        let err = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
+        f.write_all(MAGIC).map_err(err)?;
+        let header =
+            [self.rows as u64, self.d as u64, u64::from(self.bias.is_some()), self.step, self.state_w.len() as u64];
+        for h in header {
+            write_u64(&mut f, h).map_err(err)?;
+        }
+        for part in [self.w, self.bias.unwrap_or(&[]), self.state_w, self.state_b] {
+            write_f32s(&mut f, part).map_err(err)?;
+        }
+        f.flush().map_err(err)
+    }
+}
+
+/// Reads the magic and the five header values (rows, dimension, bias flag, optimiser step,
+/// optimiser values of W) of the layer file `path` open in `f`.
+pub(crate) fn read_header(f: &mut impl Read, path: &Path) -> Result<[u64; 5], Error> {
+    let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
+    let mut magic = [0u8; 8];
+    f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
+    if magic != *MAGIC {
+        return Err(err("not a farout output-layer checkpoint".into()));
+    }
+    let mut h = [0u64; 5];
+    for x in &mut h {
+        *x = read_u64(f).map_err(|e| err(e.to_string()))?;
+    }
+    Ok(h)
 }
 
 #[cfg(test)]
