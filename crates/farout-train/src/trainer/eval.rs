@@ -63,31 +63,26 @@ impl Trainer<'_> {
         let mut sums = RankingSums::default();
         self.scored_batches(ds, n, |idx, z| {
             let k = z.cols();
-            let part = z
+            // Each sample's figures in parallel, summed in sample order: the same metrics to
+            // the last bit whatever the threads did (a parallel reduction's split points vary).
+            let per_sample: Vec<RankingSums> = z
                 .as_slice()
                 .par_chunks(k)
                 .zip(idx.par_iter())
-                .fold(
-                    || (RankingSums::default(), Vec::new(), Vec::new(), LossScratch::default()),
-                    |(mut s, mut hits, mut grad, mut scratch), (row, &i)| {
+                .map_init(
+                    || (Vec::new(), Vec::new(), LossScratch::default()),
+                    |(hits, grad, scratch), (row, &i)| {
                         let pos = ds.labels.get(i);
-                        top_k(row, 5, &mut hits);
+                        top_k(row, 5, hits);
                         grad.resize(k, 0.0);
-                        let l = if pos.is_empty() {
-                            0.0
-                        } else {
-                            self.loss.value_and_grad(row, pos, &mut grad, &mut scratch)
-                        };
-                        s.add(&hits, pos, l as f64);
-                        (s, hits, grad, scratch)
+                        let l = if pos.is_empty() { 0.0 } else { self.loss.value_and_grad(row, pos, grad, scratch) };
+                        let mut s = RankingSums::default();
+                        s.add(hits, pos, l as f64);
+                        s
                     },
                 )
-                .map(|t| t.0)
-                .reduce(RankingSums::default, |mut a, b| {
-                    a.merge(&b);
-                    a
-                });
-            sums.merge(&part);
+                .collect();
+            per_sample.iter().for_each(|s| sums.merge(s));
             Ok(())
         })
         .expect("one process does not communicate");
