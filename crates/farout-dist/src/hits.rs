@@ -3,7 +3,7 @@
 //! breaks them.
 
 use crate::{Collective, DistError};
-use farout_core::topk::{Hit, by_score};
+use farout_core::topk::{Hit, descending_key};
 use rayon::prelude::*;
 
 /// Rows whose per-rank hits travel in one exchange, at most (bounds the buffers of
@@ -17,7 +17,19 @@ const MERGE_VALUES: usize = 1 << 22;
 /// [`top_k`](farout_core::topk::top_k) breaks them over all
 /// scores, so the result equals a one-process prediction. Every rank must pass as many rows.
 pub fn merge_top_k(comm: &dyn Collective, local: Vec<Vec<Hit>>, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
-    gather_hits(comm, local, k, k)
+    gather_hits(comm, local, k, Keep::Sorted(k))
+}
+
+/// The hits of [`merge_top_k`] (the `k` best of each row over all ranks, ties to the lower
+/// class), in no particular order but the same on every rank: neither the ranks' lists nor the
+/// result are sorted, each row's `P k` hits are cut to `k` by a selection (O(P k), against a
+/// sort of every list and a merge). For a candidate set, whose order does not matter.
+pub fn merge_top_k_unordered(
+    comm: &dyn Collective,
+    local: Vec<Vec<Hit>>,
+    k: usize,
+) -> Result<Vec<Vec<Hit>>, DistError> {
+    gather_hits(comm, local, k, Keep::Selected(k))
 }
 
 /// Every rank's hits per row (global ids) gathered on every rank: each row's hits over all
@@ -30,60 +42,59 @@ pub fn gather_all_hits(comm: &dyn Collective, local: Vec<Vec<Hit>>) -> Result<(V
     }
     comm.allreduce_max_f64(&mut width)?;
     let width = width[0] as usize;
-    Ok((gather_hits(comm, local, width, usize::MAX)?, width))
+    Ok((gather_hits(comm, local, width, Keep::Sorted(usize::MAX))?, width))
 }
 
-/// Every rank's at most `width` hits per row gathered on every rank, sorted best first and cut
-/// to the `keep` best.
+/// Which of a row's gathered hits [`gather_hits`] keeps.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// The best `n`, best first.
+    Sorted(usize),
+    /// The best `n`, in no particular order (the same on every rank).
+    Selected(usize),
+}
+
+/// Every rank's at most `width` hits per row gathered on every rank, cut to what `keep` says.
+///
+/// A hit travels as its key `descending_key(score, class)` (two `u32`: the class, then the
+/// score's half of the key), whose ascending order is
+/// [`by_score`](farout_core::topk::by_score)'s: a row's hits over the
+/// ranks are cut by selecting on integers, and sorted (when `keep` asks) by sorting them.
 fn gather_hits(
     comm: &dyn Collective,
-    mut local: Vec<Vec<Hit>>,
+    local: Vec<Vec<Hit>>,
     width: usize,
-    keep: usize,
+    keep: Keep,
 ) -> Result<Vec<Vec<Hit>>, DistError> {
     let ranks = comm.size();
     if ranks == 1 || width == 0 {
         return Ok(local);
     }
-    // Each rank's lists best first (searches return them so; then this costs one pass), so
-    // that the ranks' lists of a row merge in one pass.
-    local.par_iter_mut().for_each(|hits| {
-        if !hits.is_sorted_by(|a, b| by_score(a, b).is_le()) {
-            hits.sort_unstable_by(by_score);
-        }
-    });
     let mut merged = Vec::with_capacity(local.len());
-    let (mut scores, mut ids) = (Vec::new(), Vec::new());
-    let (mut all_scores, mut all_ids) = (Vec::new(), Vec::new());
+    let (mut send, mut all) = (Vec::new(), Vec::new());
     // Rows per exchange: at most MERGE_ROWS, and about MERGE_VALUES values from each rank.
-    let rows = (MERGE_VALUES / width).clamp(1, MERGE_ROWS);
+    let rows = (MERGE_VALUES / (2 * width)).clamp(1, MERGE_ROWS);
     for chunk in local.chunks(rows) {
-        scores.clear();
-        ids.clear();
+        send.clear();
         for hits in chunk {
             // Padded to `width`: a rank may hold fewer hits.
-            scores.extend(hits.iter().map(|h| h.score).chain(std::iter::repeat(f32::NEG_INFINITY)).take(width));
-            ids.extend(hits.iter().map(|h| h.class).chain(std::iter::repeat(u32::MAX)).take(width));
+            let keys = hits.iter().map(|h| descending_key(h.score, h.class)).chain(std::iter::repeat(u64::MAX));
+            send.extend(keys.take(width).flat_map(|key| [key as u32, (key >> 32) as u32]));
         }
-        all_scores.resize(scores.len() * ranks, 0.0);
-        all_ids.resize(ids.len() * ranks, 0);
-        comm.allgather_f32(&scores, &mut all_scores)?;
-        comm.allgather_u32(&ids, &mut all_ids)?;
-        let per_rank = scores.len();
-        let (all_scores, all_ids) = (&all_scores, &all_ids);
+        all.resize(send.len() * ranks, 0);
+        comm.allgather_u32(&send, &mut all)?;
+        let (per_rank, all) = (send.len(), &all);
         let rows_merged: Vec<Vec<Hit>> = (0..chunk.len())
             .into_par_iter()
-            .map(|i| {
-                // The ranks' sorted lists of row i, each up to its padding.
-                let lists: Vec<(&[f32], &[u32])> = (0..ranks)
-                    .map(|r| {
-                        let at = r * per_rank + i * width;
-                        let ids = &all_ids[at..at + width];
-                        let n = ids.iter().position(|&c| c == u32::MAX).unwrap_or(width);
-                        (&all_scores[at..at + n], &ids[..n])
-                    })
-                    .collect();
-                merge_sorted(&lists, keep)
+            .map_init(Vec::new, |keys, i| {
+                keys.clear();
+                for r in 0..ranks {
+                    let at = r * per_rank + 2 * i * width;
+                    let pairs = all[at..at + 2 * width].chunks_exact(2).take_while(|p| p[0] != PAD);
+                    keys.extend(pairs.map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)));
+                }
+                best_keys(keys, keep);
+                keys.iter().map(|&key| hit_of_key(key)).collect()
             })
             .collect();
         merged.extend(rows_merged);
@@ -91,28 +102,37 @@ fn gather_hits(
     Ok(merged)
 }
 
-/// The `keep` best hits of `lists` (each `(scores, ids)` sorted best first, as [`by_score`]
-/// orders), best first: a merge of the lists' heads.
-fn merge_sorted(lists: &[(&[f32], &[u32])], keep: usize) -> Vec<Hit> {
-    let total: usize = lists.iter().map(|l| l.1.len()).sum();
-    let mut out = Vec::with_capacity(total.min(keep));
-    let mut heads = vec![0usize; lists.len()];
-    while out.len() < keep {
-        let best = (0..lists.len())
-            .filter(|&r| heads[r] < lists[r].1.len())
-            .map(|r| (r, Hit { class: lists[r].1[heads[r]], score: lists[r].0[heads[r]] }))
-            .min_by(|a, b| by_score(&a.1, &b.1));
-        let Some((r, hit)) = best else { break };
-        out.push(hit);
-        heads[r] += 1;
+/// The class that pads a rank's list of a row to the common width (no class has it).
+const PAD: u32 = u32::MAX;
+
+/// Cuts `keys` (a row's hits as keys) to the best of `keep`, sorted if it asks.
+fn best_keys(keys: &mut Vec<u64>, keep: Keep) {
+    let (Keep::Sorted(n) | Keep::Selected(n)) = keep;
+    if keys.len() > n {
+        if n > 0 {
+            keys.select_nth_unstable(n - 1);
+        }
+        keys.truncate(n);
     }
-    out
+    if let Keep::Sorted(_) = keep {
+        keys.sort_unstable();
+    }
+}
+
+/// The hit whose [`descending_key`] is `key`.
+fn hit_of_key(key: u64) -> Hit {
+    // descending_key keeps the class in the low half and the complement of the score's
+    // ascending bits in the high half: a set top bit of those marks a positive score.
+    let ascending = !((key >> 32) as u32);
+    let bits = if ascending >> 31 == 1 { ascending & 0x7fff_ffff } else { !ascending };
+    Hit { class: key as u32, score: f32::from_bits(bits) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Local, Threads};
+    use farout_core::topk::by_score;
 
     /// The hits of ranks that hold every third class: each rank's top-k over its own classes.
     fn rank_hits(rank: usize, ranks: usize, scores: &[Vec<f32>], k: usize) -> Vec<Vec<Hit>> {
@@ -129,6 +149,17 @@ mod tests {
     }
 
     #[test]
+    fn a_hit_travels_as_its_key() {
+        for score in
+            [0.0, -0.0, 1.5, -2.25, f32::INFINITY, f32::NEG_INFINITY, f32::MIN_POSITIVE, -1e-30, f32::NAN, -f32::NAN]
+        {
+            let h = Hit { class: 77, score };
+            assert_eq!(hit_of_key(descending_key(score, 77)).score.to_bits(), h.score.to_bits(), "{score}");
+            assert_eq!(hit_of_key(descending_key(score, 77)).class, 77);
+        }
+    }
+
+    #[test]
     fn the_merged_top_k_of_the_ranks_is_the_top_k_of_all_classes() {
         // Few distinct scores, so that ties between ranks are common.
         let scores: Vec<Vec<f32>> = (0..50).map(|i| (0..40).map(|c| ((i * 7 + c * 13) % 5) as f32).collect()).collect();
@@ -140,6 +171,28 @@ mod tests {
             assert!(got.iter().all(|g| g == &want), "{ranks} ranks");
             let all = Threads::run(ranks, |c| gather_all_hits(c, rank_hits(c.rank(), ranks, &scores, 40)).unwrap());
             assert!(all.iter().all(|(g, _)| g == &rank_hits(0, 1, &scores, 40)), "{ranks} ranks, every hit");
+        }
+    }
+
+    /// The unordered merge keeps the hits of the ordered one (ties at the cut included), in the
+    /// same order on every rank; the ranks' lists may come in any order.
+    #[test]
+    fn the_unordered_merge_keeps_the_top_k_of_all_classes_alike_on_every_rank() {
+        let scores: Vec<Vec<f32>> = (0..50).map(|i| (0..40).map(|c| ((i * 7 + c * 13) % 5) as f32).collect()).collect();
+        for k in [1, 6, 25] {
+            let want = rank_hits(0, 1, &scores, k);
+            assert_eq!(merge_top_k_unordered(&Local, want.clone(), k).unwrap(), want);
+            for ranks in [2, 3] {
+                let got = Threads::run(ranks, |c| {
+                    let mut mine = rank_hits(c.rank(), ranks, &scores, k);
+                    mine.iter_mut().for_each(|hits| hits.reverse());
+                    merge_top_k_unordered(c, mine, k).unwrap()
+                });
+                assert!(got.iter().all(|g| g == &got[0]), "{ranks} ranks, k {k}: every rank's order");
+                let mut sorted = got[0].clone();
+                sorted.iter_mut().for_each(|hits| hits.sort_unstable_by(by_score));
+                assert_eq!(sorted, want, "{ranks} ranks, k {k}");
+            }
         }
     }
 }

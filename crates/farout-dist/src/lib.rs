@@ -76,7 +76,7 @@ mod threads;
 mod watchdog;
 
 pub use error::DistError;
-pub use hits::{gather_all_hits, merge_top_k};
+pub use hits::{gather_all_hits, merge_top_k, merge_top_k_unordered};
 pub use launch::{Launch, connect, detect, detect_from};
 pub use local::Local;
 #[cfg(feature = "mpi")]

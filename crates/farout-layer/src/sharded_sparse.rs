@@ -268,7 +268,7 @@ impl StepComm<'_> {
         self.bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
         let mut merged = Vec::new();
         self.timed(&mut || {
-            merged = farout_dist::merge_top_k(comm, std::mem::take(&mut rows), top)?;
+            merged = farout_dist::merge_top_k_unordered(comm, std::mem::take(&mut rows), top)?;
             Ok(())
         })?;
         let merged = &merged;
