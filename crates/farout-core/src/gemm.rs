@@ -25,9 +25,48 @@ pub enum Op {
 
 /// `C (m x n) = beta_c * C + alpha * op(A) * op(B)` where `A` is stored row-major as `a_rows x
 /// a_cols` and likewise `B`; `op` picks the matrix or its transpose. Panics when shapes disagree
-/// (callers own the shapes; user input never reaches here unchecked).
+/// (callers own the shapes; user input never reaches here unchecked). Runs on the threads of
+/// the current rayon pool.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    beta_c: f32,
+    alpha: f32,
+    a: &[f32],
+    a_shape: (usize, usize),
+    op_a: Op,
+    b: &[f32],
+    b_shape: (usize, usize),
+    op_b: Op,
+) {
+    gemm_on(parallelism(), c, m, n, beta_c, alpha, a, a_shape, op_a, b, b_shape, op_b);
+}
+
+/// [`gemm`] on the calling thread only: for small products that are themselves run in
+/// parallel (one per tile of a larger computation), where splitting each again would only add
+/// synchronisation.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_serial(
+    c: &mut [f32],
+    m: usize,
+    n: usize,
+    beta_c: f32,
+    alpha: f32,
+    a: &[f32],
+    a_shape: (usize, usize),
+    op_a: Op,
+    b: &[f32],
+    b_shape: (usize, usize),
+    op_b: Op,
+) {
+    gemm_on(Parallelism::None, c, m, n, beta_c, alpha, a, a_shape, op_a, b, b_shape, op_b);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_on(
+    parallelism: Parallelism,
     c: &mut [f32],
     m: usize,
     n: usize,
@@ -88,7 +127,7 @@ pub fn gemm(
             false,
             false,
             false,
-            parallelism(),
+            parallelism,
         );
     }
 }

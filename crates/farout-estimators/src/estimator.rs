@@ -190,6 +190,13 @@ pub trait GradientEstimator: Send + Sync {
         None
     }
 
+    /// The loss's tile-by-tile form ([`crate::TiledGradient`]), for an exact estimator whose
+    /// dense gradient a layer may compute a tile of classes at a time instead of through
+    /// [`Self::estimate_batch`]; `None` otherwise.
+    fn tiled(&self) -> Option<&dyn crate::TiledGradient> {
+        None
+    }
+
     /// Estimates the loss of one sample with features `phi` (length D) and positive classes
     /// `positives`, writing `(k, g_k ~ dL/dz_k)` into `out` (cleared first).
     fn estimate(&self, ctx: &Ctx, phi: &[f32], positives: &[ClassId], rng: &mut Rng, out: &mut SparseGrad) -> Estimate;

@@ -70,6 +70,10 @@ impl<L: Loss> GradientEstimator for Exact<L> {
         self.loss.support_width().map(|width| crate::ShardPlan::Near { width, loss: &self.loss })
     }
 
+    fn tiled(&self) -> Option<&dyn crate::TiledGradient> {
+        self.loss.tiled()
+    }
+
     fn estimate(
         &self,
         ctx: &Ctx,

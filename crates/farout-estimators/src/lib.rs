@@ -64,6 +64,7 @@ mod registry;
 mod sampled;
 mod shard;
 mod state;
+mod tiled;
 
 pub use ar::{
     ArLogistic, ArLogisticConfig, ArProbit, ArProbitConfig, ArSoftmax, ArSoftmaxConfig, ArUtility, Gaussian, Logistic,
@@ -81,6 +82,7 @@ pub use registry::EstimatorConfig;
 pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
 pub use shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan};
 pub use state::SampleState;
+pub use tiled::{LogSumExp, TiledGradient};
 
 /// Errors of estimator construction.
 #[derive(Debug, thiserror::Error)]

@@ -97,6 +97,11 @@ pub trait Loss: Send + Sync {
         None
     }
 
+    /// The tile-by-tile form of an exact dense loss ([`crate::TiledGradient`]), if it has one.
+    fn tiled(&self) -> Option<&dyn crate::TiledGradient> {
+        None
+    }
+
     /// Like [`Self::value_and_grad`], overwriting the scores `z` with the gradient. The default
     /// copies the scores into `scratch`; losses that can work in place override it.
     fn value_and_grad_in_place(&self, z: &mut [f32], positives: &[ClassId], scratch: &mut LossScratch) -> f32 {
@@ -167,6 +172,10 @@ impl Loss for Softmax {
 
     fn sparse_gradient(&self) -> bool {
         false
+    }
+
+    fn tiled(&self) -> Option<&dyn crate::TiledGradient> {
+        Some(self)
     }
 
     /// In place: only the positives' scores are needed once the exponentials overwrite `z`.

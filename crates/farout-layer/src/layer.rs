@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 mod saved_index;
+mod tiled;
 
 pub use saved_index::INDEX_FILES;
 
@@ -449,6 +450,10 @@ impl OutputLayer {
         if estimator.uses_index() {
             assert!(self.attached.is_some(), "estimator `{}` needs an index: call attach_index", estimator.name());
             self.ensure_index();
+        }
+        if let Some(tiled) = estimator.tiled().filter(|_| batch.phi.rows() > 0 && self.n_classes() > 0) {
+            self.ensure_index();
+            return self.train_step_tiled(tiled, batch, want_dphi);
         }
         let estimate = |ctx: &Ctx, batch: Batch, grads: &mut BatchGrad| {
             Ok::<_, std::convert::Infallible>(estimator.estimate_batch(ctx, batch, rng, grads))

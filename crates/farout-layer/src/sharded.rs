@@ -25,9 +25,9 @@
 
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::{Hit, top_k};
-use farout_core::{ClassId, Matrix, kernels, vexp};
+use farout_core::{ClassId, Matrix, vexp};
 use farout_dist::{Collective, DistError, local_index, merge_top_k};
-use farout_estimators::{Batch, BatchEstimate};
+use farout_estimators::{Batch, LogSumExp, Softmax, TiledGradient};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
@@ -78,8 +78,9 @@ fn positives_in<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> im
     pos.iter().filter_map(move |&p| local_index(p as usize, start, n))
 }
 
-/// [`softmax_step`] with all the rank's classes at once (the B x K_r gradients in the layer's
-/// buffer), up to the allreduce of `dL/dphi`; returns the seconds spent in collectives.
+/// [`softmax_step`] with all the rank's classes at once, a tile at a time
+/// ([`OutputLayer::train_dense_tiled`]), up to the allreduce of `dL/dphi`; returns the seconds
+/// spent in collectives.
 fn softmax_step_whole(
     layer: &mut OutputLayer,
     first: usize,
@@ -90,61 +91,25 @@ fn softmax_step_whole(
     want_dphi: bool,
 ) -> Result<(StepStats, f64), DistError> {
     let mut comm_seconds = 0.0;
-    let stats = layer.train_step_with(Batch::new(phi, positives), want_dphi, |ctx, batch, grads| {
-        let (b, k, d) = (batch.phi.rows(), ctx.w.rows(), ctx.w.cols());
-        grads.reset_dense(b, k);
-        let z = grads.dense.as_mut_slice();
-        farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k, d, z);
-        if let Some(bias) = ctx.bias {
-            z.par_chunks_mut(k).for_each(|row| row.iter_mut().zip(bias).for_each(|(v, b)| *v += b));
-        }
-        // Per sample, locally: the positives' scores this rank owns, the local max m_r, the
-        // exponentials exp(z - m_r) in place and their sum.
-        let mut local = vec![(0f32, 0f64, 0f64); b];
-        z.par_chunks_mut(k).zip(local.par_iter_mut()).zip(batch.positives.par_iter()).for_each(
-            |((row, (m, e, s)), pos)| {
-                *s = positives_in(pos, first, &(0..k)).map(|l| f64::from(row[l])).sum();
-                *m = kernels::max(row);
-                *e = vexp::exp_shifted(row, *m);
-            },
-        );
+    let mut stats = layer.train_dense_tiled(&Softmax, Batch::new(phi, positives), first, want_dphi, |sums| {
         let t = Instant::now();
-        let all = Normalisers::combine(comm, &local)?;
+        combine_over_ranks(comm, sums)?;
         comm_seconds += t.elapsed().as_secs_f64();
-        let loss_sum = z
-            .par_chunks_mut(k)
-            .zip(batch.positives.par_iter())
-            .zip(local.par_iter())
-            .enumerate()
-            .map(|(i, ((row, pos), &(m_r, _, _)))| {
-                if pos.is_empty() {
-                    row.fill(0.0);
-                    return 0.0;
-                }
-                // exp(z - M) = exp(z - m_r) exp(m_r - M).
-                let scale = (pos.len() as f64 * f64::from(m_r - all.max[i]).exp() / all.exp_sum(i)) as f32;
-                row.iter_mut().for_each(|v| *v *= scale);
-                for l in positives_in(pos, first, &(0..k)) {
-                    row[l] -= 1.0;
-                }
-                all.loss(i, pos.len())
-            })
-            .sum();
-        Ok(BatchEstimate { loss_sum, classes_scored: b * n_classes })
+        Ok(())
     })?;
+    stats.classes_scored = phi.rows() * n_classes;
     Ok((stats, comm_seconds))
 }
 
 thread_local! {
-    /// A chunk row's exponentials in the first pass of [`softmax_step_in_passes`].
+    /// A chunk row's scores in the first pass of [`softmax_step_in_passes`].
     static EXP_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// [`softmax_step`] over the classes `chunk` at a time, up to the allreduce of `dL/dphi`: a
-/// first pass gathers each row's
-/// [`LocalNormaliser`] chunk by chunk (an online max and rescaled sum of exponentials), the
-/// ranks combine them, and a second pass recomputes each chunk's scores and turns them into
-/// its gradients `|P| exp(z - M) / S - [k in P]`; returns the seconds spent in collectives.
+/// first pass merges each row's [`LogSumExp`] summary chunk by chunk, the ranks combine them,
+/// and a second pass recomputes each chunk's scores and turns them into its gradients
+/// `|P| exp(z - M) / S - [k in P]`; returns the seconds spent in collectives.
 #[allow(clippy::too_many_arguments)]
 fn softmax_step_in_passes(
     layer: &mut OutputLayer,
@@ -157,56 +122,43 @@ fn softmax_step_in_passes(
     chunk: usize,
 ) -> Result<(StepStats, f64), DistError> {
     let b = phi.rows();
-    let local = RefCell::new(vec![(f32::NEG_INFINITY, 0f64, 0f64); b]);
-    let all = RefCell::new(None::<Normalisers>);
+    let sums = RefCell::new(vec![LogSumExp::default(); b]);
     let (mut comm_seconds, mut loss_sum) = (0.0, 0.0);
     let rows_updated = layer.train_dense_in_passes(
         phi,
         chunk,
         want_dphi,
         |rows, z| {
-            let n = rows.len();
-            let mut local = local.borrow_mut();
-            z.par_chunks(n).zip(local.par_iter_mut()).zip(positives.par_iter()).for_each(|((row, (m, e, s)), pos)| {
-                *s += positives_in(pos, first, &rows).map(|l| f64::from(row[l])).sum::<f64>();
-                let chunk_max = kernels::max(row);
-                if chunk_max > *m {
-                    // Rescale the sum so far to the new max (0 before any finite score).
-                    *e *= f64::from(*m - chunk_max).exp();
-                    *m = chunk_max;
-                }
-                // Into a scratch copy: the second pass recomputes the scores anyway.
-                EXP_SCRATCH.with_borrow_mut(|x| {
-                    x.clear();
-                    x.extend_from_slice(row);
-                    *e += vexp::exp_shifted(x, *m);
-                });
-            });
+            let classes = first + rows.start..first + rows.end;
+            let mut sums = sums.borrow_mut();
+            z.par_chunks(rows.len()).zip(sums.par_iter_mut()).zip(positives.par_iter()).for_each(
+                |((row, sum), pos)| {
+                    // Into a scratch copy: the second pass recomputes the scores anyway.
+                    EXP_SCRATCH.with_borrow_mut(|x| {
+                        x.clear();
+                        x.extend_from_slice(row);
+                        *sum = sum.merge(Softmax.scan(classes.clone(), x, pos));
+                    });
+                },
+            );
         },
         || {
             let t = Instant::now();
-            let combined = Normalisers::combine(comm, &local.borrow())?;
+            combine_over_ranks(comm, &mut sums.borrow_mut())?;
             comm_seconds += t.elapsed().as_secs_f64();
-            loss_sum = positives
-                .iter()
-                .enumerate()
-                .filter(|(_, pos)| !pos.is_empty())
-                .map(|(i, pos)| combined.loss(i, pos.len()))
-                .sum();
-            *all.borrow_mut() = Some(combined);
+            loss_sum = sums.borrow().iter().zip(positives).map(|(s, pos)| s.loss(pos.len())).sum();
             Ok(())
         },
         |rows, z| {
             let n = rows.len();
-            let all = all.borrow();
-            let all = all.as_ref().expect("the normalisers are combined between the passes");
-            z.par_chunks_mut(n).zip(positives.par_iter()).enumerate().for_each(|(i, (row, pos))| {
+            let sums = sums.borrow();
+            z.par_chunks_mut(n).zip(positives.par_iter()).zip(sums.par_iter()).for_each(|((row, pos), all)| {
                 if pos.is_empty() {
                     row.fill(0.0);
                     return;
                 }
-                let (max, scale) = (all.max[i], (pos.len() as f64 / all.exp_sum(i)) as f32);
-                vexp::exp_shifted(row, max);
+                let scale = (pos.len() as f64 / all.exp_sum) as f32;
+                vexp::exp_shifted(row, all.max);
                 row.iter_mut().for_each(|v| *v *= scale);
                 for l in positives_in(pos, first, &rows) {
                     row[l] -= 1.0;
@@ -242,57 +194,31 @@ pub fn softmax_losses(
     positives: &[&[ClassId]],
 ) -> Result<Vec<f64>, DistError> {
     let k = z.cols();
-    let local: Vec<LocalNormaliser> = (0..z.rows())
+    let mut sums: Vec<LogSumExp> = (0..z.rows())
         .into_par_iter()
-        .map(|i| {
-            let row = z.row(i);
-            let m = kernels::max(row);
-            let e = row.iter().map(|&v| f64::from((v - m).exp())).sum();
-            (m, e, positives_in(positives[i], first, &(0..k)).map(|l| f64::from(row[l])).sum())
-        })
+        .map(|i| Softmax.scan(first..first + k, &mut z.row(i).to_vec(), positives[i]))
         .collect();
-    let all = Normalisers::combine(comm, &local)?;
-    Ok(positives.iter().enumerate().map(|(i, pos)| if pos.is_empty() { 0.0 } else { all.loss(i, pos.len()) }).collect())
+    combine_over_ranks(comm, &mut sums)?;
+    Ok(sums.iter().zip(positives).map(|(s, pos)| s.loss(pos.len())).collect())
 }
 
-/// What a rank holds of a row's softmax normaliser: its largest score `m_r`, the sum of
-/// `exp(z_k - m_r)` over its classes, and the sum of the positives' scores it owns.
-type LocalNormaliser = (f32, f64, f64);
-
-/// Rows' softmax normalisers over all ranks.
-struct Normalisers {
-    /// The largest score `M` of each row.
-    max: Vec<f32>,
-    /// `S = sum_r exp(m_r - M) sum_k exp(z_rk - m_r)` of each row, then the rows' positive
-    /// score sums.
-    sums: Vec<f64>,
-}
-
-impl Normalisers {
-    /// Combines every rank's [`LocalNormaliser`] per row: an allreduce of the maxima, then one
-    /// of the local sums rescaled to the global max together with the positive score sums.
-    fn combine(comm: &dyn Collective, local: &[LocalNormaliser]) -> Result<Self, DistError> {
-        let b = local.len();
-        let mut max: Vec<f32> = local.iter().map(|l| l.0).collect();
-        comm.allreduce_max_f32(&mut max)?;
-        let mut sums = vec![0f64; 2 * b];
-        for (i, &(m, e, s)) in local.iter().enumerate() {
-            sums[i] = e * f64::from(m - max[i]).exp();
-            sums[b + i] = s;
-        }
-        comm.allreduce_sum_f64(&mut sums)?;
-        Ok(Self { max, sums })
+/// Turns every rank's [`LogSumExp`] summaries of its classes into those of all classes, in
+/// place: an allreduce of the maxima `M`, then one of the sums rescaled to `M` together with
+/// the positive score sums (each positive has one owner).
+fn combine_over_ranks(comm: &dyn Collective, sums: &mut [LogSumExp]) -> Result<(), DistError> {
+    let b = sums.len();
+    let mut max: Vec<f32> = sums.iter().map(|s| s.max).collect();
+    comm.allreduce_max_f32(&mut max)?;
+    let mut totals = vec![0f64; 2 * b];
+    for (i, s) in sums.iter().enumerate() {
+        totals[i] = s.exp_sum_at(max[i]);
+        totals[b + i] = s.pos_sum;
     }
-
-    /// `S` of row `i`.
-    fn exp_sum(&self, i: usize) -> f64 {
-        self.sums[i]
+    comm.allreduce_sum_f64(&mut totals)?;
+    for (i, s) in sums.iter_mut().enumerate() {
+        *s = LogSumExp { max: max[i], exp_sum: totals[i], pos_sum: totals[b + i] };
     }
-
-    /// The softmax loss of row `i` with `n_pos` positives: `n_pos (M + ln S) - sum_P z_p`.
-    fn loss(&self, i: usize, n_pos: usize) -> f64 {
-        n_pos as f64 * (f64::from(self.max[i]) + self.sums[i].ln()) - self.sums[self.max.len() + i]
-    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -358,6 +284,46 @@ mod tests {
             let mut want = Vec::new();
             top_k(z.row(i), 4, &mut want);
             assert_eq!(h.iter().map(|h| h.class).collect::<Vec<_>>(), want.iter().map(|h| h.class).collect::<Vec<_>>());
+        }
+    }
+
+    /// Ranks as threads: the class-sharded softmax step, whole (several tiles per rank, the
+    /// positives often on another rank) and in chunks, equals the one-process step of the whole
+    /// layer: the loss, `dL/dphi` (summed over the ranks) and each rank's rows.
+    #[test]
+    fn ranks_as_threads_step_like_the_whole_softmax_layer() {
+        let (k, d, b) = (3001, 8, 300);
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.3, ..Default::default() };
+        let opt = OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.01 };
+        let mut r = rng::seeded(4, 0);
+        let phi = Matrix::from_vec(b, d, (0..b * d).map(|_| rng::normal(&mut r)).collect()).unwrap();
+        let labels: Vec<Vec<u32>> = (0..b).map(|i| vec![(i * 7919 % k) as u32, (i * 13 % k) as u32]).collect();
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let mut whole = OutputLayer::new(k, d, &cfg, &opt, 7).unwrap();
+        let steps: Vec<(f64, Matrix)> = (0..3)
+            .map(|_| {
+                let s = whole.train_step(&Exact::new(Softmax), Batch::new(&phi, &pos), &mut r, true);
+                (s.loss_sum, whole.dphi().clone())
+            })
+            .collect();
+        for (ranks, chunk) in [(2, 0), (3, 0), (2, 500)] {
+            farout_dist::Threads::run(ranks, |comm| {
+                let mut layer = ShardedLayer::new(k, comm.rank(), ranks, d, &cfg, &opt, 7).unwrap();
+                for (step, (loss, dphi)) in steps.iter().enumerate() {
+                    let got = layer.softmax_step(comm, &phi, &pos, true, chunk).unwrap();
+                    let what = format!("{ranks} ranks, chunk {chunk}, step {step}");
+                    assert!((got.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{what}: {} vs {loss}", got.loss_sum);
+                    // Relative to the largest element: dL/dphi sums B x K products.
+                    let (got, want) = (layer.layer().dphi().as_slice(), dphi.as_slice());
+                    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                    let e = got.iter().zip(want).map(|(u, v)| (u - v).abs()).fold(0.0f32, f32::max) / scale;
+                    assert!(e < 1e-5, "{what}: dphi, relative error {e} (largest element {scale})");
+                }
+                let rows = layer.rows();
+                let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
+                let diff = layer.layer().weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{ranks} ranks, chunk {chunk}, rank {}", comm.rank());
+            });
         }
     }
 
