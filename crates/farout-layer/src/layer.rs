@@ -1,5 +1,5 @@
 use crate::Error;
-use crate::layer_file::{Parts, read_header};
+use crate::layer_file::{Parts, open_checked};
 use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
 use farout_core::binio::read_f32s;
 use farout_core::gemm::{self, Op};
@@ -763,8 +763,7 @@ impl OutputLayer {
 
     fn read_checkpoint(&mut self, path: &Path, with_optimizer: bool) -> Result<(), Error> {
         let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-        let mut f = std::io::BufReader::new(std::fs::File::open(path).map_err(|e| err(e.to_string()))?);
-        let h = read_header(&mut f, path)?;
+        let (mut f, h) = open_checked(path)?;
         let expect = [self.n_classes() as u64, self.d_model() as u64, self.bias.is_some() as u64];
         if h[..3] != expect {
             return Err(err(format!(
@@ -1187,5 +1186,24 @@ mod tests {
         assert_eq!((a.weights(), a.bias(), &a.opt_w, a.step()), (b.weights(), b.bias(), &b.opt_w, b.step()));
         let mut c = OutputLayer::new(11, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
         assert!(c.load(&p).unwrap_err().to_string().contains("checkpoint holds a 10 x 6 layer"));
+    }
+
+    /// A truncated checkpoint is refused by its length before any value is read, so the layer
+    /// keeps its weights (a partial read would leave some rows loaded and others not).
+    #[test]
+    fn a_truncated_checkpoint_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let opt = OptimizerConfig::default();
+        let a = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 0).unwrap();
+        let p = dir.path().join("layer.bin");
+        a.save(&p).unwrap();
+        let len = std::fs::metadata(&p).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.set_len(len - 4).unwrap();
+        let mut b = OutputLayer::new(10, 6, &OutputLayerConfig::default(), &opt, 9).unwrap();
+        let before = b.weights().clone();
+        let e = b.load(&p).unwrap_err().to_string();
+        assert!(e.contains("truncated") && e.contains(&format!("{} bytes", len - 4)), "{e}");
+        assert_eq!(b.weights(), &before);
     }
 }

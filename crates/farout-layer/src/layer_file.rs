@@ -42,28 +42,9 @@ pub struct LayerFile {
 impl LayerFile {
     /// Reads `path`, checking its sizes against the file's length before allocating.
     pub fn read(path: &Path) -> Result<LayerFile, Error> {
-        let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
-        let io = |e: std::io::Error| err(e.to_string());
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        let mut f = std::io::BufReader::new(file);
-        let [rows, d, bias, step, state] = read_header(&mut f, path)?;
+        let io = |e: std::io::Error| Error::Checkpoint { path: path.to_path_buf(), msg: e.to_string() };
+        let (mut f, [rows, d, bias, step, state]) = open_checked(path)?;
         let stateful = state != 0;
-        let values = (|| {
-            let wlen = rows.checked_mul(d)?;
-            if bias > 1 || (stateful && state != wlen) {
-                return None;
-            }
-            let per_row = bias + u64::from(stateful);
-            wlen.checked_add(state)?.checked_add(rows.checked_mul(per_row)?)
-        })();
-        let expected = values.and_then(|v| v.checked_mul(4)?.checked_add(HEADER_BYTES));
-        if expected != Some(len) {
-            return Err(err(format!(
-                "header says {rows} rows of {d} (bias flag {bias}, {state} optimiser values) but the file has {len} \
-                 bytes: it is truncated or not a layer file"
-            )));
-        }
         let (rows, d) = (rows as usize, d as usize);
         let mut read = |n: usize| -> Result<Vec<f32>, Error> {
             let mut v = vec![0f32; n];
@@ -174,7 +155,7 @@ impl Parts<'_> {
 
 /// Reads the magic and the five header values (rows, dimension, bias flag, optimiser step,
 /// optimiser values of W) of the layer file `path` open in `f`.
-pub(crate) fn read_header(f: &mut impl Read, path: &Path) -> Result<[u64; 5], Error> {
+fn read_header(f: &mut impl Read, path: &Path) -> Result<[u64; 5], Error> {
     let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
     let mut magic = [0u8; 8];
     f.read_exact(&mut magic).map_err(|e| err(e.to_string()))?;
@@ -186,6 +167,35 @@ pub(crate) fn read_header(f: &mut impl Read, path: &Path) -> Result<[u64; 5], Er
         *x = read_u64(f).map_err(|e| err(e.to_string()))?;
     }
     Ok(h)
+}
+
+/// Opens the layer file `path` and reads its header (as [`read_header`]), checking that the
+/// file's length is the header's sizes exactly (before anything is allocated or overwritten):
+/// a truncated or foreign file is an error naming the sizes.
+pub(crate) fn open_checked(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, [u64; 5]), Error> {
+    let err = |msg: String| Error::Checkpoint { path: path.to_path_buf(), msg };
+    let io = |e: std::io::Error| err(e.to_string());
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let mut f = std::io::BufReader::new(file);
+    let h = read_header(&mut f, path)?;
+    let [rows, d, bias, _, state] = h;
+    let values = (|| {
+        let wlen = rows.checked_mul(d)?;
+        if bias > 1 || (state != 0 && state != wlen) {
+            return None;
+        }
+        let per_row = bias + u64::from(state != 0);
+        wlen.checked_add(state)?.checked_add(rows.checked_mul(per_row)?)
+    })();
+    let expected = values.and_then(|v| v.checked_mul(4)?.checked_add(HEADER_BYTES));
+    if expected != Some(len) {
+        return Err(err(format!(
+            "header says {rows} rows of {d} (bias flag {bias}, {state} optimiser values) but the file has {len} \
+             bytes: it is truncated or not a layer file"
+        )));
+    }
+    Ok((f, h))
 }
 
 #[cfg(test)]
