@@ -49,6 +49,10 @@ enum Command {
         /// farout's model with the subword n-gram rows for `.model`, else word2vec text).
         #[arg(long, value_name = "PATH")]
         export_vectors: Option<PathBuf>,
+        /// Linear (DiSMEC): start the solver from the model in this checkpoint directory (an
+        /// earlier run with another C or fewer rows, same features); the same model, sooner.
+        #[arg(long, value_name = "DIR")]
+        warm_start: Option<PathBuf>,
     },
     /// Evaluate a checkpoint on the config's test set (P@k, nDCG@k, accuracy, loss), or word
     /// vectors (`eval analogy`, `eval similarity`); prints JSON.
@@ -630,8 +634,13 @@ fn cmd_compare(args: CompareArgs) -> Result<()> {
 /// bench layer run on every rank; every other command refuses to run on several.
 fn run(cli: Cli, comm: &dyn Collective) -> Result<()> {
     match cli.command {
-        Command::Train { config: path, set, summary, resume, overwrite, export_vectors } => {
-            let options = TrainOptions { resume, overwrite, export_vectors: export_vectors.as_deref() };
+        Command::Train { config: path, set, summary, resume, overwrite, export_vectors, warm_start } => {
+            let options = TrainOptions {
+                resume,
+                overwrite,
+                export_vectors: export_vectors.as_deref(),
+                warm_start: warm_start.as_deref(),
+            };
             cmd_train(&path, &set, summary.as_deref(), &options, comm)?
         }
         Command::Eval(EvalArgs { vectors: Some(what), .. }) => cmd_eval_vectors(what, comm)?,

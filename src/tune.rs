@@ -36,6 +36,10 @@ pub struct TuneArgs {
     /// Stop after this many settings (0: as many as the budget allows).
     #[arg(long, default_value_t = 0)]
     max_settings: usize,
+    /// Train every trial from scratch (no warm starts: a promoted network trial retrains
+    /// from epoch 0, a linear solver from its own initialisation).
+    #[arg(long)]
+    cold: bool,
     /// Override a key of the base config, e.g. --set train.threads=1 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -54,6 +58,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         resume: a.resume,
         seed: a.seed,
         max_settings: a.max_settings,
+        cold: a.cold,
         progress: true,
     };
     let report = on_pool(|| tune(&opts))?;

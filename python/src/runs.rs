@@ -95,7 +95,7 @@ pub fn train(
     resume: bool,
 ) -> PyResult<String> {
     let config = load(path, json, &overrides)?;
-    let options = TrainOptions { resume, overwrite, export_vectors: None };
+    let options = TrainOptions { resume, overwrite, export_vectors: None, warm_start: None };
     let threads = config.train.threads;
     let run = || on_pool(threads, || farout_train::train(&config, &options, &farout_dist::Local));
     Ok(outcome(flatten(interruptible(py, run)?)?)?.to_json())

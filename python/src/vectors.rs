@@ -153,7 +153,8 @@ pub fn train_word_vectors(py: Python<'_>, json: &str, export: PathBuf) -> PyResu
     let text = crate::runs::toml_text(json)?;
     let config = farout_train::Config::from_text(&text, &[], "word_vectors")
         .map_err(|e| invalid(format!("word vectors: {e}")))?;
-    let options = farout_train::TrainOptions { resume: false, overwrite: true, export_vectors: Some(&export) };
+    let options =
+        farout_train::TrainOptions { resume: false, overwrite: true, export_vectors: Some(&export), warm_start: None };
     crate::runs::outcome(crate::runs::interruptible(py, || {
         farout_train::train(&config, &options, &farout_dist::Local)
     })?)?;

@@ -104,6 +104,37 @@ fn a_network_tunes_final_run_keeps_its_best_weights_and_best_toml_gives_the_same
     assert_eq!(again["selection"]["last_metrics"]["p@1"], sel["last_metrics"]["p@1"]);
 }
 
+/// The trials file without its two time columns, and the run's standard error.
+fn tune_trials(c: &str, out: &Path, args: &[&str]) -> (Vec<String>, String) {
+    let o = tune(c, out, 3, args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (trials_without_times(out), stderr(&o))
+}
+
+#[test]
+fn warm_started_trials_give_the_cold_trials_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    // A promoted network trial continues its run of the rung below: the same steps, the same
+    // validation figures and kept weights as training from scratch, so the same trials.
+    let c = config(dir.path(), NETWORK);
+    let (warm, log) = tune_trials(&c, &dir.path().join("warm"), &["--seed", "2"]);
+    let (cold, cold_log) = tune_trials(&c, &dir.path().join("cold"), &["--seed", "2", "--cold"]);
+    assert!(log.contains("(rung 2) continues its run of rung 1"), "{log}");
+    assert!(!cold_log.contains("continues its run"), "{cold_log}");
+    assert_eq!(warm, cold);
+    // DiSMEC trials start from earlier models; the final run from the best trial's.
+    let c = config(dir.path(), LINEAR);
+    let (warm, log) = tune_trials(&c, &dir.path().join("lwarm"), &["--seed", "3"]);
+    let (cold, _) = tune_trials(&c, &dir.path().join("lcold"), &["--seed", "3", "--cold"]);
+    assert!(log.contains("(rung 1) starts from the model in"), "{log}");
+    assert_eq!(warm, cold, "the same validation figures to the solver's tolerance");
+    let init = |name: &str| {
+        let s = std::fs::read_to_string(dir.path().join(name).join("runs/base-tuned@0/summary.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&s).unwrap()["linear"]["stats"]["init"].clone()
+    };
+    assert_eq!((init("lwarm"), init("lcold")), ("warm".into(), "msi".into()));
+}
+
 #[test]
 fn a_space_with_a_bad_key_or_range_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -11,6 +11,7 @@ use farout_core::space::Dim;
 use farout_dist::{Collective, Shards};
 use serde::Serialize;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// A linear extreme classifier: its checked parameters, and training.
 pub trait LinearSolver: Send + Sync + std::fmt::Debug {
@@ -50,6 +51,27 @@ pub trait LinearSolver: Send + Sync + std::fmt::Debug {
                 data.n_labels()
             ),
         })
+    }
+
+    /// Whether [`LinearSolver::fit_labels_from`] can start from an earlier model. Default: no.
+    fn warm_starts(&self) -> bool {
+        false
+    }
+
+    /// [`LinearSolver::fit_labels`] starting every label from its weights in `start`, a model
+    /// of the same features (an earlier fit with other parameters or fewer rows; all labels,
+    /// whichever `labels` this call trains). The answer is the cold fit's to the solver's
+    /// tolerance: only solvers whose iterate is the primal weights and whose stopping rule does
+    /// not depend on the start say yes in [`LinearSolver::warm_starts`]; the others refuse.
+    fn fit_labels_from(
+        &self,
+        data: &TrainSet,
+        labels: Range<usize>,
+        start: Arc<SparseModel>,
+        progress: &dyn Progress,
+    ) -> Result<Fitted> {
+        let _ = (data, labels, start, progress);
+        Err(crate::Error::NoWarmStart { why: "this solver cannot start from an earlier model" })
     }
 
     /// One rank's part of a run on `comm.size()` ranks: the model of the labels

@@ -9,14 +9,19 @@
 //! The trait has one required method, [`WeightInit::init`], which writes into a zeroed
 //! weight vector: initialisers only read shared, immutable data ([`InitContext`]), so they can
 //! run on every rayon thread without locks, and write into the thread's own buffer, so the
-//! label loop allocates nothing. An OvA-primal start (eq. 15) would need a solver run and
-//! state; it is not implemented yet.
+//! label loop allocates nothing. [`FromModel`] starts every label from an earlier model's
+//! weights for it (a warm start: another C, or fewer rows); the OvA-primal start of eq. 15 is
+//! such a model.
 
 use crate::data::{DataStats, SparseRows};
+use crate::model::SparseModel;
+use std::sync::Arc;
 
 /// What an initialiser may read for one label.
 #[derive(Clone, Copy, Debug)]
 pub struct InitContext<'a> {
+    /// The label (its id in the whole label set, also on one rank's shard).
+    pub label: usize,
     /// All training rows (canonical CSR).
     pub features: &'a SparseRows,
     /// The label's positives P, sorted.
@@ -51,6 +56,38 @@ impl WeightInit for Bias {
     fn init(&self, ctx: &InitContext<'_>, w: &mut [f64]) {
         if ctx.stats.bias {
             w[ctx.stats.sum.len()] = -self.lambda;
+        }
+    }
+}
+
+/// A warm start: label k starts from label k of an earlier model of the same features (its
+/// pruned f32 weights and bias; a label the model lacks starts from 0).
+///
+/// The optimum of each label's problem is unique, and the solver stops when
+/// `‖g(w)‖ ≤ eps · ‖g(0)‖` with the gradient norm taken at w = 0 whatever the start
+/// ([`crate::newton`], eq. 12), so a warm-started label ends at the same optimum to the same
+/// tolerance as a cold one; a start near the optimum (a neighbouring C, the same problem on a
+/// part of the rows) needs fewer Newton iterations, each over a smaller active set.
+#[derive(Clone, Debug)]
+pub struct FromModel {
+    /// The earlier model (all labels, whatever part of them this process trains).
+    pub model: Arc<SparseModel>,
+}
+
+impl WeightInit for FromModel {
+    fn init(&self, ctx: &InitContext<'_>, w: &mut [f64]) {
+        if ctx.label >= self.model.n_labels() {
+            return;
+        }
+        let (features, weights, bias) = self.model.label(ctx.label);
+        let d = ctx.stats.sum.len();
+        for (&j, &v) in features.iter().zip(weights) {
+            if let Some(wj) = w[..d].get_mut(j as usize) {
+                *wj = f64::from(v);
+            }
+        }
+        if ctx.stats.bias {
+            w[d] = f64::from(bias);
         }
     }
 }
@@ -242,7 +279,7 @@ mod tests {
     fn msi(x: &SparseRows, positives: &[u32]) -> Vec<f64> {
         let stats = DataStats::new(x, true);
         let mut w = vec![0.0; stats.n_vars()];
-        Msi { s: 1.0, t: -2.0 }.init(&InitContext { features: x, positives, stats: &stats }, &mut w);
+        Msi { s: 1.0, t: -2.0 }.init(&InitContext { label: 0, features: x, positives, stats: &stats }, &mut w);
         w
     }
 

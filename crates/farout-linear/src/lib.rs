@@ -71,7 +71,7 @@ pub mod solver;
 pub use contract::{FitSummary, Fitted, LinearSolver, Progress, Silent};
 pub use data::{DataStats, FeatureTransform, FittedTransform, LabelIndex, TrainSet};
 pub use dismec::{Dismec, DismecConfig, InitKind, TrainReport, Trained};
-pub use init::{Bias, InitContext, Msi, WeightInit, Zero};
+pub use init::{Bias, FromModel, InitContext, Msi, WeightInit, Zero};
 pub use memoir::MemoirConfig;
 pub use model::{ModelFileError, Predictor, SparseModel};
 pub use newton::LabelStats;
@@ -118,6 +118,12 @@ pub enum Error {
         /// What is wrong with it.
         #[source]
         problem: ModelFileError,
+    },
+    /// A warm start asked of a solver that cannot take one, or with a model that does not fit.
+    #[error("warm start: {why}")]
+    NoWarmStart {
+        /// Why not.
+        why: &'static str,
     },
     /// Fitting stopped on request ([`farout_core::stop`], e.g. Ctrl-C); a partial model would
     /// predict only some labels, so none is kept.

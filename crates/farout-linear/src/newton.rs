@@ -389,11 +389,12 @@ fn line_search(
     0.0
 }
 
-/// Trains one label: writes the weights (bias last) into `scratch.w` and returns the stats
+/// Trains label `label` (its positives `positives`): writes the weights (bias last) into `scratch.w` and returns the stats
 /// (`label`, `seconds` and the pruning counts are left for the caller).
 pub fn solve(
     rows: Rows,
     params: &NewtonParams,
+    label: usize,
     positives: &[u32],
     stats: &DataStats,
     init: &dyn WeightInit,
@@ -409,7 +410,7 @@ pub fn solve(
     let eps = stopping_eps(params.eps0, positives.len(), n);
 
     w.fill(0.0);
-    init.init(&InitContext { features: rows.x, positives, stats }, w);
+    init.init(&InitContext { label, features: rows.x, positives, stats }, w);
     if w.iter().all(|&v| v == 0.0) {
         wx.fill(0.0);
     } else {
@@ -506,7 +507,7 @@ mod tests {
         let stats = DataStats::new(x, true);
         let mut scratch = Scratch::new(rows.n_vars(), rows.n_rows());
         let params = NewtonParams { c: C, eps0, max_iter: 1000 };
-        let st = solve(rows, &params, positives, &stats, init, &mut scratch);
+        let st = solve(rows, &params, 0, positives, &stats, init, &mut scratch);
         (scratch.w, st)
     }
 

@@ -38,7 +38,7 @@ use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Checks of a linear config: the solver's parameters, data a linear model can read, and
@@ -254,7 +254,18 @@ impl LinearRun {
     /// the model (unless `checkpoint.enabled = false`) and returns the summary. With several
     /// ranks, each trains its share of the labels (see the module docs); only rank 0 logs.
     pub fn train(&self, comm: &dyn Collective) -> Result<Summary, Error> {
+        self.train_from(comm, None)
+    }
+
+    /// [`LinearRun::train`], the solver starting from the model saved in the checkpoint
+    /// directory `start` when given (a warm start: see [`farout_linear::FromModel`]); an error
+    /// for a solver that cannot take one, or a model of other features or labels.
+    pub fn train_from(&self, comm: &dyn Collective, start: Option<&Path>) -> Result<Summary, Error> {
         let cfg = &self.config;
+        let start = match start {
+            Some(dir) => Some(self.warm_start(dir)?),
+            None => None,
+        };
         let (rank, ranks) = (comm.rank(), comm.size());
         let log_dir = cfg.log_dir();
         let mut sinks = Sinks::open_on_root(comm, &log_dir, &cfg.log, true)?;
@@ -262,7 +273,7 @@ impl LinearRun {
         let shards = self.label_split(&train, ranks)?;
         let labels = shards.range(rank);
         self.log_start(&train, ranks);
-        let (mut fitted, epochs) = self.fit(&train, &shards, comm, &mut sinks)?;
+        let (mut fitted, epochs) = self.fit(&train, &shards, comm, &mut sinks, start)?;
         let n_labels = train.n_labels();
         drop(train);
         let (seconds, model_bytes) = whole_run_totals(comm, &mut fitted, &shards)?;
@@ -277,6 +288,20 @@ impl LinearRun {
             log::info!("saved the model to {}", path.display());
         }
         Ok(self.summary(metrics, seconds, model_bytes, log_dir, &fitted.summary))
+    }
+
+    /// The whole model saved in the checkpoint directory `dir` (every rank reads all of it),
+    /// checked against the data, as the start of a warm-started fit.
+    fn warm_start(&self, dir: &Path) -> Result<Arc<SparseModel>, Error> {
+        if !self.solver().params().warm_starts() {
+            let msg = format!(
+                "linear.solver = {:?} cannot start from an earlier model (\"dismec\" can)",
+                self.solver().name()
+            );
+            return Err(Error::Option { name: "warm-start", msg });
+        }
+        let m = self.load_share(dir, &farout_dist::Local)?;
+        Ok(Arc::new(m.model))
     }
 
     /// The labels of each of `ranks` ranks: balanced by cost for the solvers that train every
@@ -312,6 +337,7 @@ impl LinearRun {
         shards: &Shards,
         comm: &dyn Collective,
         sinks: &mut Sinks,
+        start: Option<Arc<SparseModel>>,
     ) -> Result<(farout_linear::Fitted, usize), Error> {
         let (cfg, solver) = (&self.config, self.solver());
         let bar = progress_bar(
@@ -327,7 +353,11 @@ impl LinearRun {
             start: Instant::now(),
             epochs: Mutex::new(EpochLog { sinks, last: 0, error: None }),
         };
-        let fitted = solver.params().fit_shard(train, shards, comm, &reporter).map_err(Error::from);
+        let fitted = match start {
+            Some(m) => solver.params().fit_labels_from(train, shards.range(comm.rank()), m, &reporter),
+            None => solver.params().fit_shard(train, shards, comm, &reporter),
+        }
+        .map_err(Error::from);
         let EpochLog { last: epochs, error, .. } = reporter.epochs.into_inner().unwrap_or_else(|e| e.into_inner());
         let fitted = agree(comm, fitted.and_then(|f| error.map_or(Ok(f), Err)))?;
         bar.finish();

@@ -107,6 +107,12 @@ impl TaskKind {
                 msg: "a linear solver trains in one go; there is nothing to resume".into(),
             });
         }
+        if options.warm_start.is_some() && self != Self::Linear {
+            return Err(Error::Option {
+                name: "warm-start",
+                msg: "is for linear solvers (a network continues its own checkpoint with --resume)".into(),
+            });
+        }
         if options.export_vectors.is_some() && !self.has_word_vectors() {
             return Err(Error::Option {
                 name: "export-vectors",
@@ -159,6 +165,10 @@ pub struct TrainOptions<'a> {
     /// Skip-gram: write the input vectors here at the end (word2vec binary for `.bin`, else
     /// word2vec text).
     pub export_vectors: Option<&'a Path>,
+    /// Linear solvers that allow it (DiSMEC): start from the model saved in this checkpoint
+    /// directory (an earlier run on the same features with other parameters or rows). The
+    /// model trained is the cold start's to the solver's tolerance; only the time changes.
+    pub warm_start: Option<&'a Path>,
 }
 
 /// What a training run reports (printed as JSON, written by `--summary`).
@@ -341,7 +351,7 @@ impl Task for LinearTask<'_> {
 
     fn train(&mut self, options: &TrainOptions) -> Result<RunSummary, Error> {
         self.kind().check_options(options)?;
-        Ok(RunSummary::Classifier(self.run.train(self.comm)?))
+        Ok(RunSummary::Classifier(self.run.train_from(self.comm, options.warm_start)?))
     }
 
     fn load(&mut self, checkpoint: Option<&Path>) -> Result<(), Error> {

@@ -27,6 +27,7 @@ pub mod search;
 pub mod space;
 pub mod split;
 pub mod trials;
+pub mod warm;
 
 use crate::task::{RunSummary, TaskKind, TrainOptions};
 use crate::{Config, Error, io_err};
@@ -60,6 +61,8 @@ pub struct TuneOptions {
     pub seed: Option<u64>,
     /// Stop after this many settings (0: as many as the budget allows).
     pub max_settings: usize,
+    /// Train every trial from scratch: no warm starts ([`warm`]).
+    pub cold: bool,
     /// Show the progress bar.
     pub progress: bool,
 }
@@ -77,6 +80,7 @@ impl Default for TuneOptions {
             resume: false,
             seed: None,
             max_settings: 0,
+            cold: false,
             progress: true,
         }
     }
@@ -218,6 +222,8 @@ struct Search<'a> {
     offset: f64,
     bar: indicatif::ProgressBar,
     out_of_time: bool,
+    /// The linear trials' models, the starts of later trials.
+    starts: warm::LinearStarts,
 }
 
 impl<'a> Search<'a> {
@@ -248,6 +254,7 @@ impl<'a> Search<'a> {
             offset,
             bar,
             out_of_time: false,
+            starts: warm::LinearStarts::default(),
         }
     }
 
@@ -322,6 +329,11 @@ impl<'a> Search<'a> {
     /// cannot fit it.
     fn trial(&mut self, id: usize, rung: usize, settings: &[Setting]) -> Result<Option<Trial>, Error> {
         if let Some(t) = self.earlier.get(&(id, rung)).filter(|t| t.settings == settings) {
+            if t.stop != Stop::Failed && !self.opts.cold {
+                // Its model may start later trials, as when it ran.
+                let c = self.trial_config(id, rung, settings)?;
+                self.starts.add(id, rung, &c, &c.checkpoint_dir());
+            }
             return Ok(Some(Trial {
                 stop: if t.stop == Stop::Failed { Stop::Failed } else { Stop::Pending },
                 ..t.clone()
@@ -333,22 +345,8 @@ impl<'a> Search<'a> {
             self.out_of_time = true;
             return Ok(None);
         }
-        let r = self.resource.at(rung);
-        let mut all = search::trial_settings(settings, self.resource, r);
-        all.extend(self.holdout.clone());
-        // A network trial keeps its weights best on the held-out rows by the search's metric.
-        all.extend(self.selection(false));
         let start = Instant::now();
-        let outcome = self.recipe.config(&all).map_err(Error::from).and_then(|mut c| {
-            c.log.dir = Some(self.opts.out.join("trials").join(format!("{id}-r{rung}")));
-            (c.checkpoint.enabled, c.log.progress, c.log.tensorboard) = (false, false, false);
-            if TaskKind::of(&c).takes_budget() {
-                c.train.max_seconds = remaining.max(1.0);
-            }
-            let summary =
-                crate::train(&c, &TrainOptions { overwrite: true, ..Default::default() }, &farout_dist::Local)?;
-            Ok((summary, c.train.epochs))
-        });
+        let outcome = self.train_trial(id, rung, settings, remaining);
         let seconds = start.elapsed().as_secs_f64();
         let (metric, stop) = match outcome {
             Ok((summary, epochs)) => {
@@ -370,8 +368,61 @@ impl<'a> Search<'a> {
         if stop == Stop::Budget {
             self.out_of_time = true;
         }
-        let settings = settings.to_vec();
-        Ok(Some(Trial { id, rung, resource: r, settings, metric, seconds, elapsed: self.elapsed(), stop }))
+        let (settings, resource) = (settings.to_vec(), self.resource.at(rung));
+        Ok(Some(Trial { id, rung, resource, settings, metric, seconds, elapsed: self.elapsed(), stop }))
+    }
+
+    /// The config of trial `id` at rung `rung`: the settings, the rung's resource, the held-out
+    /// rows and selection, logs and checkpoints in the trial's directory (checkpoints only when
+    /// later trials may start from them).
+    fn trial_config(&self, id: usize, rung: usize, settings: &[Setting]) -> Result<Config, Error> {
+        let mut all = search::trial_settings(settings, self.resource, self.resource.at(rung));
+        all.extend(self.holdout.clone());
+        // A network trial keeps its weights best on the held-out rows by the search's metric.
+        all.extend(self.selection(false));
+        let mut c = self.recipe.config(&all)?;
+        let dir = warm::trial_dir(&self.opts.out, id, rung);
+        c.checkpoint.dir = Some(dir.join("checkpoint"));
+        c.log.dir = Some(dir);
+        let warm = self.kind == TaskKind::Linear || warm::network_continues(&c, self.resource);
+        (c.checkpoint.enabled, c.log.progress, c.log.tensorboard) = (warm && !self.opts.cold, false, false);
+        Ok(c)
+    }
+
+    /// Trains trial `id` at rung `rung` with `remaining` seconds of budget, continuing the
+    /// rung below's run or starting from an earlier model where it can ([`warm`]); returns its
+    /// summary and the epochs it was given.
+    fn train_trial(
+        &mut self,
+        id: usize,
+        rung: usize,
+        settings: &[Setting],
+        remaining: f64,
+    ) -> Result<(RunSummary, usize), Error> {
+        let mut c = self.trial_config(id, rung, settings)?;
+        let mut options = TrainOptions { overwrite: true, ..Default::default() };
+        let mut clock = 0.0;
+        let linear_start = self.starts.start(id, rung, &c).map(Path::to_path_buf);
+        if c.checkpoint.enabled && rung > 0 && warm::network_continues(&c, self.resource) {
+            let below = warm::trial_dir(&self.opts.out, id, rung - 1);
+            if let Some(seconds) = warm::continue_network(&below, &c.log_dir())? {
+                (options.resume, options.overwrite, clock) = (true, false, seconds);
+                log::info!("trial {id} (rung {rung}) continues its run of rung {} at {seconds:.1} s", rung - 1);
+            }
+        }
+        if let (Some(dir), true) = (&linear_start, c.checkpoint.enabled) {
+            log::info!("trial {id} (rung {rung}) starts from the model in {}", dir.display());
+            options.warm_start = Some(dir);
+        }
+        if TaskKind::of(&c).takes_budget() {
+            // A continued run's clock counts the rung below's training seconds.
+            c.train.max_seconds = clock + remaining.max(1.0);
+        }
+        let summary = crate::train(&c, &options, &farout_dist::Local)?;
+        if c.checkpoint.enabled && self.kind == TaskKind::Linear {
+            self.starts.add(id, rung, &c, &c.checkpoint_dir());
+        }
+        Ok((summary, c.train.epochs))
     }
 
     /// The settings that make a network run keep its weights best on validation by the
@@ -419,7 +470,14 @@ impl<'a> Search<'a> {
         let mut c = self.recipe.config(&recipe_settings)?;
         c.log.dir = Some(out.join("runs").join(format!("{}-tuned@0", c.name)));
         c.log.progress = self.opts.progress;
-        let summary = crate::train(&c, &TrainOptions { overwrite: true, ..Default::default() }, &farout_dist::Local)?;
+        // A linear solver that can starts from the best trial's model: the same fit, sooner.
+        let mut options = TrainOptions { overwrite: true, ..Default::default() };
+        let start = warm::trial_dir(out, best.id, best.rung).join("checkpoint");
+        let warm = !self.opts.cold && self.starts.has(&start);
+        if warm {
+            options.warm_start = Some(&start);
+        }
+        let summary = crate::train(&c, &options, &farout_dist::Local)?;
         let path = c.log_dir().join("summary.json");
         std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
         let table = trials::table(&self.trials, &self.metric.name, self.resource.unit());
