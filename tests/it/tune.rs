@@ -122,11 +122,16 @@ fn warm_started_trials_give_the_cold_trials_figures() {
     assert!(log.contains("(rung 2) continues its run of rung 1"), "{log}");
     assert!(!cold_log.contains("continues its run"), "{cold_log}");
     assert_eq!(warm, cold);
-    // DiSMEC trials start from earlier models; the final run from the best trial's.
+    // DiSMEC trials start from the models of earlier trials with the same data settings (here
+    // all of them), the final run from the best trial's.
     let c = config(dir.path(), LINEAR);
-    let (warm, log) = tune_trials(&c, &dir.path().join("lwarm"), &["--seed", "3"]);
-    let (cold, _) = tune_trials(&c, &dir.path().join("lcold"), &["--seed", "3", "--cold"]);
-    assert!(log.contains("(rung 1) starts from the model in"), "{log}");
+    let space = dir.path().join("space.toml");
+    std::fs::write(&space, "\"data.tfidf\" = { choice = [false] }\n\"data.normalize\" = { choice = [true] }\n")
+        .unwrap();
+    let args = ["--seed", "3", "--space", space.to_str().unwrap()];
+    let (warm, log) = tune_trials(&c, &dir.path().join("lwarm"), &args);
+    let (cold, _) = tune_trials(&c, &dir.path().join("lcold"), &[&args[..], &["--cold"]].concat());
+    assert!(log.contains("trial 1 (rung 0) starts from the model in"), "{log}");
     assert_eq!(warm, cold, "the same validation figures to the solver's tolerance");
     let init = |name: &str| {
         let s = std::fs::read_to_string(dir.path().join(name).join("runs/base-tuned@0/summary.json")).unwrap();

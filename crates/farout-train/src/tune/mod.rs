@@ -322,6 +322,12 @@ impl<'a> Search<'a> {
             }
         }
         trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
+        if self.kind == TaskKind::Classifier {
+            // Nothing continues a halved trial: its resume checkpoint (W, index, optimiser) goes.
+            for t in self.trials[ran].iter().filter(|t| t.stop != Stop::Promoted) {
+                warm::remove_checkpoint(&warm::trial_dir(&self.opts.out, t.id, t.rung))?;
+            }
+        }
         Ok(promoted.into_iter().map(|i| alive[i].clone()).collect())
     }
 
@@ -386,6 +392,8 @@ impl<'a> Search<'a> {
         c.log.dir = Some(dir);
         let warm = self.kind == TaskKind::Linear || warm::network_continues(&c, self.resource);
         (c.checkpoint.enabled, c.log.progress, c.log.tensorboard) = (warm && !self.opts.cold, false, false);
+        // A network trial is continued from its end only: no checkpoint at every epoch.
+        c.checkpoint.every_steps = u64::MAX;
         Ok(c)
     }
 

@@ -8,10 +8,10 @@
 //! "Non-stochastic best arm identification and hyperparameter optimization", Alg. 1). Brackets
 //! repeat, with new draws, until the budget is spent.
 //!
-//! Each trial trains from scratch: a network's checkpoint could be continued, but a continued
-//! run keeps the shorter run's step-size schedule (skip-gram's linear decay, A&R's), and
-//! DiSMEC's Newton solver converges from any start, so a warm start from a neighbouring C saves
-//! iterations, not a different answer; neither is implemented here.
+//! A promoted trial starts from where its setting's run of the rung below left off where that
+//! gives the same figure ([`super::warm`]): a network bracket then costs `1 + 2/3 + 2/3` full
+//! runs instead of 3 (each rung's trials train only the epochs the rung below did not). A
+//! linear trial starts from a neighbouring C's model, which saves Newton iterations.
 
 use super::recipe::{Recipe, Setting};
 use super::trials::{Stop, Trial};
