@@ -13,12 +13,15 @@
 //! draw:    every rank draws the same classes    -> the candidates, with score corrections
 //! score:   each rank scores the candidates it owns exactly (completing the block scores its
 //!          searches found), 0 for the others; allreduce sum
-//! loss:    every rank evaluates L(z_U, P) on the same scores (the same loss everywhere)
+//! loss:    each rank evaluates L(z_U, P) on its part of the samples (B / P of them); one
+//!          allgather gives every rank every sample's dL/dz_U (a drawn loss, which may keep
+//!          per-sample state that every rank holds, is evaluated by every rank instead)
 //! update:  each rank keeps dL/dz_c of its own classes: its rows, dL/dphi summed by allreduce
 //! ```
 //!
-//! A search step moves, per sample, every rank's `B Q` hits (scores and ids) and one score per
-//! candidate; a draw step one score per candidate. On one rank the step is the estimator's own
+//! A search step moves, per sample, every rank's `B Q` hits (scores and ids), one score per
+//! candidate and, from the rank that evaluated the sample, one gradient per candidate; a draw
+//! step one score per candidate. On one rank the step is the estimator's own
 //! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
 //! The ranks' indexes rebuild together, with the norm bound of all the ranks' rows.
 
@@ -196,8 +199,13 @@ pub fn sparse_step(
             };
             // 2. The exact scores, each from the rank that owns the class.
             let classes_scored = ranks.exact_scores(ctx, batch, n_blocks, cands, cost)?;
-            // 3. The same loss on every rank; each keeps the gradient of its own classes.
-            let loss_sum = own_class_gradients(ctx, batch, grads, cands, loss, first);
+            // 3. The loss: of the scores alone, each rank evaluates its part of the samples and
+            //    the ranks gather the gradients; of the draws (which may keep per-sample state,
+            //    held by every rank), every rank evaluates it. Each keeps its own classes'.
+            let loss_sum = match loss {
+                StepLoss::Scores(loss) if comm.size() > 1 => ranks.split_loss(ctx, grads, cands, loss)?,
+                _ => own_class_gradients(ctx, batch, grads, cands, loss, first),
+            };
             Ok(BatchEstimate { loss_sum, classes_scored })
         })
     })?;
@@ -372,6 +380,68 @@ impl StepComm<'_> {
         }
         Ok(cost_sum[0] as usize)
     }
+}
+
+impl StepComm<'_> {
+    /// `loss` on every sample's candidates, split over the ranks: rank r evaluates the samples
+    /// of its part (`B r / P..B (r + 1) / P`), one allgather gives every rank each sample's loss
+    /// and gradient in sample order, and each keeps the gradient of its own classes in `grads`.
+    /// The values are those of [`own_class_gradients`], which every rank would compute alike;
+    /// the ranks evaluate `B / P` samples each and send `4 (B / P + sum |U_i|)` bytes more.
+    /// Returns the batch's loss sum.
+    fn split_loss(
+        &mut self,
+        ctx: &Ctx,
+        grads: &mut farout_estimators::BatchGrad,
+        cands: &[Candidates],
+        loss: &dyn Loss,
+    ) -> Result<f64, DistError> {
+        let (comm, first, b) = (self.comm, self.first, cands.len());
+        let ranks = comm.size();
+        let part = |r: usize| b * r / ranks..b * (r + 1) / ranks;
+        // Sample i travels as its loss, then one gradient per candidate.
+        let counts: Vec<usize> = (0..ranks).map(|r| cands[part(r)].iter().map(|c| 1 + c.z.len()).sum()).collect();
+        let mine = &cands[part(comm.rank())];
+        let mut send = vec![0f32; counts[comm.rank()]];
+        split_per_sample(&mut send, mine).into_par_iter().zip(mine.par_iter()).for_each_init(
+            LossScratch::default,
+            |scratch, (out, c)| {
+                let (l, grad) = out.split_first_mut().expect("a sample's loss");
+                *l = loss.value_and_grad(&c.z, &c.pos, grad, scratch);
+            },
+        );
+        let mut all = vec![0f32; counts.iter().sum()];
+        self.bytes += 4 * send.len();
+        self.timed(&mut || comm.allgatherv_f32(&send, &counts, &mut all))?;
+        grads.reset_sparse(b);
+        grads.losses.resize(b, 0.0);
+        let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
+        let samples = split_per_sample(&mut all, cands);
+        grads.sparse.par_iter_mut().zip(grads.losses.par_iter_mut()).zip(samples).zip(cands).for_each(
+            |(((g, l), got), c)| {
+                *l = got[0];
+                for (&class, &v) in c.classes.iter().zip(&got[1..]) {
+                    if let Some(local) = owned(class)
+                        && v != 0.0
+                    {
+                        g.push(local as ClassId, v);
+                    }
+                }
+            },
+        );
+        Ok(grads.losses.iter().map(|&l| f64::from(l)).sum())
+    }
+}
+
+/// `buf` cut into one slice per sample of `cands`: its loss and one value per candidate.
+fn split_per_sample<'b>(mut buf: &'b mut [f32], cands: &[Candidates]) -> Vec<&'b mut [f32]> {
+    let mut out = Vec::with_capacity(cands.len());
+    for c in cands {
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(1 + c.z.len());
+        out.push(head);
+        buf = tail;
+    }
+    out
 }
 
 /// The same loss on every rank, from the candidates' scores; each rank keeps the gradient of
@@ -635,6 +705,60 @@ mod tests {
                     if let Some(state) = est.sample_state() {
                         assert_eq!(state.to_vec(), one.sample_state().unwrap().to_vec(), "{name}, {ranks} ranks");
                     }
+                });
+            }
+        }
+    }
+
+    /// At 2 and 3 ranks (threads of this process), with brute-force indexes, the search
+    /// estimators and the exact margin take one process's steps, each rank evaluating the loss
+    /// of its part of the samples: the same losses and `dL/dphi`, every rank's rows those of the
+    /// whole layer.
+    #[test]
+    fn ranks_as_threads_step_like_one_process_with_the_search_estimators() {
+        let (k, d, b) = (2000, 32, 40);
+        let cfg = OutputLayerConfig { bias: true, init_std: 0.5, ..Default::default() };
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let (phi, labels) = problem(k, d, b);
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let batch = Batch::new(&phi, &pos);
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let ldgs = Ldgs::new(margin, 40, Iterations::FixedPoint, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
+        let estimators: Vec<(&str, Box<dyn GradientEstimator>, usize)> = vec![
+            ("mips", Box::new(Mips::new(margin, 50).unwrap()), 1),
+            ("mips softmax", Box::new(Mips::new(Softmax, 50).unwrap()), 1),
+            ("ldgs", Box::new(ldgs), 4),
+            ("margin", Box::new(farout_estimators::Exact::new(margin)), 0),
+        ];
+        let with_index = |layer: &mut OutputLayer, blocks: usize| {
+            if blocks > 0 {
+                layer.attach_index(IndexConfig::exact(), blocks, IndexUpkeep::default()).unwrap();
+            }
+        };
+        for (name, est, blocks) in &estimators {
+            let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+            with_index(&mut whole, *blocks);
+            let mut r = rng::seeded(9, 0);
+            let want: Vec<(f64, Matrix)> = (0..3)
+                .map(|_| (whole.train_step(est.as_ref(), batch, &mut r, true).loss_sum, whole.dphi().clone()))
+                .collect();
+            let plan = est.shard_plan().unwrap();
+            for ranks in [2, 3] {
+                farout_dist::Threads::run(ranks, |comm| {
+                    let rows = farout_dist::Shards::even(k, ranks).unwrap().range(comm.rank());
+                    let mut layer = OutputLayer::with_rows(rows.clone(), d, &cfg, &opt, 5).unwrap();
+                    with_index(&mut layer, *blocks);
+                    let mut r = rng::seeded(9, 0);
+                    for (step, (loss, dphi)) in want.iter().enumerate() {
+                        let (s, _) = sparse_step(&mut layer, rows.start, k, comm, plan, batch, &mut r, true).unwrap();
+                        let at = format!("{name}, {ranks} ranks, rank {}, step {step}", comm.rank());
+                        assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
+                        let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
+                        assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
+                    }
+                    let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
+                    let diff = layer.weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                    assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{name}, {ranks} ranks, rank {}", comm.rank());
                 });
             }
         }
