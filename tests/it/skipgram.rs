@@ -344,3 +344,56 @@ fn a_generated_corpus_trains() {
     let s = crate::summary(&crate::farout(&args.iter().map(String::as_str).collect::<Vec<_>>()));
     assert!(s["vocab"].as_u64().unwrap() > 1000, "{s}");
 }
+
+/// The held-out objectives a skip-gram run logged at its epochs' ends, in order.
+fn heldout_by_epoch(log_dir: &Path) -> Vec<f64> {
+    let text = std::fs::read_to_string(log_dir.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("epoch/loss").is_some())
+        .filter_map(|v| v["eval/heldout_objective"].as_f64())
+        .collect()
+}
+
+#[test]
+fn skipgram_under_select_best_keeps_the_epoch_best_on_heldout_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let q = quiet_in(dir.path());
+    // A small corpus at a high rate, one thread (reproducible): the held-out objective is best
+    // at epoch 5 of 6.
+    let mut a = vec!["train", "configs/skipgram-quickstart.toml", "--set", "data.synthetic.tokens=50000"];
+    a.extend(["--set", "train.threads=1"]);
+    a.extend(["--set", "train.epochs=6", "--set", "model.skip_gram.lr=0.1", "--set", "data.text.min_count=1"]);
+    a.extend(["--set", "train.select=\"best\""]);
+    a.extend(q.iter().map(String::as_str));
+    let s = summary(&farout(&a));
+    let objectives = heldout_by_epoch(&dir.path().join("log"));
+    assert_eq!(objectives.len(), 6, "{objectives:?}");
+    let best = (0..6).min_by(|&i, &j| objectives[i].total_cmp(&objectives[j])).unwrap();
+    assert!(best < 5, "this run's best epoch comes before its last: {objectives:?}");
+    let sel = &s["selection"];
+    assert_eq!(sel["best_epoch"], best + 1, "{s}");
+    assert_eq!(s["heldout_objective"].as_f64(), Some(objectives[best]));
+    assert_eq!(sel["last_heldout_objective"].as_f64(), Some(objectives[5]));
+    assert_eq!(s["epochs"], 6, "the run trains all its epochs");
+    // `farout export` writes the kept epoch's vectors (`--last` the last epoch's).
+    let (kept, last) = (dir.path().join("kept.npy"), dir.path().join("last.npy"));
+    let mut e = vec!["export", "configs/skipgram-quickstart.toml", "--set", "data.synthetic.tokens=50000"];
+    e.extend(q.iter().map(String::as_str));
+    for (out, extra) in [(&kept, None), (&last, Some("--last"))] {
+        let mut e = e.clone();
+        e.extend(["--out", out.to_str().unwrap()]);
+        e.extend(extra);
+        assert!(farout(&e).status.success());
+    }
+    assert_ne!(std::fs::read(&kept).unwrap(), std::fs::read(&last).unwrap());
+    let state = std::fs::read_to_string(dir.path().join("ckpt-best/state.json")).unwrap();
+    assert!(state.contains(&format!("\"epochs_done\": {}", best + 1)), "{state}");
+    // Without held-out text there is nothing to choose on: refused, naming the key to set.
+    let corpus = dir.path().join("log/corpus.txt");
+    let c = format!("data.corpus=\"{}\"", corpus.display());
+    let mut t = vec!["train", "configs/skipgram-quickstart.toml", "--set", &c, "--set", "train.select=\"best\""];
+    t.extend(q.iter().map(String::as_str));
+    let o = farout(&t);
+    assert!(!o.status.success() && stderr(&o).contains("eval.heldout"), "{}", stderr(&o));
+}

@@ -593,10 +593,14 @@ impl Config {
                 format!(" = {:?}: one of {}", t.select_metric, SELECT_METRICS.join(", ")),
             ));
         }
-        if t.select == Select::Best && self.model.encoder == EncoderKind::SkipGram {
+        if t.select == Select::Best
+            && self.model.encoder == EncoderKind::SkipGram
+            && !crate::skipgram::has_heldout(self)
+        {
             return Err(ConfigError::key(
                 "train.select",
-                " = \"best\" applies to classifier networks; skip-gram keeps its last epoch (use \"auto\" or \"last\")",
+                " = \"best\": a skip-gram run keeps its epoch best on held-out text; set eval.heldout (and \
+                 eval.heldout_pairs > 0), or use \"auto\" or \"last\"",
             ));
         }
         Ok(())
@@ -693,11 +697,12 @@ impl Config {
         dir.with_file_name(name)
     }
 
-    /// Whether a classifier run keeps its weights best on validation (`train.select`; `auto`:
-    /// under a time budget) rather than its last step's. Linear solvers train in one go and
-    /// skip-gram keeps its last epoch: never for them.
+    /// Whether a network run keeps its weights best on validation (`train.select`; `auto`:
+    /// under a time budget) rather than its last step's: a classifier on its validation rows, a
+    /// skip-gram run on its held-out text (none without). Linear solvers train in one go: never.
     pub fn selects_best(&self) -> bool {
-        let network = self.linear.is_none() && self.model.encoder != EncoderKind::SkipGram;
+        let skip_gram = self.model.encoder == EncoderKind::SkipGram;
+        let network = self.linear.is_none() && (!skip_gram || crate::skipgram::has_heldout(self));
         network
             && match self.train.select {
                 Select::Auto => self.train.max_seconds > 0.0,

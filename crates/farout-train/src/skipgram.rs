@@ -5,7 +5,8 @@
 //! The checkpoint directory holds `vocab.txt`, `input.bin` and `output.bin` (both tables, so a
 //! resumed run keeps the output vectors; with subwords the input table has the n-gram rows
 //! after the words') and `state.json`; the step size continues from where the schedule stopped
-//! because it is a function of the words read.
+//! because it is a function of the words read. A run that selects keeps its epoch best on the
+//! held-out objective beside it ([`best`]).
 
 use crate::checkpoint::{check_finite, read_f32_file, replace_dir, write_f32_file};
 use crate::config::{Config, ConfigError};
@@ -32,6 +33,9 @@ use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+mod best;
+pub use best::{SkipGramSelection, has_heldout};
+
 /// Negatives per pair when `output.n_samples = 0` (word2vec's default).
 const DEFAULT_NEGATIVES: usize = 5;
 
@@ -46,6 +50,9 @@ struct State {
     /// The n-gram settings the input table was trained with (`None`: no subwords).
     #[serde(default)]
     ngrams: Option<NgramSpec>,
+    /// The epoch kept as the best on the held-out objective ([`best`]).
+    #[serde(default)]
+    best: Option<best::BestEpoch>,
 }
 
 /// What a skip-gram run reports at the end (printed as JSON).
@@ -77,12 +84,17 @@ pub struct SkipGramSummary {
     pub words_per_second: f64,
     /// Mean pair loss of the last epoch (the estimator's own loss).
     pub loss: f64,
-    /// Full-softmax objective on held-out pairs after the last epoch.
+    /// Full-softmax objective on held-out pairs of the kept vectors: the last epoch's, or the
+    /// best epoch's when the run selects ([`SkipGramSummary::selection`]).
     pub heldout_objective: Option<f64>,
-    /// Analogy evaluation of the final vectors (`eval.analogy`).
+    /// Analogy evaluation of the kept vectors (`eval.analogy`).
     pub analogy: Option<AnalogyTotals>,
-    /// Similarity evaluation of the final vectors (`eval.similarity`).
+    /// Similarity evaluation of the kept vectors (`eval.similarity`).
     pub similarity: Option<SimilarityReport>,
+    /// A run that kept its epoch best on the held-out objective: which, and the last epoch's
+    /// objective beside it. `None` when the last epoch is the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<SkipGramSelection>,
     /// Where the vectors were exported.
     pub vectors: Option<PathBuf>,
     /// The log directory.
@@ -270,6 +282,13 @@ pub(crate) fn check_config(config: &Config) -> Result<(), ConfigError> {
     config.check_training()
 }
 
+/// The checkpoint a trained model is read from: the epoch kept as the best on the held-out
+/// objective (`<checkpoint dir>-best`) when the run kept one, else the last epoch's.
+pub fn kept_checkpoint_dir(config: &Config) -> PathBuf {
+    let best = config.best_checkpoint_dir();
+    if best.exists() { best } else { config.checkpoint_dir() }
+}
+
 /// Which vectors of a skip-gram checkpoint [`export_checkpoint`] writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipGramRows {
@@ -395,7 +414,13 @@ impl<'a> Session<'a> {
         export: Option<&Path>,
     ) -> Result<SkipGramSummary, Error> {
         let (config, vocab) = (self.config, self.vocab);
-        let (analogy, similarity) = match self.last_eval.take() {
+        let kept = self.kept()?;
+        // The kept epoch's vectors and figures when it is not the last.
+        let (emb, last_eval, heldout) = match &kept {
+            Some((s, Some(best))) => (best, None, Some(s.best_heldout_objective)),
+            _ => (emb, self.last_eval.take(), self.last_heldout.get()),
+        };
+        let (analogy, similarity) = match last_eval {
             Some(reports) => reports,
             None if self.wants_eval() => evaluate(config, &vectors(vocab, self.subwords, &emb.input)?)?,
             None => (None, None),
@@ -418,9 +443,10 @@ impl<'a> Session<'a> {
             vocab_seconds,
             words_per_second: state.words as f64 / state.train_seconds.max(1e-9),
             loss: self.last_loss.get(),
-            heldout_objective: self.last_heldout.get(),
+            heldout_objective: heldout,
             analogy: analogy.as_ref().map(AnalogyTotals::from),
             similarity,
+            selection: kept.map(|(s, _)| s),
             vectors: export.map(Path::to_path_buf),
             log_dir: config.log_dir(),
         })
@@ -536,11 +562,13 @@ impl<'a> Session<'a> {
         // The words' input vectors (composed with subwords), once for both evaluations.
         let inputs = (!self.heldout.is_empty() || self.wants_eval()).then(|| word_inputs(self.subwords, input));
         let mut line = format!("epoch {}: loss {:.4}, {:.0} words/s", s.epoch + 1, s.loss, s.words as f64 / s.seconds);
+        let mut better = false;
         if let (false, Some(inputs)) = (self.heldout.is_empty(), &inputs) {
             let obj = softmax_objective(inputs, output, &self.heldout);
             values.push(("eval/heldout_objective", obj));
             line += &format!(", held-out objective {obj:.4}");
             self.last_heldout.set(Some(obj));
+            better = self.improves(obj);
         }
         if let (true, Some(inputs)) = (self.wants_eval(), inputs) {
             let (a, sim) = evaluate(self.config, &vectors_of(self.vocab, self.subwords, inputs, input)?)?;
@@ -561,26 +589,43 @@ impl<'a> Session<'a> {
             sinks.flush()?;
         }
         log::info!("{line}");
+        if better {
+            // The kept vectors, written whether or not checkpoints are: they are the model.
+            self.write_vectors(&self.config.best_checkpoint_dir(), input, output, |_| Ok(()))?;
+        }
         if self.config.checkpoint.enabled {
-            let dir = self.config.checkpoint_dir();
-            for (name, m) in [("input.bin", input), ("output.bin", output)] {
-                if let Err(e) = check_finite(&dir.join(name), "vectors", m.as_slice()) {
-                    let kept = format!("the previous checkpoint is kept at {}", dir.display());
-                    let why = format!("non-finite vectors ({e})");
-                    return Err(Error::Diverged { step: words, why, kept, keys: "model.skip_gram.lr".into() });
-                }
-            }
-            replace_dir(&dir, words, |tmp| {
-                self.vocab.save(&tmp.join("vocab.txt"))?;
-                write_f32_file(&tmp.join("input.bin"), input.as_slice())?;
-                write_f32_file(&tmp.join("output.bin"), output.as_slice())?;
-                extra(tmp)?;
-                let json = serde_json::to_string_pretty(&*self.state.borrow()).expect("state serialises");
-                std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
-            })?;
+            self.write_vectors(&self.config.checkpoint_dir(), input, output, extra)?;
         }
         self.eval_seconds.set(self.eval_seconds.get() + t_eval.elapsed().as_secs_f64());
         self.next_eval.set(self.train_seconds() + self.config.eval.every_seconds);
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the vectors (vocabulary, both tables, `extra`'s files, the state)
+    /// to `dir` atomically, after checking that they are finite.
+    fn write_vectors(
+        &self,
+        dir: &Path,
+        input: &Matrix,
+        output: &Matrix,
+        extra: impl FnOnce(&Path) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let words = self.state.borrow().words;
+        for (name, m) in [("input.bin", input), ("output.bin", output)] {
+            if let Err(e) = check_finite(&dir.join(name), "vectors", m.as_slice()) {
+                let kept = format!("the previous checkpoint is kept at {}", dir.display());
+                let why = format!("non-finite vectors ({e})");
+                return Err(Error::Diverged { step: words, why, kept, keys: "model.skip_gram.lr".into() });
+            }
+        }
+        replace_dir(dir, words, |tmp| {
+            self.vocab.save(&tmp.join("vocab.txt"))?;
+            write_f32_file(&tmp.join("input.bin"), input.as_slice())?;
+            write_f32_file(&tmp.join("output.bin"), output.as_slice())?;
+            extra(tmp)?;
+            let json = serde_json::to_string_pretty(&*self.state.borrow()).expect("state serialises");
+            std::fs::write(tmp.join("state.json"), json).map_err(io(tmp))
+        })?;
         Ok(())
     }
 

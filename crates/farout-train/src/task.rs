@@ -402,9 +402,8 @@ impl Task for SkipGramTask {
     }
 
     fn load(&mut self, checkpoint: Option<&Path>) -> Result<(), Error> {
-        if let Some(dir) = checkpoint {
-            self.config.checkpoint.dir = Some(dir.to_path_buf());
-        }
+        let dir = checkpoint.map_or_else(|| crate::skipgram::kept_checkpoint_dir(&self.config), Path::to_path_buf);
+        self.config.checkpoint.dir = Some(dir);
         Ok(())
     }
 
