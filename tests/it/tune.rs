@@ -188,6 +188,23 @@ fn the_output_directory_is_never_an_input() {
 }
 
 #[test]
+fn a_tune_writes_nothing_into_the_base_configs_checkpoint_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), NETWORK);
+    let ckpt = dir.path().join("base-ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    std::fs::write(ckpt.join("layer.bin"), b"the base run's model").unwrap();
+    let set = format!("checkpoint.dir=\"{}\"", ckpt.display());
+    let out = dir.path().join("tune");
+    let o = tune(&c, &out, 2, &["--set", &set]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(ckpt.join("layer.bin")).unwrap(), b"the base run's model");
+    assert_eq!(std::fs::read_dir(&ckpt).unwrap().count(), 1, "nothing added");
+    assert!(!dir.path().join("base-ckpt-best").exists(), "no kept weights beside it");
+    assert!(out.join("runs/base-tuned@0/checkpoint/layer.bin").exists(), "the final run's model is in DIR");
+}
+
+#[test]
 fn an_interrupted_tune_resumes_from_its_trials() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path(), LINEAR);

@@ -477,6 +477,9 @@ impl<'a> Search<'a> {
         plot::plot(out, &self.trials, &self.metric)?;
         let mut c = self.recipe.config(&recipe_settings)?;
         c.log.dir = Some(out.join("runs").join(format!("{}-tuned@0", c.name)));
+        // In DIR too when the base config names a checkpoint directory: the final run replaces
+        // what its directory holds, and the base run's model is not the tune's to replace.
+        c.checkpoint.dir = Some(c.log_dir().join("checkpoint"));
         c.log.progress = self.opts.progress;
         // A linear solver that can starts from the best trial's model: the same fit, sooner.
         let mut options = TrainOptions { overwrite: true, ..Default::default() };
