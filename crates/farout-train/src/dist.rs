@@ -50,8 +50,9 @@ pub fn check_same_config(comm: &dyn Collective, config: &Config) -> Result<(), E
 }
 
 /// The sum over the ranks of every rank's encoder gradients `grads`, on every rank: the union
-/// of the table rows the ranks' batches used (ids and rows gathered), and the bias gradients
-/// summed.
+/// of the table rows the ranks' batches used, each row and the bias summed in rank order. Two
+/// collectives: the number of rows each rank sends, then one gather of each rank's bias, rows'
+/// ids and rows (as `u32`: the floats' bits).
 pub fn sum_doc_grads(comm: &dyn Collective, grads: DocGrads) -> Result<DocGrads, Error> {
     if comm.size() == 1 {
         return Ok(grads);
@@ -59,28 +60,29 @@ pub fn sum_doc_grads(comm: &dyn Collective, grads: DocGrads) -> Result<DocGrads,
     let d = grads.bias.len();
     let mut n = vec![0u32; comm.size()];
     comm.allgather_u32(&[grads.features.len() as u32], &mut n)?;
-    let counts: Vec<usize> = n.iter().map(|&c| c as usize).collect();
-    let mut features = vec![0u32; counts.iter().sum()];
-    comm.allgatherv_u32(&grads.features, &counts, &mut features)?;
-    let row_counts: Vec<usize> = counts.iter().map(|c| c * d).collect();
-    let mut rows = vec![0f32; features.len() * d];
-    comm.allgatherv_f32(grads.rows.as_slice(), &row_counts, &mut rows)?;
-    let mut bias = grads.bias;
-    comm.allreduce_sum_f32(&mut bias)?;
+    let counts: Vec<usize> = n.iter().map(|&c| d + c as usize * (1 + d)).collect();
+    let mut send = Vec::with_capacity(counts[comm.rank()]);
+    send.extend(grads.bias.iter().map(|b| b.to_bits()));
+    send.extend_from_slice(&grads.features);
+    send.extend(grads.rows.as_slice().iter().map(|x| x.to_bits()));
+    let mut all = vec![0u32; counts.iter().sum()];
+    comm.allgatherv_u32(&send, &counts, &mut all)?;
+    let floats = |bits: &[u32]| bits.iter().map(|&b| f32::from_bits(b)).collect::<Vec<f32>>();
     let mut at = 0;
-    let parts: Vec<DocGrads> = counts
+    let parts: Vec<DocGrads> = n
         .iter()
         .map(|&c| {
-            let part = DocGrads {
-                features: features[at..at + c].to_vec(),
-                rows: Matrix::from_vec(c, d, rows[at * d..(at + c) * d].to_vec()).expect("c rows of d"),
-                bias: vec![0.0; d],
-            };
-            at += c;
-            part
+            let c = c as usize;
+            let (bias, ids, rows) = (at..at + d, at + d..at + d + c, at + d + c..at + d + c * (1 + d));
+            at = rows.end;
+            DocGrads {
+                features: all[ids].to_vec(),
+                rows: Matrix::from_vec(c, d, floats(&all[rows])).expect("c rows of d"),
+                bias: floats(&all[bias]),
+            }
         })
         .collect();
-    Ok(DocGrads { bias, ..DocGrads::add(&parts) })
+    Ok(DocGrads::add(&parts))
 }
 
 /// Every rank's `bytes`, in rank order, on every rank (one broadcast per rank: for small
@@ -111,5 +113,26 @@ mod tests {
             &Config::parse("[data]\nformat = \"synthetic_xmc\"\n[linear]\nsolver = \"dismec\"\n", &[]).unwrap(),
         )
         .unwrap();
+    }
+
+    /// Rank r's gradients: rows of features r, r + 2 and 7 (shared by every rank), a bias of its own.
+    fn rank_grads(r: usize, d: usize) -> DocGrads {
+        let features = vec![r as u32, r as u32 + 2, 7];
+        let rows = (0..3 * d).map(|i| (r * 100 + i) as f32 * 0.25 - 3.0).collect();
+        DocGrads { features, rows: Matrix::from_vec(3, d, rows).unwrap(), bias: vec![r as f32 + 0.5; d] }
+    }
+
+    #[test]
+    fn the_ranks_encoder_gradients_sum_to_those_of_all_their_rows() {
+        let d = 4;
+        for ranks in [2, 3] {
+            let want = DocGrads::add(&(0..ranks).map(|r| rank_grads(r, d)).collect::<Vec<_>>());
+            let got = farout_dist::Threads::run(ranks, |c| sum_doc_grads(c, rank_grads(c.rank(), d)).unwrap());
+            for g in &got {
+                assert_eq!(g.features, want.features, "{ranks} ranks");
+                assert_eq!(g.rows.as_slice(), want.rows.as_slice(), "{ranks} ranks");
+                assert_eq!(g.bias, want.bias, "{ranks} ranks");
+            }
+        }
     }
 }
