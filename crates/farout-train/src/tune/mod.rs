@@ -323,7 +323,7 @@ impl<'a> Search<'a> {
         }
         trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
         if self.kind == TaskKind::Classifier {
-            // Nothing continues a halved trial: its resume checkpoint (W, index, optimiser) goes.
+            // Nothing continues a trial that was not promoted: its resume checkpoint goes.
             for t in self.trials[ran].iter().filter(|t| t.stop != Stop::Promoted) {
                 warm::remove_checkpoint(&warm::trial_dir(&self.opts.out, t.id, t.rung))?;
             }
