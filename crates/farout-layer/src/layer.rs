@@ -1,6 +1,6 @@
 use crate::Error;
 use crate::layer_file::{Parts, open_checked};
-use crate::optim::{Optimizer, OptimizerConfig, UpdateRule, split_rows};
+use crate::optim::{Optimizer, OptimizerConfig, split_rows};
 use farout_core::binio::read_f32s;
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, ParamError, Rng, kernels, rng};
@@ -10,6 +10,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+mod dense_update;
 mod saved_index;
 mod tiled;
 
@@ -109,7 +110,8 @@ pub struct OutputLayer {
     opt_b: Optimizer,
     grads: BatchGrad,
     dphi: Matrix,
-    dw: Matrix,
+    /// The `rows x D` gradient of W for adaptive optimisers (dense steps).
+    dw: Vec<f32>,
     entries: Vec<(ClassId, u32, f32)>,
     grouping: Grouping,
     /// Rows changed by the last sparse update, in class order.
@@ -174,7 +176,7 @@ impl OutputLayer {
             opt_b: optimizer.build(n_classes, 1),
             grads: BatchGrad::default(),
             dphi: Matrix::default(),
-            dw: Matrix::default(),
+            dw: Vec::new(),
             entries: Vec::new(),
             grouping: Grouping::default(),
             touched: Vec::new(),
@@ -548,32 +550,15 @@ impl OutputLayer {
     /// into W for SGD, through a `rows.len() x D` temporary for AdaGrad).
     fn update_rows_dense(&mut self, rows: std::ops::Range<usize>, g: &[f32], phi: &Matrix) {
         let (b, k, d) = (phi.rows(), rows.len(), self.d_model());
-        debug_assert_eq!(g.len(), b * k);
-        if let Some(bias) = &mut self.bias {
-            let mut gb = vec![0.0f32; k];
-            for row in g.chunks_exact(k) {
-                kernels::axpy(1.0, row, &mut gb);
-            }
-            let rule = self.opt_b.rule();
-            let acc = self.opt_b.accum_mut(); // empty for SGD
-            let acc = if acc.is_empty() { acc } else { &mut acc[rows.clone()] };
-            rule.apply_scalars(&mut bias[rows.clone()], acc, &gb);
-        }
-        let w = &mut self.w.as_mut_slice()[rows.start * d..rows.end * d];
-        if self.opt_w.is_adaptive() {
-            self.dw.reshape_for_overwrite(k, d);
-            gemm::gemm(self.dw.as_mut_slice(), k, d, 0.0, 1.0, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
-            let rule = self.opt_w.rule();
-            let acc = &mut self.opt_w.accum_mut()[rows.start * d..rows.end * d];
-            w.par_chunks_mut(d)
-                .zip(acc.par_chunks_mut(d))
-                .zip(self.dw.as_slice().par_chunks(d))
-                .for_each(|((row, a), grad)| rule.apply(row, a, grad));
-        } else {
-            // Fused: W <- (1 - lr l2) W - lr G^T Phi, no K x D temporary.
-            let UpdateRule::Sgd { lr, l2 } = self.opt_w.rule() else { unreachable!("non-adaptive rule is SGD") };
-            gemm::gemm(w, k, d, 1.0 - lr * l2, -lr, g, (b, k), Op::T, phi.as_slice(), (b, d), Op::N);
-        }
+        let rules = (self.opt_w.rule(), self.opt_b.rule());
+        let target = dense_update::Rows {
+            w: dense_update::rows_of(self.w.as_mut_slice(), &rows, d),
+            acc_w: dense_update::rows_of(self.opt_w.accum_mut(), &rows, d),
+            bias: dense_update::rows_of(self.bias.as_deref_mut().unwrap_or_default(), &rows, 1),
+            acc_b: dense_update::rows_of(self.opt_b.accum_mut(), &rows, 1),
+        };
+        let scratch = (&mut self.dw, &mut Vec::new());
+        dense_update::apply(target, g, phi.as_slice(), (b, k, d), rules, scratch, true);
     }
 
     /// A dense step that visits the classes `chunk` at a time, so that the class gradients never

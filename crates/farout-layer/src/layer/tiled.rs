@@ -20,6 +20,7 @@
 //! of threads.
 
 use super::OutputLayer;
+use super::dense_update::{self, Rows, rows_of};
 use crate::StepStats;
 use crate::optim::UpdateRule;
 use farout_core::gemm::{self, Op};
@@ -199,7 +200,7 @@ fn update_group(
     (first, tile): (usize, usize),
     tile_sums: &[Vec<LogSumExp>],
     all: &[LogSumExp],
-    (rule_w, rule_b): (UpdateRule, UpdateRule),
+    rules: (UpdateRule, UpdateRule),
 ) {
     let Group { classes, w, acc_w, bias, acc_b, stored, dphi } = group;
     let (b, d) = (batch.phi.rows(), batch.phi.cols());
@@ -218,42 +219,15 @@ fn update_group(
             if !dphi.is_empty() {
                 gemm::gemm_serial(dphi, b, d, 1.0, 1.0, grad, (b, n), Op::N, w_rows, (n, d), Op::N);
             }
-            update_rows(w_rows, acc_w, local.clone(), grad, phi, (b, n, d), rule_w, dw);
-            if !bias.is_empty() {
-                grad_b.clear();
-                grad_b.resize(n, 0.0);
-                grad.chunks_exact(n).for_each(|row| kernels::axpy(1.0, row, grad_b));
-                let acc = if acc_b.is_empty() { &mut [][..] } else { &mut acc_b[local.clone()] };
-                rule_b.apply_scalars(&mut bias[local], acc, grad_b);
-            }
+            let target = Rows {
+                w: w_rows,
+                acc_w: rows_of(acc_w, &local, d),
+                bias: rows_of(bias, &local, 1),
+                acc_b: rows_of(acc_b, &local, 1),
+            };
+            dense_update::apply(target, grad, phi, (b, n, d), rules, (dw, grad_b), false);
         }
     });
-}
-
-/// `W_rows` updated by the gradient `grad^T Phi` with `rule` (fused into one product for SGD;
-/// through `dw` for adaptive rules, whose state `acc` covers the group, indexed by `local`).
-#[allow(clippy::too_many_arguments)]
-fn update_rows(
-    w: &mut [f32],
-    acc: &mut [f32],
-    local: Range<usize>,
-    grad: &[f32],
-    phi: &[f32],
-    (b, n, d): (usize, usize, usize),
-    rule: UpdateRule,
-    dw: &mut Vec<f32>,
-) {
-    // SGD: W <- (1 - lr l2) W - lr G^T Phi in one product, no tile x D temporary.
-    if let UpdateRule::Sgd { lr, l2 } = rule {
-        gemm::gemm_serial(w, n, d, 1.0 - lr * l2, -lr, grad, (b, n), Op::T, phi, (b, d), Op::N);
-        return;
-    }
-    dw.resize(n * d, 0.0);
-    gemm::gemm_serial(dw, n, d, 0.0, 1.0, grad, (b, n), Op::T, phi, (b, d), Op::N);
-    let acc = &mut acc[local.start * d..local.end * d];
-    for ((row, a), g) in w.chunks_exact_mut(d).zip(acc.chunks_exact_mut(d)).zip(dw.chunks_exact(d)) {
-        rule.apply(row, a, g);
-    }
 }
 
 #[cfg(test)]
