@@ -40,6 +40,10 @@ pub struct TuneArgs {
     /// from epoch 0, a linear solver from its own initialisation).
     #[arg(long)]
     cold: bool,
+    /// Trials run at once, each on its own pool of train.threads threads (default: as many as
+    /// fit the cores, cores / train.threads, at least 1; one when train.threads is 0).
+    #[arg(long, default_value_t = 0)]
+    jobs: usize,
     /// Override a key of the base config, e.g. --set train.threads=1 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -59,6 +63,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         seed: a.seed,
         max_settings: a.max_settings,
         cold: a.cold,
+        jobs: a.jobs,
         progress: true,
     };
     let report = on_pool(|| tune(&opts))?;

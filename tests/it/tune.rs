@@ -129,6 +129,7 @@ fn warm_started_trials_give_the_cold_trials_figures() {
     std::fs::write(&space, "\"data.tfidf\" = { choice = [false] }\n\"data.normalize\" = { choice = [true] }\n")
         .unwrap();
     let args = ["--seed", "3", "--space", space.to_str().unwrap()];
+    let args = [&args[..], &["--jobs", "1"]].concat();
     let (warm, log) = tune_trials(&c, &dir.path().join("lwarm"), &args);
     let (cold, _) = tune_trials(&c, &dir.path().join("lcold"), &[&args[..], &["--cold"]].concat());
     assert!(log.contains("trial 1 (rung 0) starts from the model in"), "{log}");
@@ -138,6 +139,74 @@ fn warm_started_trials_give_the_cold_trials_figures() {
         serde_json::from_str::<serde_json::Value>(&s).unwrap()["linear"]["stats"]["init"].clone()
     };
     assert_eq!((init("lwarm"), init("lcold")), ("warm".into(), "msi".into()));
+}
+
+/// The trials file's `start` column by trial (`id-r<rung>`).
+fn starts(out: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    text.lines()
+        .skip(1)
+        .map(|l| l.split(',').take(8).collect::<Vec<_>>())
+        .map(|f| format!("{}-r{}: {}", f[0], f[1], f[7]))
+        .collect()
+}
+
+/// (start, end) search seconds of trial `id` at rung 0.
+fn span(out: &Path, id: &str) -> (f64, f64) {
+    let text = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+    let f: Vec<f64> = text
+        .lines()
+        .find(|l| l.starts_with(&format!("{id},0,")))
+        .unwrap()
+        .split(',')
+        .skip(4)
+        .take(2)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    (f[1] - f[0], f[1])
+}
+
+#[test]
+fn parallel_and_sequential_tunes_with_the_same_seed_give_the_same_trials() {
+    let dir = tempfile::tempdir().unwrap();
+    // One-thread network trials are deterministic: the same settings, figures, promotions and
+    // starts (a promoted trial continues its own run) with one job and with three.
+    let c = config(dir.path(), NETWORK);
+    let (one, many) = (dir.path().join("one"), dir.path().join("many"));
+    let (seq, _) = tune_trials(&c, &one, &["--seed", "2", "--jobs", "1"]);
+    let (par, log) = tune_trials(&c, &many, &["--seed", "2", "--jobs", "3"]);
+    assert!(log.contains("3 trial(s) at once, 1 thread(s) each"), "{log}");
+    assert_eq!(seq, par);
+    assert_eq!(starts(&one), starts(&many));
+    assert!(starts(&many).iter().any(|s| s.contains("-r2: continues ")), "{:?}", starts(&many));
+    assert!(
+        span(&many, "1").0 < span(&many, "0").1,
+        "trials 0 and 1 overlap: {:?}",
+        (span(&many, "0"), span(&many, "1"))
+    );
+    assert!(span(&one, "1").0 >= span(&one, "0").1 - 0.002, "one after the other with one job");
+    assert_eq!(std::fs::read(one.join("best.toml")).unwrap(), std::fs::read(many.join("best.toml")).unwrap());
+    // A trial that was running when the search stopped (not in trials.csv) is run again.
+    let csv = many.join("trials.csv");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    std::fs::write(&csv, text.lines().filter(|l| !l.starts_with("1,0,")).collect::<Vec<_>>().join("\n") + "\n")
+        .unwrap();
+    let o = tune(&c, &many, 3, &["--seed", "2", "--jobs", "3", "--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(trials_without_times(&many), seq, "the missing trial ran again, the others were reused");
+    // DiSMEC trials start from the models of trials that had ended with one job; with two, the
+    // trial launched just before is left out, whichever job ends first.
+    let c = config(dir.path(), LINEAR);
+    let space = dir.path().join("space.toml");
+    std::fs::write(&space, "\"data.tfidf\" = { choice = [false] }\n\"data.normalize\" = { choice = [true] }\n")
+        .unwrap();
+    let args = ["--seed", "3", "--space", space.to_str().unwrap()];
+    let (lone, lmany) = (dir.path().join("lone"), dir.path().join("lmany"));
+    let (seq, _) = tune_trials(&c, &lone, &[&args[..], &["--jobs", "1"]].concat());
+    let (par, _) = tune_trials(&c, &lmany, &[&args[..], &["--jobs", "2"]].concat());
+    assert_eq!(seq, par, "the same validation figures to the solver's tolerance");
+    assert_eq!(starts(&lone)[..3], ["0-r0: scratch", "1-r0: from 0-r0", "2-r0: from 1-r0"]);
+    assert_eq!(starts(&lmany)[..3], ["0-r0: scratch", "1-r0: scratch", "2-r0: from 0-r0"]);
 }
 
 #[test]

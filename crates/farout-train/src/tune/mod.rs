@@ -5,7 +5,8 @@
 //! `data.holdout` sets a seeded fraction aside ([`split`]) and is scored on those rows (a
 //! skip-gram trial by its held-out objective, or by the analogy or word-pair file its config
 //! names). The space is the plug-ins' own ([`space::default_space`]), with a space file's
-//! ranges over it. Successive halving ([`search`]) spends the budget; every trial goes to
+//! ranges over it. Successive halving ([`search`]) spends the budget, several trials at once
+//! where the cores allow ([`jobs`]); every trial goes to
 //! `DIR/trials.csv` as it ends ([`trials`]), so `--resume` continues a search. At the end the
 //! best setting is written as a complete config (`DIR/best.toml`), retrained on the whole
 //! training set and evaluated on the test set once (`DIR/runs/<name>-tuned@0`, which
@@ -13,13 +14,14 @@
 //! (`DIR/progress.png`, `.svg`).
 //!
 //! ```text
-//! DIR/trials.csv      id, rung, resource, metric, seconds, elapsed, stop, settings
+//! DIR/trials.csv      id, rung, resource, metric, seconds, elapsed, stop, start, settings
 //! DIR/best.toml       the base config with the best settings
 //! DIR/progress.png    validation metric against search seconds
 //! DIR/trials/<id>-r<rung>/       each trial's logs
 //! DIR/runs/<name>-tuned@0/       the final run: summary.json, metrics.jsonl, checkpoint/
 //! ```
 
+mod jobs;
 mod outdir;
 mod plot;
 pub mod recipe;
@@ -32,9 +34,11 @@ pub mod warm;
 use crate::task::{RunSummary, TaskKind, TrainOptions};
 use crate::{Config, Error, io_err};
 use farout_core::space::Dim;
+pub use jobs::Jobs;
 use recipe::{Recipe, Setting};
 use search::{ETA, RUNGS_ABOVE, Resource};
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 use trials::{Stop, Trial};
 
@@ -63,6 +67,8 @@ pub struct TuneOptions {
     pub max_settings: usize,
     /// Train every trial from scratch: no warm starts ([`warm`]).
     pub cold: bool,
+    /// Trials run at once (0: as many as fit the cores with `train.threads` each; [`Jobs`]).
+    pub jobs: usize,
     /// Show the progress bar.
     pub progress: bool,
 }
@@ -81,6 +87,7 @@ impl Default for TuneOptions {
             seed: None,
             max_settings: 0,
             cold: false,
+            jobs: 0,
             progress: true,
         }
     }
@@ -202,7 +209,10 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport, Error> {
     };
     std::fs::create_dir_all(&opts.out).map_err(io_err(&opts.out))?;
     let seed = opts.seed.unwrap_or(base.seed);
-    let mut s = Search::new(opts, &recipe, &base, metric, resource, earlier);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = Jobs::new(opts.jobs, base.train.threads, cores);
+    log::info!("{} trial(s) at once, {} thread(s) each", jobs.jobs, jobs.threads);
+    let mut s = Search::new(opts, &recipe, &base, metric, resource, earlier, jobs);
     s.run(&space, seed)?;
     s.finish()
 }
@@ -216,14 +226,40 @@ struct Search<'a> {
     holdout: Option<Setting>,
     kind: TaskKind,
     earlier: std::collections::HashMap<(usize, usize), Trial>,
-    trials: Vec<Trial>,
     clock: Instant,
     /// Search seconds spent before a resume.
     offset: f64,
     bar: indicatif::ProgressBar,
+    /// Trials at once, and the threads of each.
+    jobs: Jobs,
+    /// What the jobs share.
+    state: Mutex<Shared>,
+    /// Signalled when a trial ends.
+    ended: Condvar,
+}
+
+/// The trials of a search and what its jobs decide by, under one lock.
+#[derive(Default)]
+struct Shared {
+    /// The trials of the rungs that ended, in trial order.
+    trials: Vec<Trial>,
+    /// The current rung's trials by their place in it (`None`: not ended).
+    slots: Vec<Option<Trial>>,
+    /// The place of the rung's next trial to launch.
+    next: usize,
+    /// A trial did not fit the budget: nothing more is launched.
     out_of_time: bool,
     /// The linear trials' models, the starts of later trials.
     starts: warm::LinearStarts,
+    /// The first error of a job; the others stop.
+    error: Option<Error>,
+}
+
+impl Shared {
+    /// The trials that ended, in trial order.
+    fn ended(&self) -> Vec<Trial> {
+        self.trials.iter().chain(self.slots.iter().flatten()).cloned().collect()
+    }
 }
 
 impl<'a> Search<'a> {
@@ -234,6 +270,7 @@ impl<'a> Search<'a> {
         metric: Metric,
         resource: Resource,
         earlier: std::collections::HashMap<(usize, usize), Trial>,
+        jobs: Jobs,
     ) -> Self {
         let offset = earlier.values().map(|t| t.elapsed).fold(0.0, f64::max);
         // Skip-gram holds text out through eval.heldout (or scores an eval file); rows are split.
@@ -249,13 +286,21 @@ impl<'a> Search<'a> {
             holdout,
             kind: TaskKind::of(base),
             earlier,
-            trials: Vec::new(),
             clock: Instant::now(),
             offset,
             bar,
-            out_of_time: false,
-            starts: warm::LinearStarts::default(),
+            jobs,
+            state: Mutex::new(Shared::default()),
+            ended: Condvar::new(),
         }
+    }
+
+    fn state(&self) -> MutexGuard<'_, Shared> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn out_of_time(&mut self) -> bool {
+        self.state.get_mut().unwrap_or_else(PoisonError::into_inner).out_of_time
     }
 
     fn elapsed(&self) -> f64 {
@@ -271,7 +316,7 @@ impl<'a> Search<'a> {
                 0 => per_bracket,
                 m => m.saturating_sub(next_id).min(per_bracket),
             };
-            if left == 0 || self.out_of_time {
+            if left == 0 || self.out_of_time() {
                 break;
             }
             let mut alive: Vec<(usize, Vec<Setting>)> = search::draws(space, bracket, seed)
@@ -283,7 +328,7 @@ impl<'a> Search<'a> {
             next_id += per_bracket;
             for rung in 0..=RUNGS_ABOVE as usize {
                 alive = self.rung(rung, &alive)?;
-                if alive.is_empty() || self.out_of_time {
+                if alive.is_empty() || self.out_of_time() {
                     break;
                 }
             }
@@ -292,25 +337,21 @@ impl<'a> Search<'a> {
         Ok(())
     }
 
-    /// Trains `alive` at rung `rung`; returns the ones promoted to the next rung.
+    /// Trains `alive` at rung `rung` ([`jobs`]); returns the ones promoted to the next rung.
     fn rung(&mut self, rung: usize, alive: &[(usize, Vec<Setting>)]) -> Result<Vec<(usize, Vec<Setting>)>, Error> {
-        let first = self.trials.len();
-        for (id, settings) in alive {
-            match self.trial(*id, rung, settings)? {
-                Some(t) => self.trials.push(t),
-                None => break,
-            }
-            self.update_bar();
-            trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
-        }
-        let ran = first..self.trials.len();
-        if self.out_of_time {
+        let ran = self.run_jobs(rung, alive)?;
+        let out = self.opts.out.clone();
+        let higher = self.metric.higher;
+        let classifier = self.kind == TaskKind::Classifier;
+        let s = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        trials::write(&out.join("trials.csv"), &s.trials)?;
+        if s.out_of_time {
             return Ok(Vec::new());
         }
         let top = rung == RUNGS_ABOVE as usize;
-        let metrics: Vec<Option<f64>> = self.trials[ran.clone()].iter().map(|t| t.metric).collect();
-        let promoted = if top { Vec::new() } else { search::promote(&metrics, self.metric.higher) };
-        for (i, t) in self.trials[ran.clone()].iter_mut().enumerate() {
+        let metrics: Vec<Option<f64>> = s.trials[ran.clone()].iter().map(|t| t.metric).collect();
+        let promoted = if top { Vec::new() } else { search::promote(&metrics, higher) };
+        for (i, t) in s.trials[ran.clone()].iter_mut().enumerate() {
             if t.stop == Stop::Pending {
                 t.stop = if top {
                     Stop::Finished
@@ -321,61 +362,14 @@ impl<'a> Search<'a> {
                 };
             }
         }
-        trials::write(&self.opts.out.join("trials.csv"), &self.trials)?;
-        if self.kind == TaskKind::Classifier {
+        trials::write(&out.join("trials.csv"), &s.trials)?;
+        if classifier {
             // Nothing continues a trial that was not promoted: its resume checkpoint goes.
-            for t in self.trials[ran].iter().filter(|t| t.stop != Stop::Promoted) {
-                warm::remove_checkpoint(&warm::trial_dir(&self.opts.out, t.id, t.rung))?;
+            for t in s.trials[ran].iter().filter(|t| t.stop != Stop::Promoted) {
+                warm::remove_checkpoint(&warm::trial_dir(&out, t.id, t.rung))?;
             }
         }
         Ok(promoted.into_iter().map(|i| alive[i].clone()).collect())
-    }
-
-    /// One trial (reused from the earlier search when it ran there), or `None` when the budget
-    /// cannot fit it.
-    fn trial(&mut self, id: usize, rung: usize, settings: &[Setting]) -> Result<Option<Trial>, Error> {
-        if let Some(t) = self.earlier.get(&(id, rung)).filter(|t| t.settings == settings) {
-            if t.stop != Stop::Failed && !self.opts.cold {
-                // Its model may start later trials, as when it ran.
-                let c = self.trial_config(id, rung, settings)?;
-                self.starts.add(id, rung, &c, &c.checkpoint_dir());
-            }
-            return Ok(Some(Trial {
-                stop: if t.stop == Stop::Failed { Stop::Failed } else { Stop::Pending },
-                ..t.clone()
-            }));
-        }
-        let remaining = self.opts.budget - self.elapsed();
-        let expected = search::expected_seconds(&self.trials, rung).unwrap_or(0.0);
-        if remaining <= 0.0 || (!self.trials.is_empty() && expected > remaining) {
-            self.out_of_time = true;
-            return Ok(None);
-        }
-        let start = Instant::now();
-        let outcome = self.train_trial(id, rung, settings, remaining);
-        let seconds = start.elapsed().as_secs_f64();
-        let (metric, stop) = match outcome {
-            Ok((summary, epochs)) => {
-                let cut = match &summary {
-                    RunSummary::Classifier(s) => {
-                        let early = s.selection.as_ref().is_some_and(|x| x.stopped_early);
-                        s.epochs < epochs && !early && self.resource != Resource::Rows
-                    }
-                    RunSummary::SkipGram(s) => s.epochs < epochs,
-                };
-                (self.metric.value(&summary), if cut { Stop::Budget } else { Stop::Pending })
-            }
-            Err(e) => {
-                log::warn!("trial {id} (rung {rung}) failed: {e}");
-                (None, Stop::Failed)
-            }
-        };
-        let stop = if metric.is_none() { Stop::Failed } else { stop };
-        if stop == Stop::Budget {
-            self.out_of_time = true;
-        }
-        let (settings, resource) = (settings.to_vec(), self.resource.at(rung));
-        Ok(Some(Trial { id, rung, resource, settings, metric, seconds, elapsed: self.elapsed(), stop }))
     }
 
     /// The config of trial `id` at rung `rung`: the settings, the rung's resource, the held-out
@@ -397,42 +391,6 @@ impl<'a> Search<'a> {
         Ok(c)
     }
 
-    /// Trains trial `id` at rung `rung` with `remaining` seconds of budget, continuing the
-    /// rung below's run or starting from an earlier model where it can ([`warm`]); returns its
-    /// summary and the epochs it was given.
-    fn train_trial(
-        &mut self,
-        id: usize,
-        rung: usize,
-        settings: &[Setting],
-        remaining: f64,
-    ) -> Result<(RunSummary, usize), Error> {
-        let mut c = self.trial_config(id, rung, settings)?;
-        let mut options = TrainOptions { overwrite: true, ..Default::default() };
-        let mut clock = 0.0;
-        let linear_start = self.starts.start(id, rung, &c).map(Path::to_path_buf);
-        if c.checkpoint.enabled && rung > 0 && warm::network_continues(&c, self.resource) {
-            let below = warm::trial_dir(&self.opts.out, id, rung - 1);
-            if let Some(seconds) = warm::continue_network(&below, &c.log_dir())? {
-                (options.resume, options.overwrite, clock) = (true, false, seconds);
-                log::info!("trial {id} (rung {rung}) continues its run of rung {} at {seconds:.1} s", rung - 1);
-            }
-        }
-        if let (Some(dir), true) = (&linear_start, c.checkpoint.enabled) {
-            log::info!("trial {id} (rung {rung}) starts from the model in {}", dir.display());
-            options.warm_start = Some(dir);
-        }
-        if TaskKind::of(&c).takes_budget() {
-            // A continued run's clock counts the rung below's training seconds.
-            c.train.max_seconds = clock + remaining.max(1.0);
-        }
-        let summary = crate::train(&c, &options, &farout_dist::Local)?;
-        if c.checkpoint.enabled && self.kind == TaskKind::Linear {
-            self.starts.add(id, rung, &c, &c.checkpoint_dir());
-        }
-        Ok((summary, c.train.epochs))
-    }
-
     /// The settings that make a network run keep its weights best on validation by the
     /// search's metric: `train.select_metric`, and `train.select = "best"` for a run without a
     /// budget (`always`, the final run). None for linear solvers and skip-gram.
@@ -447,24 +405,23 @@ impl<'a> Search<'a> {
         s
     }
 
-    fn update_bar(&self) {
+    /// Shows the best figure of the ended `trials` so far and the time left.
+    fn update_bar(&self, trials: &[Trial]) {
         self.bar.set_position((self.elapsed().min(self.opts.budget)) as u64);
-        let best = search::best(&self.trials, self.metric.higher)
-            .or_else(|| self.trials.iter().find(|t| t.metric.is_some()))
+        let best = search::best(trials, self.metric.higher)
+            .or_else(|| trials.iter().find(|t| t.metric.is_some()))
             .and_then(|t| t.metric);
         let left = (self.opts.budget - self.elapsed()).max(0.0);
         let best = best.map_or("-".into(), |b| format!("{b:.4}"));
-        self.bar.set_message(format!(
-            "best {} {best} · {} trials · {left:.0} s left",
-            self.metric.name,
-            self.trials.len()
-        ));
+        self.bar.set_message(format!("best {} {best} · {} trials · {left:.0} s left", self.metric.name, trials.len()));
     }
 
     /// Writes best.toml and the plot, retrains the best setting and scores it on the test set.
-    fn finish(self) -> Result<TuneReport, Error> {
+    fn finish(mut self) -> Result<TuneReport, Error> {
         let out = &self.opts.out;
-        let best = search::best(&self.trials, self.metric.higher).ok_or(Error::NoData(
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let (trials, starts) = (std::mem::take(&mut state.trials), std::mem::take(&mut state.starts));
+        let best = search::best(&trials, self.metric.higher).ok_or(Error::NoData(
             "no trial of the search finished: raise --budget, or see the warnings for why trials failed",
         ))?;
         let (settings, best_valid) = (best.settings.clone(), best.metric.expect("best has a figure"));
@@ -474,7 +431,7 @@ impl<'a> Search<'a> {
         let mut recipe_settings = settings.clone();
         recipe_settings.extend(self.selection(true));
         write_best(&out.join("best.toml"), self.recipe, &recipe_settings, &self.metric, best_valid)?;
-        plot::plot(out, &self.trials, &self.metric)?;
+        plot::plot(out, &trials, &self.metric)?;
         let mut c = self.recipe.config(&recipe_settings)?;
         c.log.dir = Some(out.join("runs").join(format!("{}-tuned@0", c.name)));
         // In DIR too when the base config names a checkpoint directory: the final run replaces
@@ -484,17 +441,25 @@ impl<'a> Search<'a> {
         // A linear solver that can starts from the best trial's model: the same fit, sooner.
         let mut options = TrainOptions { overwrite: true, ..Default::default() };
         let start = warm::trial_dir(out, best.id, best.rung).join("checkpoint");
-        let warm = !self.opts.cold && self.starts.has(&start);
+        let warm = !self.opts.cold && starts.has(&start);
         if warm {
             options.warm_start = Some(&start);
         }
-        let summary = crate::train(&c, &options, &farout_dist::Local)?;
+        // On `train.threads` threads, as `farout train best.toml` runs (0: the caller's pool).
+        let summary = match c.train.threads {
+            0 => crate::train(&c, &options, &farout_dist::Local)?,
+            t => rayon::ThreadPoolBuilder::new()
+                .num_threads(t)
+                .build()
+                .map_err(|e| Error::Option { name: "jobs", msg: format!("cannot start a pool of {t} threads: {e}") })?
+                .install(|| crate::train(&c, &options, &farout_dist::Local))?,
+        };
         let path = c.log_dir().join("summary.json");
         std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
-        let table = trials::table(&self.trials, &self.metric.name, self.resource.unit());
+        let table = trials::table(&trials, &self.metric.name, self.resource.unit());
         let md = out.join("trials.md");
         std::fs::write(&md, &table).map_err(io_err(&md))?;
-        Ok(TuneReport { trials: self.trials, best: settings, best_valid, summary, table, out: out.clone() })
+        Ok(TuneReport { trials, best: settings, best_valid, summary, table, out: out.clone() })
     }
 }
 

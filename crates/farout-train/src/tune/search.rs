@@ -106,13 +106,19 @@ pub fn earlier(trials: Vec<Trial>) -> HashMap<(usize, usize), Trial> {
 }
 
 /// The seconds a trial of rung `rung` is expected to take: the mean of that rung's trials so
-/// far, else `ETA` times the rung below's.
-pub fn expected_seconds(trials: &[Trial], rung: usize) -> Option<f64> {
-    let at = |r: usize| {
-        let s: Vec<f64> = trials.iter().filter(|t| t.rung == r).map(|t| t.seconds).collect();
-        (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
-    };
-    at(rung).or_else(|| (rung > 0).then(|| at(rung - 1).map(|s| s * ETA as f64)).flatten())
+/// far, else the rung below's seconds per unit of resource trained times the resource this
+/// trial trains (`continues`: a continued network run trains only what the rung below did not,
+/// e.g. 2/9 of the epochs at rung 1 instead of 3/9).
+pub fn expected_seconds(trials: &[Trial], rung: usize, resource: Resource, continues: bool) -> Option<f64> {
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let trained = |r: usize, cont: bool| resource.at(r) - if cont && r > 0 { resource.at(r - 1) } else { 0.0 };
+    let same: Vec<f64> = trials.iter().filter(|t| t.rung == rung).map(|t| t.seconds).collect();
+    if let Some(m) = mean(same) {
+        return Some(m);
+    }
+    let below = trials.iter().filter(|t| rung > 0 && t.rung == rung - 1);
+    let rates: Vec<f64> = below.map(|t| t.seconds / trained(t.rung, t.continued())).collect();
+    mean(rates).map(|rate| rate * trained(rung, continues))
 }
 
 /// The recipe of a trial: its settings, then the resource's.
@@ -171,11 +177,38 @@ mod tests {
             seconds: 1.0,
             elapsed: 1.0,
             stop,
+            start: String::new(),
         };
         let trials = [t(0, 0, 0.9, Stop::Halved), t(1, 1, 0.6, Stop::Finished), t(2, 1, 0.7, Stop::Finished)];
         assert_eq!(best(&trials, true).unwrap().id, 2);
         assert_eq!(best(&trials, false).unwrap().id, 1);
         let cut = [t(0, 0, 0.5, Stop::Promoted), t(0, 1, 0.9, Stop::Budget)];
         assert_eq!(best(&cut, true).unwrap().rung, 0);
+    }
+
+    #[test]
+    fn a_continued_trial_is_expected_to_cost_only_the_epochs_it_adds() {
+        let t = |rung, seconds, start: &str| Trial {
+            id: 0,
+            rung,
+            resource: 1.0,
+            settings: vec![],
+            metric: Some(0.5),
+            seconds,
+            elapsed: 1.0,
+            stop: Stop::Promoted,
+            start: start.into(),
+        };
+        let e = Resource::Epochs(9);
+        // Rung 0: 1 epoch in 2 s. Rung 1 (3 epochs) continued trains 2 more, from scratch 3.
+        let r0 = [t(0, 2.0, "scratch"), t(0, 2.0, "scratch")];
+        assert_eq!(expected_seconds(&r0, 1, e, true), Some(4.0));
+        assert_eq!(expected_seconds(&r0, 1, e, false), Some(6.0));
+        // Rung 2 (9 epochs) after continued rung-1 trials (2 epochs in 4 s): 6 more epochs.
+        let r1 = [t(1, 4.0, "continues 0-r0")];
+        assert_eq!(expected_seconds(&r1, 2, e, true), Some(12.0));
+        assert_eq!(expected_seconds(&r1, 1, e, true), Some(4.0), "the rung's own trials first");
+        assert_eq!(expected_seconds(&r0, 0, Resource::Rows, false), Some(2.0));
+        assert_eq!(expected_seconds(&[], 1, Resource::Rows, false), None);
     }
 }

@@ -100,6 +100,11 @@ pub struct LinearStarts {
     fits: Vec<Fit>,
 }
 
+/// Whether a linear trial of `config` may start from an earlier trial's model (DiSMEC).
+pub fn linear_warm(config: &Config) -> bool {
+    log_c(config).is_some()
+}
+
 /// ln C of a config whose solver warm-starts, or `None`.
 fn log_c(config: &Config) -> Option<f64> {
     match config.linear.as_ref()? {
@@ -123,14 +128,17 @@ impl LinearStarts {
         self.fits.iter().any(|f| f.dir == dir)
     }
 
-    /// The checkpoint directory trial `id` of rung `rung` (with `config`) starts from: the model
-    /// of the nearest C (ties: the earlier trial) among this rung's trials with the same data
-    /// settings; `None` for a cold start.
-    pub fn start(&self, id: usize, rung: usize, config: &Config) -> Option<&Path> {
+    /// The trial trial `id` of rung `rung` (with `config`) starts from and its checkpoint
+    /// directory: the model of the nearest C (ties: the earlier trial) among this rung's trials
+    /// with the same data settings, other than those in `exclude`; `None` for a cold start.
+    /// (Parallel jobs exclude the `jobs - 1` trials launched just before this one, which may
+    /// still run, so that the start does not depend on which job finishes first.)
+    pub fn start(&self, id: usize, rung: usize, config: &Config, exclude: &[usize]) -> Option<(usize, &Path)> {
         let log_c = log_c(config)?;
         let data = format!("{:?}", config.data);
-        let same = self.fits.iter().filter(|f| f.rung == rung && f.data == data && f.id != id);
-        same.min_by(|a, b| (a.log_c - log_c).abs().total_cmp(&(b.log_c - log_c).abs())).map(|f| f.dir.as_path())
+        let same =
+            self.fits.iter().filter(|f| f.rung == rung && f.data == data && f.id != id && !exclude.contains(&f.id));
+        same.min_by(|a, b| (a.log_c - log_c).abs().total_cmp(&(b.log_c - log_c).abs())).map(|f| (f.id, f.dir.as_path()))
     }
 }
 
@@ -163,14 +171,15 @@ mod tests {
         starts.add(3, 0, &dismec(3.0, true, 0.1), &dir.path().join("no-model"));
         starts.add(4, 1, &dismec(3.0, true, 0.3), &e);
         // C = 3 is nearer 5 than 1 in log C; the trial with other data settings is not a start.
-        assert_eq!(starts.start(5, 0, &dismec(3.0, true, 0.1)), Some(b.as_path()));
-        assert_eq!(starts.start(5, 0, &dismec(1.5, true, 0.1)), Some(a.as_path()));
-        assert_eq!(starts.start(5, 0, &dismec(1.5, false, 0.1)), Some(c.as_path()));
+        assert_eq!(starts.start(5, 0, &dismec(3.0, true, 0.1), &[]), Some((1, b.as_path())));
+        assert_eq!(starts.start(5, 0, &dismec(3.0, true, 0.1), &[1]), Some((0, a.as_path())), "1 excluded");
+        assert_eq!(starts.start(5, 0, &dismec(1.5, true, 0.1), &[]), Some((0, a.as_path())));
+        assert_eq!(starts.start(5, 0, &dismec(1.5, false, 0.1), &[]), Some((2, c.as_path())));
         // Only models of the same rows: a promoted trial starts from its rung's earlier trials.
-        assert_eq!(starts.start(1, 1, &dismec(5.0, true, 0.3)), Some(e.as_path()));
-        assert_eq!(starts.start(4, 2, &dismec(3.0, true, 1.0)), None, "nothing at the top rung yet");
-        assert_eq!(starts.start(1, 1, &dismec(5.0, false, 0.3)), None, "nor with other data settings");
+        assert_eq!(starts.start(1, 1, &dismec(5.0, true, 0.3), &[]), Some((4, e.as_path())));
+        assert_eq!(starts.start(4, 2, &dismec(3.0, true, 1.0), &[]), None, "nothing at the top rung yet");
+        assert_eq!(starts.start(1, 1, &dismec(5.0, false, 0.3), &[]), None, "nor with other data settings");
         let ppd = Config::parse("[data]\nformat = \"synthetic_xmc\"\n[linear]\nsolver = \"ppdsparse\"\n", &[]).unwrap();
-        assert_eq!(starts.start(5, 1, &ppd), None, "PPDSparse starts cold");
+        assert_eq!(starts.start(5, 1, &ppd, &[]), None, "PPDSparse starts cold");
     }
 }
