@@ -243,6 +243,7 @@ impl DismecConfig {
             "mean_active_fraction": active,
             "mean_line_search_step": step,
             "line_search_failures": labels.iter().filter(|s| s.line_search_failed).count(),
+            "labels_without_positives": labels.iter().filter(|s| s.n_positives == 0).count(),
         });
         let summary = FitSummary::new("dismec", r.seconds, r.threads, r.nnz_before_pruning, r.nnz_after_pruning, stats);
         Ok(Fitted { model: trained.model, summary })
@@ -426,6 +427,23 @@ mod tests {
                 let db = *dense.last().unwrap();
                 assert_eq!(b, if db.abs() >= threshold { db as f32 } else { 0.0 });
             }
+        }
+    }
+
+    #[test]
+    fn labels_without_positives_get_the_solution_each_would_get_alone() {
+        let (x, labels) = random_dataset(12, 60, 12, 40);
+        let data = TrainSet::new(x, &labels).unwrap();
+        let empty: Vec<usize> = (0..40).filter(|&j| data.labels.positives(j).is_empty()).collect();
+        assert!(empty.len() >= 3, "{empty:?}");
+        let config = DismecConfig::default();
+        let dismec = Dismec::new(&config).unwrap();
+        let trained = dismec.train(&data).unwrap();
+        let stats = dismec.stats(&data);
+        for &k in &empty {
+            let (dense, _) = dismec.train_label(&data, &stats, k);
+            let (f, w, b) = prune(&dense, true, config.prune_threshold);
+            assert_eq!(trained.model.label(k), (&f[..], &w[..], b), "label {k}");
         }
     }
 

@@ -88,6 +88,12 @@ pub struct LabelStats {
     pub seconds: f64,
 }
 
+impl crate::ova::LabelStat for LabelStats {
+    fn shared_as(&self, label: usize) -> Self {
+        Self { label: label as u32, seconds: 0.0, ..self.clone() }
+    }
+}
+
 /// The stopping tolerance of eq. 13: `eps0 · max(1, min(|P|, |N|)) / n`.
 pub fn stopping_eps(eps0: f64, n_positives: usize, n_samples: usize) -> f64 {
     let n_negatives = n_samples - n_positives;

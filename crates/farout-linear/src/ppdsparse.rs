@@ -357,6 +357,7 @@ impl LinearSolver for PpdSparseConfig {
             "relative_gap_bound_mean": gap_mean,
             "relative_gap_bound_q95": gap_q95,
             "not_converged": l.iter().filter(|s| !s.converged).count(),
+            "labels_without_positives": l.iter().filter(|s| s.n_positives == 0).count(),
         });
         let summary =
             FitSummary::new("ppdsparse", t.seconds, t.threads, t.nnz_before_pruning, t.nnz_after_pruning, stats);
@@ -420,6 +421,12 @@ pub struct PpdLabelStats {
     pub nnz_after_pruning: usize,
     /// Wall time of this label.
     pub seconds: f64,
+}
+
+impl crate::ova::LabelStat for PpdLabelStats {
+    fn shared_as(&self, label: usize) -> Self {
+        Self { label: label as u32, seconds: 0.0, ..self.clone() }
+    }
 }
 
 impl PpdLabelStats {
@@ -1624,6 +1631,31 @@ mod tests {
             scratch.reset(&shared);
         }
         assert!(certified > 0);
+    }
+
+    #[test]
+    fn labels_without_positives_share_one_solve_on_every_shard() {
+        let data = train_set(12, 60, 12, 40);
+        let empty: Vec<usize> = (0..40).filter(|&j| data.labels.positives(j).is_empty()).collect();
+        assert!(empty.len() >= 3 && empty[0] < 20 && *empty.last().unwrap() >= 20, "{empty:?}");
+        let config = PpdSparseConfig::default();
+        let whole = config.train(&data, &crate::Silent).unwrap();
+        // Each shard (a rank of a label-parallel run) gives the whole model's labels.
+        for shard in [0..20, 20..40, 27..40] {
+            let part = config.train_labels(&data, shard.clone(), &crate::Silent).unwrap();
+            for (i, k) in shard.enumerate() {
+                assert_eq!(part.model.label(i), whole.model.label(k), "label {k}");
+            }
+        }
+        // Every label without positives has the first one's own solution.
+        let (dense, st) = config.train_label(&data, empty[0]).unwrap();
+        let (f, w, b) = prune(&dense, true, config.prune_threshold);
+        for &k in &empty {
+            assert_eq!(whole.model.label(k), (&f[..], &w[..], b), "label {k}");
+            let nnz_after_pruning = f.len() + (b != 0.0) as usize;
+            let shared = PpdLabelStats { label: k as u32, seconds: 0.0, nnz_after_pruning, ..st.clone() };
+            assert_eq!(whole.labels[k], shared);
+        }
     }
 
     #[test]
