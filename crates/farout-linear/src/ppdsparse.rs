@@ -1463,6 +1463,42 @@ mod tests {
         assert_eq!(sparsify_draws(3.0, 0.0, 100), None);
     }
 
+    /// Sets the scratch's w (its support in `touched_cols`) and returns the rows outside A with
+    /// `−∇_iG = 1 − y_i wᵀx_i > tol` for label 0, by violation descending then index, by brute force.
+    fn set_weights_and_brute_force(
+        scratch: &mut Scratch,
+        data: &TrainSet,
+        xd: &[Vec<f64>],
+        w: &[f64],
+        tol: f64,
+    ) -> Vec<(f64, u32)> {
+        scratch.w.copy_from_slice(w);
+        for (j, &v) in w[..w.len() - 1].iter().enumerate() {
+            if v != 0.0 {
+                scratch.col_mark[j] = true;
+                scratch.touched_cols.push(j as u32);
+            }
+        }
+        let y = labels_of(data, 0);
+        let mut expected: Vec<(f64, u32)> = (0..data.n_samples())
+            .filter(|&i| !scratch.in_active[i])
+            .map(|i| (1.0 - y[i] * dot(&xd[i], w), i as u32))
+            .filter(|&(v, _)| v > tol)
+            .collect();
+        expected.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        expected
+    }
+
+    /// `got` is the first κ of `expected` (same rows, violations within 1e-12).
+    fn assert_top(got: &[(f64, u32)], expected: &[(f64, u32)], kappa: usize, case: usize) {
+        let want = &expected[..kappa.min(expected.len())];
+        assert_eq!(got.len(), want.len(), "case {case} κ {kappa}");
+        for (g, e) in got.iter().zip(want) {
+            assert_eq!(g.1, e.1, "case {case} κ {kappa}");
+            assert!((g.0 - e.0).abs() <= 1e-12, "case {case}: {g:?} vs {e:?}");
+        }
+    }
+
     #[test]
     fn exact_greedy_search_returns_the_brute_force_most_violating_samples() {
         let data = train_set(4, 70, 15, 2);
@@ -1488,32 +1524,13 @@ mod tests {
             for i in (0..data.n_samples()).filter(|&i| !scratch.in_active[i]) {
                 scratch.n_outside[(scratch.y[i] > 0.0) as usize] += 1;
             }
-            scratch.w.copy_from_slice(&w);
-            for (j, &v) in w[..nv - 1].iter().enumerate() {
-                if v != 0.0 {
-                    scratch.col_mark[j] = true;
-                    scratch.touched_cols.push(j as u32);
-                }
-            }
-            let y = labels_of(&data, 0);
-            let mut expected: Vec<(f64, u32)> = (0..data.n_samples())
-                .filter(|&i| !scratch.in_active[i])
-                .map(|i| (1.0 - y[i] * dot(&xd[i], &w), i as u32))
-                .filter(|&(v, _)| v > 0.05)
-                .collect();
-            expected.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let expected = set_weights_and_brute_force(&mut scratch, &data, &xd, &w, 0.05);
             for kappa in [1, 5, 1000] {
                 let mut label = Label { lambda: 0.0, tau: 1.0, shared: &shared, s: &mut scratch };
                 label.s.collect_support();
                 label.margins(true, 0.0);
                 label.select(kappa, 0.05);
-                let got = &label.s.candidates;
-                let want = &expected[..kappa.min(expected.len())];
-                assert_eq!(got.len(), want.len(), "case {case} κ {kappa}");
-                for (g, e) in got.iter().zip(want) {
-                    assert_eq!(g.1, e.1, "case {case} κ {kappa}");
-                    assert!((g.0 - e.0).abs() <= 1e-12, "case {case}: {g:?} vs {e:?}");
-                }
+                assert_top(&label.s.candidates, &expected, kappa, case);
             }
             scratch.reset(&shared);
             // Positives outside A (only this test builds such an A) are not reset by `reset`.
@@ -1552,20 +1569,7 @@ mod tests {
                 }
             }
             scratch.n_outside = [data.n_samples() - scratch.active.len(), 0];
-            scratch.w.copy_from_slice(&w);
-            for (j, &v) in w[..nv - 1].iter().enumerate() {
-                if v != 0.0 {
-                    scratch.col_mark[j] = true;
-                    scratch.touched_cols.push(j as u32);
-                }
-            }
-            let y = labels_of(&data, 0);
-            let mut expected: Vec<(f64, u32)> = (0..data.n_samples())
-                .filter(|&i| !scratch.in_active[i])
-                .map(|i| (1.0 - y[i] * dot(&xd[i], &w), i as u32))
-                .filter(|&(v, _)| v > tol)
-                .collect();
-            expected.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let expected = set_weights_and_brute_force(&mut scratch, &data, &xd, &w, tol);
             let mut label = Label { lambda: 0.0, tau: 1.0, shared: &shared, s: &mut scratch };
             label.s.collect_support();
             assert_eq!(label.can_certify(tol), case != 11, "case {case}: bias {}", w[nv - 1]);
@@ -1576,13 +1580,7 @@ mod tests {
             certified += 1;
             for kappa in [1, 4, 1000] {
                 label.certified_search(kappa, tol);
-                let got = &label.s.candidates;
-                let want = &expected[..kappa.min(expected.len())];
-                assert_eq!(got.len(), want.len(), "case {case} κ {kappa}");
-                for (g, e) in got.iter().zip(want) {
-                    assert_eq!(g.1, e.1, "case {case} κ {kappa}");
-                    assert!((g.0 - e.0).abs() <= 1e-12, "case {case}: {g:?} vs {e:?}");
-                }
+                assert_top(&label.s.candidates, &expected, kappa, case);
             }
             // The scores bound every row's margin from above, exactly on A after the fix-up.
             label.exact_margins_on_active();
