@@ -438,7 +438,9 @@ fn margin_search_and_sampling_estimators_step_like_one_process() {
 
 /// With approximate indexes (each rank's over its own rows) the ranks' search differs from one
 /// process's, so the runs differ: over 3 seeds, the mean test P@1 of mips, ldgs and sampled
-/// softmax at 2 and 4 ranks is within 0.5 points of one process's. The indexes: mips' spherical
+/// softmax at 2 and 4 ranks is at most 0.5 points below one process's (ldgs' is above it: the
+/// ranks' indexes together return P top-Q lists of a block, of which the merge keeps the best
+/// Q, a larger pool than one index's Q). The indexes: mips' spherical
 /// index calibrated to its default recall, ldgs' probing a fixed 5 Q rows per block and query
 /// (split over the ranks), on 5,000 identities around a 12-d subspace (test set: 10,000).
 #[test]
@@ -476,7 +478,7 @@ fn search_and_sampling_estimators_reach_one_process_accuracy_over_3_seeds() {
         assert!(one > 0.3, "{estimator} learns: mean p@1 {one}");
         for ranks in [2, 4] {
             let p = mean_p1(ranks);
-            assert!((p - one).abs() <= 0.005, "{estimator}, {ranks} ranks: mean p@1 {p} against {one} in one process");
+            assert!(p >= one - 0.005, "{estimator}, {ranks} ranks: mean p@1 {p} against {one} in one process");
         }
     }
 }

@@ -1,8 +1,8 @@
 //! Collective communication for farout: one process, or MPI ranks.
 //!
-//! farout scales out by sharding the output layer over classes: each of `P` ranks owns a
-//! contiguous slice of W's rows (see [`Shards`]), scores only those, and the ranks combine
-//! per-shard partial results with a handful of collectives — the max and the sum of exponentials
+//! farout scales out by sharding the output layer over classes: each of `P` ranks owns every
+//! P-th row of W (see [`Strided`]; linear solvers split labels into contiguous [`Shards`]),
+//! scores only those, and the ranks combine per-shard partial results with a handful of collectives — the max and the sum of exponentials
 //! for softmax ([`Collective::allreduce_max_f32`], [`Collective::allreduce_sum_f64`]), the per-shard
 //! top-Q of a search ([`Collective::allgatherv_f32`] / [`Collective::allgatherv_u32`]), the sum
 //! of `dL/dphi` ([`Collective::allreduce_sum_f32`]), and a broadcast of bytes for a config hash
@@ -72,6 +72,7 @@ mod local;
 #[cfg(feature = "mpi")]
 mod mpi_impl;
 mod shards;
+mod strided;
 mod threads;
 mod watchdog;
 
@@ -82,6 +83,7 @@ pub use local::Local;
 #[cfg(feature = "mpi")]
 pub use mpi_impl::{MpiCollective, init};
 pub use shards::{Shards, local_index};
+pub use strided::Strided;
 pub use threads::Threads;
 pub use watchdog::{GRACE, Peer, TICK, Watched};
 

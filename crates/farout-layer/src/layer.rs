@@ -4,6 +4,7 @@ use crate::optim::{Optimizer, OptimizerConfig, split_rows};
 use farout_core::binio::read_f32s;
 use farout_core::gemm::{self, Op};
 use farout_core::{ClassId, Matrix, ParamError, Rng, kernels, rng};
+use farout_dist::Strided;
 use farout_estimators::{Batch, BatchEstimate, BatchGrad, Ctx, GradientEstimator};
 use farout_search::{BlockIndex, IndexConfig};
 use rayon::prelude::*;
@@ -128,19 +129,19 @@ impl OutputLayer {
         optimizer: &OptimizerConfig,
         seed: u64,
     ) -> Result<Self, Error> {
-        Self::with_rows(0..n_classes, d_model, config, optimizer, seed)
+        Self::with_classes(Strided::whole(n_classes), d_model, config, optimizer, seed)
     }
 
-    /// The rows `rows` of the layer [`OutputLayer::new`] would make (one rank's shard of a
-    /// class-sharded layer): row `k` here starts as row `rows.start + k` there.
-    pub fn with_rows(
-        rows: std::ops::Range<usize>,
+    /// One rank's classes `shard` of the layer [`OutputLayer::new`] would make (a shard of a
+    /// class-sharded layer): row `k` here starts as row `shard.global(k)` there.
+    pub fn with_classes(
+        shard: Strided,
         d_model: usize,
         config: &OutputLayerConfig,
         optimizer: &OptimizerConfig,
         seed: u64,
     ) -> Result<Self, Error> {
-        let (first, n_classes) = (rows.start, rows.len());
+        let n_classes = shard.len();
         optimizer.check()?;
         if n_classes == 0 || d_model == 0 {
             return Err(Error::Param(ParamError::message(
@@ -165,7 +166,7 @@ impl OutputLayer {
         let mut w = Matrix::zeros(n_classes, d_model);
         if config.init_std > 0.0 {
             w.as_mut_slice().par_chunks_mut(d_model).enumerate().for_each(|(k, row)| {
-                let mut r = rng::seeded(seed, (first + k) as u64);
+                let mut r = rng::seeded(seed, shard.global(k) as u64);
                 row.iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
             });
         }

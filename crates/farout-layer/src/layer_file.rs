@@ -1,6 +1,6 @@
 //! An output layer's checkpoint file (`layer.bin`, written by [`crate::OutputLayer::save`]) as
-//! plain data, without building a layer: read, joined over the ranks that each wrote a slice
-//! of the classes, cut into the slices of another number of ranks, and written again. Moving
+//! plain data, without building a layer: read, joined over the ranks that each wrote their
+//! classes (every P-th, [`Strided`]), dealt to another number of ranks, and written again. Moving
 //! rows changes no value, so a layer re-sharded from P to P' ranks and back is the same file.
 //!
 //! The format (little-endian): the 8-byte magic `FAROUTL1`; five u64, the rows n, the
@@ -10,8 +10,8 @@
 
 use crate::Error;
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
+use farout_dist::Strided;
 use std::io::{Read, Write};
-use std::ops::Range;
 use std::path::Path;
 
 /// The magic bytes that open a layer file.
@@ -72,7 +72,8 @@ impl LayerFile {
         parts.write(path)
     }
 
-    /// The layer of `parts`' rows one after the other (the slices of ranks 0, 1, ...). The parts
+    /// The layer of `parts`' rows one after the other (the contiguous slices of ranks 0, 1, ...,
+    /// as class-sharded runs wrote them before classes were dealt, [`LayerFile::undeal`]). The parts
     /// must agree on the dimension, the bias, the optimiser and its step; the error says which
     /// part differs and how.
     pub fn concat(parts: &[LayerFile]) -> Result<LayerFile, String> {
@@ -105,14 +106,44 @@ impl LayerFile {
         Ok(out)
     }
 
-    /// The rows `range` (and their bias and optimiser state): one rank's slice.
-    pub fn slice(&self, range: Range<usize>) -> LayerFile {
+    /// The layer of the parts that ranks `0..P` of a class-sharded run wrote, each holding every
+    /// P-th class ([`Strided`]: rank r the classes r, r + P, ...), in class order. The parts
+    /// must agree as for [`LayerFile::concat`] and hold the rows their rank holds.
+    pub fn undeal(parts: &[LayerFile]) -> Result<LayerFile, String> {
+        let joined = Self::concat(parts)?;
+        let (rows, ranks) = (joined.rows, parts.len());
+        let counts = Strided::counts(rows, ranks);
+        if let Some(r) = (0..ranks).find(|&r| parts[r].rows != counts[r]) {
+            return Err(format!(
+                "part {r} holds {} rows; of {rows} classes dealt over {ranks} ranks, rank {r} holds {}",
+                parts[r].rows, counts[r]
+            ));
+        }
+        // Rank r's rows start at `offset[r]` in `joined`; class c is its local row c / P.
+        let offset: Vec<usize> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        Ok(joined.pick((0..rows).map(|c| offset[c % ranks] + c / ranks), rows))
+    }
+
+    /// The rows rank `rank` of `ranks` holds (every `ranks`-th class from `rank`, [`Strided`]),
+    /// with their bias and optimiser state.
+    pub fn deal(&self, rank: usize, ranks: usize) -> LayerFile {
+        let n = Strided::count(self.rows, rank, ranks);
+        self.pick((0..n).map(|l| l * ranks + rank), n)
+    }
+
+    /// The `n` rows `rows` (and their bias and optimiser state), in that order.
+    fn pick(&self, rows: impl Iterator<Item = usize> + Clone, n: usize) -> LayerFile {
         let d = self.d;
         let of = |v: &[f32], width: usize| {
-            if v.is_empty() { Vec::new() } else { v[range.start * width..range.end * width].to_vec() }
+            if v.is_empty() {
+                return Vec::new();
+            }
+            let mut out = Vec::with_capacity(n * width);
+            rows.clone().for_each(|r| out.extend_from_slice(&v[r * width..(r + 1) * width]));
+            out
         };
         LayerFile {
-            rows: range.len(),
+            rows: n,
             d,
             step: self.step,
             w: of(&self.w, d),
@@ -205,19 +236,19 @@ mod tests {
     use farout_core::{Matrix, rng};
     use farout_estimators::{Batch, Exact, Softmax};
 
-    fn layer(rows: std::ops::Range<usize>, bias: bool, adagrad: bool) -> OutputLayer {
+    fn layer(shard: Strided, bias: bool, adagrad: bool) -> OutputLayer {
         let cfg = OutputLayerConfig { bias, ..OutputLayerConfig::default() };
         let opt = if adagrad {
             OptimizerConfig::Adagrad { lr: 0.5, eps: 1e-8, l2: 0.0 }
         } else {
             OptimizerConfig::Sgd { lr: 0.5, decay: 0.0, l2: 0.0 }
         };
-        OutputLayer::with_rows(rows, 5, &cfg, &opt, 7).unwrap()
+        OutputLayer::with_classes(shard, 5, &cfg, &opt, 7).unwrap()
     }
 
     /// A layer of 11 classes after one step (so that its bias and optimiser state are not 0).
     fn trained(bias: bool, adagrad: bool) -> OutputLayer {
-        let mut l = layer(0..11, bias, adagrad);
+        let mut l = layer(Strided::whole(11), bias, adagrad);
         let phi = Matrix::from_vec(2, 5, (0..10).map(|i| i as f32 * 0.1 - 0.3).collect()).unwrap();
         let pos: [&[u32]; 2] = [&[3], &[9]];
         l.train_step(&Exact::new(Softmax), Batch::new(&phi, &pos), &mut rng::seeded(0, 0), false);
@@ -238,17 +269,24 @@ mod tests {
             assert_eq!(file.step, 1);
             assert_eq!(file.state_w.iter().any(|&a| a > 0.0), adagrad);
             assert_eq!(file.bias.as_ref().is_some_and(|b| b.iter().any(|&x| x != 0.0)), bias);
-            // 11 rows as 3 ranks hold them, joined again: the same file.
-            let parts: Vec<LayerFile> = [0..4, 4..8, 8..11].map(|r| file.slice(r)).to_vec();
-            assert_eq!(parts[2].rows, 3);
+            // 11 rows as 3 ranks hold them (dealt), joined again: the same file.
+            let parts: Vec<LayerFile> = (0..3).map(|r| file.deal(r, 3)).collect();
+            assert_eq!(parts.iter().map(|p| p.rows).collect::<Vec<_>>(), vec![4, 4, 3]);
             let again = dir.path().join("again.bin");
-            LayerFile::concat(&parts).unwrap().write(&again).unwrap();
+            LayerFile::undeal(&parts).unwrap().write(&again).unwrap();
             assert!(std::fs::read(&again).unwrap() == bytes, "bias {bias}, adagrad {adagrad}");
-            // A slice written is what a layer of those rows loads.
+            // Parts in the wrong order are not the layer (and are caught when their sizes differ).
+            let swapped = [parts[1].clone(), parts[0].clone(), parts[2].clone()];
+            assert!(LayerFile::undeal(&swapped).unwrap() != LayerFile::undeal(&parts).unwrap());
+            let e = LayerFile::undeal(&[parts[2].clone(), parts[1].clone(), parts[0].clone()]).unwrap_err();
+            assert!(e.contains("part 0 holds 3 rows; of 11 classes dealt over 3 ranks, rank 0 holds 4"), "{e}");
+            // A part written is what a layer of those classes loads: rank 1 holds 1, 4, 7, 10.
             parts[1].write(&again).unwrap();
-            let mut part = layer(4..8, bias, adagrad);
+            let mut part = layer(Strided::new(11, 1, 3).unwrap(), bias, adagrad);
             part.load(&again).unwrap();
-            assert_eq!(part.weights().as_slice(), &whole.weights().as_slice()[4 * 5..8 * 5]);
+            for (l, c) in [1, 4, 7, 10].into_iter().enumerate() {
+                assert_eq!(part.weights().row(l), whole.weights().row(c));
+            }
         }
     }
 
@@ -256,7 +294,7 @@ mod tests {
     fn parts_that_do_not_belong_together_and_short_files_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("layer.bin");
-        layer(0..4, true, true).save(&path).unwrap();
+        layer(Strided::whole(4), true, true).save(&path).unwrap();
         let a = LayerFile::read(&path).unwrap();
         let mut b = a.clone();
         b.step += 1;

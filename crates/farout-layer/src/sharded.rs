@@ -1,8 +1,9 @@
 //! The output layer with its classes split over ranks (model parallelism, as the
 //! vocabulary-parallel softmax of Megatron-LM and insightface's Partial FC).
 //!
-//! Rank r owns the contiguous rows `first..first + K_r` of W, their bias and optimiser state.
-//! Every rank sees the same batch `Phi`. For exact softmax, with the local scores
+//! Rank r of P owns every P-th class, `r, r + P, r + 2P, ...` ([`Strided`]: rows dealt
+//! round-robin, so that classes numbered by frequency spread evenly), as the rows of its W,
+//! bias and optimiser state. Every rank sees the same batch `Phi`. For exact softmax, with the local scores
 //! `z_r = W_r phi + b_r` of a sample with positives P:
 //!
 //! ```text
@@ -21,20 +22,20 @@
 //!
 //! The free functions ([`softmax_step`], [`merged_top_k`], [`softmax_losses`]) work on any
 //! [`OutputLayer`] that holds a rank's rows (the trainer keeps its own); [`ShardedLayer`] bundles
-//! the rows with their offset.
+//! the rows with their [`Strided`] map.
 
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, vexp};
-use farout_dist::{Collective, DistError, local_index, merge_top_k};
+use farout_dist::{Collective, DistError, Strided, merge_top_k};
 use farout_estimators::{Batch, LogSumExp, Softmax, TiledGradient};
 use rayon::prelude::*;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::time::Instant;
 
-/// One exact-softmax step of `layer`, the rows `first..` of an `n_classes`-class layer split over
-/// the ranks of `comm`, on `phi` (the same batch on every rank) with global class ids in
+/// One exact-softmax step of `layer`, the classes `shard` of a layer split over the ranks of
+/// `comm`, on `phi` (the same batch on every rank) with global class ids in
 /// `positives`: the loss of the whole layer (the same on every rank), `dL/dphi` summed over the
 /// ranks (in `layer.dphi()`, when `want_dphi`), and this rank's rows updated. Also returns the
 /// seconds spent in collectives.
@@ -45,19 +46,21 @@ use std::time::Instant;
 #[allow(clippy::too_many_arguments)]
 pub fn softmax_step(
     layer: &mut OutputLayer,
-    first: usize,
-    n_classes: usize,
+    shard: &Strided,
     comm: &dyn Collective,
     phi: &Matrix,
     positives: &[&[ClassId]],
     want_dphi: bool,
     class_chunk: usize,
 ) -> Result<(StepStats, f64), DistError> {
+    let local = local_positives(shard, positives);
+    let positives: Vec<&[ClassId]> = local.iter().map(Vec::as_slice).collect();
     let (stats, mut comm_seconds) = if class_chunk > 0 {
-        softmax_step_in_passes(layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk)?
+        softmax_step_in_passes(layer, comm, phi, &positives, want_dphi, class_chunk)?
     } else {
-        softmax_step_whole(layer, first, n_classes, comm, phi, positives, want_dphi)?
+        softmax_step_whole(layer, comm, phi, &positives, want_dphi)?
     };
+    let stats = StepStats { classes_scored: phi.rows() * shard.rows(), ..stats };
     if want_dphi {
         comm_seconds += allreduce_dphi(layer, comm)?;
     }
@@ -71,33 +74,36 @@ pub(crate) fn allreduce_dphi(layer: &mut OutputLayer, comm: &dyn Collective) -> 
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// The positives of a row among the local classes `rows` of a rank owning `first..`, as offsets
+/// Every sample's positives as rows of the rank holding `shard`: a positive another rank
+/// holds becomes `ClassId::MAX`, past every row, so that it still counts in `|P|`.
+pub fn local_positives(shard: &Strided, positives: &[&[ClassId]]) -> Vec<Vec<ClassId>> {
+    let local = |&p: &ClassId| shard.local(p as usize).map_or(ClassId::MAX, |l| l as ClassId);
+    positives.iter().map(|pos| pos.iter().map(local).collect()).collect()
+}
+
+/// The positives (rows of this rank, [`local_positives`]) among the rows `rows`, as offsets
 /// into `rows`.
-fn positives_in<'a>(pos: &'a [ClassId], first: usize, rows: &Range<usize>) -> impl Iterator<Item = usize> + 'a {
-    let (start, n) = (first + rows.start, rows.len());
-    pos.iter().filter_map(move |&p| local_index(p as usize, start, n))
+fn positives_in<'a>(pos: &'a [ClassId], rows: &'a Range<usize>) -> impl Iterator<Item = usize> + 'a {
+    pos.iter().map(|&p| p as usize).filter(|p| rows.contains(p)).map(|p| p - rows.start)
 }
 
 /// [`softmax_step`] with all the rank's classes at once, a tile at a time
-/// ([`OutputLayer::train_dense_tiled`]), up to the allreduce of `dL/dphi`; returns the seconds
-/// spent in collectives.
+/// ([`OutputLayer::train_dense_tiled`]), up to the allreduce of `dL/dphi`, on the positives as
+/// the rank's rows ([`local_positives`]); returns the seconds spent in collectives.
 fn softmax_step_whole(
     layer: &mut OutputLayer,
-    first: usize,
-    n_classes: usize,
     comm: &dyn Collective,
     phi: &Matrix,
     positives: &[&[ClassId]],
     want_dphi: bool,
 ) -> Result<(StepStats, f64), DistError> {
     let mut comm_seconds = 0.0;
-    let mut stats = layer.train_dense_tiled(&Softmax, Batch::new(phi, positives), first, want_dphi, |sums| {
+    let stats = layer.train_dense_tiled(&Softmax, Batch::new(phi, positives), want_dphi, |sums| {
         let t = Instant::now();
         combine_over_ranks(comm, sums)?;
         comm_seconds += t.elapsed().as_secs_f64();
         Ok(())
     })?;
-    stats.classes_scored = phi.rows() * n_classes;
     Ok((stats, comm_seconds))
 }
 
@@ -109,12 +115,10 @@ thread_local! {
 /// [`softmax_step`] over the classes `chunk` at a time, up to the allreduce of `dL/dphi`: a
 /// first pass merges each row's [`LogSumExp`] summary chunk by chunk, the ranks combine them,
 /// and a second pass recomputes each chunk's scores and turns them into its gradients
-/// `|P| exp(z - M) / S - [k in P]`; returns the seconds spent in collectives.
-#[allow(clippy::too_many_arguments)]
+/// `|P| exp(z - M) / S - [k in P]`, on the positives as the rank's rows ([`local_positives`]);
+/// returns the seconds spent in collectives.
 fn softmax_step_in_passes(
     layer: &mut OutputLayer,
-    first: usize,
-    n_classes: usize,
     comm: &dyn Collective,
     phi: &Matrix,
     positives: &[&[ClassId]],
@@ -129,7 +133,6 @@ fn softmax_step_in_passes(
         chunk,
         want_dphi,
         |rows, z| {
-            let classes = first + rows.start..first + rows.end;
             let mut sums = sums.borrow_mut();
             z.par_chunks(rows.len()).zip(sums.par_iter_mut()).zip(positives.par_iter()).for_each(
                 |((row, sum), pos)| {
@@ -137,7 +140,7 @@ fn softmax_step_in_passes(
                     EXP_SCRATCH.with_borrow_mut(|x| {
                         x.clear();
                         x.extend_from_slice(row);
-                        *sum = sum.merge(Softmax.scan(classes.clone(), x, pos));
+                        *sum = sum.merge(Softmax.scan(rows.clone(), x, pos));
                     });
                 },
             );
@@ -160,24 +163,24 @@ fn softmax_step_in_passes(
                 let scale = (pos.len() as f64 / all.exp_sum) as f32;
                 vexp::exp_shifted(row, all.max);
                 row.iter_mut().for_each(|v| *v *= scale);
-                for l in positives_in(pos, first, &rows) {
+                for l in positives_in(pos, &rows) {
                     row[l] -= 1.0;
                 }
             });
         },
     )?;
-    Ok((StepStats { loss_sum, classes_scored: b * n_classes, rows_updated }, comm_seconds))
+    Ok((StepStats { loss_sum, classes_scored: b * layer.n_classes(), rows_updated }, comm_seconds))
 }
 
-/// The `k` best classes of every row of the local scores `z` (`[B, K_r]`, classes `first..`)
+/// The `k` best classes of every row of the local scores `z` (`[B, K_r]`, the classes `shard`)
 /// over all ranks, best first, with global ids; on every rank.
-pub fn merged_top_k(comm: &dyn Collective, z: &Matrix, first: usize, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
+pub fn merged_top_k(comm: &dyn Collective, z: &Matrix, shard: &Strided, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
     let local: Vec<Vec<Hit>> = (0..z.rows())
         .into_par_iter()
         .map(|i| {
             let mut hits = Vec::with_capacity(k);
             top_k(z.row(i), k, &mut hits);
-            hits.iter_mut().for_each(|h| h.class += first as ClassId);
+            hits.iter_mut().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
             hits
         })
         .collect();
@@ -185,19 +188,18 @@ pub fn merged_top_k(comm: &dyn Collective, z: &Matrix, first: usize, k: usize) -
 }
 
 /// The softmax loss `|P| log sum_k exp(z_k) - sum_{p in P} z_p` of every row of the local scores
-/// `z` (`[B, K_r]`, classes `first..`) over the classes of all ranks (0 for a row without
+/// `z` (`[B, K_r]`, the classes `shard`) over the classes of all ranks (0 for a row without
 /// positives); on every rank. Three numbers per row travel, as in [`softmax_step`].
 pub fn softmax_losses(
     comm: &dyn Collective,
     z: &Matrix,
-    first: usize,
+    shard: &Strided,
     positives: &[&[ClassId]],
 ) -> Result<Vec<f64>, DistError> {
     let k = z.cols();
-    let mut sums: Vec<LogSumExp> = (0..z.rows())
-        .into_par_iter()
-        .map(|i| Softmax.scan(first..first + k, &mut z.row(i).to_vec(), positives[i]))
-        .collect();
+    let local = local_positives(shard, positives);
+    let mut sums: Vec<LogSumExp> =
+        (0..z.rows()).into_par_iter().map(|i| Softmax.scan(0..k, &mut z.row(i).to_vec(), &local[i])).collect();
     combine_over_ranks(comm, &mut sums)?;
     Ok(sums.iter().zip(positives).map(|(s, pos)| s.loss(pos.len())).collect())
 }
@@ -222,7 +224,7 @@ fn combine_over_ranks(comm: &dyn Collective, sums: &mut [LogSumExp]) -> Result<(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{OptimizerConfig, OutputLayerConfig, ShardedLayer};
     use farout_core::rng;
@@ -273,7 +275,7 @@ mod tests {
         }
         let mut z = Matrix::default();
         whole.scores(&phi, &mut z);
-        let losses = softmax_losses(&Local, &z, 0, &pos).unwrap();
+        let losses = softmax_losses(&Local, &z, &Strided::whole(k), &pos).unwrap();
         for (i, l) in losses.iter().enumerate() {
             let mut grad = vec![0.0; k];
             let want = Softmax.value_and_grad(z.row(i), pos[i], &mut grad, &mut Default::default());
@@ -319,15 +321,19 @@ mod tests {
                     let e = got.iter().zip(want).map(|(u, v)| (u - v).abs()).fold(0.0f32, f32::max) / scale;
                     assert!(e < 1e-5, "{what}: dphi, relative error {e} (largest element {scale})");
                 }
-                let rows = layer.rows();
-                let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
-                let diff = layer.layer().weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                let mine = rows_of(whole.weights(), layer.shard());
+                let diff = layer.layer().weights().as_slice().iter().zip(&mine).map(|(u, v)| (u - v).abs());
                 assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{ranks} ranks, chunk {chunk}, rank {}", comm.rank());
             });
         }
     }
 
-    /// The shards' initial rows are the whole layer's rows.
+    /// The rows of `w` that the rank holding `shard` holds, in its order.
+    pub(crate) fn rows_of(w: &Matrix, shard: &Strided) -> Vec<f32> {
+        (0..shard.len()).flat_map(|l| w.row(shard.global(l)).to_vec()).collect()
+    }
+
+    /// The shards' initial rows are the whole layer's rows: class c on rank c mod 3.
     #[test]
     fn shards_start_as_the_rows_of_the_whole_layer() {
         let cfg = OutputLayerConfig { bias: false, init_std: 0.5, ..Default::default() };
@@ -335,8 +341,9 @@ mod tests {
         let whole = OutputLayer::new(10, 3, &cfg, &opt, 9).unwrap();
         for rank in 0..3 {
             let s = ShardedLayer::new(10, rank, 3, 3, &cfg, &opt, 9).unwrap();
-            for (local, global) in s.rows().enumerate() {
-                assert_eq!(s.layer().weights().row(local), whole.weights().row(global));
+            assert_eq!(s.layer().n_classes(), [4, 3, 3][rank]);
+            for local in 0..s.layer().n_classes() {
+                assert_eq!(s.layer().weights().row(local), whole.weights().row(3 * local + rank));
             }
         }
         assert!(ShardedLayer::new(2, 0, 3, 3, &cfg, &opt, 9).is_err());

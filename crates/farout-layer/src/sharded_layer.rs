@@ -6,15 +6,13 @@ use crate::sharded::{merged_top_k, softmax_step};
 use crate::{Error, OptimizerConfig, OutputLayer, OutputLayerConfig, StepStats};
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Matrix, ParamError, Rng};
-use farout_dist::{Collective, DistError, Shards};
+use farout_dist::{Collective, DistError, Strided};
 use farout_estimators::Batch;
-use std::ops::Range;
 
 /// One rank's rows of a class-sharded output layer.
 pub struct ShardedLayer {
     layer: OutputLayer,
-    first: usize,
-    n_classes: usize,
+    shard: Strided,
     /// Seconds spent in collectives since [`ShardedLayer::take_comm_seconds`].
     comm_seconds: f64,
     /// Bytes sent to collectives since [`ShardedLayer::take_comm_bytes`].
@@ -22,8 +20,8 @@ pub struct ShardedLayer {
 }
 
 impl ShardedLayer {
-    /// Rank `rank`'s share of an `n_classes x d_model` layer split evenly over `ranks` ranks,
-    /// initialised as [`OutputLayer::new`] initialises those rows.
+    /// Rank `rank`'s share of an `n_classes x d_model` layer dealt over `ranks` ranks (every
+    /// `ranks`-th class, [`Strided`]), initialised as [`OutputLayer::new`] initialises those rows.
     pub fn new(
         n_classes: usize,
         rank: usize,
@@ -39,21 +37,20 @@ impl ShardedLayer {
                 format!("{n_classes} classes cannot be split over {ranks} ranks (each needs one)"),
             )));
         }
-        let rows = Shards::even(n_classes, ranks)
-            .map_err(|e| Error::Param(ParamError::message("output", e.to_string())))?
-            .range(rank);
-        let layer = OutputLayer::with_rows(rows.clone(), d_model, config, optimizer, seed)?;
-        Ok(Self { layer, first: rows.start, n_classes, comm_seconds: 0.0, comm_bytes: 0 })
+        let shard = Strided::new(n_classes, rank, ranks)
+            .map_err(|e| Error::Param(ParamError::message("output", e.to_string())))?;
+        let layer = OutputLayer::with_classes(shard, d_model, config, optimizer, seed)?;
+        Ok(Self { layer, shard, comm_seconds: 0.0, comm_bytes: 0 })
     }
 
-    /// The global classes this rank owns.
-    pub fn rows(&self) -> Range<usize> {
-        self.first..self.first + self.layer.n_classes()
+    /// The global classes this rank owns: its local row `l` is class `shard().global(l)`.
+    pub fn shard(&self) -> &Strided {
+        &self.shard
     }
 
     /// Classes of the whole layer.
     pub fn n_classes(&self) -> usize {
-        self.n_classes
+        self.shard.rows()
     }
 
     /// This rank's rows as a layer of their own.
@@ -91,7 +88,7 @@ impl ShardedLayer {
         class_chunk: usize,
     ) -> Result<StepStats, DistError> {
         let (stats, seconds) =
-            softmax_step(&mut self.layer, self.first, self.n_classes, comm, phi, positives, want_dphi, class_chunk)?;
+            softmax_step(&mut self.layer, &self.shard, comm, phi, positives, want_dphi, class_chunk)?;
         self.comm_seconds += seconds;
         self.comm_bytes += Self::softmax_step_bytes(phi.rows(), self.layer.d_model(), want_dphi);
         Ok(stats)
@@ -110,11 +107,9 @@ impl ShardedLayer {
         want_dphi: bool,
         class_chunk: usize,
     ) -> Result<StepStats, DistError> {
-        let (layer, first, k) = (&mut self.layer, self.first, self.n_classes);
         let (stats, cost) = crate::sharded_sparse::estimator_step(
-            layer,
-            first,
-            k,
+            &mut self.layer,
+            &self.shard,
             comm,
             estimator,
             batch,
@@ -137,6 +132,6 @@ impl ShardedLayer {
     pub fn top_k(&self, comm: &dyn Collective, phi: &Matrix, k: usize) -> Result<Vec<Vec<Hit>>, DistError> {
         let mut z = Matrix::default();
         self.layer.scores(phi, &mut z);
-        merged_top_k(comm, &z, self.first, k)
+        merged_top_k(comm, &z, &self.shard, k)
     }
 }

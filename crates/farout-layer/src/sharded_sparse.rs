@@ -29,7 +29,7 @@ use crate::sharded::allreduce_dphi;
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::Hit;
 use farout_core::{ClassId, Rng};
-use farout_dist::{Collective, DistError, local_index};
+use farout_dist::{Collective, DistError, Strided};
 use farout_estimators::{
     Batch, BatchEstimate, Ctx, Drawn, DrawnLoss, GradientEstimator, Loss, LossScratch, RescoreScratch, ShardPlan,
     complete_scores,
@@ -108,24 +108,23 @@ struct OwnerScratch {
 }
 
 impl OwnerScratch {
-    /// The exact scores of the candidates of `c` that the rank with rows `first..first + k`
-    /// (`ctx`) owns, into `out` (one per candidate; the others' left 0), completing the block
+    /// The exact scores of the candidates of `c` that the rank holding `shard` (its rows in
+    /// `ctx`) owns, into `out` (one per candidate; the others' left 0), completing the block
     /// scores found by `n_blocks` searches. Returns the classes scored, in full rows.
     fn score(
         &mut self,
         ctx: &Ctx,
         n_blocks: usize,
-        first: usize,
+        shard: &Strided,
         phi: &[f32],
         c: &Candidates,
         out: &mut [f32],
     ) -> usize {
-        let k = ctx.n_classes();
         self.local.clear();
         self.at.clear();
         self.of.clear();
         for (u, &class) in c.classes.iter().enumerate() {
-            match local_index(class as usize, first, k) {
+            match shard.local(class as usize) {
                 Some(l) => {
                     self.of.push(self.local.len() as u32);
                     self.local.push(l as ClassId);
@@ -155,8 +154,8 @@ thread_local! {
     static SLOTS: RefCell<FxHashMap<ClassId, u32>> = RefCell::new(FxHashMap::default());
 }
 
-/// One step of the estimator planned by `plan` on `layer`, the rows `first..` of an
-/// `n_classes`-class layer split over the ranks of `comm`, on `batch` (the same on every rank;
+/// One step of the estimator planned by `plan` on `layer`, the classes `shard` of a layer split
+/// over the ranks of `comm`, on `batch` (the same on every rank;
 /// global class ids) with `rng` (in the same state on every rank: sampling estimators draw
 /// from it). Returns the loss of the whole layer's estimate and the classes scored by all ranks
 /// (the same on every rank), with this rank's rows updated and its index refreshed, `dL/dphi`
@@ -164,15 +163,14 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_step(
     layer: &mut OutputLayer,
-    first: usize,
-    n_classes: usize,
+    shard: &Strided,
     comm: &dyn Collective,
     plan: ShardPlan,
     batch: Batch,
     rng: &mut Rng,
     want_dphi: bool,
 ) -> Result<(StepStats, CommCost), DistError> {
-    let mut ranks = StepComm { comm, first, seconds: 0.0, bytes: 0 };
+    let mut ranks = StepComm { comm, shard, seconds: 0.0, bytes: 0 };
     if comm.size() > 1 && matches!(plan, ShardPlan::Search { .. }) {
         ranks.rebuild_indexes_together(layer)?;
     }
@@ -192,7 +190,7 @@ pub fn sparse_step(
                     (cost, StepLoss::Scores(loss), 1)
                 }
                 ShardPlan::Draw { draw, loss } => {
-                    draw.draw_batch(n_classes, batch.positives, rng, drawn);
+                    draw.draw_batch(shard.rows(), batch.positives, rng, drawn);
                     cands.par_iter_mut().zip(drawn.par_iter()).for_each(|(c, d)| c.set_drawn(d));
                     (0, StepLoss::Drawn(loss, drawn.as_slice()), 1)
                 }
@@ -203,8 +201,8 @@ pub fn sparse_step(
             //    the ranks gather the gradients; of the draws (which may keep per-sample state,
             //    held by every rank), every rank evaluates it. Each keeps its own classes'.
             let loss_sum = match loss {
-                StepLoss::Scores(loss) if comm.size() > 1 => ranks.split_loss(ctx, grads, cands, loss)?,
-                _ => own_class_gradients(ctx, batch, grads, cands, loss, first),
+                StepLoss::Scores(loss) if comm.size() > 1 => ranks.split_loss(grads, cands, loss)?,
+                _ => own_class_gradients(batch, grads, cands, loss, shard),
             };
             Ok(BatchEstimate { loss_sum, classes_scored })
         })
@@ -216,10 +214,10 @@ pub fn sparse_step(
     Ok((stats, CommCost { seconds: ranks.seconds, bytes: ranks.bytes }))
 }
 
-/// The collectives of one [`sparse_step`] of the rank with rows `first..`, and what they cost it.
+/// The collectives of one [`sparse_step`] of the rank holding `shard`, and what they cost it.
 struct StepComm<'c> {
     comm: &'c dyn Collective,
-    first: usize,
+    shard: &'c Strided,
     /// Wall time in collectives so far.
     seconds: f64,
     /// Bytes contributed so far.
@@ -261,7 +259,7 @@ impl StepComm<'_> {
         top: usize,
         cands: &mut [Candidates],
     ) -> Result<(usize, usize), DistError> {
-        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
         let index = ctx.index.expect("a search estimator's layer has its index attached");
         let n_blocks = index.n_blocks();
         // Row j * B + i: block j's hits of sample i.
@@ -272,7 +270,7 @@ impl StepComm<'_> {
             rows.append(&mut hits);
         }
         let cost = search_dots.div_ceil(n_blocks);
-        rows.iter_mut().flatten().for_each(|h| h.class += first as ClassId);
+        rows.iter_mut().flatten().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
         self.bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
         let mut merged = Vec::new();
         self.timed(&mut || {
@@ -298,14 +296,14 @@ impl StepComm<'_> {
         cands: &mut [Candidates],
         scores_buf: &mut Vec<f32>,
     ) -> Result<usize, DistError> {
-        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
         let (k_local, d) = (ctx.n_classes(), ctx.w.cols());
         // Every score of the rank, without the bias (the owner's scoring adds it).
         scores_buf.resize(b * k_local, 0.0);
         farout_core::gemm::scores(batch.phi.as_slice(), b, ctx.w.as_slice(), k_local, d, scores_buf);
         let cost = b * k_local;
         let with_bias = |l: usize, z: f32| z + ctx.bias.map_or(0.0, |bias| bias[l]);
-        let is_pos = |i: usize, l: usize| batch.positives[i].contains(&((first + l) as ClassId));
+        let is_pos = |i: usize, l: usize| batch.positives[i].contains(&(shard.global(l) as ClassId));
         let mut best: Vec<f32> = scores_buf
             .par_chunks(k_local.max(1))
             .enumerate()
@@ -325,7 +323,7 @@ impl StepComm<'_> {
             .map(|(i, (z, &m))| {
                 let cut = m - width * (1.0 + 1e-4) - 1e-6 * m.abs();
                 let near = z.iter().enumerate().filter(|&(l, &z)| is_pos(i, l) || !(with_bias(l, z) < cut));
-                near.map(|(l, &score)| Hit { class: (first + l) as ClassId, score }).collect()
+                near.map(|(l, &score)| Hit { class: shard.global(l) as ClassId, score }).collect()
             })
             .collect();
         let (mut merged, mut sent) = (Vec::new(), 0);
@@ -351,7 +349,7 @@ impl StepComm<'_> {
         cands: &mut [Candidates],
         mut cost: usize,
     ) -> Result<usize, DistError> {
-        let (comm, first, b) = (self.comm, self.first, batch.phi.rows());
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
         let mut scores = vec![0f32; cands.iter().map(|c| c.classes.len()).sum()];
         let mut parts = Vec::with_capacity(b);
         let mut rest = scores.as_mut_slice();
@@ -364,7 +362,7 @@ impl StepComm<'_> {
             .par_iter_mut()
             .zip(cands.par_iter())
             .enumerate()
-            .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, first, batch.phi.row(i), c, out)))
+            .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, shard, batch.phi.row(i), c, out)))
             .sum::<usize>();
         let mut cost_sum = [cost as u64];
         self.bytes += 4 * scores.len() + 8;
@@ -391,12 +389,11 @@ impl StepComm<'_> {
     /// Returns the batch's loss sum.
     fn split_loss(
         &mut self,
-        ctx: &Ctx,
         grads: &mut farout_estimators::BatchGrad,
         cands: &[Candidates],
         loss: &dyn Loss,
     ) -> Result<f64, DistError> {
-        let (comm, first, b) = (self.comm, self.first, cands.len());
+        let (comm, shard, b) = (self.comm, self.shard, cands.len());
         let ranks = comm.size();
         let part = |r: usize| b * r / ranks..b * (r + 1) / ranks;
         // Sample i travels as its loss, then one gradient per candidate.
@@ -415,7 +412,7 @@ impl StepComm<'_> {
         self.timed(&mut || comm.allgatherv_f32(&send, &counts, &mut all))?;
         grads.reset_sparse(b);
         grads.losses.resize(b, 0.0);
-        let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
+        let owned = |c: ClassId| shard.local(c as usize);
         let samples = split_per_sample(&mut all, cands);
         grads.sparse.par_iter_mut().zip(grads.losses.par_iter_mut()).zip(samples).zip(cands).for_each(
             |(((g, l), got), c)| {
@@ -445,17 +442,16 @@ fn split_per_sample<'b>(mut buf: &'b mut [f32], cands: &[Candidates]) -> Vec<&'b
 }
 
 /// The same loss on every rank, from the candidates' scores; each rank keeps the gradient of
-/// its own classes (rows `first..`) in `grads`. Returns the batch's loss sum.
+/// its own classes (`shard`) in `grads`. Returns the batch's loss sum.
 fn own_class_gradients(
-    ctx: &Ctx,
     batch: Batch,
     grads: &mut farout_estimators::BatchGrad,
     cands: &[Candidates],
     loss: StepLoss,
-    first: usize,
+    shard: &Strided,
 ) -> f64 {
     let b = batch.phi.rows();
-    let owned = |c: ClassId| local_index(c as usize, first, ctx.n_classes());
+    let owned = |c: ClassId| shard.local(c as usize);
     grads.reset_sparse(b);
     grads.losses.resize(b, 0.0);
     grads
@@ -509,15 +505,14 @@ pub fn is_exact_softmax(estimator: &dyn GradientEstimator) -> bool {
     estimator.name() == "softmax"
 }
 
-/// One step of `estimator` ([`trains_sharded`]) on `layer`, the rows `first..` of an
-/// `n_classes`-class layer split over the ranks of `comm`: [`crate::sharded::softmax_step`]
+/// One step of `estimator` ([`trains_sharded`]) on `layer`, the classes `shard` of a layer split
+/// over the ranks of `comm`: [`crate::sharded::softmax_step`]
 /// (visiting the classes `class_chunk` at a time, when > 0) for the exact softmax,
 /// [`sparse_step`] for the others, which take no `class_chunk`.
 #[allow(clippy::too_many_arguments)]
 pub fn estimator_step(
     layer: &mut OutputLayer,
-    first: usize,
-    n_classes: usize,
+    shard: &Strided,
     comm: &dyn Collective,
     estimator: &dyn GradientEstimator,
     batch: Batch,
@@ -526,13 +521,11 @@ pub fn estimator_step(
     class_chunk: usize,
 ) -> Result<(StepStats, CommCost), DistError> {
     match estimator.shard_plan() {
-        Some(plan) if !is_exact_softmax(estimator) => {
-            sparse_step(layer, first, n_classes, comm, plan, batch, rng, want_dphi)
-        }
+        Some(plan) if !is_exact_softmax(estimator) => sparse_step(layer, shard, comm, plan, batch, rng, want_dphi),
         _ => {
             let (phi, positives) = (batch.phi, batch.positives);
             let (stats, seconds) =
-                crate::sharded::softmax_step(layer, first, n_classes, comm, phi, positives, want_dphi, class_chunk)?;
+                crate::sharded::softmax_step(layer, shard, comm, phi, positives, want_dphi, class_chunk)?;
             let bytes = crate::ShardedLayer::softmax_step_bytes(phi.rows(), layer.d_model(), want_dphi);
             Ok((stats, CommCost { seconds, bytes }))
         }
@@ -598,7 +591,7 @@ mod tests {
         let plan = est.shard_plan().unwrap_or_else(|| panic!("{name} has a shard plan"));
         let (mut ra, mut rb) = (rng::seeded(9, 0), rng::seeded(9, 0));
         for step in 0..4 {
-            let (a, _) = sparse_step(&mut sharded, 0, k, &Local, plan, batch, &mut ra, true).unwrap();
+            let (a, _) = sparse_step(&mut sharded, &Strided::whole(k), &Local, plan, batch, &mut ra, true).unwrap();
             let e = whole.train_step(twin, batch, &mut rb, true);
             assert!((a.loss_sum - e.loss_sum).abs() <= 1e-5 * e.loss_sum.abs(), "{name}, step {step}: {a:?} vs {e:?}");
             assert_eq!((a.classes_scored, a.rows_updated), (e.classes_scored, e.rows_updated), "{name}, step {step}");
@@ -698,9 +691,8 @@ mod tests {
                         let got = layer.step(comm, est.as_ref(), batch, &mut r, true, 0).unwrap().loss_sum;
                         assert!((got - want).abs() <= 1e-5 * want.abs(), "{name}, {ranks} ranks, step {step}");
                     }
-                    let rows = layer.rows();
-                    let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
-                    let diff = layer.layer().weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                    let mine = crate::sharded::tests::rows_of(whole.weights(), layer.shard());
+                    let diff = layer.layer().weights().as_slice().iter().zip(&mine).map(|(u, v)| (u - v).abs());
                     assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{name}, {ranks} ranks, rank {}", comm.rank());
                     if let Some(state) = est.sample_state() {
                         assert_eq!(state.to_vec(), one.sample_state().unwrap().to_vec(), "{name}, {ranks} ranks");
@@ -745,19 +737,19 @@ mod tests {
             let plan = est.shard_plan().unwrap();
             for ranks in [2, 3] {
                 farout_dist::Threads::run(ranks, |comm| {
-                    let rows = farout_dist::Shards::even(k, ranks).unwrap().range(comm.rank());
-                    let mut layer = OutputLayer::with_rows(rows.clone(), d, &cfg, &opt, 5).unwrap();
+                    let shard = Strided::new(k, comm.rank(), ranks).unwrap();
+                    let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
                     with_index(&mut layer, *blocks);
                     let mut r = rng::seeded(9, 0);
                     for (step, (loss, dphi)) in want.iter().enumerate() {
-                        let (s, _) = sparse_step(&mut layer, rows.start, k, comm, plan, batch, &mut r, true).unwrap();
+                        let (s, _) = sparse_step(&mut layer, &shard, comm, plan, batch, &mut r, true).unwrap();
                         let at = format!("{name}, {ranks} ranks, rank {}, step {step}", comm.rank());
                         assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
                         let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
                         assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
                     }
-                    let mine = &whole.weights().as_slice()[rows.start * d..rows.end * d];
-                    let diff = layer.weights().as_slice().iter().zip(mine).map(|(u, v)| (u - v).abs());
+                    let mine = crate::sharded::tests::rows_of(whole.weights(), &shard);
+                    let diff = layer.weights().as_slice().iter().zip(&mine).map(|(u, v)| (u - v).abs());
                     assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{name}, {ranks} ranks, rank {}", comm.rank());
                 });
             }

@@ -248,7 +248,7 @@ pub fn bench_layer_sharded(b: &LayerBench, comm: &dyn Collective) -> Result<Valu
         [t.elapsed().as_secs_f64(), layer.take_comm_seconds(), crate::trainer::peak_rss_bytes().unwrap_or(0) as f64];
     comm.allreduce_max_f64(&mut slowest)?;
     let [secs, comm_secs, peak_rss] = slowest;
-    let rows = layer.rows().len();
+    let rows = layer.shard().len();
     Ok(serde_json::json!({
         "bench": "layer",
         "estimator": est.name(),

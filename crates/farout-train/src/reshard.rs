@@ -1,11 +1,13 @@
 //! `farout reshard`: a network's checkpoint written by P ranks (or one process) cut for
 //! another number of ranks, so that a job can continue on a different allocation.
 //!
-//! A class-sharded run keeps, per rank, `rank-R-of-P/layer.bin` (its contiguous rows of W with
-//! their bias and optimiser state, [`Shards::even`] over the K classes) beside what every rank
-//! holds alike: the document encoder, the A&R estimators' per-sample state and the run's
-//! progress (`state.json`). Re-sharding joins the P slices of W in rank order, cuts them into
-//! the P' even slices and copies the replicated files from rank 0, after checking that every
+//! A class-sharded run keeps, per rank, `rank-R-of-P/layer.bin` (its rows of W with their bias
+//! and optimiser state: every P-th class, [`Strided`]) beside what every rank holds alike: the
+//! document encoder, the A&R estimators' per-sample state, the run's progress (`state.json`)
+//! and the class layout (`class_layout.json`). Re-sharding joins the P parts of W in class
+//! order (the contiguous slices of a checkpoint written before classes were dealt, which has no
+//! `class_layout.json`, in rank order), deals them to the P' new ranks and copies the
+//! replicated files from rank 0, after checking that every
 //! rank's copy is the same (by the CRC-32 its manifest records). No value changes, so the
 //! gathered W is the same bit for bit, and P -> P' -> P gives back the same layer files. A
 //! rank's saved search index ([`farout_layer::INDEX_FILES`]) covers its own rows only and is
@@ -17,9 +19,9 @@
 //! timing; the step, epoch and sample counts are the same on every rank).
 
 use crate::checkpoint::{self, MANIFEST};
-use crate::trainer::{checkpoint_rank_counts, rank_checkpoint};
+use crate::trainer::{CLASS_LAYOUT, CLASS_LAYOUT_FILE, checkpoint_rank_counts, rank_checkpoint};
 use crate::{Error, io_err as io};
-use farout_dist::Shards;
+use farout_dist::Strided;
 use farout_layer::{INDEX_FILES, LayerFile};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -52,20 +54,26 @@ pub fn reshard(from: &Path, to: &Path, ranks: usize) -> Result<Resharded, Error>
     check_out(from, to)?;
     let (dirs, step) = rank_dirs(from)?;
     let parts = dirs.iter().map(|d| LayerFile::read(&d.join("layer.bin"))).collect::<Result<Vec<_>, _>>()?;
-    let whole = LayerFile::concat(&parts).map_err(|msg| Error::Checkpoint { path: from.to_path_buf(), msg })?;
+    let dealt = dirs[0].join(CLASS_LAYOUT_FILE).exists();
+    let whole = if dealt { LayerFile::undeal(&parts) } else { LayerFile::concat(&parts) };
+    let whole = whole.map_err(|msg| Error::Checkpoint { path: from.to_path_buf(), msg })?;
     if whole.rows < ranks {
         return Err(Error::Option {
             name: "ranks",
             msg: format!("{ranks} ranks for a layer of {} classes: every rank needs one", whole.rows),
         });
     }
-    let shared = replicated_files(&dirs)?;
-    let shards = Shards::even(whole.rows, ranks)?;
+    let mut shared = replicated_files(&dirs)?;
+    shared.retain(|name| name != CLASS_LAYOUT_FILE);
     std::fs::create_dir(to).map_err(io(to))?;
     let written = (0..ranks).try_for_each(|r| {
         let dir = if ranks == 1 { to.to_path_buf() } else { to.join(rank_checkpoint(r, ranks)) };
         let fill = |tmp: &Path| {
-            whole.slice(shards.range(r)).write(&tmp.join("layer.bin"))?;
+            whole.deal(r, ranks).write(&tmp.join("layer.bin"))?;
+            if ranks > 1 {
+                let path = tmp.join(CLASS_LAYOUT_FILE);
+                std::fs::write(&path, CLASS_LAYOUT).map_err(io(&path))?;
+            }
             copy_files(&dirs[0], tmp, &shared)
         };
         if ranks == 1 {
@@ -87,7 +95,7 @@ pub fn reshard(from: &Path, to: &Path, ranks: usize) -> Result<Resharded, Error>
         to_ranks: ranks,
         step,
         classes: whole.rows,
-        rows_per_rank: (0..ranks).map(|r| shards.range(r).len()).collect(),
+        rows_per_rank: Strided::counts(whole.rows, ranks),
     })
 }
 
@@ -233,9 +241,10 @@ mod tests {
         for rank in 0..3 {
             let part = three.join(format!("rank-{rank}-of-3"));
             assert_eq!(checkpoint::verify(&part).unwrap().progress, r.step);
-            let first = [0, 14, 27][rank];
-            let expected = whole.slice(first..first + r.rows_per_rank[rank]);
+            let expected = whole.deal(rank, 3);
+            assert_eq!(expected.rows, r.rows_per_rank[rank]);
             assert!(LayerFile::read(&part.join("layer.bin")).unwrap() == expected, "rank {rank}'s rows");
+            assert_eq!(std::fs::read_to_string(part.join(CLASS_LAYOUT_FILE)).unwrap(), CLASS_LAYOUT);
         }
         let back = dir.path().join("back");
         let r = reshard(&three, &back, 1).unwrap();
@@ -249,6 +258,37 @@ mod tests {
             t.predict(&test, 3).unwrap()
         };
         assert_eq!(predict(&back), predict(&one));
+    }
+
+    /// A checkpoint of 2 ranks that held contiguous classes (no class layout file, as an earlier
+    /// farout wrote them) is refused by a run, and re-sharded into the checkpoint it came from.
+    #[test]
+    fn a_checkpoint_of_contiguous_shards_is_refused_and_resharded() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, one) = one_epoch(dir.path(), "[output.optimizer]\nkind = \"adagrad\"\nlr = 0.1\n");
+        let two = dir.path().join("two");
+        let step = reshard(&one, &two, 2).unwrap().step;
+        let whole = LayerFile::read(&one.join("layer.bin")).unwrap();
+        let d = whole.d;
+        let cut = |rows: std::ops::Range<usize>| LayerFile {
+            rows: rows.len(),
+            w: whole.w[rows.start * d..rows.end * d].to_vec(),
+            bias: whole.bias.as_ref().map(|b| b[rows.clone()].to_vec()),
+            state_w: whole.state_w[rows.start * d..rows.end * d].to_vec(),
+            state_b: whole.state_b[rows.clone()].to_vec(),
+            ..whole.clone()
+        };
+        for (rank, rows) in [(0, 0..20), (1, 20..40)] {
+            let r = two.join(format!("rank-{rank}-of-2"));
+            cut(rows).write(&r.join("layer.bin")).unwrap();
+            std::fs::remove_file(r.join(CLASS_LAYOUT_FILE)).unwrap();
+            checkpoint::write_manifest(&r, step).unwrap();
+        }
+        let e = crate::trainer::check_class_layout(&two.join("rank-1-of-2"), 2).unwrap_err().to_string();
+        assert!(e.contains("contiguous ranges") && e.contains("farout reshard"), "{e}");
+        let back = dir.path().join("back");
+        reshard(&two, &back, 1).unwrap();
+        assert!(files(&back) == files(&one), "contiguous 2 -> 1 changed the layer");
     }
 
     #[test]

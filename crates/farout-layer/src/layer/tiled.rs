@@ -65,14 +65,15 @@ impl OutputLayer {
     /// One training step of a dense loss in its tiled form (module docs): the loss and
     /// gradients equal the whole-batch step's up to the order of floating-point sums.
     pub(super) fn train_step_tiled(&mut self, loss: &dyn TiledGradient, batch: Batch, want_dphi: bool) -> StepStats {
-        match self.train_dense_tiled(loss, batch, 0, want_dphi, |_| Ok::<_, std::convert::Infallible>(())) {
+        match self.train_dense_tiled(loss, batch, want_dphi, |_| Ok::<_, std::convert::Infallible>(())) {
             Ok(stats) => stats,
             Err(never) => match never {},
         }
     }
 
-    /// The tiled step (module docs) of a layer that may hold only some of the classes: its rows
-    /// are the classes `first..first + K` and the positives are global class ids. `combine`
+    /// The tiled step (module docs) of a layer that may hold only some of the classes: the
+    /// positives are rows of this layer, and a positive another rank holds is any id past its
+    /// rows (it counts in the number of positives `|P|`, and has no row here). `combine`
     /// turns each sample's summary of this layer's classes into that of all classes (an
     /// allreduce over the ranks of a class-sharded layer) before any gradient is formed; an
     /// error there leaves W, the bias and the optimisers as they were. `dL/dphi` is this
@@ -81,14 +82,13 @@ impl OutputLayer {
         &mut self,
         loss: &dyn TiledGradient,
         batch: Batch,
-        first: usize,
         want_dphi: bool,
         combine: impl FnOnce(&mut [LogSumExp]) -> Result<(), E>,
     ) -> Result<StepStats, E> {
         let (b, k) = (batch.phi.rows(), self.n_classes());
         let tile = tile_classes(b, k);
         self.grads.reset_dense(b, k);
-        let tile_sums = self.scan_tiles(loss, batch, first, tile);
+        let tile_sums = self.scan_tiles(loss, batch, tile);
         let mut all: Vec<LogSumExp> =
             (0..b).map(|i| tile_sums.iter().fold(LogSumExp::default(), |acc, sums| acc.merge(sums[i]))).collect();
         combine(&mut all)?;
@@ -101,7 +101,7 @@ impl OutputLayer {
         let groups = self.groups(tile * tiles_per_group, &mut partial);
         groups.into_par_iter().for_each(|g| {
             let first_tile = g.classes.start / tile;
-            update_group(g, loss, batch, (first, tile), &tile_sums[first_tile..], &all, rules);
+            update_group(g, loss, batch, tile, &tile_sums[first_tile..], &all, rules);
         });
         if want_dphi {
             let d = self.d_model();
@@ -120,8 +120,8 @@ impl OutputLayer {
 
     /// Pass 1: every tile's scores into the gradient buffer (tile-major: tile t's `[B, n_t]`
     /// block starts at `B * t * tile`), scanned row by row; returns each tile's per-sample
-    /// summaries. Row `r` of the layer is class `first + r`.
-    fn scan_tiles(&mut self, loss: &dyn TiledGradient, batch: Batch, first: usize, tile: usize) -> Vec<Vec<LogSumExp>> {
+    /// summaries.
+    fn scan_tiles(&mut self, loss: &dyn TiledGradient, batch: Batch, tile: usize) -> Vec<Vec<LogSumExp>> {
         let (b, k, d) = (batch.phi.rows(), self.n_classes(), self.d_model());
         let (w, bias) = (self.w.as_slice(), self.bias.as_deref());
         let phi = batch.phi.as_slice();
@@ -152,7 +152,7 @@ impl OutputLayer {
                         if let Some(bias) = bias {
                             row.iter_mut().zip(&bias[rows.clone()]).for_each(|(v, c)| *v += c);
                         }
-                        loss.scan(first + rows.start..first + rows.end, row, pos)
+                        loss.scan(rows.clone(), row, pos)
                     })
                     .collect()
             })
@@ -192,12 +192,11 @@ impl OutputLayer {
 
 /// Pass 2 over one group's tiles, one after another: each tile's gradients from its stored
 /// scan, its contribution to the group's `dL/dphi` (W before the update), then its rows' update.
-/// Row `r` of the layer is class `first + r`.
 fn update_group(
     group: Group,
     loss: &dyn TiledGradient,
     batch: Batch,
-    (first, tile): (usize, usize),
+    tile: usize,
     tile_sums: &[Vec<LogSumExp>],
     all: &[LogSumExp],
     rules: (UpdateRule, UpdateRule),
@@ -211,9 +210,8 @@ fn update_group(
             let (n, local) = (rows.len(), rows.start - classes.start..rows.end - classes.start);
             grad.resize(b * n, 0.0);
             let tile_stored = &stored[b * local.start..b * local.end];
-            let classes = first + rows.start..first + rows.end;
             for (i, (z, g)) in tile_stored.chunks_exact(n).zip(grad.chunks_exact_mut(n)).enumerate() {
-                loss.gradient(classes.clone(), z, batch.positives[i], &tile_sums[t][i], &all[i], g);
+                loss.gradient(rows.clone(), z, batch.positives[i], &tile_sums[t][i], &all[i], g);
             }
             let w_rows = &mut w[local.start * d..local.end * d];
             if !dphi.is_empty() {

@@ -11,6 +11,35 @@ pub(crate) fn rank_checkpoint(rank: usize, ranks: usize) -> String {
     format!("rank-{rank}-of-{ranks}")
 }
 
+/// The file of a class-sharded checkpoint that says how its ranks split the classes (the same
+/// in every rank's directory): [`CLASS_LAYOUT`], class c on rank c mod P. A rank's directory
+/// without it was written by ranks that held contiguous ranges of classes.
+pub(crate) const CLASS_LAYOUT_FILE: &str = "class_layout.json";
+
+/// The contents of [`CLASS_LAYOUT_FILE`].
+pub(crate) const CLASS_LAYOUT: &str = "{\"classes\": \"strided\", \"rank_of_class\": \"class mod ranks\"}\n";
+
+/// An error unless the rank checkpoint `dir` splits its classes as this version does
+/// ([`CLASS_LAYOUT_FILE`]), saying how to convert one that does not.
+pub(crate) fn check_class_layout(dir: &Path, ranks: usize) -> Result<(), Error> {
+    let path = dir.join(CLASS_LAYOUT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if s == CLASS_LAYOUT => Ok(()),
+        Ok(s) => Err(Error::Checkpoint {
+            path,
+            msg: format!("says the classes are split as {}, which this version does not read", s.trim()),
+        }),
+        Err(_) => Err(Error::Checkpoint {
+            path: dir.to_path_buf(),
+            msg: format!(
+                "has no {CLASS_LAYOUT_FILE}: its ranks held contiguous ranges of classes (an earlier farout); \
+                 `farout reshard CHECKPOINT --ranks {ranks} --out NEW` rewrites it with every rank holding every \
+                 {ranks}-th class"
+            ),
+        }),
+    }
+}
+
 /// Ranks of the checkpoints inside `dir` (`rank-R-of-P` directories and their save siblings):
 /// the distinct P found.
 pub(crate) fn checkpoint_rank_counts(dir: &Path) -> Vec<usize> {
@@ -56,7 +85,7 @@ impl Trainer<'_> {
     /// class-sharded layer its `rank-R-of-P` directory inside it.
     fn rank_dir(&self, dir: PathBuf) -> PathBuf {
         match self.shard {
-            Some(s) => dir.join(rank_checkpoint(s.rank, s.ranks)),
+            Some(s) => dir.join(rank_checkpoint(s.rank(), s.ranks())),
             None => dir,
         }
     }
@@ -87,6 +116,10 @@ impl Trainer<'_> {
         // The ranks of a sharded layer keep their previous checkpoint too (see load_checkpoint).
         crate::checkpoint::replace_dir_keeping(&dir, self.state.step, self.shard.is_some(), |tmp| {
             self.layer.save(&tmp.join("layer.bin"))?;
+            if self.shard.is_some() {
+                let path = tmp.join(CLASS_LAYOUT_FILE);
+                std::fs::write(&path, CLASS_LAYOUT).map_err(|source| Error::Io { path, source })?;
+            }
             if with_index {
                 self.layer.save_index(tmp)?;
             }
@@ -153,6 +186,9 @@ impl Trainer<'_> {
     /// differ from the one the run trained with.
     fn load_checkpoint_files(&mut self, dir: &Path, resume: bool) -> Result<(), Error> {
         let dir = &crate::checkpoint::open(dir)?;
+        if let Some(s) = self.shard {
+            check_class_layout(dir, s.ranks())?;
+        }
         let state: State = crate::checkpoint::read_state(dir, "training state")?;
         if resume {
             self.layer.load(&dir.join("layer.bin"))?;

@@ -10,6 +10,7 @@ use crate::sinks::{MetricsSink, Sinks};
 use farout_core::topk::{Hit, top_k};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::Dataset;
+use farout_dist::Strided;
 use farout_estimators::{Batch, GradientEstimator, LossScratch};
 use farout_layer::sharded;
 use rayon::prelude::*;
@@ -134,9 +135,9 @@ impl Trainer<'_> {
         let mut sums = RankingSums::default();
         self.scored_batches(ds, n, |idx, z| {
             let positives: Vec<&[ClassId]> = idx.iter().map(|&i| ds.labels.get(i)).collect();
-            let hits = sharded::merged_top_k(comm, z, shard.first, 5)?;
+            let hits = sharded::merged_top_k(comm, z, &shard, 5)?;
             let losses = if softmax {
-                sharded::softmax_losses(comm, z, shard.first, &positives)?
+                sharded::softmax_losses(comm, z, &shard, &positives)?
             } else {
                 vec![0.0; positives.len()]
             };
@@ -156,12 +157,12 @@ impl Trainer<'_> {
     /// ranks' top-k); the same predictions on every rank.
     pub fn predict(&self, ds: &Dataset, k: usize) -> Result<Vec<Vec<Hit>>, Error> {
         let comm = self.comm;
-        let first = self.shard.map_or(0, |s| s.first);
+        let shard = self.shard.unwrap_or(Strided::whole(self.data.n_classes));
         // No more hits than classes exist: a larger k (up to usize::MAX) must not size a buffer.
         let k = k.min(self.data.n_classes);
         let mut out = Vec::with_capacity(ds.len());
         self.scored_batches(ds, ds.len(), |_, z| {
-            out.extend(sharded::merged_top_k(comm, z, first, k)?);
+            out.extend(sharded::merged_top_k(comm, z, &shard, k)?);
             Ok(())
         })?;
         Ok(out)

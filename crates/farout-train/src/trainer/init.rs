@@ -1,16 +1,15 @@
 //! Building a classifier run from its config: data, encoder, output layer, estimator and index,
 //! the optional mean-separating initialisation, and the checks of a classifier config.
 
-use super::{Encoder, Shard, State, Trainer, embed_in_place};
+use super::{Encoder, State, Trainer, embed_in_place};
 use crate::Error;
 use crate::config::{Config, ConfigError, DataFormat, EncoderKind};
 use crate::data::{self, TaskData};
 use farout_core::Matrix;
-use farout_dist::{Collective, Shards};
+use farout_dist::{Collective, Strided};
 use farout_estimators::{Built, GradientEstimator, Problem};
 use farout_layer::{LayerInit, OutputLayer, sharded_sparse};
 use farout_models::{DocEncoder, FaceHead};
-use std::ops::Range;
 use std::time::Instant;
 
 /// The checks of a classifier config: the encoder goes with the data's features (the face head
@@ -146,29 +145,29 @@ fn build_encoder(config: &Config, data: &mut TaskData) -> Result<(Encoder, usize
     Ok((encoder, d_model))
 }
 
-/// This rank's classes of the output layer (an even share), and with several ranks its shard.
-fn class_rows(n_classes: usize, comm: &dyn Collective) -> Result<(Range<usize>, Option<Shard>), Error> {
+/// This rank's classes of the output layer (every P-th class, [`Strided`]), and with several
+/// ranks its shard.
+fn class_rows(n_classes: usize, comm: &dyn Collective) -> Result<(Strided, Option<Strided>), Error> {
     if n_classes < comm.size() {
         return Err(Error::NoData("fewer classes than MPI ranks: every rank needs one"));
     }
-    let rows = Shards::even(n_classes, comm.size())?.range(comm.rank());
-    let shard = (comm.size() > 1).then_some(Shard { rank: comm.rank(), ranks: comm.size(), first: rows.start });
-    Ok((rows, shard))
+    let rows = Strided::new(n_classes, comm.rank(), comm.size())?;
+    Ok((rows, (comm.size() > 1).then_some(rows)))
 }
 
-/// The output layer of `rows` (features of dimension `d_model`) with the index of `config`'s
+/// The output layer of the classes `rows` (features of dimension `d_model`) with the index of `config`'s
 /// estimator attached, and the estimators (the run's and the warm-up's) for `data`. With
 /// several ranks (`sharded`) the estimators must train a class-sharded layer.
 fn layer_and_estimators(
     config: &Config,
     data: &TaskData,
-    rows: Range<usize>,
+    rows: Strided,
     d_model: usize,
     comm: &dyn Collective,
     sharded: bool,
 ) -> Result<(OutputLayer, crate::estimators::RunEstimator), Error> {
     let (out, seed) = (&config.output, config.seed);
-    let mut layer = OutputLayer::with_rows(rows, d_model, &out.layer, &out.optimizer, seed)?;
+    let mut layer = OutputLayer::with_classes(rows, d_model, &out.layer, &out.optimizer, seed)?;
     let (labels, k) = (&data.train.labels, data.n_classes);
     let label_counts = || {
         let mut counts = vec![0u64; k];
@@ -208,7 +207,7 @@ fn check_single_label(estimator: &dyn GradientEstimator, data: &TaskData) -> Res
 
 impl<'c> Trainer<'c> {
     /// [`Trainer::new`] as one of the ranks of `comm`: with several ranks, each holds an even
-    /// share of the output layer's classes (see [`farout_layer::sharded`]).
+    /// share of the output layer's classes, every P-th (see [`farout_layer::sharded`]).
     pub fn new(config: Config, comm: &'c dyn Collective) -> Result<Self, Error> {
         let mut data = load_checked(&config)?;
         let (encoder, d_model) = build_encoder(&config, &mut data)?;
@@ -273,11 +272,12 @@ impl<'c> Trainer<'c> {
         let (w, b) = sums.finish(cfg.bias, msi);
         // This rank's rows of the K x D initialisation (all of them in one process).
         let (k, d) = (self.layer.n_classes(), self.layer.d_model());
-        let first = self.shard.map_or(0, |s| s.first);
-        let (w, b) = if self.shard.is_some() {
-            (w[first * d..(first + k) * d].to_vec(), b.get(first..first + k).map(<[f32]>::to_vec).unwrap_or_default())
-        } else {
-            (w, b)
+        let (w, b) = match self.shard {
+            Some(s) => {
+                let w = (0..k).flat_map(|l| &w[s.global(l) * d..(s.global(l) + 1) * d]).copied().collect();
+                (w, if b.is_empty() { b } else { (0..k).map(|l| b[s.global(l)]).collect() })
+            }
+            None => (w, b),
         };
         self.layer.set_weights(Matrix::from_vec(k, d, w).expect("K x D weights"))?;
         if cfg.bias {

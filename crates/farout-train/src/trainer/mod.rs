@@ -14,7 +14,9 @@ mod init;
 mod select;
 mod step;
 
-pub(crate) use checkpoints::{checkpoint_rank_counts, rank_checkpoint};
+#[cfg(test)]
+pub(crate) use checkpoints::check_class_layout;
+pub(crate) use checkpoints::{CLASS_LAYOUT, CLASS_LAYOUT_FILE, checkpoint_rank_counts, rank_checkpoint};
 pub(crate) use init::check_config;
 pub use select::Selection;
 
@@ -22,7 +24,7 @@ use crate::config::Config;
 use crate::data::TaskData;
 use farout_core::Matrix;
 use farout_data::{Dataset, Features};
-use farout_dist::Collective;
+use farout_dist::{Collective, Strided};
 use farout_estimators::{GradientEstimator, Loss};
 use farout_layer::OutputLayer;
 use farout_models::{DocEncoder, FaceHead};
@@ -157,16 +159,7 @@ pub struct Trainer<'c> {
     /// Scratch for the features of a batch of precomputed (face) embeddings.
     phi: Matrix,
     /// This rank's classes when the output layer is split over MPI ranks.
-    shard: Option<Shard>,
-}
-
-/// The classes of one rank of a class-sharded output layer: rank `rank` of `ranks` owns as many
-/// contiguous classes from `first` on as its layer has rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Shard {
-    rank: usize,
-    ranks: usize,
-    first: usize,
+    shard: Option<Strided>,
 }
 
 impl<'c> Trainer<'c> {

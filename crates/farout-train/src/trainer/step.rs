@@ -8,7 +8,7 @@ use crate::report::progress_bar;
 use crate::sinks::{MetricsSink, Sinks};
 use farout_core::{ClassId, Matrix, rng};
 use farout_data::Features;
-use farout_dist::Collective;
+use farout_dist::{Collective, Strided};
 use farout_estimators::{Batch, GradientEstimator};
 use farout_layer::{OutputLayer, sharded_sparse};
 use farout_models::bridge;
@@ -20,12 +20,11 @@ use std::time::Instant;
 /// are ruined. The run stops as on a NaN.
 const BLOWUP: f64 = 100.0;
 
-/// One step of a class-sharded layer (or of one process's layer in class chunks): the rows
-/// `first..` of a `k`-class layer on the ranks of `comm`.
+/// One step of a class-sharded layer (or of one process's layer in class chunks): the classes
+/// `shard` of a layer on the ranks of `comm`.
 struct ShardedStep<'a> {
     layer: &'a mut OutputLayer,
-    first: usize,
-    k: usize,
+    shard: Strided,
     comm: &'a dyn Collective,
     class_chunk: usize,
 }
@@ -40,9 +39,9 @@ impl ShardedStep<'_> {
         rng: &mut rng::Rng,
         want_dphi: bool,
     ) -> Result<farout_layer::StepStats, Error> {
-        let ShardedStep { layer, first, k, comm, class_chunk } = self;
+        let ShardedStep { layer, shard, comm, class_chunk } = self;
         let (stats, _) =
-            sharded_sparse::estimator_step(layer, first, k, comm, estimator, batch, rng, want_dphi, class_chunk)?;
+            sharded_sparse::estimator_step(layer, &shard, comm, estimator, batch, rng, want_dphi, class_chunk)?;
         Ok(stats)
     }
 }
@@ -186,13 +185,13 @@ impl Trainer<'_> {
             _ => self.estimator.as_ref(),
         };
         let sharded = self.shard.is_some() || class_chunk > 0;
-        let (first, k) = (self.shard.map_or(0, |s| s.first), self.data.n_classes);
+        let shard = self.shard.unwrap_or(Strided::whole(self.data.n_classes));
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
                 gather_rows_into(m, idx, &mut self.phi);
                 if sharded {
                     let (layer, phi) = (&mut self.layer, &self.phi);
-                    let on = ShardedStep { layer, first, k, comm, class_chunk };
+                    let on = ShardedStep { layer, shard, comm, class_chunk };
                     on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, false)?
                 } else {
                     let batch = Batch::new(&self.phi, &positives).with_ids(idx);
@@ -217,7 +216,7 @@ impl Trainer<'_> {
                 self.phi.reshape_for_overwrite(idx.len(), d);
                 comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, self.phi.as_mut_slice())?;
                 let (layer, phi) = (&mut self.layer, &self.phi);
-                let on = ShardedStep { layer, first, k, comm, class_chunk };
+                let on = ShardedStep { layer, shard, comm, class_chunk };
                 let stats = on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, true)?;
                 if stats.loss_sum.is_finite() {
                     let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
