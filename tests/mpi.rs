@@ -388,6 +388,22 @@ fn a_class_sharded_softmax_layer_trains_like_one_process() {
     }
 }
 
+/// The sharded phases' milliseconds (`train/phase_*_ms`, `train/comm_ms`) of every step a run
+/// logged that has them.
+fn phase_ms(run: &Path) -> Vec<std::collections::BTreeMap<String, f64>> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| {
+            let o = v.as_object().unwrap();
+            let timed = o.iter().filter(|(k, _)| k.starts_with("train/phase_") || *k == "train/comm_ms");
+            timed.map(|(k, x)| (k.clone(), x.as_f64().unwrap())).collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
 /// The face task's settings for a search or sampling estimator: `estimator` with its defaults
 /// on a layer without bias (the indexes search W alone), ldgs on 4 blocks of 32 dimensions.
 fn estimator_sets(estimator: &str) -> Vec<String> {
@@ -421,8 +437,23 @@ fn margin_search_and_sampling_estimators_step_like_one_process() {
         } else {
             assert!(losses1[63].1 < 0.9 * losses1[0].1, "{estimator}: the loss falls: {losses1:?}");
         }
+        assert!(phase_ms(&run(1)).is_empty(), "{estimator}: one process has no sharded phases");
         for ranks in [2, 4] {
             let s = json(&mpirun(ranks, &face_args("train", &run(ranks), &sets)));
+            // Every step's log has the sharded step's phases (rank 0's), searched or drawn.
+            let phases = phase_ms(&run(ranks));
+            assert_eq!(phases.len(), 64, "{estimator}: {phases:?}");
+            let search = if estimator.starts_with("ar_")
+                || ["sampled_softmax", "negative_sampling", "ove"].contains(&estimator)
+            {
+                "search"
+            } else {
+                "candidates"
+            };
+            assert!(
+                phases.iter().all(|p| p["train/comm_ms"] >= 0.0 && p[&format!("train/phase_{search}_ms")] > 0.0),
+                "{estimator}: {phases:?}"
+            );
             for ((step, a), (_, b)) in step_losses(&run(ranks)).iter().zip(&losses1) {
                 assert!((a - b).abs() <= 1e-4 * b.abs(), "{estimator}, {ranks} ranks, step {step}: {a} against {b}");
             }

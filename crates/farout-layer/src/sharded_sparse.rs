@@ -170,11 +170,12 @@ pub fn sparse_step(
     rng: &mut Rng,
     want_dphi: bool,
 ) -> Result<(StepStats, CommCost), DistError> {
-    let mut ranks = StepComm { comm, shard, seconds: 0.0, bytes: 0 };
+    let mut ranks = StepComm { comm, shard, seconds: 0.0, bytes: 0, clock: Instant::now(), phases: Phases::default() };
     if comm.size() > 1 && matches!(plan, ShardPlan::Search { .. }) {
         ranks.rebuild_indexes_together(layer)?;
     }
     let stats = layer.train_step_with(batch, want_dphi, |ctx, batch, grads| {
+        ranks.phases.index += ranks.lap();
         CANDIDATES.with_borrow_mut(|(cands, drawn, scores_buf)| {
             let b = batch.phi.rows();
             cands.resize_with(b, Candidates::default);
@@ -192,11 +193,13 @@ pub fn sparse_step(
                 ShardPlan::Draw { draw, loss } => {
                     draw.draw_batch(shard.rows(), batch.positives, rng, drawn);
                     cands.par_iter_mut().zip(drawn.par_iter()).for_each(|(c, d)| c.set_drawn(d));
+                    ranks.phases.search += ranks.lap();
                     (0, StepLoss::Drawn(loss, drawn.as_slice()), 1)
                 }
             };
             // 2. The exact scores, each from the rank that owns the class.
             let classes_scored = ranks.exact_scores(ctx, batch, n_blocks, cands, cost)?;
+            ranks.phases.score += ranks.lap();
             // 3. The loss: of the scores alone, each rank evaluates its part of the samples and
             //    the ranks gather the gradients; of the draws (which may keep per-sample state,
             //    held by every rank), every rank evaluates it. Each keeps its own classes'.
@@ -204,6 +207,7 @@ pub fn sparse_step(
                 StepLoss::Scores(loss) if comm.size() > 1 => ranks.split_loss(grads, cands, loss)?,
                 _ => own_class_gradients(batch, grads, cands, loss, shard),
             };
+            ranks.phases.loss += ranks.lap();
             Ok(BatchEstimate { loss_sum, classes_scored })
         })
     })?;
@@ -211,7 +215,8 @@ pub fn sparse_step(
         ranks.seconds += allreduce_dphi(layer, comm)?;
         ranks.bytes += 4 * layer.dphi().as_slice().len();
     }
-    Ok((stats, CommCost { seconds: ranks.seconds, bytes: ranks.bytes }))
+    ranks.phases.update += ranks.lap();
+    Ok((stats, CommCost { seconds: ranks.seconds, bytes: ranks.bytes, phases: ranks.phases }))
 }
 
 /// The collectives of one [`sparse_step`] of the rank holding `shard`, and what they cost it.
@@ -222,9 +227,20 @@ struct StepComm<'c> {
     seconds: f64,
     /// Bytes contributed so far.
     bytes: usize,
+    /// The end of the last phase timed, and the phases so far.
+    clock: Instant,
+    phases: Phases,
 }
 
 impl StepComm<'_> {
+    /// Seconds since the end of the last phase timed: the phase that ends now.
+    fn lap(&mut self) -> f64 {
+        let now = Instant::now();
+        let seconds = now.duration_since(self.clock).as_secs_f64();
+        self.clock = now;
+        seconds
+    }
+
     /// Runs the collective `f`, adding its wall time to `seconds`.
     fn timed(&mut self, f: &mut dyn FnMut() -> Result<(), DistError>) -> Result<(), DistError> {
         let t = Instant::now();
@@ -271,6 +287,7 @@ impl StepComm<'_> {
         }
         let cost = search_dots.div_ceil(n_blocks);
         rows.iter_mut().flatten().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
+        self.phases.search += self.lap();
         self.bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
         let mut merged = Vec::new();
         self.timed(&mut || {
@@ -282,6 +299,7 @@ impl StepComm<'_> {
             let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
             SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
         });
+        self.phases.candidates += self.lap();
         Ok((cost, n_blocks))
     }
 
@@ -313,6 +331,7 @@ impl StepComm<'_> {
             })
             .collect();
         self.timed(&mut || comm.allreduce_max_f32(&mut best))?;
+        self.phases.search += self.lap();
         // The positives, and the negatives a little wider than the loss needs (a
         // class at the edge has no gradient anyway). `!(z < cut)` keeps non-finite
         // scores, so that a diverged model's loss is NaN, as in one process.
@@ -335,6 +354,7 @@ impl StepComm<'_> {
         cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
             SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
         });
+        self.phases.candidates += self.lap();
         Ok(cost)
     }
 
@@ -350,7 +370,10 @@ impl StepComm<'_> {
         mut cost: usize,
     ) -> Result<usize, DistError> {
         let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
-        let mut scores = vec![0f32; cands.iter().map(|c| c.classes.len()).sum()];
+        // Up to MAX_FUSED_RANKS ranks, the rank's cost travels after the scores ([`cost_limbs`]).
+        let fused = comm.size() <= MAX_FUSED_RANKS;
+        let n_scores = cands.iter().map(|c| c.classes.len()).sum();
+        let mut scores = vec![0f32; n_scores + if fused { COST_LIMBS } else { 0 }];
         let mut parts = Vec::with_capacity(b);
         let mut rest = scores.as_mut_slice();
         for c in cands.iter() {
@@ -365,11 +388,17 @@ impl StepComm<'_> {
             .map(|(i, (out, c))| OWNER.with_borrow_mut(|o| o.score(ctx, n_blocks, shard, batch.phi.row(i), c, out)))
             .sum::<usize>();
         let mut cost_sum = [cost as u64];
-        self.bytes += 4 * scores.len() + 8;
+        if fused {
+            scores[n_scores..].copy_from_slice(&cost_limbs(cost as u64));
+        }
+        self.bytes += 4 * scores.len() + if fused { 0 } else { 8 };
         self.timed(&mut || {
             comm.allreduce_sum_f32(&mut scores)?;
-            comm.allreduce_sum_u64(&mut cost_sum)
+            if fused { Ok(()) } else { comm.allreduce_sum_u64(&mut cost_sum) }
         })?;
+        if fused {
+            cost_sum[0] = cost_of_limbs(&scores[n_scores..]);
+        }
         let mut at = 0;
         for c in cands.iter_mut() {
             let n = c.classes.len();
@@ -428,6 +457,25 @@ impl StepComm<'_> {
         );
         Ok(grads.losses.iter().map(|&l| f64::from(l)).sum())
     }
+}
+
+/// Ranks up to which a step's cost (a count of dot products) travels in the scores' allreduce,
+/// as [`COST_LIMBS`] limbs of 16 bits, one f32 each: a sum of P limbs is at most
+/// `P (2^16 - 1)`, an integer f32 holds exactly while it is below 2^24, so up to 256 ranks
+/// the summed limbs carry the exact sum, and one meeting of the ranks per step is saved.
+const MAX_FUSED_RANKS: usize = 256;
+/// Limbs of 16 bits in a u64.
+const COST_LIMBS: usize = 4;
+
+/// `cost` as its four 16-bit limbs, least significant first.
+fn cost_limbs(cost: u64) -> [f32; COST_LIMBS] {
+    std::array::from_fn(|j| ((cost >> (16 * j)) & 0xFFFF) as f32)
+}
+
+/// The sum whose limbs (each summed over the ranks) are `limbs`: `sum_j limbs[j] 2^(16 j)`.
+fn cost_of_limbs(limbs: &[f32]) -> u64 {
+    let sum: u128 = limbs.iter().enumerate().map(|(j, &l)| (l as u128) << (16 * j)).sum();
+    u64::try_from(sum).unwrap_or(u64::MAX)
 }
 
 /// `buf` cut into one slice per sample of `cands`: its loss and one value per candidate.
@@ -527,18 +575,59 @@ pub fn estimator_step(
             let (stats, seconds) =
                 crate::sharded::softmax_step(layer, shard, comm, phi, positives, want_dphi, class_chunk)?;
             let bytes = crate::ShardedLayer::softmax_step_bytes(phi.rows(), layer.d_model(), want_dphi);
-            Ok((stats, CommCost { seconds, bytes }))
+            Ok((stats, CommCost { seconds, bytes, phases: Phases::default() }))
         }
     }
 }
 
-/// What the collectives of a step cost one rank.
+/// What the collectives of a step cost one rank, and where its time went.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CommCost {
     /// Wall time spent in collectives (waiting for the slowest rank included).
     pub seconds: f64,
     /// Bytes this rank contributed to the collectives (each counted once).
     pub bytes: usize,
+    /// The wall time of the step's phases ([`sparse_step`]'s; all 0 for the exact softmax).
+    pub phases: Phases,
+}
+
+/// Wall time of the phases of one [`sparse_step`] on one rank, in seconds, each with the
+/// collectives it ends with (waiting for the slowest rank included). They add up to the step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phases {
+    /// Agreeing on a rebuild of the indexes, and building them when due.
+    pub index: f64,
+    /// Finding the candidates on this rank: its searches (every score of its classes and
+    /// their best for the exact margin; the draws for a sampling estimator).
+    pub search: f64,
+    /// Gathering the ranks' hits and building each sample's candidate set.
+    pub candidates: f64,
+    /// The owners' exact scores of the candidates, summed over the ranks.
+    pub score: f64,
+    /// The loss and its gradients, gathered over the ranks.
+    pub loss: f64,
+    /// Updating this rank's rows and index; `dL/dphi` summed over the ranks.
+    pub update: f64,
+}
+
+impl Phases {
+    /// The phases' names, as [`Phases::seconds`] lists them.
+    pub const NAMES: [&'static str; 6] = ["index", "search", "candidates", "score", "loss", "update"];
+
+    /// The phases' seconds, in the order of [`Phases::NAMES`].
+    pub fn seconds(&self) -> [f64; 6] {
+        [self.index, self.search, self.candidates, self.score, self.loss, self.update]
+    }
+
+    /// Adds `other`'s seconds to these.
+    pub fn add(&mut self, other: &Phases) {
+        self.index += other.index;
+        self.search += other.search;
+        self.candidates += other.candidates;
+        self.score += other.score;
+        self.loss += other.loss;
+        self.update += other.update;
+    }
 }
 
 #[cfg(test)]
@@ -620,6 +709,51 @@ mod tests {
         let labels =
             (0..b).map(|i| if i == 5 { vec![] } else { vec![(i * 97 % k) as u32, (i * 13 % k) as u32] }).collect();
         (phi, labels)
+    }
+
+    /// The cost's limbs summed over as many ranks as may fuse them give the exact sum of the
+    /// costs, at the edges of the limbs and for large counts.
+    #[test]
+    fn costs_summed_as_limbs_are_exact() {
+        for cost in [0u64, 1, 65_535, 65_536, (1 << 40) + 12_345, (1 << 55) - 1, 3 << 54] {
+            let mut sums = [0f32; COST_LIMBS];
+            for _ in 0..MAX_FUSED_RANKS {
+                sums.iter_mut().zip(cost_limbs(cost)).for_each(|(s, l)| *s += l);
+            }
+            let want = u128::from(cost) * MAX_FUSED_RANKS as u128;
+            assert_eq!(u128::from(cost_of_limbs(&sums)), want.min(u128::from(u64::MAX)), "cost {cost}");
+        }
+    }
+
+    /// A step's phases are each timed: a search step spends time searching, building the
+    /// candidates, scoring them, in the loss and updating, and the phases add up to no more
+    /// than the step's wall time (at 2 ranks, with the collectives' time a part of them).
+    #[test]
+    fn a_steps_phases_are_timed_and_add_up_to_the_step() {
+        let (k, d, b) = (2000, 32, 40);
+        let cfg = OutputLayerConfig { bias: false, init_std: 0.5, ..Default::default() };
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let (phi, labels) = problem(k, d, b);
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let mips = Mips::new(SmoothedMargin::new(1.0).unwrap(), 50).unwrap();
+        let plan = mips.shard_plan().unwrap();
+        farout_dist::Threads::run(2, |comm| {
+            let shard = Strided::new(k, comm.rank(), 2).unwrap();
+            let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
+            layer.attach_index(IndexConfig::exact(), 1, IndexUpkeep::default()).unwrap();
+            let mut r = rng::seeded(9, 0);
+            for step in 0..3 {
+                let t = Instant::now();
+                let (_, cost) =
+                    sparse_step(&mut layer, &shard, comm, plan, Batch::new(&phi, &pos), &mut r, true).unwrap();
+                let wall = t.elapsed().as_secs_f64();
+                let p = cost.phases.seconds();
+                let at = format!("rank {}, step {step}: {:?}, wall {wall}", comm.rank(), cost.phases);
+                assert!(p.iter().all(|&s| s >= 0.0) && p.iter().sum::<f64>() <= wall, "{at}");
+                assert!(p[1..].iter().all(|&s| s > 0.0), "{at}");
+                assert!(cost.seconds > 0.0 && cost.seconds <= p.iter().sum::<f64>(), "{at}, comm {}", cost.seconds);
+            }
+        });
     }
 
     #[test]

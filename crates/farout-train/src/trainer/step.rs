@@ -10,7 +10,8 @@ use farout_core::{ClassId, Matrix, rng};
 use farout_data::Features;
 use farout_dist::{Collective, Strided};
 use farout_estimators::{Batch, GradientEstimator};
-use farout_layer::{OutputLayer, sharded_sparse};
+use farout_layer::OutputLayer;
+use farout_layer::sharded_sparse::{self, CommCost, Phases};
 use farout_models::bridge;
 use indicatif::ProgressBar;
 use std::time::Instant;
@@ -38,11 +39,29 @@ impl ShardedStep<'_> {
         batch: Batch,
         rng: &mut rng::Rng,
         want_dphi: bool,
-    ) -> Result<farout_layer::StepStats, Error> {
+    ) -> Result<(farout_layer::StepStats, CommCost), Error> {
         let ShardedStep { layer, shard, comm, class_chunk } = self;
-        let (stats, _) =
-            sharded_sparse::estimator_step(layer, &shard, comm, estimator, batch, rng, want_dphi, class_chunk)?;
-        Ok(stats)
+        Ok(sharded_sparse::estimator_step(layer, &shard, comm, estimator, batch, rng, want_dphi, class_chunk)?)
+    }
+}
+
+/// Where a class-sharded step's time went on this rank, in seconds.
+#[derive(Clone, Copy, Default)]
+struct StepTimes {
+    /// The layer's phases ([`Phases`]).
+    phases: Phases,
+    /// In the layer's collectives (part of the phases).
+    comm: f64,
+    /// The document encoder's forward pass with the features' gather, and its backward pass
+    /// with the sum of its gradients over the ranks.
+    encoder: f64,
+}
+
+impl StepTimes {
+    fn add(&mut self, other: &StepTimes) {
+        self.phases.add(&other.phases);
+        self.comm += other.comm;
+        self.encoder += other.encoder;
     }
 }
 
@@ -55,6 +74,8 @@ struct StepResult {
     rows_updated: u64,
     /// Wall time of the step.
     seconds: f64,
+    /// Its parts, for a class-sharded step.
+    times: Option<StepTimes>,
 }
 
 /// Sums over the steps since the last log record.
@@ -65,6 +86,9 @@ struct Window {
     classes_scored: u64,
     rows_updated: u64,
     seconds: f64,
+    /// The sharded steps' times, summed, and how many steps they are.
+    times: StepTimes,
+    timed_steps: u64,
 }
 
 impl Window {
@@ -74,6 +98,27 @@ impl Window {
         self.classes_scored += s.classes_scored;
         self.rows_updated += s.rows_updated;
         self.seconds += s.seconds;
+        if let Some(t) = &s.times {
+            self.times.add(t);
+            self.timed_steps += 1;
+        }
+    }
+
+    /// The mean milliseconds per step of the sharded steps' phases, collectives and encoder
+    /// (`train/phase_<name>_ms`, `train/comm_ms`; none without sharded steps).
+    fn phase_ms(&self, with_encoder: bool) -> Vec<(String, f64)> {
+        if self.timed_steps == 0 {
+            return Vec::new();
+        }
+        let ms = |s: f64| 1e3 * s / self.timed_steps as f64;
+        let t = &self.times;
+        let mut out: Vec<(String, f64)> =
+            Phases::NAMES.iter().zip(t.phases.seconds()).map(|(n, s)| (format!("train/phase_{n}_ms"), ms(s))).collect();
+        if with_encoder {
+            out.push(("train/phase_encoder_ms".into(), ms(t.encoder)));
+        }
+        out.push(("train/comm_ms".into(), ms(t.comm)));
+        out
     }
 }
 
@@ -186,13 +231,17 @@ impl Trainer<'_> {
         };
         let sharded = self.shard.is_some() || class_chunk > 0;
         let shard = self.shard.unwrap_or(Strided::whole(self.data.n_classes));
+        let mut times = None;
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
                 gather_rows_into(m, idx, &mut self.phi);
                 if sharded {
                     let (layer, phi) = (&mut self.layer, &self.phi);
                     let on = ShardedStep { layer, shard, comm, class_chunk };
-                    on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, false)?
+                    let (stats, cost) =
+                        on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, false)?;
+                    times = Some(StepTimes { phases: cost.phases, comm: cost.seconds, encoder: 0.0 });
+                    stats
                 } else {
                     let batch = Batch::new(&self.phi, &positives).with_ids(idx);
                     self.layer.train_step(estimator, batch, &mut step_rng, false)
@@ -205,6 +254,7 @@ impl Trainer<'_> {
                 // copy of the encoder takes the same step. Dropout masks come from a generator
                 // of the rank's own.
                 let (ranks, rank) = (comm.size(), comm.rank());
+                let t_encoder = Instant::now();
                 let part = |r: usize| idx.len() * r / ranks..idx.len() * (r + 1) / ranks;
                 let mine = part(rank);
                 let docs: Vec<_> = idx[mine.clone()].iter().map(|&i| s.row(i)).collect();
@@ -215,14 +265,19 @@ impl Trainer<'_> {
                 let counts: Vec<usize> = (0..ranks).map(|r| part(r).len() * d).collect();
                 self.phi.reshape_for_overwrite(idx.len(), d);
                 comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, self.phi.as_mut_slice())?;
+                let forward = t_encoder.elapsed().as_secs_f64();
                 let (layer, phi) = (&mut self.layer, &self.phi);
                 let on = ShardedStep { layer, shard, comm, class_chunk };
-                let stats = on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, true)?;
+                let (stats, cost) =
+                    on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, true)?;
+                let t_backward = Instant::now();
                 if stats.loss_sum.is_finite() {
                     let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
                     let grads = enc.gradients(fwd, &Matrix::from_vec(mine.len(), d, rows.to_vec()).expect("rows of D"));
                     enc.apply(&crate::dist::sum_doc_grads(comm, grads)?);
                 }
+                let encoder = forward + t_backward.elapsed().as_secs_f64();
+                times = Some(StepTimes { phases: cost.phases, comm: cost.seconds, encoder });
                 stats
             }
             (Encoder::Doc(enc), Features::Sparse(s)) => {
@@ -238,7 +293,9 @@ impl Trainer<'_> {
             }
             _ => unreachable!("config check pairs encoders with their data"),
         };
-        self.step_result(idx, stats, t0)
+        let mut step = self.step_result(idx, stats, t0)?;
+        step.times = times;
+        Ok(step)
     }
 
     /// What a step on `idx` did, from its statistics; stops the run on divergence.
@@ -263,6 +320,7 @@ impl Trainer<'_> {
             classes_scored: stats.classes_scored as u64,
             rows_updated: stats.rows_updated as u64,
             seconds: t0.elapsed().as_secs_f64(),
+            times: None,
         })
     }
 
@@ -273,12 +331,6 @@ impl Trainer<'_> {
         s.step += 1;
         s.batch_in_epoch += 1;
         s.train_seconds += step.seconds;
-        if comm.size() > 1 {
-            // The run's time is its slowest rank's: every rank stops at the same step.
-            let mut t = [s.train_seconds];
-            comm.allreduce_max_f64(&mut t)?;
-            s.train_seconds = t[0];
-        }
         s.samples += step.samples;
         s.classes_scored += step.classes_scored;
         run.window.add(step);
@@ -288,6 +340,17 @@ impl Trainer<'_> {
         let (log_due, recall_due) =
             (due(self.config.train.log_every) || step_no == run.total_steps, due(index.recall_every));
         let (eval_due, checkpoint_due) = (due(eval.every_steps), ck.enabled && due(ck.every_steps));
+        // The run's time is its slowest rank's: under a time budget every rank must stop at the
+        // same step, so the ranks agree on it every step; otherwise only where it is recorded
+        // (logs, evaluations, checkpoints, the epoch's end), which saves every other step a
+        // meeting of the ranks.
+        let epoch_ends = s.batch_in_epoch as u64 == run.steps_per_epoch;
+        let recorded = log_due || recall_due || eval_due || checkpoint_due || epoch_ends;
+        if comm.size() > 1 && (self.config.train.max_seconds > 0.0 || recorded) {
+            let mut t = [s.train_seconds];
+            comm.allreduce_max_f64(&mut t)?;
+            s.train_seconds = t[0];
+        }
         let (recall_queries, eval_samples) = (index.recall_queries, eval.max_samples);
         if log_due {
             crate::dist::agree(comm, self.check_weight_scale(false))?;
@@ -313,18 +376,17 @@ impl Trainer<'_> {
         let samples_per_s = w.samples as f64 / w.seconds.max(1e-9);
         let steps = (self.state.step - run.window_start) as f64;
         let epoch = self.state.epoch as f64 + self.state.batch_in_epoch as f64 / run.steps_per_epoch as f64;
-        run.sinks.record(
-            self.state.step,
-            self.state.train_seconds,
-            &[
-                ("train/loss", loss),
-                ("train/samples_per_s", samples_per_s),
-                ("train/lr", self.layer.lr() as f64),
-                ("train/classes_scored_per_sample", w.classes_scored as f64 / w.samples as f64),
-                ("train/rows_updated_per_step", w.rows_updated as f64 / steps),
-                ("train/epoch", epoch),
-            ],
-        )?;
+        let phases = w.phase_ms(matches!(self.encoder, Encoder::Doc(_)));
+        let mut values = vec![
+            ("train/loss", loss),
+            ("train/samples_per_s", samples_per_s),
+            ("train/lr", self.layer.lr() as f64),
+            ("train/classes_scored_per_sample", w.classes_scored as f64 / w.samples as f64),
+            ("train/rows_updated_per_step", w.rows_updated as f64 / steps),
+            ("train/epoch", epoch),
+        ];
+        values.extend(phases.iter().map(|(name, ms)| (name.as_str(), *ms)));
+        run.sinks.record(self.state.step, self.state.train_seconds, &values)?;
         // Every record reaches the file now: a killed run keeps its log up to its last window.
         run.sinks.flush()?;
         run.bar.set_message(format!("loss {loss:.4} | {samples_per_s:.0} samples/s{}", run.last_eval));
