@@ -64,8 +64,12 @@ pub fn one_vs_all<T, S: LabelStat>(
     progress.begin(k as u64, "labels");
     let done = AtomicUsize::new(0);
     // `None` for a label met after a stop request: collecting into an `Option` ends the loop.
+    // One label per rayon job: the labels' costs fall steeply along `order` (largest first, the
+    // shared empty labels free), and rayon's adaptive split would leave most of the costly head
+    // to one thread.
     let solved: Option<Vec<LabelResult<S>>> = order
         .par_iter()
+        .with_max_len(1)
         .map_init(&scratch, |t, &j| {
             if farout_core::stop::requested() {
                 return None;
