@@ -54,15 +54,8 @@ def test_config_errors_name_the_key(in_tmp):
 def test_ctrl_c_stops_between_steps_and_keeps_the_checkpoint(in_tmp):
     # Far more steps than can run before the signal, however fast the machine.
     config = tiny_face(train={"epochs": 1_000_000, "batch_size": 64})
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    t0 = time.time()
-    try:
-        with pytest.raises(KeyboardInterrupt, match="checkpoint"):
-            farout.train(config)
-    finally:
-        timer.cancel()
-    assert time.time() - t0 < 60
+    took = interrupt_after(1.5, lambda: farout.train(config), "checkpoint")
+    assert took < 60
     assert (in_tmp / "runs" / "py-face" / "checkpoint").is_dir()
     # The run continues from it.
     s = farout.train(config, overrides={"train.epochs": 1}, resume=True)
@@ -71,15 +64,26 @@ def test_ctrl_c_stops_between_steps_and_keeps_the_checkpoint(in_tmp):
 
 def interrupt_after(seconds, call, match):
     """Runs ``call()`` with SIGINT sent after ``seconds``; it must raise KeyboardInterrupt whose
-    message matches ``match``, well before the work it was given could end."""
+    message matches ``match``, well before the work it was given could end. Should that signal
+    be lost, a second one 60 s later ends the work, so the test fails instead of hanging."""
+    lost = []
+
+    def backstop():
+        lost.append(True)
+        os.kill(os.getpid(), signal.SIGINT)
+
     timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    guard = threading.Timer(seconds + 60, backstop)
     timer.start()
+    guard.start()
     t0 = time.time()
     try:
         with pytest.raises(KeyboardInterrupt, match=match):
             call()
     finally:
         timer.cancel()
+        guard.cancel()
+    assert not lost, "the first SIGINT did not stop the work"
     return time.time() - t0
 
 
