@@ -64,8 +64,12 @@ def test_ctrl_c_stops_between_steps_and_keeps_the_checkpoint(in_tmp):
 
 def interrupt_after(seconds, call, match):
     """Runs ``call()`` with SIGINT sent after ``seconds``; it must raise KeyboardInterrupt whose
-    message matches ``match``, well before the work it was given could end. Should that signal
-    be lost, a second one 60 s later ends the work, so the test fails instead of hanging."""
+    message matches ``match``, well before the work it was given could end. Python's own SIGINT
+    handler is installed for the call: a process started in the background by a shell inherits
+    SIGINT ignored, and Python then installs none, so the signal would do nothing. Should the
+    signal still be lost, a second one 60 s later ends the work, so the test fails instead of
+    hanging."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     lost = []
 
     def backstop():
@@ -83,6 +87,7 @@ def interrupt_after(seconds, call, match):
     finally:
         timer.cancel()
         guard.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert not lost, "the first SIGINT did not stop the work"
     return time.time() - t0
 
