@@ -1,8 +1,9 @@
 //! The one-vs-all driver shared by the per-label solvers (DiSMEC, PPDSparse).
 //!
 //! Labels are handed to rayon sorted by |P|, largest first, so the long problems start early
-//! and the small ones fill the gaps at the end. Each worker keeps one scratch value through
-//! `map_init`, so the label loop allocates only the pruned result. A label's computation never
+//! and the small ones fill the gaps at the end, one label per rayon job. Each worker keeps one
+//! scratch value in its own slot ([`Scratches`]), so the label loop allocates only the pruned
+//! result. A label's computation never
 //! depends on the thread that runs it, so the model is bit-identical for any number of threads.
 //!
 //! Labels without a positive sample all pose the same problem (every sample a negative), so it
@@ -15,6 +16,7 @@ use crate::data::TrainSet;
 use crate::model::SparseModel;
 use rayon::prelude::*;
 use std::ops::Range;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Checks that `labels` is a range of the `n_labels` labels (a shard may be empty).
@@ -36,6 +38,26 @@ pub trait LabelStat: Clone + Send + Sync {
     fn shared_as(&self, label: usize) -> Self;
 }
 
+/// One scratch per rayon worker of the current pool, made on the worker's first label.
+/// (`map_init` would make one per rayon job, which is one per label at one label per job.)
+struct Scratches<T>(Vec<Mutex<Option<T>>>);
+
+impl<T> Scratches<T> {
+    fn new() -> Self {
+        Self((0..rayon::current_num_threads()).map(|_| Mutex::new(None)).collect())
+    }
+
+    /// `work` on the calling worker's scratch, or on a new one if that one is in use (a worker
+    /// that runs another label while waiting inside a label).
+    fn with<R>(&self, make: impl Fn() -> T, work: impl FnOnce(&mut T) -> R) -> R {
+        let at = rayon::current_thread_index().unwrap_or(0) % self.0.len();
+        match self.0[at].try_lock() {
+            Ok(mut slot) => work(slot.get_or_insert_with(make)),
+            Err(_) => work(&mut make()),
+        }
+    }
+}
+
 /// The first label of `data` without a positive sample, if `labels` holds any such label.
 fn first_empty_label(data: &TrainSet, labels: &Range<usize>) -> Option<usize> {
     let empty = |j: &usize| data.labels.positives(*j).is_empty();
@@ -48,7 +70,7 @@ fn first_empty_label(data: &TrainSet, labels: &Range<usize>) -> Option<usize> {
 /// `i` is label `labels.start + i` of `data`) and their statistics, in label order. Labels
 /// without positives share one solve (module docs). A stop request ([`farout_core::stop`]) ends
 /// it after the labels being solved, with [`crate::Error::Interrupted`].
-pub fn one_vs_all<T, S: LabelStat>(
+pub fn one_vs_all<T: Send, S: LabelStat>(
     data: &TrainSet,
     labels: Range<usize>,
     bias: bool,
@@ -58,7 +80,8 @@ pub fn one_vs_all<T, S: LabelStat>(
 ) -> crate::Result<(SparseModel, Vec<S>)> {
     debug_assert!(labels.end <= data.n_labels());
     let (first, k) = (labels.start, labels.len());
-    let shared_empty = first_empty_label(data, &labels).map(|j| solve(&mut scratch(), j));
+    let scratches = Scratches::new();
+    let shared_empty = first_empty_label(data, &labels).map(|j| scratches.with(&scratch, |t| solve(t, j)));
     let mut order: Vec<usize> = labels.collect();
     order.sort_by_key(|&j| (std::cmp::Reverse(data.labels.positives(j).len()), j));
     progress.begin(k as u64, "labels");
@@ -70,7 +93,7 @@ pub fn one_vs_all<T, S: LabelStat>(
     let solved: Option<Vec<LabelResult<S>>> = order
         .par_iter()
         .with_max_len(1)
-        .map_init(&scratch, |t, &j| {
+        .map(|&j| {
             if farout_core::stop::requested() {
                 return None;
             }
@@ -78,7 +101,7 @@ pub fn one_vs_all<T, S: LabelStat>(
                 Some((f, w, b, st)) if data.labels.positives(j).is_empty() => {
                     (f.clone(), w.clone(), *b, st.shared_as(j))
                 }
-                _ => solve(t, j),
+                _ => scratches.with(&scratch, |t| solve(t, j)),
             };
             done.fetch_add(1, Ordering::Relaxed);
             progress.advance(1);
