@@ -206,8 +206,8 @@ impl Search<'_> {
         Ok((summary, c.train.epochs))
     }
 
-    /// Records the trial `job` ran: its slot, its model as a start for later trials, the file
-    /// and the bar.
+    /// Records the trial `job` ran: its slot, its model as a start for later trials, trials.csv
+    /// and the progress bar.
     fn record(
         &self,
         rung: usize,
