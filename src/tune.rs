@@ -44,6 +44,10 @@ pub struct TuneArgs {
     /// fit the cores, cores / train.threads, at least 1; one when train.threads is 0).
     #[arg(long, default_value_t = 0)]
     jobs: usize,
+    /// Epochs of the top rung of a network or skip-gram search (rungs train a ninth, a third
+    /// and all of them; default: 3 x train.epochs for a network, train.epochs for skip-gram).
+    #[arg(long, value_name = "N")]
+    max_epochs: Option<usize>,
     /// Override a key of the base config, e.g. --set train.threads=1 (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -64,6 +68,7 @@ pub fn run(a: TuneArgs) -> Result<()> {
         max_settings: a.max_settings,
         cold: a.cold,
         jobs: a.jobs,
+        max_epochs: a.max_epochs,
         progress: true,
     };
     let report = on_pool(|| tune(&opts))?;

@@ -309,3 +309,113 @@ fn every_shipped_config_takes_both_ends_of_every_range_of_its_default_space() {
         space::check_space(&dims, &recipe, "the default space").unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
 }
+
+/// The checkpoint directories (`<trial>/checkpoint*`) left under `out/trials`.
+fn trial_checkpoints(out: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for trial in std::fs::read_dir(out.join("trials")).unwrap() {
+        let trial = trial.unwrap().path();
+        for e in std::fs::read_dir(&trial).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.starts_with("checkpoint") {
+                found.push(format!("{}/{name}", trial.file_name().unwrap().to_string_lossy()));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn a_tune_keeps_no_trial_checkpoint_that_no_later_trial_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    // Network trials: the promoted ones continue their runs, then nothing is left to continue.
+    let c = config(dir.path(), NETWORK);
+    let out = dir.path().join("net");
+    let o = tune(&c, &out, 3, &["--seed", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("(rung 2) continues its run of rung 1"), "{}", stderr(&o));
+    assert_eq!(trial_checkpoints(&out), Vec::<String>::new());
+    assert!(out.join("runs/base-tuned@0/checkpoint").is_dir(), "the final run's model stays");
+    // DiSMEC trials: their models are starts until the final run has started from the best's.
+    let c = config(dir.path(), LINEAR);
+    let out = dir.path().join("linear");
+    assert!(tune(&c, &out, 3, &["--seed", "3"]).status.success());
+    assert_eq!(trial_checkpoints(&out), Vec::<String>::new());
+    let s = std::fs::read_to_string(out.join("runs/base-tuned@0/summary.json")).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&s).unwrap();
+    assert_eq!(s["linear"]["stats"]["init"], "warm", "the final run started from the best trial's model");
+    assert!(out.join("runs/base-tuned@0/checkpoint/linear.model").exists());
+    for f in ["best.toml", "trials.csv", "trials.md"] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+}
+
+#[test]
+fn a_search_stopped_between_rungs_resumes_from_the_checkpoints_it_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = NETWORK.replace("d_model = 16", "d_model = 256").replace("threads = 1", "threads = 1\npatience = 1000");
+    let c = config(dir.path(), &text);
+    let (whole, _) = tune_trials(&c, &dir.path().join("whole"), &["--seed", "2"]);
+    let out = dir.path().join("stopped");
+    let csv = out.join("trials.csv");
+    let rows = |rung: &str| {
+        let text = std::fs::read_to_string(&csv).unwrap_or_default();
+        text.lines().filter(|l| l.split(',').nth(1) == Some(rung)).count()
+    };
+    // Killed as soon as rung 1 has ended, while rung 2's trial trains (again if too late).
+    for _ in 0..5 {
+        let _ = std::fs::remove_dir_all(&out);
+        let o = out.display().to_string();
+        let args = ["tune", &c, "--out", &o, "--budget", "600", "--max-settings", "3", "--seed", "2"];
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_farout"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        while rows("1") == 0 && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        if rows("1") == 1 && rows("2") == 0 {
+            break;
+        }
+    }
+    assert_eq!((rows("1"), rows("2")), (1, 0), "stopped between rungs 1 and 2");
+    let kept = trial_checkpoints(&out);
+    assert!(kept.iter().any(|k| k.ends_with("-r1/checkpoint")), "the rung-1 trial's run stays: {kept:?}");
+    let o = tune(&c, &out, 3, &["--seed", "2", "--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("(rung 2) continues its run of rung 1"), "{}", stderr(&o));
+    assert_eq!(trials_without_times(&out), whole);
+    assert_eq!(trial_checkpoints(&out), Vec::<String>::new());
+}
+
+#[test]
+fn a_network_search_grows_the_epochs_up_to_three_times_the_recipes() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), &NETWORK.replace("epochs = 9", "epochs = 1"));
+    let resources = |out: &Path| {
+        let text = std::fs::read_to_string(out.join("trials.csv")).unwrap();
+        text.lines()
+            .skip(1)
+            .map(|l| format!("r{}: {}", l.split(',').nth(1).unwrap(), l.split(',').nth(2).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    // A one-epoch recipe: rungs of 1, 1 and 3 epochs; best.toml trains the best trial's 3.
+    let out = dir.path().join("default");
+    let o = tune(&c, &out, 3, &["--seed", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(resources(&out), ["r0: 1", "r0: 1", "r0: 1", "r1: 1", "r2: 3"]);
+    let best = std::fs::read_to_string(out.join("best.toml")).unwrap();
+    assert!(best.contains("train.epochs=3") && best.contains("epochs = 3"), "{best}");
+    // --max-epochs sets the top rung.
+    let out = dir.path().join("nine");
+    assert!(tune(&c, &out, 3, &["--seed", "2", "--max-epochs", "9"]).status.success());
+    assert_eq!(resources(&out), ["r0: 1", "r0: 1", "r0: 1", "r1: 3", "r2: 9"]);
+    let o = tune(&config(dir.path(), LINEAR), &dir.path().join("lin"), 1, &["--max-epochs", "9"]);
+    assert!(!o.status.success() && stderr(&o).contains("--max-epochs"), "{}", stderr(&o));
+}

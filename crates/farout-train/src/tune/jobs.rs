@@ -245,7 +245,11 @@ impl Search<'_> {
         self.ended.notify_all();
         let ended = s.ended();
         self.update_bar(&ended);
-        super::trials::write(&self.opts.out.join("trials.csv"), &ended)
+        super::trials::write(&self.opts.out.join("trials.csv"), &ended)?;
+        // Recorded first: a search stopped in between resumes with the checkpoints it needs.
+        let slots = s.slots.clone();
+        drop(s);
+        self.prune(&slots, rung)
     }
 }
 

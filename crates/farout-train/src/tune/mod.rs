@@ -24,6 +24,7 @@
 mod jobs;
 mod outdir;
 mod plot;
+mod prune;
 pub mod recipe;
 pub mod search;
 pub mod space;
@@ -69,6 +70,8 @@ pub struct TuneOptions {
     pub cold: bool,
     /// Trials run at once (0: as many as fit the cores with `train.threads` each; [`Jobs`]).
     pub jobs: usize,
+    /// The epochs of the top rung (default: [`search::default_max_epochs`]).
+    pub max_epochs: Option<usize>,
     /// Show the progress bar.
     pub progress: bool,
 }
@@ -88,6 +91,7 @@ impl Default for TuneOptions {
             max_settings: 0,
             cold: false,
             jobs: 0,
+            max_epochs: None,
             progress: true,
         }
     }
@@ -191,8 +195,16 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport, Error> {
     };
     space::check_space(&space, &recipe, &origin)?;
     let resource = match TaskKind::of(&base) {
+        TaskKind::Linear if opts.max_epochs.is_some() => {
+            let msg = "a linear solver's trials grow in training rows, not epochs: leave it out".into();
+            return Err(Error::Option { name: "max-epochs", msg });
+        }
         TaskKind::Linear => Resource::Rows,
-        _ => Resource::Epochs(base.train.epochs),
+        kind => match opts.max_epochs {
+            Some(0) => return Err(Error::Option { name: "max-epochs", msg: "0: give at least 1".into() }),
+            Some(e) => Resource::Epochs(e),
+            None => Resource::Epochs(search::default_max_epochs(kind, base.train.epochs)),
+        },
     };
     search::check_resource(&recipe, resource).map_err(|error| Error::Config { path: opts.config.clone(), error })?;
     let trials_path = opts.out.join("trials.csv");
@@ -342,7 +354,6 @@ impl<'a> Search<'a> {
         let ran = self.run_jobs(rung, alive)?;
         let out = self.opts.out.clone();
         let higher = self.metric.higher;
-        let classifier = self.kind == TaskKind::Classifier;
         let s = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         trials::write(&out.join("trials.csv"), &s.trials)?;
         if s.out_of_time {
@@ -363,13 +374,24 @@ impl<'a> Search<'a> {
             }
         }
         trials::write(&out.join("trials.csv"), &s.trials)?;
-        if classifier {
-            // Nothing continues a trial that was not promoted: its resume checkpoint goes.
-            for t in s.trials[ran].iter().filter(|t| t.stop != Stop::Promoted) {
-                warm::remove_checkpoint(&warm::trial_dir(&out, t.id, t.rung))?;
-            }
-        }
+        let slots: Vec<Option<Trial>> = s.trials[ran].iter().cloned().map(Some).collect();
+        self.prune(&slots, rung)?;
         Ok(promoted.into_iter().map(|i| alive[i].clone()).collect())
+    }
+
+    /// Removes the checkpoints no later trial needs among the trials `slots` of rung `rung`
+    /// (by place; `None`: not ended) and the rung below ([`prune`]).
+    fn prune(&self, slots: &[Option<Trial>], rung: usize) -> Result<(), Error> {
+        let unneeded = match self.kind {
+            TaskKind::Classifier => prune::unneeded(slots, rung == RUNGS_ABOVE as usize, self.metric.higher),
+            TaskKind::SkipGram => slots.iter().flatten().map(|t| (t.id, t.rung)).collect(),
+            // DiSMEC's models are the starts of later trials, until the final run ([`Search::finish`]).
+            TaskKind::Linear => Vec::new(),
+        };
+        for (id, r) in unneeded {
+            prune::remove_checkpoints(&warm::trial_dir(&self.opts.out, id, r))?;
+        }
+        Ok(())
     }
 
     /// The config of trial `id` at rung `rung`: the settings, the rung's resource, the held-out
@@ -384,7 +406,10 @@ impl<'a> Search<'a> {
         let dir = warm::trial_dir(&self.opts.out, id, rung);
         c.checkpoint.dir = Some(dir.join("checkpoint"));
         c.log.dir = Some(dir);
-        let warm = self.kind == TaskKind::Linear || warm::network_continues(&c, self.resource);
+        let warm = match self.kind {
+            TaskKind::Linear => warm::linear_warm(&c),
+            _ => warm::network_continues(&c, self.resource),
+        };
         (c.checkpoint.enabled, c.log.progress, c.log.tensorboard) = (warm && !self.opts.cold, false, false);
         // A network trial is continued from its end only: no checkpoint at every epoch.
         c.checkpoint.every_steps = u64::MAX;
@@ -424,10 +449,14 @@ impl<'a> Search<'a> {
         let best = search::best(&trials, self.metric.higher).ok_or(Error::NoData(
             "no trial of the search finished: raise --budget, or see the warnings for why trials failed",
         ))?;
-        let (settings, best_valid) = (best.settings.clone(), best.metric.expect("best has a figure"));
+        let (mut settings, best_valid) = (best.settings.clone(), best.metric.expect("best has a figure"));
         log::info!("best validation {} {best_valid:.4} ({})", self.metric.name, best.settings_text());
         // The final network run keeps its weights best on its own validation split, as the
         // trials did on theirs; best.toml says so, so that it runs as the final run did.
+        if let Resource::Epochs(_) = self.resource {
+            // The epochs the best trial trained: the search's choice of training length.
+            settings.push(self.resource.setting(best.resource));
+        }
         let mut recipe_settings = settings.clone();
         recipe_settings.extend(self.selection(true));
         write_best(&out.join("best.toml"), self.recipe, &recipe_settings, &self.metric, best_valid)?;
@@ -456,6 +485,12 @@ impl<'a> Search<'a> {
         };
         let path = c.log_dir().join("summary.json");
         std::fs::write(&path, summary.to_json() + "\n").map_err(io_err(&path))?;
+        if self.kind == TaskKind::Linear {
+            // The final run has started from the best trial's model: the trials' models go.
+            for t in &trials {
+                prune::remove_checkpoints(&warm::trial_dir(out, t.id, t.rung))?;
+            }
+        }
         let table = trials::table(&trials, &self.metric.name, self.resource.unit());
         let md = out.join("trials.md");
         std::fs::write(&md, &table).map_err(io_err(&md))?;

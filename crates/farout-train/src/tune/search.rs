@@ -24,10 +24,22 @@ pub const ETA: usize = 3;
 /// Rungs above the first: three rungs, at 1/9, 1/3 and all of the resource.
 pub const RUNGS_ABOVE: u32 = 2;
 
+/// The epochs of the top rung when `--max-epochs` does not say: `ETA` times the recipe's
+/// `epochs` for a network classifier, so that its rungs train `epochs / ETA`, `epochs` and
+/// `ETA epochs` (rounded up; a one-epoch recipe: 1, 1 and 3) and the search chooses the
+/// training length too; a skip-gram recipe's own epochs (its trials train from scratch, so
+/// each rung costs all its epochs again).
+pub fn default_max_epochs(kind: crate::task::TaskKind, epochs: usize) -> usize {
+    match kind {
+        crate::task::TaskKind::Classifier => ETA * epochs,
+        _ => epochs,
+    }
+}
+
 /// What a trial trains with more of at each rung.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Resource {
-    /// Epochs (networks, skip-gram), up to the config's own.
+    /// Epochs (networks, skip-gram), up to this many at the top rung.
     Epochs(usize),
     /// A fraction of the training rows (linear solvers).
     Rows,
@@ -106,8 +118,8 @@ pub fn earlier(trials: Vec<Trial>) -> HashMap<(usize, usize), Trial> {
 }
 
 /// The seconds a trial of rung `rung` is expected to take: the mean of that rung's trials so
-/// far, else the rung below's seconds per unit of resource trained times the resource this
-/// trial trains (`continues`: a continued network run trains only what the rung below did not,
+/// far, else the nearest rung below's seconds per unit of resource trained times the resource
+/// this trial trains (`continues`: a continued network run trains only what the rung below did not,
 /// e.g. 2/9 of the epochs at rung 1 instead of 3/9).
 pub fn expected_seconds(trials: &[Trial], rung: usize, resource: Resource, continues: bool) -> Option<f64> {
     let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
@@ -116,9 +128,13 @@ pub fn expected_seconds(trials: &[Trial], rung: usize, resource: Resource, conti
     if let Some(m) = mean(same) {
         return Some(m);
     }
-    let below = trials.iter().filter(|t| rung > 0 && t.rung == rung - 1);
-    let rates: Vec<f64> = below.map(|t| t.seconds / trained(t.rung, t.continued())).collect();
-    mean(rates).map(|rate| rate * trained(rung, continues))
+    // Per unit trained at the nearest rung below that trained any (a continued rung may add no
+    // epochs: a one-epoch recipe's rungs train 1, 1 and 3).
+    (0..rung).rev().find_map(|r| {
+        let below = trials.iter().filter(|t| t.rung == r && trained(r, t.continued()) > 0.0);
+        let rates: Vec<f64> = below.map(|t| t.seconds / trained(r, t.continued())).collect();
+        mean(rates).map(|rate| rate * trained(rung, continues))
+    })
 }
 
 /// The recipe of a trial: its settings, then the resource's.
@@ -210,5 +226,9 @@ mod tests {
         assert_eq!(expected_seconds(&r1, 1, e, true), Some(4.0), "the rung's own trials first");
         assert_eq!(expected_seconds(&r0, 0, Resource::Rows, false), Some(2.0));
         assert_eq!(expected_seconds(&[], 1, Resource::Rows, false), None);
+        // Rungs of 1, 1 and 3 epochs: rung 1 continued trains nothing, so rung 0 gives the rate.
+        let e = Resource::Epochs(3);
+        let r01 = [t(0, 2.0, "scratch"), t(1, 0.5, "continues 0-r0")];
+        assert_eq!(expected_seconds(&r01, 2, e, true), Some(4.0));
     }
 }

@@ -55,16 +55,6 @@ pub fn continue_network(from: &Path, to: &Path) -> Result<Option<f64>, Error> {
     Ok(Some(seconds))
 }
 
-/// Removes the resume checkpoint of the trial run in `dir` (its logs and kept weights stay).
-pub fn remove_checkpoint(dir: &Path) -> Result<(), Error> {
-    for d in crate::checkpoint::with_siblings(&dir.join("checkpoint")) {
-        if d.exists() {
-            std::fs::remove_dir_all(&d).map_err(io_err(&d))?;
-        }
-    }
-    Ok(())
-}
-
 /// Copies the directory tree `from` to `to` (files and directories; the lock file too, which
 /// is only a name to lock).
 fn copy_dir(from: &Path, to: &Path) -> Result<(), Error> {
