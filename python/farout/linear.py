@@ -198,7 +198,7 @@ class PPDSparse(_LinearClassifier):
         kappa: int = 0,
         min_kappa: int = 256,
         max_iter: int = 100,
-        inner_sweeps: int = 10,
+        inner_sweeps: int = 3,
         delta: float = 1.0,
         column_threshold: float = 0.0,
         tol: float = 0.1,

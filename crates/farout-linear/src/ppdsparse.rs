@@ -127,7 +127,7 @@
 //! kappa = 0              # candidates added per search (0: max(|A|, min_kappa))
 //! min_kappa = 256        # with kappa = 0, the fewest candidates a search adds
 //! max_iter = 100         # outer iterations T of Alg. 1
-//! inner_sweeps = 10      # Alg. 2 draws per outer iteration, in multiples of |A|
+//! inner_sweeps = 3       # Alg. 2 sweeps over A per outer iteration, at most
 //! delta = 1.0            # Alg. 3 precision δ, R = ceil(2‖w‖₁²/δ²) (0: exact search only)
 //! column_threshold = 0.0 # [P] Sect. 5.3: skip |x_ij| below this in approximate searches
 //! tol = 0.1              # stop: no violator −∇_iG > tol outside A, projected gradient ≤ tol on A
@@ -190,7 +190,7 @@ impl Default for PpdSparseConfig {
             kappa: 0,
             min_kappa: 256,
             max_iter: 100,
-            inner_sweeps: 10,
+            inner_sweeps: 3,
             delta: 1.0,
             column_threshold: 0.0,
             tol: 0.1,
