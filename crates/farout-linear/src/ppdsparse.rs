@@ -1213,7 +1213,9 @@ fn solve_label(
         st.outer_iters += 1;
         st.cd_steps += label.coordinate_descent(config.inner_sweeps, config.tol, &mut rng);
         label.shrink();
-        let pg = label.projected_gradient();
+        // PG over A, computed only when a search leaves no candidate (only then can the label
+        // stop; the searches change neither α nor w, so it is the same value as before them).
+        let mut pg: Option<f64> = None;
         let l1 = label.s.collect_support();
         let kappa = if config.kappa == 0 { label.s.active.len().max(config.min_kappa).max(1) } else { config.kappa };
         // An approximate search (Alg. 3's w̃, or the truncated w when Alg. 3 would not
@@ -1227,7 +1229,7 @@ fn solve_label(
             label.margins(false, threshold);
             label.select(kappa, config.tol);
             label.verify_candidates(config.tol);
-            exact = label.s.candidates.is_empty() && pg <= config.tol;
+            exact = label.s.candidates.is_empty() && *pg.get_or_insert_with(|| label.projected_gradient()) <= config.tol;
             scores = Scores::Stale;
         }
         if exact {
@@ -1241,7 +1243,7 @@ fn solve_label(
                 label.select(kappa, config.tol);
                 scores = Scores::Exact;
             }
-            if label.s.candidates.is_empty() && pg <= config.tol {
+            if label.s.candidates.is_empty() && *pg.get_or_insert_with(|| label.projected_gradient()) <= config.tol {
                 st.converged = true;
                 break;
             }
