@@ -24,8 +24,9 @@
 //!   lazily scaled dense W.
 //! - [`oracle`]: the [`oracle::ArgmaxOracle`] trait (top 2 per query, refresh of changed rows)
 //!   and [`oracle::MipsOracle`] over any farout-search index (exact, HNSW, SimpleLSH).
-//! - [`model`]: [`SparseModel`], its feature-major [`Predictor`], and a checked binary file
-//!   format.
+//! - [`model`]: [`SparseModel`] and its checked binary file format.
+//! - [`predictor`]: [`Predictor`], the model's feature-major copy that predicts a sample's top
+//!   k, labels with equal weights scored once.
 //! - [`solver`]: the [`LinearSolver`] trait every solver's parameter struct implements, and
 //!   the registry [`SolverConfig`] that `[linear] solver = "..."` selects from.
 //!
@@ -66,6 +67,7 @@ pub mod newton;
 pub mod oracle;
 pub mod ova;
 pub mod ppdsparse;
+pub mod predictor;
 pub mod solver;
 
 pub use contract::{FitSummary, Fitted, LinearSolver, Progress, Silent};
@@ -73,9 +75,10 @@ pub use data::{DataStats, FeatureTransform, FittedTransform, LabelIndex, TrainSe
 pub use dismec::{Dismec, DismecConfig, InitKind, TrainReport, Trained};
 pub use init::{Bias, FromModel, InitContext, Msi, WeightInit, Zero};
 pub use memoir::MemoirConfig;
-pub use model::{ModelFileError, Predictor, SparseModel};
+pub use model::{ModelFileError, SparseModel};
 pub use newton::LabelStats;
 pub use ppdsparse::PpdSparseConfig;
+pub use predictor::Predictor;
 pub use solver::SolverConfig;
 
 use std::path::PathBuf;

@@ -3,8 +3,8 @@
 //! [`SparseModel`] stores each label's pruned weights as sorted `(feature, weight)` pairs plus
 //! a bias: the natural output of per-label training. Prediction needs the transpose: for a
 //! sample x the scores are `s_k = b_k + Σ_{j∈x} x_j W_jk` (eq. 1), so [`Predictor`] keeps, per
-//! feature j, the labels with W_jk ≠ 0, and a query walks only the sample's features, adding
-//! into a per-thread K-vector, then takes the top k with [`farout_core::topk::top_k`].
+//! feature j, the labels with W_jk ≠ 0, and a query walks only the sample's features (see
+//! [`crate::predictor`]).
 //!
 //! File format (little-endian), version 1:
 //!
@@ -24,10 +24,8 @@
 //! monotone, features sorted and in range, values finite). Every failure is a typed
 //! [`ModelFileError`], never a panic.
 
+use crate::predictor::Predictor;
 use crate::{Error, Result};
-use farout_core::topk::{Hit, top_k};
-use farout_data::SparseRows;
-use rayon::prelude::*;
 use std::path::Path;
 
 /// Magic bytes of a model file.
@@ -174,28 +172,9 @@ impl SparseModel {
         Some(out)
     }
 
-    /// The feature-major copy used for prediction, sized by the largest feature that has a
-    /// weight (not by the header's feature count, which a file does not bound).
+    /// The feature-major copy used for prediction ([`Predictor::new`]).
     pub fn predictor(&self) -> Predictor {
-        let n_features = self.features.iter().max().map_or(0, |&f| f as usize + 1);
-        let mut counts = vec![0usize; n_features + 1];
-        self.features.iter().for_each(|&f| counts[f as usize + 1] += 1);
-        for j in 0..n_features {
-            counts[j + 1] += counts[j];
-        }
-        let mut fill = counts.clone();
-        let mut labels = vec![0u32; self.features.len()];
-        let mut weights = vec![0f32; self.features.len()];
-        for k in 0..self.n_labels() {
-            let (f, w, _) = self.label(k);
-            for (&f, &w) in f.iter().zip(w) {
-                let at = &mut fill[f as usize];
-                labels[*at] = k as u32;
-                weights[*at] = w;
-                *at += 1;
-            }
-        }
-        Predictor { biases: self.biases.clone(), feature_ptr: counts, labels, weights }
+        Predictor::new(self)
     }
 
     /// Length of the model file, without writing it.
@@ -323,76 +302,9 @@ impl Reader<'_> {
     }
 }
 
-/// Feature-major weights for prediction: for feature j, the labels k with W_jk ≠ 0.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Predictor {
-    biases: Vec<f32>,
-    feature_ptr: Vec<usize>,
-    labels: Vec<u32>,
-    weights: Vec<f32>,
-}
-
-impl Predictor {
-    /// Number of labels K.
-    pub fn n_labels(&self) -> usize {
-        self.biases.len()
-    }
-
-    /// `scores[k] = b_k + Σ_j x_j W_jk` over the sample's features (features beyond the
-    /// model's are ignored: they never had a weight). `scores` is resized to K.
-    pub fn scores_into(&self, cols: &[u32], vals: &[f32], scores: &mut Vec<f32>) {
-        scores.clear();
-        scores.extend_from_slice(&self.biases);
-        let n_features = self.feature_ptr.len() - 1;
-        for (&j, &x) in cols.iter().zip(vals) {
-            if (j as usize) < n_features {
-                let r = self.feature_ptr[j as usize]..self.feature_ptr[j as usize + 1];
-                for (&k, &w) in self.labels[r.clone()].iter().zip(&self.weights[r]) {
-                    scores[k as usize] += x * w;
-                }
-            }
-        }
-    }
-
-    /// The `k` best labels of one sample, best first, into `out` (`scores` is scratch).
-    pub fn top_k(&self, cols: &[u32], vals: &[f32], k: usize, scores: &mut Vec<f32>, out: &mut Vec<Hit>) {
-        self.scores_into(cols, vals, scores);
-        top_k(scores, k, out);
-    }
-
-    /// The `k` best labels of every row, in parallel over rows (per-thread score buffers).
-    pub fn predict(&self, x: &SparseRows, k: usize) -> Vec<Vec<Hit>> {
-        self.predict_first(x, x.n_rows(), k)
-    }
-
-    /// [`Self::predict`] for the first `n` rows of `x` only (all of them when `n` is larger).
-    pub fn predict_first(&self, x: &SparseRows, n: usize, k: usize) -> Vec<Vec<Hit>> {
-        (0..n.min(x.n_rows()))
-            .into_par_iter()
-            .map_init(Vec::new, |scores, i| {
-                let (c, v) = x.row(i);
-                let mut hits = Vec::with_capacity(k);
-                self.top_k(c, v, k, scores, &mut hits);
-                hits
-            })
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_predictor_is_sized_by_the_features_that_have_weights() {
-        let mut m = SparseModel::new(u32::MAX as usize, false);
-        m.push_label(&[2], &[0.5], 0.0);
-        let p = m.predictor();
-        assert_eq!(p.feature_ptr.len(), 4);
-        let mut scores = Vec::new();
-        p.scores_into(&[2, 4_000_000_000], &[2.0, 7.0], &mut scores);
-        assert_eq!(scores, [1.0]);
-    }
 
     fn small_model() -> SparseModel {
         let mut m = SparseModel::new(5, true);
@@ -524,18 +436,5 @@ mod tests {
             }
             proptest::prop_assert_eq!(SparseModel::from_bytes(&m.to_bytes()).unwrap(), m);
         }
-    }
-
-    #[test]
-    fn feature_major_scores_equal_per_label_dot_products() {
-        let m = small_model();
-        let p = m.predictor();
-        let (cols, vals) = ([0u32, 3, 4, 7], [1.0f32, 2.0, -1.0, 5.0]);
-        let mut scores = Vec::new();
-        p.scores_into(&cols, &vals, &mut scores);
-        assert_eq!(scores, vec![0.25 + 0.5 - 2.5, -0.5, 1.5 + 0.125]);
-        let mut hits = Vec::new();
-        p.top_k(&cols, &vals, 2, &mut scores, &mut hits);
-        assert_eq!(hits.iter().map(|h| h.class).collect::<Vec<_>>(), vec![2, 1]);
     }
 }

@@ -1229,7 +1229,8 @@ fn solve_label(
             label.margins(false, threshold);
             label.select(kappa, config.tol);
             label.verify_candidates(config.tol);
-            exact = label.s.candidates.is_empty() && *pg.get_or_insert_with(|| label.projected_gradient()) <= config.tol;
+            exact =
+                label.s.candidates.is_empty() && *pg.get_or_insert_with(|| label.projected_gradient()) <= config.tol;
             scores = Scores::Stale;
         }
         if exact {
