@@ -29,7 +29,8 @@ fastText: `get_word_vector`, appended to its `.vec` after the vocabulary, so the
 
 Fields: train_s = seconds of training as each tool measures it (farout: summary's train_seconds,
 vocabulary and per-epoch evaluation excluded; fastText: the whole train_unsupervised call, which
-includes reading the vocabulary; gensim: build_vocab + train, with `train_only_s` = train alone);
+includes reading the vocabulary, while its `words_per_s` is its own final report, words/sec/thread x 2
+threads, counted from the start of its training threads); gensim: build_vocab + train, with `train_only_s` = train alone);
 wall_s / cpu_s (user + system) / rss_mb = the whole process under /usr/bin/time -v (includes writing the vectors, and for
 farout its per-epoch evaluation). wordsim = Spearman on WordSim-353, analogy = 3CosAdd accuracy
 over the questions asked with candidates restricted to the first 30,000 words of the vector file
@@ -48,7 +49,7 @@ def train_fasttext(a):
     sub = {} if a.subwords else {"minn": 0, "maxn": 0}
     t0 = time.time()
     m = fasttext.train_unsupervised(a.corpus, model=a.mode, dim=100, ws=5, neg=5, t=1e-4,
-                                    minCount=5, epoch=a.epochs, thread=2, verbose=0, **sub)
+                                    minCount=5, epoch=a.epochs, thread=2, verbose=1, **sub)
     secs = time.time() - t0
     words = m.get_words(on_unicode_error="replace")
     if a.subwords and a.extra_words:
@@ -193,6 +194,11 @@ def main():
             so, err, wall, rss, cpu = timed(cmd, env)
             info = json.loads(so.strip().splitlines()[-1])
             row.update({k: v for k, v in info.items() if k != "args"})
+            rate = re.findall(r"words/sec/thread:\s*(\d+)", err)
+            if tool == "fasttext" and rate:
+                # fastText's own count: words read over the seconds since its threads started
+                # (the vocabulary excluded), per thread.
+                row["words_per_s"] = int(rate[-1]) * 2
             row["settings"] = info["args"]
         if not a.no_eval:
             sim, ana = evaluate(a.farout, vec, data)

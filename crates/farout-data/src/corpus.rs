@@ -305,6 +305,11 @@ impl Vocab {
         self.ids.get(word).copied()
     }
 
+    /// Every word's id.
+    pub fn id_map(&self) -> &FxHashMap<String, u32> {
+        &self.ids
+    }
+
     /// The word with id `id`.
     pub fn word(&self, id: u32) -> &str {
         &self.words[id as usize]

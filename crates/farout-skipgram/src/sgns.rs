@@ -28,7 +28,9 @@
 //! Each step draws its negatives before it computes anything and asks the CPU to fetch their
 //! output rows (and the centre's) at once, so that the cache misses of rows scattered over a
 //! large table overlap instead of following one another; the draws are the same as one by one
-//! (see docs/decisions.md, "skipgram-output-prefetch").
+//! (see docs/decisions.md, "skipgram-output-prefetch"). Skip-gram goes one pair further: a
+//! sentence's pairs are listed first (their windows drawn), then each pair's rows are requested
+//! while the pair before it trains (docs/decisions.md, "skipgram-pair-pipeline").
 
 use crate::hogwild::{AtomicRows, HogwildRows, RacyRows};
 use crate::pairs::{for_each_pair, for_each_window, subsample};
@@ -163,6 +165,10 @@ struct Scratch {
     sentence: Vec<u32>,
     /// The centre and the negatives of one step.
     targets: Vec<u32>,
+    /// Those of the next skip-gram pair (drawn ahead, see `train_pairs`).
+    next_targets: Vec<u32>,
+    /// A sentence's (context, centre) pairs.
+    sentence_pairs: Vec<(u32, u32)>,
     /// The input rows of one step.
     rows: Vec<u32>,
     l1: Vec<f32>,
@@ -378,11 +384,13 @@ impl NsJob<'_> {
     fn train_sentence<R: HogwildRows>(&self, input: &R, output: &R, lr: f32, s: &mut Scratch, rng: &mut Rng) {
         let sentence = std::mem::take(&mut s.sentence);
         match (self.config.mode, self.subwords) {
-            (Mode::SkipGram, None) => for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
-                input.read(context as usize, &mut s.l1);
-                self.train_targets(output, centre, lr, s, rng);
-                input.axpy(context as usize, 1.0, &s.err);
-            }),
+            (Mode::SkipGram, None) => {
+                let mut pairs = std::mem::take(&mut s.sentence_pairs);
+                pairs.clear();
+                for_each_pair(&sentence, self.config.window, rng, |_, context, centre| pairs.push((context, centre)));
+                self.train_pairs(input, output, &pairs, lr, s, rng);
+                s.sentence_pairs = pairs;
+            }
             (Mode::SkipGram, Some(sw)) => for_each_pair(&sentence, self.config.window, rng, |rng, context, centre| {
                 self.train_mean(input, output, sw.rows(context), centre, lr, s, rng)
             }),
@@ -421,26 +429,69 @@ impl NsJob<'_> {
         }
     }
 
+    /// Skip-gram's steps on a sentence's (context, centre) `pairs`, pipelined: pair `j + 1`'s
+    /// negatives are drawn and its rows (the context's input row, the targets' output rows)
+    /// requested before pair `j` trains, so that their cache misses overlap pair `j`'s
+    /// arithmetic. Only the draws use `rng`, in pair order, so the steps are those of
+    /// [`Self::train_targets`] pair after pair (tested).
+    fn train_pairs<R: HogwildRows>(
+        &self,
+        input: &R,
+        output: &R,
+        pairs: &[(u32, u32)],
+        lr: f32,
+        s: &mut Scratch,
+        rng: &mut Rng,
+    ) {
+        let Some(&(first, centre)) = pairs.first() else { return };
+        let mut next = std::mem::take(&mut s.next_targets);
+        self.draw_targets(centre, rng, &mut s.targets);
+        request_rows(input, output, first, &s.targets);
+        for (j, &(context, _)) in pairs.iter().enumerate() {
+            if let Some(&(c, centre)) = pairs.get(j + 1) {
+                self.draw_targets(centre, rng, &mut next);
+                request_rows(input, output, c, &next);
+            }
+            input.read(context as usize, &mut s.l1);
+            self.step_targets(output, lr, s);
+            input.axpy(context as usize, 1.0, &s.err);
+            std::mem::swap(&mut s.targets, &mut next);
+        }
+        s.next_targets = next;
+    }
+
+    /// `centre` then the negatives drawn for it (those equal to it skipped, as word2vec does).
+    #[inline]
+    fn draw_targets(&self, centre: u32, rng: &mut Rng, targets: &mut Vec<u32>) {
+        targets.clear();
+        targets.push(centre);
+        for _ in 0..self.negatives {
+            let k = self.noise.sample(rng);
+            if k != centre {
+                targets.push(k);
+            }
+        }
+    }
+
     /// The output side of one SGD step on the loss of input `s.l1` and `centre` (module docs):
     /// the centre's and the negatives' vectors move, and `s.err` receives the input's update.
     #[inline]
     fn train_targets<R: HogwildRows>(&self, output: &R, centre: u32, lr: f32, s: &mut Scratch, rng: &mut Rng) {
-        s.err.fill(0.0);
-        // The loss costs two logarithms per target: estimate it on one pair in 8.
-        let track = s.pairs.is_multiple_of(8);
         // The negatives are drawn first and their rows requested together, so that their cache
         // misses overlap (nothing else draws from `rng` meanwhile: the same draws as one by one).
-        s.targets.clear();
-        s.targets.push(centre);
-        for _ in 0..self.negatives {
-            let k = self.noise.sample(rng);
-            if k != centre {
-                s.targets.push(k);
-            }
-        }
+        self.draw_targets(centre, rng, &mut s.targets);
         for &t in &s.targets {
             output.prefetch(t as usize);
         }
+        self.step_targets(output, lr, s);
+    }
+
+    /// [`Self::train_targets`]' step on the targets already drawn into `s.targets`.
+    #[inline]
+    fn step_targets<R: HogwildRows>(&self, output: &R, lr: f32, s: &mut Scratch) {
+        s.err.fill(0.0);
+        // The loss costs two logarithms per target: estimate it on one pair in 8.
+        let track = s.pairs.is_multiple_of(8);
         for j in 0..s.targets.len() {
             let (target, label) = (s.targets[j], if j == 0 { 1.0 } else { 0.0 });
             // g = lr (y - s(u . v_k)), e += g v_k, v_k += g u: one fused step on v_k.
@@ -470,6 +521,8 @@ impl Scratch {
         Self {
             sentence: Vec::new(),
             targets: Vec::new(),
+            next_targets: Vec::new(),
+            sentence_pairs: Vec::new(),
             rows: Vec::new(),
             l1: vec![0.0; dim],
             err: vec![0.0; dim],
@@ -477,6 +530,15 @@ impl Scratch {
             loss_n: 0,
             pairs: 0,
         }
+    }
+}
+
+/// Starts loading the rows of one skip-gram pair: `context`'s input row, the `targets`' output rows.
+#[inline]
+fn request_rows<R: HogwildRows>(input: &R, output: &R, context: u32, targets: &[u32]) {
+    input.prefetch(context as usize);
+    for &t in targets {
+        output.prefetch(t as usize);
     }
 }
 
@@ -685,6 +747,39 @@ mod tests {
             let (before, after) = (topic_purity(&s, &untrained), topic_purity(&s, &trained));
             assert!(after > 0.8 && after > before + 0.4, "{mode:?}: purity {before} -> {after}");
         }
+    }
+
+    /// Skip-gram's pipelined steps (`train_pairs`: each pair's negatives drawn and its rows
+    /// requested while the pair before trains) against the same pairs trained one after the
+    /// other with `train_targets`: the same draws, so bit for bit the same tables and loss.
+    #[test]
+    fn pipelined_pairs_match_the_pairs_one_by_one() {
+        use farout_core::rng::RngExt;
+        let s = setup();
+        let config = SkipGramConfig { dim: 12, ..SkipGramConfig::default() };
+        let j = job(&s, &config, 1, 1);
+        let mut emb = Embeddings::init(s.vocab.len(), s.vocab.len(), 12, 1.0, 3);
+        let mut r = rng::seeded(9, 0);
+        emb.output.as_mut_slice().iter_mut().for_each(|x| *x = 0.3 * rng::normal(&mut r));
+        // Few distinct words, so that consecutive pairs share rows.
+        let sentence: Vec<u32> = (0..60).map(|_| r.random_range(0..15u32)).collect();
+        let mut pairs = Vec::new();
+        for_each_pair(&sentence, 5, &mut r, |_, context, centre| pairs.push((context, centre)));
+        let tables = || (AtomicRows::from_matrix(emb.input.clone()), AtomicRows::from_matrix(emb.output.clone()));
+        let ((in1, out1), (in2, out2)) = (tables(), tables());
+        let (mut s1, mut s2) = (Scratch::new(12), Scratch::new(12));
+        j.train_pairs(&in1, &out1, &pairs, 0.2, &mut s1, &mut rng::seeded(5, 0));
+        let mut r2 = rng::seeded(5, 0);
+        for &(context, centre) in &pairs {
+            in2.read(context as usize, &mut s2.l1);
+            j.train_targets(&out2, centre, 0.2, &mut s2, &mut r2);
+            in2.axpy(context as usize, 1.0, &s2.err);
+        }
+        let bits = |m: farout_core::Matrix| m.as_slice().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(in1.into_matrix()), bits(in2.into_matrix()));
+        assert_eq!(bits(out1.into_matrix()), bits(out2.into_matrix()));
+        assert_eq!((s1.pairs, s1.loss.to_bits()), (s2.pairs, s2.loss.to_bits()));
+        assert!(s1.pairs > 100 && s1.loss > 0.0);
     }
 
     #[test]

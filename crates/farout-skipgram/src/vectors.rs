@@ -24,6 +24,7 @@
 use crate::subwords::NgramTable;
 use crate::{Error, format_err, io_err as io, parse_err};
 use farout_core::Matrix;
+use farout_data::corpus::Vocab;
 use rustc_hash::FxHashMap;
 use std::borrow::Cow;
 use std::fs::File;
@@ -69,12 +70,14 @@ pub enum Lookup {
 }
 
 /// Words and their vectors, in file order (frequency order for files farout writes). The
-/// vectors are owned (read from a file) or borrowed (a table being trained, evaluated in place).
+/// vectors are owned (read from a file) or borrowed (a table being trained, evaluated in place),
+/// and so are the words and their ids (borrowed from the training vocabulary: at 800,000 words
+/// a copy of both is about 100 MB).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Vectors<'a> {
-    words: Vec<String>,
+    words: Cow<'a, [String]>,
     matrix: Cow<'a, Matrix>,
-    ids: FxHashMap<String, u32>,
+    ids: Cow<'a, FxHashMap<String, u32>>,
     ngrams: Option<NgramTable<'a>>,
 }
 
@@ -92,20 +95,40 @@ impl<'a> Vectors<'a> {
         Self::with_matrix(words, Cow::Borrowed(matrix))
     }
 
-    fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
-        if words.len() != matrix.rows() {
-            return Err(Error::Vectors { msg: format!("{} words for {} vectors", words.len(), matrix.rows()) });
+    /// The vectors of `vocab`'s words (row `i` of `matrix` is word `i`'s), with the words and
+    /// their ids borrowed from it rather than copied.
+    pub fn of_vocab(vocab: &'a Vocab, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
+        let (words, ids) = (vocab.words(), vocab.id_map());
+        Self::check_words(words, matrix.rows())?;
+        if ids.len() != words.len() {
+            // The map holds each word once: a vocabulary read from a file may repeat one.
+            let mut seen = rustc_hash::FxHashSet::default();
+            let twice = words.iter().find(|w| !seen.insert(w.as_str()));
+            return Err(Error::Vectors { msg: format!("word {:?} appears twice", twice.map_or("", |w| w)) });
         }
+        Ok(Self { words: Cow::Borrowed(words), matrix, ids: Cow::Borrowed(ids), ngrams: None })
+    }
+
+    fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
+        Self::check_words(&words, matrix.rows())?;
         let mut ids = FxHashMap::default();
         for (i, w) in words.iter().enumerate() {
-            if w.is_empty() || w.contains(char::is_whitespace) {
-                return Err(Error::Vectors { msg: format!("word {w:?} is empty or contains whitespace") });
-            }
             if ids.insert(w.clone(), i as u32).is_some() {
                 return Err(Error::Vectors { msg: format!("word {w:?} appears twice") });
             }
         }
-        Ok(Self { words, matrix, ids, ngrams: None })
+        Ok(Self { words: Cow::Owned(words), matrix, ids: Cow::Owned(ids), ngrams: None })
+    }
+
+    /// An error unless there is one word per row and every word is non-empty without whitespace.
+    fn check_words(words: &[String], rows: usize) -> Result<(), Error> {
+        if words.len() != rows {
+            return Err(Error::Vectors { msg: format!("{} words for {} vectors", words.len(), rows) });
+        }
+        match words.iter().find(|w| w.is_empty() || w.contains(char::is_whitespace)) {
+            Some(w) => Err(Error::Vectors { msg: format!("word {w:?} is empty or contains whitespace") }),
+            None => Ok(()),
+        }
     }
 
     /// The same vectors, with n-gram rows that give words outside the vocabulary a vector.
@@ -294,7 +317,7 @@ impl Vectors<'_> {
             for v in [self.matrix.cols(), self.words.len(), t.minn, t.maxn, t.buckets()] {
                 w.write_all(&(v as u64).to_le_bytes())?;
             }
-            for word in &self.words {
+            for word in self.words.iter() {
                 w.write_all(&(word.len() as u32).to_le_bytes())?;
                 w.write_all(word.as_bytes())?;
             }

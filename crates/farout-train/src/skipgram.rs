@@ -123,22 +123,18 @@ impl From<&AnalogyReport> for AnalogyTotals {
 /// The words' input vectors (with subwords, their rows' means) and, with subwords, the n-gram
 /// rows that give other words a vector, borrowed from `input` (only the words' means are
 /// computed).
-pub fn vectors<'m>(vocab: &Vocab, subwords: &Subwords, input: &'m Matrix) -> Result<Vectors<'m>, Error> {
+pub fn vectors<'m>(vocab: &'m Vocab, subwords: &Subwords, input: &'m Matrix) -> Result<Vectors<'m>, Error> {
     vectors_of(vocab, subwords, word_inputs(subwords, input), input)
 }
 
 /// [`vectors`] with the words' vectors already computed ([`word_inputs`]).
 fn vectors_of<'m>(
-    vocab: &Vocab,
+    vocab: &'m Vocab,
     subwords: &Subwords,
     words: Cow<'m, Matrix>,
     input: &'m Matrix,
 ) -> Result<Vectors<'m>, Error> {
-    let names = vocab.words().to_vec();
-    let v = match words {
-        Cow::Borrowed(m) => Vectors::borrowed(names, m)?,
-        Cow::Owned(m) => Vectors::new(names, m)?,
-    };
+    let v = Vectors::of_vocab(vocab, words)?;
     let spec = subwords.spec();
     if !spec.enabled() {
         return Ok(v);
@@ -320,7 +316,7 @@ pub fn export_checkpoint(config: &Config, out: &Path, rows: SkipGramRows) -> Res
                         .into(),
                 });
             }
-            format => Vectors::borrowed(vocab.words().to_vec(), &emb.output)?.save(out, format)?,
+            format => Vectors::of_vocab(&vocab, Cow::Borrowed(&emb.output))?.save(out, format)?,
         },
     }
     Ok(vocab.len())
