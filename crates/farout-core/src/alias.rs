@@ -81,9 +81,30 @@ impl AliasTable {
     /// One draw.
     #[inline]
     pub fn sample(&self, rng: &mut Rng) -> u32 {
+        self.resolve(self.draw_column(rng))
+    }
+
+    /// The randomness of one draw, taken from `rng` as [`Self::sample`] takes it: a column
+    /// and a uniform float. [`Self::resolve`] turns it into the draw. A caller making many
+    /// draws can take them all first and [`Self::prefetch`] their columns, so that their
+    /// cache misses overlap other work.
+    #[inline]
+    pub fn draw_column(&self, rng: &mut Rng) -> (u32, f32) {
         let i = rng.random_range(0..self.cells.len());
-        let (u, c) = (rng.random::<f32>(), self.cells[i]);
-        std::hint::select_unpredictable(u < c.keep, i as u32, c.alias)
+        (i as u32, rng.random::<f32>())
+    }
+
+    /// Starts loading column `i` into the caches (a hint, no effect on any result).
+    #[inline]
+    pub fn prefetch(&self, i: u32) {
+        crate::kernels::prefetch(std::slice::from_ref(&self.cells[i as usize]));
+    }
+
+    /// The draw of column `i` and float `u` (from [`Self::draw_column`]).
+    #[inline]
+    pub fn resolve(&self, (i, u): (u32, f32)) -> u32 {
+        let c = self.cells[i as usize];
+        std::hint::select_unpredictable(u < c.keep, i, c.alias)
     }
 }
 

@@ -167,6 +167,8 @@ struct Scratch {
     targets: Vec<u32>,
     /// Those of the next skip-gram pair (drawn ahead, see `train_pairs`).
     next_targets: Vec<u32>,
+    /// The noise-table draws of the pair after it.
+    columns: Vec<(u32, f32)>,
     /// A sentence's (context, centre) pairs.
     sentence_pairs: Vec<(u32, u32)>,
     /// The input rows of one step.
@@ -429,11 +431,13 @@ impl NsJob<'_> {
         }
     }
 
-    /// Skip-gram's steps on a sentence's (context, centre) `pairs`, pipelined: pair `j + 1`'s
-    /// negatives are drawn and its rows (the context's input row, the targets' output rows)
-    /// requested before pair `j` trains, so that their cache misses overlap pair `j`'s
-    /// arithmetic. Only the draws use `rng`, in pair order, so the steps are those of
-    /// [`Self::train_targets`] pair after pair (tested).
+    /// Skip-gram's steps on a sentence's (context, centre) `pairs`, pipelined in three stages
+    /// so that cache misses overlap arithmetic: while pair `j` trains, pair `j + 1`'s
+    /// negatives are resolved (their noise-table columns were requested one pair earlier) and
+    /// its rows requested (the context's input row, the targets' output rows), and pair
+    /// `j + 2`'s randomness is drawn and its noise-table columns requested. Only the draws use
+    /// `rng`, in pair order, so the steps are those of [`Self::train_targets`] pair after pair
+    /// (tested).
     fn train_pairs<R: HogwildRows>(
         &self,
         input: &R,
@@ -444,20 +448,47 @@ impl NsJob<'_> {
         rng: &mut Rng,
     ) {
         let Some(&(first, centre)) = pairs.first() else { return };
-        let mut next = std::mem::take(&mut s.next_targets);
-        self.draw_targets(centre, rng, &mut s.targets);
+        let (mut next, mut columns) = (std::mem::take(&mut s.next_targets), std::mem::take(&mut s.columns));
+        self.draw_columns(rng, &mut columns);
+        self.resolve_targets(centre, &columns, &mut s.targets);
         request_rows(input, output, first, &s.targets);
+        if pairs.len() > 1 {
+            self.draw_columns(rng, &mut columns);
+        }
         for (j, &(context, _)) in pairs.iter().enumerate() {
             if let Some(&(c, centre)) = pairs.get(j + 1) {
-                self.draw_targets(centre, rng, &mut next);
+                self.resolve_targets(centre, &columns, &mut next);
                 request_rows(input, output, c, &next);
+            }
+            if j + 2 < pairs.len() {
+                self.draw_columns(rng, &mut columns);
             }
             input.read(context as usize, &mut s.l1);
             self.step_targets(output, lr, s);
             input.axpy(context as usize, 1.0, &s.err);
             std::mem::swap(&mut s.targets, &mut next);
         }
-        s.next_targets = next;
+        (s.next_targets, s.columns) = (next, columns);
+    }
+
+    /// The randomness of one step's negatives (see [`AliasTable::draw_column`]), their noise
+    /// table columns requested.
+    #[inline]
+    fn draw_columns(&self, rng: &mut Rng, columns: &mut Vec<(u32, f32)>) {
+        columns.clear();
+        for _ in 0..self.negatives {
+            let c = self.noise.draw_column(rng);
+            self.noise.prefetch(c.0);
+            columns.push(c);
+        }
+    }
+
+    /// `centre` then the negatives that `columns` draw (those equal to it skipped).
+    #[inline]
+    fn resolve_targets(&self, centre: u32, columns: &[(u32, f32)], targets: &mut Vec<u32>) {
+        targets.clear();
+        targets.push(centre);
+        targets.extend(columns.iter().map(|&c| self.noise.resolve(c)).filter(|&k| k != centre));
     }
 
     /// `centre` then the negatives drawn for it (those equal to it skipped, as word2vec does).
@@ -522,6 +553,7 @@ impl Scratch {
             sentence: Vec::new(),
             targets: Vec::new(),
             next_targets: Vec::new(),
+            columns: Vec::new(),
             sentence_pairs: Vec::new(),
             rows: Vec::new(),
             l1: vec![0.0; dim],
