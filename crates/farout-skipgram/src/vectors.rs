@@ -501,6 +501,31 @@ mod tests {
         assert!(e.contains("v.vec:2: not valid UTF-8, so not a word2vec text file"), "{e}");
     }
 
+    /// Vectors of a vocabulary borrow its words and ids (no copy), look words up and save as
+    /// copied words do, and a vocabulary read from a file with a word twice is refused.
+    #[test]
+    fn vectors_of_a_vocabulary_borrow_its_words() {
+        let counts = [("the", 9u64), ("cat", 5), ("día", 5)].map(|(w, n)| (w.to_string(), n));
+        let vocab = Vocab::from_counts(counts, 1, 0);
+        let m = Matrix::from_vec(3, 2, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        let v = Vectors::of_vocab(&vocab, Cow::Borrowed(&m)).unwrap();
+        assert_eq!(v.words().as_ptr(), vocab.words().as_ptr());
+        assert!(matches!((&v.words, &v.ids), (Cow::Borrowed(_), Cow::Borrowed(_))));
+        assert_eq!((v.id("día"), v.get("cat"), v.id("dog")), (Some(2), Some(&[3.0, 4.0][..]), None));
+        let copied = Vectors::borrowed(vocab.words().to_vec(), &m).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        v.save(&a, Format::Binary).unwrap();
+        copied.save(&b, Format::Binary).unwrap();
+        assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
+        let file = dir.path().join("vocab.txt");
+        std::fs::write(&file, "the 9\ncat 5\ncat 5\n").unwrap();
+        let twice = Vocab::load(&file).unwrap();
+        let e = Vectors::of_vocab(&twice, Cow::Owned(Matrix::zeros(3, 2))).unwrap_err().to_string();
+        assert!(e.contains("\"cat\" appears twice"), "{e}");
+        assert!(Vectors::of_vocab(&vocab, Cow::Owned(Matrix::zeros(2, 2))).is_err());
+    }
+
     #[test]
     fn both_formats_round_trip_exactly() {
         let dir = tempfile::tempdir().unwrap();
