@@ -359,10 +359,10 @@ fn heldout_by_epoch(log_dir: &Path) -> Vec<f64> {
 fn skipgram_under_select_best_keeps_the_epoch_best_on_heldout_text() {
     let dir = tempfile::tempdir().unwrap();
     let q = quiet_in(dir.path());
-    // A small corpus at a high rate, one thread (reproducible): the held-out objective is best
-    // at epoch 5 of 6.
+    // A small corpus at a high rate, one thread (reproducible): with seed 2 the held-out
+    // objective is best at epoch 5 of 6.
     let mut a = vec!["train", "configs/skipgram-quickstart.toml", "--set", "data.synthetic.tokens=50000"];
-    a.extend(["--set", "train.threads=1"]);
+    a.extend(["--set", "train.threads=1", "--set", "seed=2"]);
     a.extend(["--set", "train.epochs=6", "--set", "model.skip_gram.lr=0.1", "--set", "data.text.min_count=1"]);
     a.extend(["--set", "train.select=\"best\""]);
     a.extend(q.iter().map(String::as_str));
