@@ -5,7 +5,8 @@
 //! - [`gemm`]: multi-threaded matrix products (the `gemm` crate) over row-major slices;
 //! - [`topk`]: top-k selection of scores;
 //! - [`metrics`]: the ranking metrics of extreme classification (P@k, nDCG@k, accuracy);
-//! - [`SparseVec`], [`ClassId`], seeded RNG helpers ([`rng`]) and the crate's [`Error`];
+//! - [`SparseVec`], [`ClassId`], [`group_rows`] (a stable counting sort into buckets), seeded
+//!   RNG helpers ([`rng`]) and the crate's [`Error`];
 //! - [`fuzz`]: what the readers' fuzz tests share (a peak-counting allocator, file mutations);
 //! - [`resources`]: the memory and disk space available, to check sizes before allocating.
 //! - [`space`]: search spaces, the ranges of plug-in parameters that `farout tune` draws from.
@@ -30,7 +31,7 @@ pub mod vexp;
 pub use alias::AliasTable;
 pub use matrix::Matrix;
 pub use rng::Rng;
-pub use sparse::{SparseGrad, SparseVec};
+pub use sparse::{SparseGrad, SparseVec, group_rows};
 
 /// Index of a class (a row of W, a label, a word of the vocabulary).
 ///

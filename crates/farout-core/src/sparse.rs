@@ -71,6 +71,30 @@ impl SparseVec {
     }
 }
 
+/// `rows` grouped by `bucket_of` (a counting sort, stable): bucket `b`'s rows are
+/// `sorted[starts[b]..starts[b + 1]]` of the returned `(starts, sorted)`. Indexes use it to
+/// update the changed rows of each cluster or block of codes on one thread; a linear predictor
+/// lists the labels of each group.
+pub fn group_rows(
+    rows: &[ClassId],
+    buckets: usize,
+    bucket_of: impl Fn(ClassId) -> usize,
+) -> (Vec<usize>, Vec<ClassId>) {
+    let mut starts = vec![0usize; buckets + 1];
+    rows.iter().for_each(|&i| starts[bucket_of(i) + 1] += 1);
+    for b in 0..buckets {
+        starts[b + 1] += starts[b];
+    }
+    let mut next = starts.clone();
+    let mut sorted = vec![0 as ClassId; rows.len()];
+    for &i in rows {
+        let slot = &mut next[bucket_of(i)];
+        sorted[*slot] = i;
+        *slot += 1;
+    }
+    (starts, sorted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@
 //! equal scores by lower label first, NaN never ranked.
 
 use crate::model::SparseModel;
+use farout_core::group_rows;
 use farout_core::topk::Hit;
 use rayon::prelude::*;
 use std::cmp::Ordering;
@@ -38,16 +39,8 @@ impl Predictor {
     /// has a weight (not by the header's feature count, which a file does not bound).
     pub fn new(model: &SparseModel) -> Self {
         let (group_of, first_of) = group_labels(model);
-        let n_groups = first_of.len();
-        let mut member_ptr = vec![0usize; n_groups + 1];
-        group_of.iter().for_each(|&g| member_ptr[g as usize + 1] += 1);
-        (0..n_groups).for_each(|g| member_ptr[g + 1] += member_ptr[g]);
-        let mut fill = member_ptr.clone();
-        let mut members = vec![0u32; group_of.len()];
-        for (k, &g) in group_of.iter().enumerate() {
-            members[fill[g as usize]] = k as u32;
-            fill[g as usize] += 1;
-        }
+        let labels: Vec<u32> = (0..group_of.len() as u32).collect();
+        let (member_ptr, members) = group_rows(&labels, first_of.len(), |k| group_of[k as usize] as usize);
         let biases: Vec<f32> = first_of.iter().map(|&k| model.label(k as usize).2).collect();
         let (feature_ptr, groups, weights) = transpose(model, &first_of);
         Self { group_of, member_ptr, members, biases, feature_ptr, groups, weights }

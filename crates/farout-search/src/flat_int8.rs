@@ -245,7 +245,7 @@ impl MipsIndex for FlatInt8Index {
         }
         // The rows by block, then the blocks in parallel (a training step changes thousands
         // of rows).
-        let (starts, by_block) = crate::group_rows(rows, self.blocks.len(), |i| i as usize / BLOCK_ROWS);
+        let (starts, by_block) = farout_core::group_rows(rows, self.blocks.len(), |i| i as usize / BLOCK_ROWS);
         self.blocks.par_iter_mut().enumerate().for_each(|(b, block)| {
             let ids = &by_block[starts[b]..starts[b + 1]];
             ids.iter().for_each(|&i| block.set(i as usize - b * BLOCK_ROWS, w.row(i as usize)));

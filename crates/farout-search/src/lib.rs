@@ -68,29 +68,6 @@ impl Error {
     }
 }
 
-/// `rows` grouped by `bucket_of` (a counting sort, stable): bucket `b`'s rows are
-/// `sorted[starts[b]..starts[b + 1]]` of the returned `(starts, sorted)`. Indexes use it to
-/// update the changed rows of each cluster or block of codes on one thread.
-pub(crate) fn group_rows(
-    rows: &[ClassId],
-    buckets: usize,
-    bucket_of: impl Fn(ClassId) -> usize,
-) -> (Vec<usize>, Vec<ClassId>) {
-    let mut starts = vec![0usize; buckets + 1];
-    rows.iter().for_each(|&i| starts[bucket_of(i) + 1] += 1);
-    for b in 0..buckets {
-        starts[b + 1] += starts[b];
-    }
-    let mut next = starts.clone();
-    let mut sorted = vec![0 as ClassId; rows.len()];
-    for &i in rows {
-        let slot = &mut next[bucket_of(i)];
-        sorted[*slot] = i;
-        *slot += 1;
-    }
-    (starts, sorted)
-}
-
 /// Rejects `value` of parameter `name` unless it is a finite number at least `min`.
 pub(crate) fn finite_at_least(name: &'static str, value: f32, min: f32) -> Result<(), farout_core::ParamError> {
     if value.is_finite() && value >= min {

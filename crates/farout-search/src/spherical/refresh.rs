@@ -80,7 +80,7 @@ fn update_by_cluster(
     drifted: impl Fn(&mut Vec<f32>, ClassId, &[f32], usize) -> bool + Sync,
 ) -> Vec<ClassId> {
     let d = w.dim();
-    let (starts, by_cluster) = crate::group_rows(rows, clusters.len(), |i| assign[i as usize] as usize);
+    let (starts, by_cluster) = farout_core::group_rows(rows, clusters.len(), |i| assign[i as usize] as usize);
     clusters
         .par_iter_mut()
         .enumerate()
