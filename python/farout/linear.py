@@ -193,7 +193,7 @@ class PPDSparse(_LinearClassifier):
 
     def __init__(
         self,
-        lambda_: float = 0.01,
+        lambda_: float = 0.03,
         tau: float = 1.0,
         kappa: int = 0,
         min_kappa: int = 256,
