@@ -174,8 +174,8 @@ pub struct IndexParams {
     /// HNSW: search list size (`ef_search`; raised to the candidates fetched).
     #[arg(long)]
     ef_search: Option<usize>,
-    /// Spherical: score probed rows on f32 copies or on int8 codes, then rescore the best
-    /// exactly (`scoring`: f32 or int8).
+    /// Spherical: score probed rows on f32 copies or on int8 codes (pq4: lone queries on 4-bit
+    /// codes), then rescore the best exactly (`scoring`: f32, int8 or pq4).
     #[arg(long)]
     scoring: Option<String>,
     /// Spherical (int8 scoring), flat_int8: rows rescored exactly per result (`rescore`).

@@ -349,10 +349,12 @@ fn farout_simd_caps_the_kernels_and_the_bench_says_which_ran() {
     let (avx512, _) = run("avx512");
     assert_ne!(avx512["simd"]["int8"], "amx", "{avx512}");
     let (baseline, _) = run("baseline");
-    assert_eq!(baseline["simd"], serde_json::json!({ "f32": "baseline", "int8": "scalar" }), "{baseline}");
+    let scalar = serde_json::json!({ "f32": "baseline", "int8": "scalar", "pq4": "scalar" });
+    assert_eq!(baseline["simd"], scalar, "{baseline}");
     let (avx2, _) = run("avx2");
     assert!(["avx2", "baseline"].contains(&avx2["simd"]["f32"].as_str().unwrap()), "{avx2}");
     assert_ne!(avx2["simd"]["int8"], "vnni", "{avx2}");
+    assert_ne!(avx2["simd"]["pq4"], "avx512", "{avx2}");
     for other in [&avx512, &baseline, &avx2] {
         let (a, b) = (other["recall"].as_f64().unwrap(), widest["recall"].as_f64().unwrap());
         assert!((a - b).abs() <= 0.01, "recall {a} with {} against {b}", other["simd"]);

@@ -33,6 +33,7 @@ mod hamming;
 mod hnsw;
 mod lsh;
 pub mod persist;
+pub mod pq4;
 pub mod quant;
 mod spherical;
 #[cfg(test)]

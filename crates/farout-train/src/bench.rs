@@ -128,12 +128,13 @@ impl LayerBench {
     }
 }
 
-/// The vector instructions the kernels ran with (within `FAROUT_SIMD`): the f32 kernels' and
-/// the int8 scoring kernel's.
+/// The vector instructions the kernels ran with (within `FAROUT_SIMD`): the f32 kernels', the
+/// int8 scoring kernel's and the 4-bit scoring kernel's.
 fn simd() -> Value {
     let level = format!("{:?}", kernels::simd_in_use()).to_lowercase();
     let int8 = format!("{:?}", farout_search::quant::Kernel::best()).to_lowercase();
-    serde_json::json!({ "f32": level, "int8": int8 })
+    let pq4 = format!("{:?}", farout_search::pq4::Kernel::best()).to_lowercase();
+    serde_json::json!({ "f32": level, "int8": int8, "pq4": pq4 })
 }
 
 /// One training step of the output layer (scores, loss gradient, dL/dphi, row updates) against

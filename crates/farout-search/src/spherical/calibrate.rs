@@ -375,7 +375,7 @@ mod tests {
     fn calibrated_budget_reaches_the_target_recall_on_held_out_queries() {
         let (w, sample, held_out) = rows_and_queries();
         let all = Rows::all(&w);
-        for scoring in [super::super::Scoring::F32, super::super::Scoring::Int8] {
+        for scoring in [super::super::Scoring::F32, super::super::Scoring::Int8, super::super::Scoring::Pq4] {
             let config = SphericalConfig { scoring, ..SphericalConfig::default() };
             let index = SphericalIndex::build(all, &config);
             let mut out = Vec::new();

@@ -1,12 +1,14 @@
 //! The storage of [`SphericalIndex`]: every cluster's members and a contiguous copy of their
-//! rows (with int8 scoring also the rows' codes), which the search scans instead of gathering
-//! rows scattered over `W`.
+//! rows (with int8 scoring also the rows' codes, with `pq4` scoring also their 4-bit codes),
+//! which the search scans instead of gathering rows scattered over `W`.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
 use super::{Scoring, SphericalIndex};
+use crate::pq4::{Codebook, Pq4Rows};
 use crate::quant::QuantRows;
 use farout_core::ClassId;
+use std::sync::Arc;
 
 /// The members of one cluster and a copy of their rows (`ids.len() x D`, row-major, in the same
 /// order) as of their last build, sync or refresh; with int8 scoring also the rows' codes.
@@ -15,6 +17,35 @@ pub(super) struct Cluster {
     pub(super) ids: Vec<ClassId>,
     pub(super) rows: Vec<f32>,
     pub(super) codes: Option<QuantRows>,
+    pub(super) pq4: Option<Pq4Codes>,
+}
+
+/// The 4-bit codes of a cluster's rows ([`crate::pq4`]): of their residuals from the cluster's
+/// `mean` (fixed when the codes were made), in the codebook shared by all clusters.
+#[derive(Clone, Debug)]
+pub(super) struct Pq4Codes {
+    pub(super) rows: Pq4Rows,
+    pub(super) mean: Vec<f32>,
+    pub(super) book: Arc<Codebook>,
+}
+
+impl Pq4Codes {
+    /// Codes of the `rows` (row-major, `mean.len()` wide) against `mean` in `book`.
+    pub(super) fn new(rows: &[f32], mean: Vec<f32>, book: Arc<Codebook>) -> Self {
+        let mut codes = Self { rows: Pq4Rows::new(book.sub_spaces()), mean, book };
+        rows.chunks_exact(codes.mean.len().max(1)).for_each(|row| codes.push(row));
+        codes
+    }
+
+    fn push(&mut self, row: &[f32]) {
+        let (book, mean) = (&self.book, &self.mean);
+        self.rows.push_with(|s| book.code_of(s, row, mean));
+    }
+
+    fn set(&mut self, at: usize, row: &[f32]) {
+        let (book, mean) = (&self.book, &self.mean);
+        self.rows.set_with(at, |s| book.code_of(s, row, mean));
+    }
 }
 
 impl Cluster {
@@ -22,7 +53,8 @@ impl Cluster {
         Self {
             ids: Vec::with_capacity(capacity),
             rows: Vec::with_capacity(capacity * d),
-            codes: (scoring == Scoring::Int8).then(|| QuantRows::new(d)),
+            codes: scoring.int8_codes().then(|| QuantRows::new(d)),
+            pq4: None,
         }
     }
 
@@ -41,6 +73,9 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.set(at, row);
         }
+        if let Some(pq4) = &mut self.pq4 {
+            pq4.set(at, row);
+        }
     }
 
     /// Asks for the memory [`Cluster::set`] will write for member `at`: its copy and, with
@@ -58,6 +93,9 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.push(row);
         }
+        if let Some(pq4) = &mut self.pq4 {
+            pq4.push(row);
+        }
     }
 
     /// Removes member `at` by moving the last one into its place; returns the moved id.
@@ -71,11 +109,16 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.swap_remove(at);
         }
+        if let Some(pq4) = &mut self.pq4 {
+            pq4.rows.swap_remove(at);
+        }
         self.ids.get(at).copied()
     }
 
     pub(super) fn bytes(&self) -> usize {
-        4 * (self.ids.capacity() + self.rows.capacity()) + self.codes.as_ref().map_or(0, QuantRows::bytes)
+        4 * (self.ids.capacity() + self.rows.capacity())
+            + self.codes.as_ref().map_or(0, QuantRows::bytes)
+            + self.pq4.as_ref().map_or(0, |p| p.rows.bytes() + 4 * p.mean.len())
     }
 }
 

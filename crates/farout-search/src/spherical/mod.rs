@@ -20,8 +20,8 @@
 //!   scores those: scanning a cluster streams memory instead of gathering rows scattered over
 //!   `W` (at K = 1,000,000 a batch of 256 queries probes nearly every cluster; the gather cost
 //!   more than the scoring). The copies are kept equal to `W` by [`MipsIndex::sync`] (the output
-//!   layer calls it after every step, copying the changed rows). Two ways to score them
-//!   (`scoring`; the default `auto` is `int8` where the CPU has AVX2 or AVX-512 VNNI and
+//!   layer calls it after every step, copying the changed rows). Three ways to score them
+//!   (`scoring`; the default `auto` is `pq4` where the CPU has AVX2 or AVX-512 VNNI and
 //!   at least 10 rows are probed per result):
 //!   - `f32`: on the copies themselves; the scores are exact, nothing is rescored.
 //!   - `int8` (`int8.rs`): on int8 codes of the rows with a scale per row ([`crate::quant`];
@@ -32,6 +32,11 @@
 //!     scores by well under their spread near the cut, so the approximate ranking loses almost
 //!     nothing that the rescoring cannot restore. It pays when many rows are probed per result
 //!     (10 and more); at 5 the rescoring costs more than the scan saves, and `auto` picks `f32`.
+//!   - `pq4` (`pq4.rs`): `int8` for batches; a query searched alone scans 4-bit codes of the
+//!     rows' residuals from their cluster's mean ([`crate::pq4`]: 16 levels a dimension, half
+//!     the bytes of int8 codes, scored through byte lookup tables held in registers) and
+//!     rescores the best `pq4_rescore * k` exactly. A lone query shares no loads with other
+//!     queries, so the bytes it scans set its speed.
 //! - **Refresh** (`refresh.rs`). A changed row's copy is updated and the row re-augmented and
 //!   reassigned to its nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it
 //!   has drifted: its cosine with its own centroid fell by more than `refresh_drift` since it
@@ -45,6 +50,7 @@ mod cluster;
 mod int8;
 mod kmeans;
 mod persist;
+mod pq4;
 mod refresh;
 mod search;
 
@@ -96,13 +102,16 @@ pub struct SphericalConfig {
     /// `int8` scoring: rows rescored exactly per result (at least 1; at least 32 more than `k`
     /// are rescored).
     pub rescore: f32,
+    /// `pq4` scoring: rows rescored exactly per result after a lone query's scan on 4-bit codes
+    /// (at least 1; at least 32 more than `k` are rescored).
+    pub pq4_rescore: f32,
 }
 
 /// How [`SphericalIndex`] scores the rows of the clusters it probes (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
-    /// `int8` where the CPU runs a SIMD int8 kernel (AVX2 or AVX-512 VNNI) and the budget is
+    /// `pq4` where the CPU runs SIMD kernels for it (AVX2 or AVX-512) and the budget is
     /// calibrated or at least 10 rows per result, `f32` elsewhere.
     #[default]
     Auto,
@@ -111,19 +120,31 @@ pub enum Scoring {
     /// Approximate scores on int8 codes, the best rescored exactly. Needs AVX2 or AVX-512 VNNI
     /// to pay (elsewhere the same scores come from slow portable code).
     Int8,
+    /// `int8` for batches of queries; a query searched alone is scored on 4-bit codes of the
+    /// rows (`pq4.rs`, [`crate::pq4`]), a quarter of the bytes, and the best `pq4_rescore * k`
+    /// rescored exactly. Needs AVX2 to pay.
+    Pq4,
 }
 
 impl Scoring {
-    /// `F32` or `Int8`: what [`Scoring::Auto`] means on this CPU for rows of `dim` values and a
-    /// budget of `candidate_factor` rows probed per result (`None`: calibrated). Int8 codes pay
-    /// where the CPU runs a SIMD kernel for them, at least 10 rows are probed per result (a
-    /// calibrated budget at recall 0.9 probes more) and rows are wider than 16 values; below
-    /// that the cut and the rescoring cost more than the scan saves (an f32 row of 16 values is
-    /// one AVX-512 product; see docs/decisions.md, "int8-scoring").
+    /// Whether the clusters keep int8 codes of their rows.
+    pub(crate) fn int8_codes(self) -> bool {
+        matches!(self, Scoring::Int8 | Scoring::Pq4)
+    }
+
+    /// `F32`, `Int8` or `Pq4`: what [`Scoring::Auto`] means on this CPU for rows of `dim`
+    /// values and a budget of `candidate_factor` rows probed per result (`None`: calibrated).
+    /// Codes pay where the CPU runs a SIMD kernel for them, at least 10 rows are probed per
+    /// result (a calibrated budget at recall 0.9 probes more) and rows are wider than 16
+    /// values; below that the cut and the rescoring cost more than the scan saves (an f32 row
+    /// of 16 values is one AVX-512 product; see docs/decisions.md, "int8-scoring"). Every CPU
+    /// with an int8 kernel has a pq4 kernel (AVX2), so `Pq4` where codes pay: a lone query
+    /// scans 4-bit codes, a batch int8 codes (docs/decisions.md, "pq4-single-query").
     pub fn resolve(self, candidate_factor: Option<f32>, dim: usize) -> Self {
-        let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
+        let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar
+            && crate::pq4::Kernel::best() != crate::pq4::Kernel::Scalar;
         match self {
-            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Int8,
+            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Pq4,
             Scoring::Auto => Scoring::F32,
             other => other,
         }
@@ -145,6 +166,7 @@ impl Default for SphericalConfig {
             refresh_drift: 0.02,
             scoring: Scoring::default(),
             rescore: 1.0,
+            pq4_rescore: 2.5,
         }
     }
 }
@@ -181,7 +203,7 @@ fn centroid_views(centroids: &Matrix, d: usize, scoring: Scoring) -> (Matrix, Op
     for j in 0..centroids.rows() {
         centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
     }
-    let centroid_codes = (scoring == Scoring::Int8).then(|| {
+    let centroid_codes = scoring.int8_codes().then(|| {
         let mut codes = QuantRows::new(d);
         centroids_d.iter_rows().for_each(|row| codes.push(row));
         codes
@@ -210,6 +232,9 @@ impl SphericalIndex {
         for (i, &a) in assign.iter().enumerate() {
             pos[i] = clusters[a as usize].len() as u32;
             clusters[a as usize].push(i as ClassId, w.row(i));
+        }
+        if config.scoring == Scoring::Pq4 {
+            pq4::attach(&mut clusters, d, config.seed);
         }
         let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Self {
@@ -300,6 +325,7 @@ impl crate::IndexParams for SphericalConfig {
         crate::count_in("calibration_queries", self.calibration_queries, 1..=usize::MAX, "must be > 0")?;
         crate::finite_at_least("norm_headroom", self.norm_headroom, 0.0)?;
         crate::finite_at_least("rescore", self.rescore, 1.0)?;
+        crate::finite_at_least("pq4_rescore", self.pq4_rescore, 1.0)?;
         if !self.refresh_drift.is_finite() {
             let value = self.refresh_drift.to_string();
             return Err(farout_core::ParamError::new("refresh_drift", value, "must be a finite number"));
@@ -348,16 +374,16 @@ mod tests {
         }
     }
 
-    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; int8 otherwise,
-    /// where the CPU has a kernel for it; explicit choices stand.
+    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; pq4 (int8 codes
+    /// for batches) otherwise, where the CPU has kernels for it; explicit choices stand.
     #[test]
     fn auto_scoring_follows_width_budget_and_cpu() {
         let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
-        let int8_if_simd = if simd { Scoring::Int8 } else { Scoring::F32 };
+        let codes_if_simd = if simd { Scoring::Pq4 } else { Scoring::F32 };
         assert_eq!(Scoring::Auto.resolve(None, 16), Scoring::F32);
-        assert_eq!(Scoring::Auto.resolve(None, 17), int8_if_simd);
+        assert_eq!(Scoring::Auto.resolve(None, 17), codes_if_simd);
         assert_eq!(Scoring::Auto.resolve(Some(5.0), 128), Scoring::F32);
-        assert_eq!(Scoring::Auto.resolve(Some(10.0), 128), int8_if_simd);
+        assert_eq!(Scoring::Auto.resolve(Some(10.0), 128), codes_if_simd);
         assert_eq!(Scoring::Int8.resolve(None, 16), Scoring::Int8);
         assert_eq!(Scoring::F32.resolve(None, 128), Scoring::F32);
     }

@@ -1,8 +1,9 @@
 //! The saved form of [`SphericalIndex`] (`crate::persist`): parameters, norm bound, centroids,
 //! every row's cluster and drift reference, every cluster's members in order with their row
-//! copies, and the calibrations. What follows from those is computed again on loading: the
-//! centroids' first D coordinates and their codes, the clusters' int8 codes (quantising a copy
-//! gives the codes it had), and every row's place in its cluster.
+//! copies, and the calibrations; with `pq4` scoring then the 4-bit codebook and every cluster's
+//! mean. What follows from those is computed again on loading: the centroids' first D
+//! coordinates and their codes, the clusters' int8 and 4-bit codes (coding a copy gives the
+//! codes it had), and every row's place in its cluster.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -30,6 +31,9 @@ impl SphericalIndex {
         }
         out.u8(self.rebuild as u8);
         self.calibrations.save(out);
+        if self.config.scoring == Scoring::Pq4 {
+            super::pq4::save(&self.clusters, out);
+        }
     }
 
     /// Reads what [`SphericalIndex::save`] wrote for the rows `w`, checking that every row sits
@@ -39,7 +43,7 @@ impl SphericalIndex {
         let config: SphericalConfig = dec.config("spherical")?;
         crate::IndexParams::check(&config).map_err(inconsistent)?;
         if config.scoring == Scoring::Auto {
-            return Err(inconsistent("the spherical index's scoring is not resolved to f32 or int8"));
+            return Err(inconsistent("the spherical index's scoring is not resolved to f32, int8 or pq4"));
         }
         let augmentation = NormAugmentation::with_bound(dec.f32()?).ok_or_else(|| inconsistent("the norm bound"))?;
         let centroids = dec.matrix()?;
@@ -59,18 +63,22 @@ impl SphericalIndex {
             let (ids, rows) = (dec.u32s()?, dec.f32s()?);
             expect_len(&rows, ids.len() * d, "copied values in a cluster")?;
             place_members(j, &ids, &assign, &mut pos)?;
-            let codes = (config.scoring == Scoring::Int8).then(|| {
+            let codes = config.scoring.int8_codes().then(|| {
                 let mut codes = QuantRows::new(d);
                 rows.chunks_exact(d.max(1)).for_each(|r| codes.push(r));
                 codes
             });
-            clusters.push(Cluster { ids, rows, codes });
+            clusters.push(Cluster { ids, rows, codes, pq4: None });
         }
         if pos.contains(&u32::MAX) {
             return Err(inconsistent("a row is in no cluster"));
         }
         let rebuild = dec.u8()? != 0;
         let calibrations = Calibrations::restore(dec, d)?;
+        // Written only with `pq4` scoring, which files of earlier builds never name.
+        if config.scoring == Scoring::Pq4 {
+            super::pq4::restore(dec, &mut clusters, d)?;
+        }
         let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Ok(Self {
             config,

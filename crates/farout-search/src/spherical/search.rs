@@ -10,9 +10,10 @@
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
+use super::SphericalIndex;
 use super::calibrate::Plan;
 use super::cluster::Cluster;
-use super::{Scoring, SphericalIndex};
+use crate::pq4;
 use crate::quant::{self, QuantQueries};
 use crate::{ExactIndex, Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
@@ -37,6 +38,7 @@ struct Scratch {
     sample: Vec<f32>,
     block: Vec<f32>,
     candidates: Vec<Hit>,
+    tables: pq4::Tables,
 }
 
 thread_local! {
@@ -55,8 +57,8 @@ impl SphericalIndex {
     /// The top `k` of one query, probing `budget` rows.
     fn search_one_with(&self, w: Rows, query: &[f32], k: usize, budget: usize, out: &mut Vec<Hit>) -> usize {
         let d = w.dim();
-        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates }| {
-            let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(query, d));
+        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates, tables }| {
+            let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.clear();
             match (&self.centroid_codes, &codes) {
@@ -71,11 +73,19 @@ impl SphericalIndex {
             // select once.
             probed.clear();
             ids.clear();
+            let pq4 = self.clusters.first().and_then(|c| c.pq4.as_ref());
+            if let Some(pq4) = pq4 {
+                tables.fill(&pq4.book, query);
+            }
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
                 ids.extend_from_slice(&cluster.ids);
-                match (&cluster.codes, &codes) {
-                    (Some(rows), Some(codes)) => {
+                match (&cluster.pq4, &cluster.codes, &codes) {
+                    (Some(p), _, _) => {
+                        pq4::scores(&p.rows, tables, kernels::dot(&p.mean, query), block);
+                        probed.extend_from_slice(&block[..cluster.len()]);
+                    }
+                    (_, Some(rows), Some(codes)) => {
                         quant::scores(rows, codes, &[0], block);
                         probed.extend_from_slice(&block[..rows.len()]);
                     }
@@ -88,7 +98,8 @@ impl SphericalIndex {
                 return probed.len() + self.centroids.rows();
             }
             // Rescore the best by approximate score exactly, from the copies.
-            topk::select_best(&parts, self.depth(k), sample, candidates);
+            let depth = if pq4.is_some() { self.pq4_depth(k) } else { self.depth(k) };
+            topk::select_best(&parts, depth, sample, candidates);
             let rescored = self.rescore(candidates, query, k, out);
             probed.len() + rescored + self.centroids.rows()
         })
@@ -119,7 +130,7 @@ impl SphericalIndex {
         budget: usize,
         out: &mut Vec<Vec<Hit>>,
     ) -> usize {
-        let codes = (self.config.scoring == Scoring::Int8).then(|| QuantQueries::new(queries.as_slice(), w.dim()));
+        let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(queries.as_slice(), w.dim()));
         let probes = self.probe_batch(queries, codes.as_ref(), budget);
         out.resize_with(queries.rows(), Vec::new);
         out.truncate(queries.rows());
@@ -371,7 +382,7 @@ mod tests {
         }
         // Int8 scoring with rows rescored beyond the k returned.
         batched_search_returns_the_per_query_results_with(&SphericalConfig {
-            scoring: Scoring::Int8,
+            scoring: super::super::Scoring::Int8,
             rescore: 2.0,
             candidate_factor: Some(5.0),
             ..SphericalConfig::default()
