@@ -2,16 +2,18 @@
 //! clusters with `scoring = "pq4"`, on a quarter of the bytes of int8 codes.
 //!
 //! **Codes.** A row `w` of cluster `j` is coded as its residual `r = w - mu_j` from the
-//! cluster's mean: the dimensions are cut into `m` sub-spaces of [`SUB_DIM`] values, and each
-//! sub-space of `r` is replaced by the nearest of 16 codewords of that sub-space ([`Codebook`],
-//! fitted by k-means on a sample of all clusters' residuals): 4 bits per sub-space, so at
-//! D = 128 a row is 128 sub-spaces in 64 bytes, against 128 bytes of int8 codes. Then
+//! cluster's mean: each dimension `s` of `r` is replaced by the nearest of 16 levels of that
+//! dimension ([`Codebook`], fitted by one-dimensional k-means on a sample of all clusters'
+//! residuals): 4 bits a dimension, so at D = 128 a row is 64 bytes, against 128 bytes of int8
+//! codes. A dimension is a product-quantisation sub-space of one value; with 16 sorted levels
+//! the nearest is found by four comparisons with the midpoints, which keeps coding the rows a
+//! training step changed cheap. Then
 //!
 //! ```text
-//! w . q  ~  mu_j . q + sum_m t_m[c_m(w)],   t_m[c] = q_m . codeword_m[c]
+//! w . q  ~  mu_j . q + sum_s t_s[c_s(w)],   t_s[c] = q_s level_s[c]
 //! ```
 //!
-//! with one table of 16 values per sub-space for the query, shared by every cluster (the
+//! with one table of 16 values per dimension for the query, shared by every cluster (the
 //! residuals share the codebook), and `mu_j . q` one dot product per probed cluster.
 //!
 //! **Tables in registers.** The tables are quantised to bytes ([`Tables`]): each sub-space's
@@ -43,148 +45,127 @@
 
 use farout_core::rng::{self, RngExt};
 
-/// Dimensions per sub-space: 1, so 4 bits a dimension and 16 levels fitted per dimension. Two
-/// (ScaNN's "AH 2", 2 bits a dimension) halve the bytes again, but on the K = 200,000 search
-/// benchmark its plain k-means codes rank so much worse that reaching int8 scoring's recall
-/// took rescoring more than 4 k rows, which cost more than the smaller scan saved (see
-/// docs/decisions.md, "pq4-single-query").
-pub const SUB_DIM: usize = 1;
-/// Codewords per sub-space (4 bits).
+/// Levels per dimension (4 bits).
 const WORDS: usize = 16;
 /// Rows per block of the layout.
 pub const BLOCK: usize = 32;
-/// Sub-spaces are padded to a multiple of this (two pairs: one 512-bit load).
+/// Sub-spaces (dimensions) are padded to a multiple of this (two pairs: one 512-bit load).
 const SUB_ALIGN: usize = 4;
-/// Rows of residuals the codebook is fitted on, at most (16 codewords of one dimension each
-/// need few).
+/// Rows of residuals the codebook is fitted on, at most (16 levels of one dimension need few).
 pub const TRAIN_ROWS: usize = 16_384;
-/// Lloyd iterations of each sub-space's k-means.
+/// Lloyd iterations of each dimension's k-means.
 const TRAIN_ITERATIONS: usize = 10;
 
-/// Sub-spaces for rows of `dim` values (padded to [`SUB_ALIGN`]).
+/// Sub-spaces for rows of `dim` values (one a dimension, padded to [`SUB_ALIGN`]).
 fn sub_spaces(dim: usize) -> usize {
-    dim.div_ceil(SUB_DIM).next_multiple_of(SUB_ALIGN).max(SUB_ALIGN)
+    dim.next_multiple_of(SUB_ALIGN).max(SUB_ALIGN)
 }
 
-/// The 16 codewords of every sub-space (see the module docs); sub-spaces past the dimension
-/// (padding) have all-zero codewords.
+/// The 16 levels of every dimension, ascending (see the module docs); the padding sub-spaces
+/// past the dimension have all-zero levels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Codebook {
     dim: usize,
-    /// `m x 16 x SUB_DIM`: codeword `c` of sub-space `s` at `(s * 16 + c) * SUB_DIM`.
-    words: Vec<f32>,
+    /// `m x 16`: level `c` of dimension `s` at `s * 16 + c`, ascending in `c`.
+    levels: Vec<f32>,
+    /// `m x 16`: the midpoints between neighbouring levels, then `+inf`: the code of `x` is
+    /// the number of midpoints below it.
+    mids: Vec<f32>,
 }
 
 impl Codebook {
-    /// Fits the codewords of every sub-space by k-means on (a seeded sample of at most
+    /// Fits the levels of every dimension by k-means on (a seeded sample of at most
     /// [`TRAIN_ROWS`] of) the rows of `residuals` (`n x dim`, row-major).
     pub fn fit(residuals: &[f32], dim: usize, seed: u64) -> Self {
         use rayon::prelude::*;
-        let m = sub_spaces(dim);
         let n = residuals.len() / dim.max(1);
         let mut r = rng::seeded(seed, 0x9b4);
         let sample: Vec<usize> =
             if n <= TRAIN_ROWS { (0..n).collect() } else { (0..TRAIN_ROWS).map(|_| r.random_range(0..n)).collect() };
-        let mut words = vec![0.0f32; m * WORDS * SUB_DIM];
-        // Sub-spaces past the dimension keep all-zero codewords.
-        words.par_chunks_mut(WORDS * SUB_DIM).take(dim.div_ceil(SUB_DIM)).enumerate().for_each(|(s, words)| {
-            let mut points = Vec::with_capacity(sample.len() * SUB_DIM);
-            for &i in &sample {
-                let row = &residuals[i * dim..(i + 1) * dim];
-                points.extend((0..SUB_DIM).map(|t| row.get(s * SUB_DIM + t).copied().unwrap_or(0.0)));
-            }
-            kmeans_sub(&points, words, &mut rng::seeded(seed, s as u64));
+        let mut levels = vec![0.0f32; sub_spaces(dim) * WORDS];
+        levels.par_chunks_mut(WORDS).take(dim).enumerate().for_each(|(s, levels)| {
+            let points: Vec<f32> = sample.iter().map(|&i| residuals[i * dim + s]).collect();
+            kmeans_1d(&points, levels, &mut rng::seeded(seed, s as u64));
         });
-        Self { dim, words }
+        Self::from_levels(dim, levels).expect("k-means of finite residuals gives finite levels")
     }
 
-    /// The codebook of rows of `dim` values whose codewords are `words` (as
-    /// [`Codebook::words`] gives them); `None` unless they are as many as `dim` needs and
-    /// finite.
-    pub fn from_words(dim: usize, words: Vec<f32>) -> Option<Self> {
-        let fits = words.len() == sub_spaces(dim) * WORDS * SUB_DIM && words.iter().all(|x| x.is_finite());
-        fits.then_some(Self { dim, words })
+    /// The codebook of rows of `dim` values with these levels (as [`Codebook::levels`] gives
+    /// them); `None` unless they are as many as `dim` needs, finite and ascending per
+    /// dimension.
+    pub fn from_levels(dim: usize, mut levels: Vec<f32>) -> Option<Self> {
+        if levels.len() != sub_spaces(dim) * WORDS || !levels.iter().all(|x| x.is_finite()) {
+            return None;
+        }
+        levels.chunks_exact_mut(WORDS).for_each(|l| l.sort_unstable_by(f32::total_cmp));
+        let mut mids = Vec::with_capacity(levels.len());
+        for l in levels.chunks_exact(WORDS) {
+            mids.extend(l.windows(2).map(|p| p[0] + 0.5 * (p[1] - p[0])));
+            mids.push(f32::INFINITY);
+        }
+        Some(Self { dim, levels, mids })
     }
 
-    /// The codewords: `m x 16 x SUB_DIM`, codeword `c` of sub-space `s` at `(s * 16 + c) *
-    /// SUB_DIM`.
-    pub fn words(&self) -> &[f32] {
-        &self.words
+    /// The levels: `m x 16`, level `c` of dimension `s` at `s * 16 + c`, ascending.
+    pub fn levels(&self) -> &[f32] {
+        &self.levels
     }
 
-    /// The code of sub-space `s` of `x - mean` (both of length `dim`; 0 for a padding
-    /// sub-space).
+    /// The code of dimension `s` of `x - mean` (both of length `dim`; 0 for a padding
+    /// sub-space): the nearest level, by a binary search of the midpoints (ties go to the
+    /// lower level).
+    #[inline]
     pub fn code_of(&self, s: usize, x: &[f32], mean: &[f32]) -> u8 {
-        if s * SUB_DIM >= self.dim {
+        if s >= self.dim {
             return 0;
         }
-        let r: [f32; SUB_DIM] = std::array::from_fn(|t| {
-            let at = s * SUB_DIM + t;
-            if at < self.dim { x[at] - mean[at] } else { 0.0 }
-        });
-        nearest(&self.words[s * WORDS * SUB_DIM..(s + 1) * WORDS * SUB_DIM], &r) as u8
+        let (r, mids) = (x[s] - mean[s], &self.mids[s * WORDS..(s + 1) * WORDS]);
+        let mut c = 0;
+        for step in [8, 4, 2, 1] {
+            c += step * (r > mids[c + step - 1]) as usize;
+        }
+        c as u8
     }
 
-    /// Sub-spaces (padded).
+    /// Sub-spaces (dimensions, padded).
     pub fn sub_spaces(&self) -> usize {
-        self.words.len() / (WORDS * SUB_DIM)
-    }
-
-    /// The code of every sub-space of `residual` (length `dim`) into `codes` (length
-    /// [`Codebook::sub_spaces`]; the padding sub-spaces get 0).
-    pub fn encode(&self, residual: &[f32], codes: &mut [u8]) {
-        debug_assert_eq!(residual.len(), self.dim);
-        codes.fill(0);
-        for (s, code) in codes.iter_mut().enumerate().take(self.dim.div_ceil(SUB_DIM)) {
-            let x: [f32; SUB_DIM] = std::array::from_fn(|t| residual.get(s * SUB_DIM + t).copied().unwrap_or(0.0));
-            *code = nearest(&self.words[s * WORDS * SUB_DIM..(s + 1) * WORDS * SUB_DIM], &x) as u8;
-        }
+        self.levels.len() / WORDS
     }
 }
 
-/// The codeword of `words` (16 of them) nearest to `x`.
-fn nearest(words: &[f32], x: &[f32; SUB_DIM]) -> usize {
-    let mut best = (f32::INFINITY, 0);
-    for (c, word) in words.chunks_exact(SUB_DIM).enumerate() {
-        let d: f32 = word.iter().zip(x).map(|(a, b)| (a - b) * (a - b)).sum();
-        if d < best.0 {
-            best = (d, c);
-        }
-    }
-    best.1
-}
-
-/// Lloyd's k-means of the points (`SUB_DIM` values each) into the 16 codewords `words`,
-/// started from distinct points drawn by `r` (an empty codeword takes a random point).
-fn kmeans_sub(points: &[f32], words: &mut [f32], r: &mut rng::Rng) {
-    let n = points.len() / SUB_DIM;
+/// Lloyd's k-means of the values `points` into the 16 `levels`, started from spread quantiles
+/// of a seeded shuffle (an empty level takes a random point).
+fn kmeans_1d(points: &[f32], levels: &mut [f32], r: &mut rng::Rng) {
+    let n = points.len();
     if n == 0 {
         return;
     }
-    let point = |i: usize| -> [f32; SUB_DIM] { std::array::from_fn(|t| points[i * SUB_DIM + t]) };
-    for (c, word) in words.chunks_exact_mut(SUB_DIM).enumerate() {
+    for (c, level) in levels.iter_mut().enumerate() {
         let i = if n >= WORDS { (c * n / WORDS + r.random_range(0..n / WORDS)) % n } else { c % n };
-        word.copy_from_slice(&point(i));
+        *level = points[i];
     }
-    let (mut sums, mut counts) = (vec![0.0f64; WORDS * SUB_DIM], [0usize; WORDS]);
     for _ in 0..TRAIN_ITERATIONS {
-        sums.fill(0.0);
-        counts.fill(0);
-        for i in 0..n {
-            let x = point(i);
-            let c = nearest(words, &x);
+        let (mut sums, mut counts) = ([0.0f64; WORDS], [0usize; WORDS]);
+        for &x in points {
+            let c = nearest(levels, x);
             counts[c] += 1;
-            (0..SUB_DIM).for_each(|t| sums[c * SUB_DIM + t] += x[t] as f64);
+            sums[c] += x as f64;
         }
         for c in 0..WORDS {
-            let word = &mut words[c * SUB_DIM..(c + 1) * SUB_DIM];
-            if counts[c] == 0 {
-                word.copy_from_slice(&point(r.random_range(0..n)));
-            } else {
-                (0..SUB_DIM).for_each(|t| word[t] = (sums[c * SUB_DIM + t] / counts[c] as f64) as f32);
-            }
+            levels[c] = if counts[c] == 0 { points[r.random_range(0..n)] } else { (sums[c] / counts[c] as f64) as f32 };
         }
     }
+}
+
+/// The level of `levels` nearest to `x`.
+fn nearest(levels: &[f32], x: f32) -> usize {
+    let mut best = (f32::INFINITY, 0);
+    for (c, &l) in levels.iter().enumerate() {
+        if (l - x).abs() < best.0 {
+            best = ((l - x).abs(), c);
+        }
+    }
+    best.1
 }
 
 /// The 4-bit codes of a growing and changing set of rows (see the module docs), addressed by
@@ -298,41 +279,45 @@ pub struct Tables {
     bytes: Vec<u8>,
     bias: f32,
     delta: f32,
-    /// Scratch: the f32 tables.
-    exact: Vec<f32>,
+    /// Every sub-space's `b_m`.
+    lows: Vec<f32>,
 }
 
 impl Tables {
     /// Fills the tables of `query` (length `dim`) for `book`.
     pub fn fill(&mut self, book: &Codebook, query: &[f32]) {
         let m = book.sub_spaces();
-        self.exact.clear();
-        for (s, words) in book.words.chunks_exact(WORDS * SUB_DIM).enumerate() {
-            let q: [f32; SUB_DIM] = std::array::from_fn(|t| query.get(s * SUB_DIM + t).copied().unwrap_or(0.0));
-            self.exact.extend(words.chunks_exact(SUB_DIM).map(|w| w.iter().zip(&q).map(|(a, b)| a * b).sum::<f32>()));
-        }
         // The largest sum of bytes a 16-bit lane can hold, spread over the sub-spaces.
-        let levels = (u16::MAX as usize / m).min(u8::MAX as usize) as f32;
+        let top = (u16::MAX as usize / m).min(u8::MAX as usize) as f32;
+        let q = |s: usize| query.get(s).copied().unwrap_or(0.0);
+        // The levels ascend, so each table's extremes are at its ends.
+        self.lows.clear();
         let (mut bias, mut range) = (0.0f32, 0.0f32);
-        for t in self.exact.chunks_exact(WORDS) {
-            let (lo, hi) = t.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-            bias += lo;
-            range = range.max(hi - lo);
+        for (s, l) in book.levels.chunks_exact(WORDS).enumerate() {
+            let (a, b) = (q(s) * l[0], q(s) * l[WORDS - 1]);
+            self.lows.push(a.min(b));
+            bias += a.min(b);
+            range = range.max((a - b).abs());
         }
-        let delta = if range > 0.0 && range.is_finite() { range / levels } else { 1.0 };
-        self.bytes.clear();
-        for t in self.exact.chunks_exact(WORDS) {
-            let lo = t.iter().fold(f32::INFINITY, |a, &x| a.min(x));
-            // Non-negative, so adding a half and truncating rounds (`round` is a libm call).
-            self.bytes.extend(t.iter().map(|&x| (((x - lo) / delta + 0.5) as u32).min(levels as u32) as u8));
+        let delta = if range > 0.0 && range.is_finite() { range / top } else { 1.0 };
+        let inv = 1.0 / delta;
+        self.bytes.resize(m * WORDS, 0);
+        for (s, (l, out)) in book.levels.chunks_exact(WORDS).zip(self.bytes.chunks_exact_mut(WORDS)).enumerate() {
+            let (q, lo) = (q(s), self.lows[s]);
+            for (o, &l) in out.iter_mut().zip(l) {
+                // Non-negative, so adding a half and truncating rounds (`round` is a libm call).
+                *o = ((q * l - lo) * inv + 0.5).min(top) as i32 as u8;
+            }
         }
         (self.bias, self.delta) = (bias, delta);
     }
 }
 
-/// Approximate scores of every row of `rows` for the query of `tables`, plus `offset` (the
-/// cluster's `mu_j . q`): `out[i]` for row `i` (padding rows score the tables' bias), by the
-/// fastest kernel the CPU has ([`Kernel::best`]); all agree bit for bit.
+/// Appends to `out` the approximate scores of every row of `rows` for the query of `tables`,
+/// plus `offset` (the cluster's `mu_j . q`): `rows.padded_len()` of them, row `i`'s `i`-th
+/// (padding rows score the tables' bias), by the fastest kernel the CPU has
+/// ([`Kernel::best`]); all agree bit for bit. Appending lets a search gather the scores of all
+/// the clusters it probes without copying them.
 pub fn scores(rows: &Pq4Rows, tables: &Tables, offset: f32, out: &mut Vec<f32>) {
     scores_with(Kernel::best(), rows, tables, offset, out);
 }
@@ -386,30 +371,34 @@ impl Kernel {
 pub fn scores_with(kernel: Kernel, rows: &Pq4Rows, tables: &Tables, offset: f32, out: &mut Vec<f32>) {
     assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
     assert_eq!(rows.m * WORDS, tables.bytes.len(), "codes and tables of different sub-spaces");
-    out.resize(rows.padded_len(), 0.0);
-    let base = tables.bias + offset;
-    match kernel {
-        Kernel::Scalar => scores_scalar(rows, tables, offset, out),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX2 (checked above); codes, tables and `out` are sized as the
-        // kernel reads and writes them (asserted above).
-        Kernel::Avx2 => unsafe { x86::scan_avx2(rows, &tables.bytes, tables.delta, base, out) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, with AVX-512F and BW.
-        Kernel::Avx512 => unsafe { x86::scan_avx512(rows, &tables.bytes, tables.delta, base, out) },
-        #[cfg(not(target_arch = "x86_64"))]
-        _ => unreachable!("only the portable kernel exists off x86-64"),
+    if kernel == Kernel::Scalar {
+        return scores_scalar(rows, tables, offset, out);
     }
+    let (at, n, base) = (out.len(), rows.padded_len(), tables.bias + offset);
+    out.reserve(n);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has the kernel's features (checked above); the tables hold 16 bytes a
+    // sub-space of the codes (asserted above); the kernel writes all `n` floats from `at`,
+    // within the capacity reserved, before they are counted in the length.
+    unsafe {
+        let to = out.as_mut_ptr().add(at);
+        match kernel {
+            Kernel::Avx2 => x86::scan_avx2(rows, &tables.bytes, tables.delta, base, to),
+            _ => x86::scan_avx512(rows, &tables.bytes, tables.delta, base, to),
+        }
+        out.set_len(at + n);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("only the portable kernel exists off x86-64: {at} {n} {base}");
 }
 
 /// [`scores`] in portable scalar code (the reference the kernels are tested against).
 pub fn scores_scalar(rows: &Pq4Rows, tables: &Tables, offset: f32, out: &mut Vec<f32>) {
-    out.resize(rows.padded_len(), 0.0);
     let base = tables.bias + offset;
-    for (i, o) in out.iter_mut().enumerate() {
+    out.extend((0..rows.padded_len()).map(|i| {
         let sum: u32 = (0..rows.m).map(|s| tables.bytes[s * WORDS + rows.code(i, s) as usize] as u32).sum();
-        *o = sum as f32 * tables.delta + base;
-    }
+        sum as f32 * tables.delta + base
+    }));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -441,9 +430,9 @@ mod x86 {
     /// Scores of every block of `rows` with the byte tables `lut` (16 per sub-space).
     ///
     /// # Safety
-    /// AVX2; `lut` holds `16 m` bytes and `out` `rows.padded_len()` floats.
+    /// AVX2; `lut` holds `16 m` bytes and `out` has room for `rows.padded_len()` floats.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn scan_avx2(rows: &Pq4Rows, lut: &[u8], delta: f32, base: f32, out: &mut [f32]) {
+    pub unsafe fn scan_avx2(rows: &Pq4Rows, lut: &[u8], delta: f32, base: f32, out: *mut f32) {
         let pairs = rows.m / 2;
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm256_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(pairs * BLOCK).enumerate() {
@@ -465,7 +454,7 @@ mod x86 {
             }
             let lanes = acc.map(|a| _mm_add_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
             // SAFETY: block b's 32 rows lie within `out` (padded_len floats).
-            unsafe { finish(lanes, delta, base, out.as_mut_ptr().add(b * BLOCK)) };
+            unsafe { finish(lanes, delta, base, out.add(b * BLOCK)) };
         }
     }
 
@@ -474,7 +463,7 @@ mod x86 {
     /// # Safety
     /// AVX-512F and AVX-512BW; as for [`scan_avx2`].
     #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    pub unsafe fn scan_avx512(rows: &Pq4Rows, lut: &[u8], delta: f32, base: f32, out: &mut [f32]) {
+    pub unsafe fn scan_avx512(rows: &Pq4Rows, lut: &[u8], delta: f32, base: f32, out: *mut f32) {
         let quads = rows.m / 4;
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm512_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(quads * 2 * BLOCK).enumerate() {
@@ -499,7 +488,7 @@ mod x86 {
                 _mm_add_epi16(_mm256_castsi256_si128(half), _mm256_extracti128_si256(half, 1))
             });
             // SAFETY: block b's 32 rows lie within `out` (padded_len floats).
-            unsafe { finish(lanes, delta, base, out.as_mut_ptr().add(b * BLOCK)) };
+            unsafe { finish(lanes, delta, base, out.add(b * BLOCK)) };
         }
     }
 }
@@ -516,10 +505,9 @@ mod tests {
         let q: Vec<f32> = (0..dim).map(|_| rng::normal(&mut r)).collect();
         let book = Codebook::fit(&w, dim, seed);
         let mut rows = Pq4Rows::new(book.sub_spaces());
-        let mut codes = vec![0u8; book.sub_spaces()];
+        let zero = vec![0.0f32; dim];
         for row in w.chunks_exact(dim) {
-            book.encode(row, &mut codes);
-            rows.push(&codes);
+            rows.push_with(|s| book.code_of(s, row, &zero));
         }
         let mut tables = Tables::default();
         tables.fill(&book, &q);
@@ -552,12 +540,11 @@ mod tests {
         let (book, rows, w, tables, q) = rows_and_tables(n, dim, 7);
         let mut got = Vec::new();
         scores(&rows, &tables, 0.0, &mut got);
-        let m = book.sub_spaces();
-        let mut codes = vec![0u8; m];
+        let (m, zero) = (book.sub_spaces(), vec![0.0f32; dim]);
         let (mut sxy, mut sxx, mut syy) = (0.0f64, 0.0f64, 0.0f64);
         for (i, row) in w.chunks_exact(dim).enumerate() {
-            book.encode(row, &mut codes);
-            let table_sum: f32 = (0..m).map(|s| tables.exact[s * WORDS + codes[s] as usize]).sum();
+            let level = |s: usize| book.levels()[s * WORDS + book.code_of(s, row, &zero) as usize];
+            let table_sum: f32 = (0..m).map(|s| q.get(s).map_or(0.0, |q| q * level(s))).sum();
             assert!((got[i] - table_sum).abs() <= 0.5 * tables.delta * m as f32 + 1e-4, "row {i}");
             let exact = farout_core::kernels::dot(row, &q) as f64;
             (sxy, sxx, syy) = (sxy + exact * got[i] as f64, sxx + exact * exact, syy + (got[i] as f64).powi(2));

@@ -1,6 +1,6 @@
 //! 4-bit product-quantisation scoring in [`SphericalIndex`] (`scoring = "pq4"`): every
 //! cluster also keeps 4-bit codes of its rows' residuals from the cluster's mean
-//! ([`crate::pq4`]), on which a query searched alone is scanned, 32 bytes a row at D = 128
+//! ([`crate::pq4`]), on which a query searched alone is scanned, 64 bytes a row at D = 128
 //! against 128 of int8 codes; the best `pq4_rescore * k` (at least
 //! [`quant::RESCORE_MARGIN`](crate::quant) more than `k`) are then rescored exactly from the
 //! copies. A lone query shares its loads with no other query, so the bytes it scans set its
@@ -47,7 +47,7 @@ pub(super) fn attach(clusters: &mut [Cluster], d: usize, seed: u64) {
 pub(super) fn save(clusters: &[Cluster], out: &mut Enc) {
     let codes = clusters.iter().map(|c| c.pq4.as_ref().expect("pq4 scoring keeps 4-bit codes"));
     if let Some(first) = clusters.first().and_then(|c| c.pq4.as_ref()) {
-        out.f32s(first.book.words());
+        out.f32s(first.book.levels());
     } else {
         out.f32s(&[]);
     }
@@ -58,8 +58,8 @@ pub(super) fn save(clusters: &[Cluster], out: &mut Enc) {
 
 /// Reads what [`save`] wrote and codes every cluster's copies (`d` wide) with it.
 pub(super) fn restore(dec: &mut Dec, clusters: &mut [Cluster], d: usize) -> Result<(), Problem> {
-    let words = dec.f32s()?;
-    let book = Codebook::from_words(d, words).ok_or_else(|| inconsistent("the 4-bit codebook"))?;
+    let levels = dec.f32s()?;
+    let book = Codebook::from_levels(d, levels).ok_or_else(|| inconsistent("the 4-bit codebook"))?;
     let book = Arc::new(book);
     for (j, cluster) in clusters.iter_mut().enumerate() {
         let mean = dec.f32s()?;
@@ -83,10 +83,25 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
     mean
 }
 
+/// A lone query scans 4-bit codes when it probes at least this many rows per row it then
+/// rescores beyond what int8 scoring rescores: the 4-bit scan saves a little on every probed
+/// row, each extra row rescored is a gather of its copy from memory. At K = 200,000 the 4-bit
+/// scan ran 1.15-1.2x int8 scoring's speed at top 100 (127 rows probed per extra row
+/// rescored) and 0.7x at top 2,000 (11); at top 10 neither rescores more than `k + 32`
+/// (docs/decisions.md, "pq4-single-query").
+const PROBED_PER_EXTRA_RESCORED: usize = 64;
+
 impl SphericalIndex {
     /// Rows rescored exactly per query for `k` results on 4-bit codes.
     pub(super) fn pq4_depth(&self, k: usize) -> usize {
         crate::quant::rescore_depth(k, self.config.pq4_rescore)
+    }
+
+    /// Whether a lone query for `k` results probing `budget` rows gains by scanning 4-bit codes
+    /// (see [`PROBED_PER_EXTRA_RESCORED`]).
+    pub(super) fn pq4_pays(&self, k: usize, budget: usize) -> bool {
+        let extra = self.pq4_depth(k).saturating_sub(self.depth(k));
+        budget >= PROBED_PER_EXTRA_RESCORED * extra
     }
 }
 
@@ -99,8 +114,23 @@ mod tests {
     use farout_core::{ClassId, kernels};
     use std::collections::HashSet;
 
+    /// A fixed budget of 10 rows per result, and no more rows rescored after a scan of 4-bit
+    /// codes than after one of int8 codes, so that lone queries scan the 4-bit codes.
     fn config(scoring: Scoring) -> SphericalConfig {
-        SphericalConfig { scoring, candidate_factor: Some(10.0), ..SphericalConfig::default() }
+        SphericalConfig { scoring, candidate_factor: Some(10.0), pq4_rescore: 1.0, ..SphericalConfig::default() }
+    }
+
+    /// Lone queries scan 4-bit codes where the budget is large beside the extra rows rescored,
+    /// int8 codes where not.
+    #[test]
+    fn pq4_scans_where_the_budget_outweighs_the_extra_rescoring() {
+        let (w, _) = clustered(5_000, 32);
+        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig { pq4_rescore: 2.5, ..config(Scoring::Pq4) });
+        // Top 100: 250 rows rescored against 132, 118 more.
+        assert!(index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED));
+        assert!(!index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED - 1));
+        // Top 10: k + 32 rescored either way.
+        assert!(index.pq4_pays(10, 1));
     }
 
     /// A lone query scanned on 4-bit codes returns exact scores and, probing the same clusters,

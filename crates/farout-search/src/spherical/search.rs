@@ -73,17 +73,18 @@ impl SphericalIndex {
             // select once.
             probed.clear();
             ids.clear();
-            let pq4 = self.clusters.first().and_then(|c| c.pq4.as_ref());
+            let pq4 = self.clusters.first().and_then(|c| c.pq4.as_ref()).filter(|_| self.pq4_pays(k, budget));
             if let Some(pq4) = pq4 {
                 tables.fill(&pq4.book, query);
             }
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
                 ids.extend_from_slice(&cluster.ids);
-                match (&cluster.pq4, &cluster.codes, &codes) {
+                match (pq4.and(cluster.pq4.as_ref()), &cluster.codes, &codes) {
                     (Some(p), _, _) => {
-                        pq4::scores(&p.rows, tables, kernels::dot(&p.mean, query), block);
-                        probed.extend_from_slice(&block[..cluster.len()]);
+                        let at = probed.len();
+                        pq4::scores(&p.rows, tables, kernels::dot(&p.mean, query), probed);
+                        probed.truncate(at + cluster.len());
                     }
                     (_, Some(rows), Some(codes)) => {
                         quant::scores(rows, codes, &[0], block);
