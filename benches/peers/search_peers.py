@@ -21,7 +21,8 @@ candidates.
 `--plot` draws recall against batched queries per second for every tool (needs matplotlib).
 
 Fields: tool, params, recall (mean over the queries of |found ∩ exact top-Q| / Q), qps (batches
-of 256), qps_single (the first `--single` queries one by one), build_s. Exact top-Q comes from
+of 256), qps_single (the first `--single` queries one by one), build_s. farout's defaults also
+give the recall of the queries searched one by one (its index may score them otherwise). Exact top-Q comes from
 numpy's BLAS product (`numpy` row: its own qps). Every library runs with `--threads` threads.
 """
 import argparse, json, os, subprocess, sys, time
@@ -224,7 +225,8 @@ def main():
         r = json.loads(subprocess.run(base, capture_output=True, text=True, check=True, env=env).stdout)
         fits = ", ".join(f"{c['probed']:.0f} rows scanned" if c["budget"] else "brute force"
                          for c in r.get("calibrations", []))
-        row("farout", f"spherical defaults ({r['index']}; {fits or 'not calibrated'})", r["recall"], r["qps"],
+        single = f"; one at a time recall {r['recall_single']:.4f}" if "recall_single" in r else ""
+        row("farout", f"spherical defaults ({r['index']}; {fits or 'not calibrated'}{single})", r["recall"], r["qps"],
             r["qps_single"], r["build_seconds"])
         # Brute force in f32, and on int8 codes with exact rescoring.
         for kind in ["exact", "flat_int8"]:

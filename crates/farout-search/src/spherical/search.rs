@@ -6,7 +6,8 @@
 //! products and the best selected once. A batch ([`SphericalIndex::search_batched`]) shares the
 //! work cluster by cluster: all centroid scores by one matrix product, then each probed
 //! cluster's copy against every query probing it by one small product. With int8 scoring the
-//! scans run on codes and `int8.rs` rescores the best exactly.
+//! scans run on codes and `int8.rs` rescores the best exactly; with pq4 scoring a lone query
+//! scans 4-bit codes instead (`pq4.rs`).
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -69,8 +70,8 @@ impl SphericalIndex {
                 _ => scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query))),
             }
             self.probe_order(scores, budget, self.probe_head(budget), keys, order);
-            // Every probed row is scored (on the cluster copies), so collect them all and
-            // select once.
+            // Every probed row is scored (on the cluster copies, their int8 codes, or their
+            // 4-bit codes where those pay: `pq4.rs`), so collect them all and select once.
             probed.clear();
             ids.clear();
             let pq4 = self.clusters.first().and_then(|c| c.pq4.as_ref()).filter(|_| self.pq4_pays(k, budget));
