@@ -21,7 +21,7 @@
 //!   `W` (at K = 1,000,000 a batch of 256 queries probes nearly every cluster; the gather cost
 //!   more than the scoring). The copies are kept equal to `W` by [`MipsIndex::sync`] (the output
 //!   layer calls it after every step, copying the changed rows). Three ways to score them
-//!   (`scoring`; the default `auto` is `pq4` where the CPU has AVX2 or AVX-512 VNNI and
+//!   (`scoring`; the default `auto` is `int8` where the CPU has AVX2 or AVX-512 VNNI and
 //!   at least 10 rows are probed per result):
 //!   - `f32`: on the copies themselves; the scores are exact, nothing is rescored.
 //!   - `int8` (`int8.rs`): on int8 codes of the rows with a scale per row ([`crate::quant`];
@@ -36,7 +36,8 @@
 //!     rows' residuals from their cluster's mean ([`crate::pq4`]: 16 levels a dimension, half
 //!     the bytes of int8 codes, scored through byte lookup tables held in registers) and
 //!     rescores the best `pq4_rescore * k` exactly. A lone query shares no loads with other
-//!     queries, so the bytes it scans set its speed.
+//!     queries, so the bytes it scans set its speed. Not the default: the 4-bit codes of every
+//!     row a training step changes are made again at every sync.
 //! - **Refresh** (`refresh.rs`). A changed row's copy is updated and the row re-augmented and
 //!   reassigned to its nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it
 //!   has drifted: its cosine with its own centroid fell by more than `refresh_drift` since it
@@ -111,7 +112,7 @@ pub struct SphericalConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scoring {
-    /// `pq4` where the CPU runs SIMD kernels for it (AVX2 or AVX-512) and the budget is
+    /// `int8` where the CPU runs a SIMD int8 kernel (AVX2 or AVX-512 VNNI) and the budget is
     /// calibrated or at least 10 rows per result, `f32` elsewhere.
     #[default]
     Auto,
@@ -132,19 +133,18 @@ impl Scoring {
         matches!(self, Scoring::Int8 | Scoring::Pq4)
     }
 
-    /// `F32`, `Int8` or `Pq4`: what [`Scoring::Auto`] means on this CPU for rows of `dim`
-    /// values and a budget of `candidate_factor` rows probed per result (`None`: calibrated).
-    /// Codes pay where the CPU runs a SIMD kernel for them, at least 10 rows are probed per
-    /// result (a calibrated budget at recall 0.9 probes more) and rows are wider than 16
-    /// values; below that the cut and the rescoring cost more than the scan saves (an f32 row
-    /// of 16 values is one AVX-512 product; see docs/decisions.md, "int8-scoring"). Every CPU
-    /// with an int8 kernel has a pq4 kernel (AVX2), so `Pq4` where codes pay: a lone query
-    /// scans 4-bit codes, a batch int8 codes (docs/decisions.md, "pq4-single-query").
+    /// `F32` or `Int8`: what [`Scoring::Auto`] means on this CPU for rows of `dim` values and a
+    /// budget of `candidate_factor` rows probed per result (`None`: calibrated). Int8 codes pay
+    /// where the CPU runs a SIMD kernel for them, at least 10 rows are probed per result (a
+    /// calibrated budget at recall 0.9 probes more) and rows are wider than 16 values; below
+    /// that the cut and the rescoring cost more than the scan saves (an f32 row of 16 values is
+    /// one AVX-512 product; see docs/decisions.md, "int8-scoring"). Not `Pq4`: its codes cost
+    /// every training step's sync a third or more of its speed and serve only lone queries
+    /// (docs/decisions.md, "pq4-single-query").
     pub fn resolve(self, candidate_factor: Option<f32>, dim: usize) -> Self {
-        let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar
-            && crate::pq4::Kernel::best() != crate::pq4::Kernel::Scalar;
+        let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
         match self {
-            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Pq4,
+            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Int8,
             Scoring::Auto => Scoring::F32,
             other => other,
         }
@@ -374,12 +374,12 @@ mod tests {
         }
     }
 
-    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; pq4 (int8 codes
-    /// for batches) otherwise, where the CPU has kernels for it; explicit choices stand.
+    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; int8 otherwise,
+    /// where the CPU has a kernel for it; explicit choices stand.
     #[test]
     fn auto_scoring_follows_width_budget_and_cpu() {
         let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
-        let codes_if_simd = if simd { Scoring::Pq4 } else { Scoring::F32 };
+        let codes_if_simd = if simd { Scoring::Int8 } else { Scoring::F32 };
         assert_eq!(Scoring::Auto.resolve(None, 16), Scoring::F32);
         assert_eq!(Scoring::Auto.resolve(None, 17), codes_if_simd);
         assert_eq!(Scoring::Auto.resolve(Some(5.0), 128), Scoring::F32);

@@ -9,7 +9,8 @@
 //!
 //! The codebook is fitted once, on a sample of all the clusters' residuals, and each cluster's
 //! mean is fixed when its codes are made: a synced or moved row is coded against the codebook
-//! and mean it finds. A loaded index makes them again from the copies.
+//! and mean it finds. A saved index keeps the codebook and the means, and loading codes the
+//! copies with them again.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -86,9 +87,9 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
 /// A lone query scans 4-bit codes when it probes at least this many rows per row it then
 /// rescores beyond what int8 scoring rescores: the 4-bit scan saves a little on every probed
 /// row, each extra row rescored is a gather of its copy from memory. At K = 200,000 the 4-bit
-/// scan ran 1.15-1.2x int8 scoring's speed at top 100 (127 rows probed per extra row
-/// rescored) and 0.7x at top 2,000 (11); at top 10 neither rescores more than `k + 32`
-/// (docs/decisions.md, "pq4-single-query").
+/// scan ran 0.8-1.2x int8 scoring's speed at top 100 (127 rows probed per extra row rescored;
+/// on a shared machine) and 0.7x at top 2,000 (11); at top 10, where neither rescores more than
+/// `k + 32`, 1.4-2.1x (docs/decisions.md, "pq4-single-query").
 const PROBED_PER_EXTRA_RESCORED: usize = 64;
 
 impl SphericalIndex {
