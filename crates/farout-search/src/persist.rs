@@ -575,16 +575,20 @@ mod tests {
     };
     use farout_core::topk::by_score;
 
-    /// Every kind a config can name (the spherical index calibrated and with a fixed budget on
-    /// int8 codes), built over more rows than the automatic index's `exact_below`.
+    /// Every kind a config can name (the spherical index calibrated, with a fixed budget on
+    /// int8 codes, and calibrated with 4-bit codes), built over more rows than the automatic
+    /// index's `exact_below`.
     fn saveable_kinds() -> Vec<IndexConfig> {
         let calibrated = SphericalConfig { exact_below: 0, calibration_queries: 64, ..SphericalConfig::default() };
         let fixed =
             SphericalConfig { scoring: Scoring::Int8, candidate_factor: Some(10.0), ..SphericalConfig::default() };
+        // 4-bit codes for lone queries, which they scan (no more rows rescored than after int8).
+        let pq4 = SphericalConfig { scoring: Scoring::Pq4, pq4_rescore: 1.0, ..calibrated.clone() };
         vec![
             IndexConfig::exact(),
             IndexConfig::Spherical(calibrated),
             IndexConfig::Spherical(fixed),
+            IndexConfig::Spherical(pq4),
             IndexConfig::SimpleLsh(SimpleLshConfig::default()),
             IndexConfig::Hamming(HammingConfig::default()),
             IndexConfig::FlatInt8(FlatInt8Config::default()),
