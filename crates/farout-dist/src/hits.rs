@@ -20,16 +20,75 @@ pub fn merge_top_k(comm: &dyn Collective, local: Vec<Vec<Hit>>, k: usize) -> Res
     gather_hits(comm, local, k, Keep::Sorted(k))
 }
 
-/// The hits of [`merge_top_k`] (the `k` best of each row over all ranks, ties to the lower
-/// class), in no particular order but the same on every rank: neither the ranks' lists nor the
-/// result are sorted, each row's `P k` hits are cut to `k` by a selection (O(P k), against a
-/// sort of every list and a merge). For a candidate set, whose order does not matter.
-pub fn merge_top_k_unordered(
+/// Each rank's top-k of a row sent only to the rank that works on the row, with other values
+/// for each rank ([`route_top_k`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Routed {
+    /// The `k` best hits over all ranks of each row this rank works on (ascending row order),
+    /// the hits [`merge_top_k`] keeps, in no particular order.
+    pub rows: Vec<Vec<Hit>>,
+    /// The `extra` values every rank sent this one, in rank order ...
+    pub extra: Vec<u32>,
+    /// ... `extra_counts[r]` of them from rank `r`.
+    pub extra_counts: Vec<usize>,
+}
+
+/// Every rank's top-k per row (`local[i]`: at most `k` hits, global ids; every rank passes as
+/// many rows) sent to the rank `dest[i]` that works on row `i`, which keeps the `k` best of the
+/// row over all ranks (ties to the lower class, as [`merge_top_k`]; in no particular order):
+/// one exchange in which a rank sends each row's hits once, to one rank, and merges only its
+/// rows, instead of every rank gathering and merging every row. `extra[q]` (one vector per
+/// rank) travels to rank `q` in the same exchange. On one rank, `local` as it is.
+pub fn route_top_k(
     comm: &dyn Collective,
     local: Vec<Vec<Hit>>,
+    dest: &[usize],
     k: usize,
-) -> Result<Vec<Vec<Hit>>, DistError> {
-    gather_hits(comm, local, k, Keep::Selected(k))
+    extra: &[Vec<u32>],
+) -> Result<Routed, DistError> {
+    let (ranks, me) = (comm.size(), comm.rank());
+    if ranks == 1 {
+        let extra = extra.first().cloned().unwrap_or_default();
+        return Ok(Routed { rows: local, extra_counts: vec![extra.len()], extra });
+    }
+    let mine = dest.iter().filter(|&&d| d == me).count();
+    let width = 2 * k; // a padded row: k keys of two u32
+    let (mut send, mut counts) = (Vec::new(), Vec::with_capacity(ranks));
+    for (q, extra) in extra.iter().enumerate().take(ranks) {
+        let at = send.len();
+        for hits in local.iter().zip(dest).filter(|(_, d)| **d == q).map(|(h, _)| h) {
+            // Padded to `k`: a rank may hold fewer hits.
+            let keys = hits.iter().map(|h| descending_key(h.score, h.class)).chain(std::iter::repeat(u64::MAX));
+            send.extend(keys.take(k).flat_map(|key| [key as u32, (key >> 32) as u32]));
+        }
+        send.extend_from_slice(extra);
+        counts.push(send.len() - at);
+    }
+    let (mut all, mut all_counts) = (Vec::new(), Vec::new());
+    comm.alltoallv_u32(&send, &counts, &mut all, &mut all_counts)?;
+    let starts: Vec<usize> = all_counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c))).collect();
+    let rows = (0..mine)
+        .into_par_iter()
+        .map_init(Vec::new, |keys, i| {
+            keys.clear();
+            for &at in &starts {
+                let pairs = all[at + i * width..at + (i + 1) * width].chunks_exact(2).take_while(|p| p[0] != PAD);
+                keys.extend(pairs.map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)));
+            }
+            best_keys(keys, Keep::Selected(k));
+            keys.iter().map(|&key| hit_of_key(key)).collect()
+        })
+        .collect();
+    let mut extra = Vec::new();
+    let extra_counts = starts
+        .iter()
+        .zip(&all_counts)
+        .map(|(&at, &n)| {
+            extra.extend_from_slice(&all[at + mine * width..at + n]);
+            n - mine * width
+        })
+        .collect();
+    Ok(Routed { rows, extra, extra_counts })
 }
 
 /// Every rank's hits per row (global ids) gathered on every rank: each row's hits over all
@@ -45,7 +104,7 @@ pub fn gather_all_hits(comm: &dyn Collective, local: Vec<Vec<Hit>>) -> Result<(V
     Ok((gather_hits(comm, local, width, Keep::Sorted(usize::MAX))?, width))
 }
 
-/// Which of a row's gathered hits [`gather_hits`] keeps.
+/// Which of a row's gathered hits [`gather_hits`] and [`route_top_k`] keep.
 #[derive(Clone, Copy)]
 enum Keep {
     /// The best `n`, best first.
@@ -174,24 +233,34 @@ mod tests {
         }
     }
 
-    /// The unordered merge keeps the hits of the ordered one (ties at the cut included), in the
-    /// same order on every rank; the ranks' lists may come in any order.
+    /// Routed, each row's merged hits reach only the rank that works on it: the hits of the
+    /// ordered merge (ties at the cut included), whatever order the ranks' lists come in, with
+    /// each rank's extra values.
     #[test]
-    fn the_unordered_merge_keeps_the_top_k_of_all_classes_alike_on_every_rank() {
+    fn routed_rows_reach_their_rank_with_the_top_k_of_all_classes() {
         let scores: Vec<Vec<f32>> = (0..50).map(|i| (0..40).map(|c| ((i * 7 + c * 13) % 5) as f32).collect()).collect();
         for k in [1, 6, 25] {
             let want = rank_hits(0, 1, &scores, k);
-            assert_eq!(merge_top_k_unordered(&Local, want.clone(), k).unwrap(), want);
+            let one = route_top_k(&Local, want.clone(), &[0; 50], k, &[vec![9]]).unwrap();
+            assert_eq!(one, Routed { rows: want.clone(), extra: vec![9], extra_counts: vec![1] });
             for ranks in [2, 3] {
+                // Row i goes to rank (i / 7) % ranks; rank r sends rank q the values [r, q].
+                let dest: Vec<usize> = (0..50).map(|i| (i / 7) % ranks).collect();
                 let got = Threads::run(ranks, |c| {
                     let mut mine = rank_hits(c.rank(), ranks, &scores, k);
                     mine.iter_mut().for_each(|hits| hits.reverse());
-                    merge_top_k_unordered(c, mine, k).unwrap()
+                    let extra: Vec<Vec<u32>> = (0..ranks).map(|q| vec![c.rank() as u32, q as u32]).collect();
+                    route_top_k(c, mine, &dest, k, &extra).unwrap()
                 });
-                assert!(got.iter().all(|g| g == &got[0]), "{ranks} ranks, k {k}: every rank's order");
-                let mut sorted = got[0].clone();
-                sorted.iter_mut().for_each(|hits| hits.sort_unstable_by(by_score));
-                assert_eq!(sorted, want, "{ranks} ranks, k {k}");
+                for (q, routed) in got.iter().enumerate() {
+                    let at = format!("{ranks} ranks, k {k}, rank {q}");
+                    let rows = (0..50).filter(|&i| dest[i] == q);
+                    let mut sorted = routed.rows.clone();
+                    sorted.iter_mut().for_each(|hits| hits.sort_unstable_by(by_score));
+                    assert_eq!(sorted, rows.map(|i| want[i].clone()).collect::<Vec<_>>(), "{at}");
+                    let extra: Vec<u32> = (0..ranks as u32).flat_map(|r| [r, q as u32]).collect();
+                    assert_eq!((&routed.extra, &routed.extra_counts), (&extra, &vec![2; ranks]), "{at}");
+                }
             }
         }
     }

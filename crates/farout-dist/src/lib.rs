@@ -77,7 +77,7 @@ mod threads;
 mod watchdog;
 
 pub use error::DistError;
-pub use hits::{gather_all_hits, merge_top_k, merge_top_k_unordered};
+pub use hits::{Routed, gather_all_hits, merge_top_k, route_top_k};
 pub use launch::{Launch, connect, detect, detect_from};
 pub use local::Local;
 #[cfg(feature = "mpi")]
@@ -129,6 +129,21 @@ pub trait Collective {
     /// [`allgatherv_f32`](Collective::allgatherv_f32) for `u32` (class ids of a merged top-Q).
     fn allgatherv_u32(&self, send: &[u32], counts: &[usize], out: &mut [u32]) -> Result<(), DistError>;
 
+    /// Personalised exchange: rank `r` sends `send[..counts[0]]` to rank 0, the next
+    /// `counts[1]` elements to rank 1, and so on (`counts.len() == size()`,
+    /// `send.len() == counts.iter().sum()`); `out` becomes what every rank sent this one, in rank
+    /// order, and `out_counts[r]` how many came from rank `r`. The counts travel first (the
+    /// receiver need not know them), so a rank may send each other rank a different amount.
+    /// Routes each sample's data to the one rank that works on it (the search hits of a
+    /// class-sharded layer) instead of gathering everything everywhere.
+    fn alltoallv_u32(
+        &self,
+        send: &[u32],
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        out_counts: &mut Vec<usize>,
+    ) -> Result<(), DistError>;
+
     /// Replace `buf` on every rank by the bytes `buf` holds on `root`; the length travels too,
     /// so the other ranks may pass any vector (e.g. an empty one).
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), DistError>;
@@ -169,6 +184,18 @@ pub(crate) fn check_gatherv(
     match total {
         Some(total) if total == out_len => Ok(()),
         Some(total) => Err(DistError::OutLength { out: out_len, total }),
+        None => Err(DistError::TooLarge { len: usize::MAX }),
+    }
+}
+
+/// Checks the arguments of an alltoallv on `size` ranks (see [`Collective::alltoallv_u32`]).
+pub(crate) fn check_alltoallv(size: usize, send_len: usize, counts: &[usize]) -> Result<(), DistError> {
+    if counts.len() != size {
+        return Err(DistError::CountsLength { got: counts.len(), size });
+    }
+    match counts.iter().try_fold(0usize, |acc, &c| acc.checked_add(c)) {
+        Some(total) if total == send_len => Ok(()),
+        Some(total) => Err(DistError::OutLength { out: send_len, total }),
         None => Err(DistError::TooLarge { len: usize::MAX }),
     }
 }

@@ -1,6 +1,6 @@
 //! The single-process implementation.
 
-use crate::{Collective, DistError, check_gatherv, check_root};
+use crate::{Collective, DistError, check_alltoallv, check_gatherv, check_root};
 
 /// One rank: every reduction is the identity, a gather copies `send` to `out`, a broadcast
 /// leaves the bytes as they are. It validates arguments exactly like the MPI implementation, so
@@ -46,6 +46,21 @@ impl Collective for Local {
     fn allgatherv_u32(&self, send: &[u32], counts: &[usize], out: &mut [u32]) -> Result<(), DistError> {
         check_gatherv(0, 1, send.len(), counts, out.len())?;
         out.copy_from_slice(send);
+        Ok(())
+    }
+
+    fn alltoallv_u32(
+        &self,
+        send: &[u32],
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        out_counts: &mut Vec<usize>,
+    ) -> Result<(), DistError> {
+        check_alltoallv(1, send.len(), counts)?;
+        out.clear();
+        out.extend_from_slice(send);
+        out_counts.clear();
+        out_counts.push(send.len());
         Ok(())
     }
 

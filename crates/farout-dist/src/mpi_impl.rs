@@ -9,7 +9,7 @@ use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator, CommunicatorCollectives, Root};
 
-use crate::{Collective, DistError, check_gatherv, check_root};
+use crate::{Collective, DistError, check_alltoallv, check_gatherv, check_root};
 
 /// Collectives over `MPI_COMM_WORLD`. It owns the MPI universe: dropping it calls
 /// `MPI_Finalize`, after which MPI cannot be initialised again in this process, so create it
@@ -174,6 +174,47 @@ impl Collective for MpiCollective {
 
     fn allgatherv_u32(&self, send: &[u32], counts: &[usize], out: &mut [u32]) -> Result<(), DistError> {
         self.gatherv(send, counts, out)
+    }
+
+    fn alltoallv_u32(
+        &self,
+        send: &[u32],
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        out_counts: &mut Vec<usize>,
+    ) -> Result<(), DistError> {
+        check_alltoallv(self.size, send.len(), counts)?;
+        let counts: Vec<mpi::Count> = counts.iter().map(|&c| mpi_count(c)).collect::<Result<_, _>>()?;
+        // The counts first: each rank learns how much every other sends it.
+        let mut got: Vec<mpi::Count> = vec![0; self.size];
+        self.world.all_to_all_into(&counts[..], &mut got[..]);
+        let total = got.iter().try_fold(0usize, |acc, &c| acc.checked_add(c as usize));
+        let total = total.ok_or(DistError::TooLarge { len: usize::MAX })?;
+        mpi_count(total)?;
+        // An empty Vec's dangling pointer is Open MPI's MPI_IN_PLACE (see `broadcast_bytes`):
+        // empty buffers are passed as one unused element.
+        let one = [0u32];
+        let send = if send.is_empty() { &one[..] } else { send };
+        out.clear();
+        out.resize(total.max(1), 0);
+        out_counts.clear();
+        out_counts.extend(got.iter().map(|&c| c as usize));
+        let displs = |counts: &[mpi::Count]| -> Vec<mpi::Count> {
+            counts
+                .iter()
+                .scan(0, |acc, &c| {
+                    let d = *acc;
+                    *acc += c; // fits: the total does (checked above and by check_alltoallv)
+                    Some(d)
+                })
+                .collect()
+        };
+        let (send_displs, got_displs) = (displs(&counts), displs(&got));
+        let send_part = mpi::datatype::Partition::new(send, &counts[..], &send_displs[..]);
+        let mut got_part = PartitionMut::new(&mut out[..], &got[..], &got_displs[..]);
+        self.world.all_to_all_varcount_into(&send_part, &mut got_part);
+        out.truncate(total);
+        Ok(())
     }
 
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), DistError> {

@@ -12,7 +12,7 @@
 //! assert_eq!(totals, vec![6.0; 3]);
 //! ```
 
-use crate::{Collective, DistError, check_gatherv, check_root};
+use crate::{Collective, DistError, check_alltoallv, check_gatherv, check_root};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// One of `size` ranks that are threads of this process ([`Threads::run`]). Every collective
@@ -223,6 +223,28 @@ impl Collective for Threads<'_> {
         self.allgatherv(send, counts, out)
     }
 
+    fn alltoallv_u32(
+        &self,
+        send: &[u32],
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        out_counts: &mut Vec<usize>,
+    ) -> Result<(), DistError> {
+        check_alltoallv(self.size, send.len(), counts)?;
+        // Every rank's counts and values; rank r keeps its part of each.
+        let sizes = self.gather(&counts.iter().map(|&c| c as u64).collect::<Vec<_>>());
+        let all = self.gather(send);
+        out.clear();
+        out_counts.clear();
+        for (sizes, values) in sizes.iter().zip(&all) {
+            let at = sizes[..self.rank].iter().sum::<u64>() as usize;
+            let n = sizes[self.rank] as usize;
+            out.extend_from_slice(&values[at..at + n]);
+            out_counts.push(n);
+        }
+        Ok(())
+    }
+
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), DistError> {
         check_root(root, self.size)?;
         let mut all = self.exchange(std::mem::take(buf));
@@ -239,6 +261,30 @@ impl Collective for Threads<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rank r sends rank q `r + q` values; every rank receives, in rank order, what each sent it.
+    #[test]
+    fn alltoallv_delivers_each_ranks_part_in_rank_order() {
+        for size in [1, 2, 3] {
+            let out = Threads::run(size, |c| {
+                let me = c.rank();
+                let counts: Vec<usize> = (0..size).map(|q| me + q).collect();
+                let send: Vec<u32> =
+                    (0..size).flat_map(|q| (0..me + q).map(move |j| (100 * me + 10 * q + j) as u32)).collect();
+                let (mut out, mut got) = (Vec::new(), Vec::new());
+                c.alltoallv_u32(&send, &counts, &mut out, &mut got).unwrap();
+                (out, got)
+            });
+            for (q, (values, counts)) in out.iter().enumerate() {
+                let want: Vec<u32> =
+                    (0..size).flat_map(|r| (0..r + q).map(move |j| (100 * r + 10 * q + j) as u32)).collect();
+                assert_eq!(values, &want, "{size} ranks, rank {q}");
+                assert_eq!(counts, &(0..size).map(|r| r + q).collect::<Vec<_>>(), "{size} ranks, rank {q}");
+            }
+        }
+        let bad = Threads::run(2, |c| c.alltoallv_u32(&[1, 2], &[1, 2], &mut Vec::new(), &mut Vec::new()));
+        assert!(bad.iter().all(Result::is_err), "counts that do not add up to the send buffer: {bad:?}");
+    }
 
     #[test]
     fn reductions_combine_every_rank_in_rank_order() {

@@ -256,6 +256,16 @@ impl<C: Collective> Collective for Watched<C> {
         self.call(|c| c.allgatherv_u32(send, counts, out))
     }
 
+    fn alltoallv_u32(
+        &self,
+        send: &[u32],
+        counts: &[usize],
+        out: &mut Vec<u32>,
+        out_counts: &mut Vec<usize>,
+    ) -> Result<(), DistError> {
+        self.call(|c| c.alltoallv_u32(send, counts, out, out_counts))
+    }
+
     fn broadcast_bytes(&self, root: usize, buf: &mut Vec<u8>) -> Result<(), DistError> {
         self.call(|c| c.broadcast_bytes(root, buf))
     }

@@ -316,8 +316,7 @@ pub fn complete_scores(
         total[u] += score;
         n_known[u] += 1;
     }
-    // Whether all of class `u`'s row is computed at once (else its unknown blocks one by one).
-    let whole_row = |u: usize| 4 * (b - n_known[u] as usize) >= 3 * b;
+    let whole_row = |u: usize| completes_whole_row(b, n_known[u] as usize);
     let mut block_dots = 0;
     for u in 0..n {
         // Ask for the parts of a row a few classes ahead that will be read: with B = 2 and one
@@ -343,6 +342,13 @@ pub fn complete_scores(
         total[u] += ctx.bias.map_or(0.0, |bias| bias[c]);
     }
     block_dots
+}
+
+/// Whether [`complete_scores`] computes the whole row of a class whose `known` of `n_blocks`
+/// block scores searches found (one product, the found blocks included: at least 3/4 of the
+/// row is unknown), rather than its unknown blocks one by one (added to the found scores).
+pub fn completes_whole_row(n_blocks: usize, known: usize) -> bool {
+    4 * (n_blocks - known) >= 3 * n_blocks
 }
 
 /// How many classes ahead the rescoring loop prefetches rows of `W`.

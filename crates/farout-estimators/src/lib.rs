@@ -74,7 +74,9 @@ pub use bisimplex::project_bisimplex;
 pub use contract::{Built, EstimatorParams, ExactLoss, LossKind, Negatives, Problem, SearchShape};
 pub use estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator};
 pub use exact::{Exact, MarginConfig, SoftmaxConfig};
-pub use ldgs::{ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore, RescoreScratch, complete_scores};
+pub use ldgs::{
+    ActiveSet, Iterations, Ldgs, LdgsConfig, Rescore, RescoreScratch, complete_scores, completes_whole_row,
+};
 pub use loss::{BinaryLogistic, Loss, LossScratch, SmoothedMargin, Softmax};
 pub use mips::{Mips, MipsConfig, dphi_cosine};
 pub use proposal::{Draws, Proposal, ProposalKind};

@@ -29,6 +29,7 @@ mod layer_file;
 mod optim;
 pub mod sharded;
 mod sharded_layer;
+mod sharded_search;
 pub mod sharded_sparse;
 
 pub use layer::{INDEX_FILES, IndexUpkeep, LayerInit, OutputLayer, OutputLayerConfig, StepStats};

@@ -2,28 +2,27 @@
 //! [`crate::sharded`] for the layout and [`farout_estimators::ShardPlan`] for why these
 //! estimators decompose).
 //!
-//! One step on `B` samples, the same batch on every rank:
+//! One step on `B` samples, the same batch on every rank. The search estimators work each
+//! sample on one rank (`sharded_search`: each rank's hits are routed to the rank working on
+//! their sample, which merges them, has its candidates completed by their owners, evaluates
+//! the loss and sends each owner its classes' gradients). The others:
 //!
 //! ```text
-//! search:  each rank searches its block indexes -> every block's top-Q of its rows (global ids)
-//!          gather over the ranks                -> every block's top-Q of the whole layer
-//!          U = their union + the positives      -> as one process builds it
 //! near:    each rank scores all its classes; the best negative score M over the ranks;
 //!          gather the classes scoring at least M - width, and the positives
 //! draw:    every rank draws the same classes    -> the candidates, with score corrections
-//! score:   each rank scores the candidates it owns exactly (completing the block scores its
-//!          searches found), 0 for the others; allreduce sum
+//! score:   each rank scores the candidates it owns exactly, 0 for the others; allreduce sum
 //! loss:    each rank evaluates L(z_U, P) on its part of the samples (B / P of them); one
 //!          allgather gives every rank every sample's dL/dz_U (a drawn loss, which may keep
 //!          per-sample state that every rank holds, is evaluated by every rank instead)
 //! update:  each rank keeps dL/dz_c of its own classes: its rows, dL/dphi summed by allreduce
 //! ```
 //!
-//! A search step moves, per sample, every rank's `B Q` hits (scores and ids), one score per
-//! candidate and, from the rank that evaluated the sample, one gradient per candidate; a draw
-//! step one score per candidate. On one rank the step is the estimator's own
-//! one-process step, and with brute-force indexes the steps of P ranks are those of one process.
-//! The ranks' indexes rebuild together, with the norm bound of all the ranks' rows.
+//! A near step moves, per sample, the classes near the best, one score per candidate and, from
+//! the rank that evaluated the sample, one gradient per candidate; a draw step one score per
+//! candidate. On one rank the step is the estimator's own one-process step, and with
+//! brute-force indexes the steps of P ranks are those of one process. The ranks' indexes
+//! rebuild together, with the norm bound of all the ranks' rows.
 
 use crate::sharded::allreduce_dphi;
 use crate::{OutputLayer, StepStats};
@@ -41,21 +40,21 @@ use std::time::Instant;
 
 /// One sample's candidates `U` over all ranks, in the order one process builds them.
 #[derive(Default)]
-struct Candidates {
+pub(crate) struct Candidates {
     /// Global class ids.
-    classes: Vec<ClassId>,
+    pub(crate) classes: Vec<ClassId>,
     /// Scores: the corrections of drawn classes (0 for searched ones) until the ranks' exact
     /// scores are added.
-    z: Vec<f32>,
+    pub(crate) z: Vec<f32>,
     /// Positions of the positives in `classes`.
-    pos: Vec<ClassId>,
+    pub(crate) pos: Vec<ClassId>,
     /// The block scores the searches found: (position in `classes`, block, score).
-    found: Vec<(u32, u32, f32)>,
+    pub(crate) found: Vec<(u32, u32, f32)>,
 }
 
 impl Candidates {
     /// Every block's merged top-Q (`blocks[j]`), in block order, then the positives.
-    fn set_searched<'a>(
+    pub(crate) fn set_searched<'a>(
         &mut self,
         blocks: impl Iterator<Item = &'a [Hit]>,
         positives: &[ClassId],
@@ -182,10 +181,7 @@ pub fn sparse_step(
             cands.truncate(b);
             // 1. The candidates: every block's top-Q over the ranks, or the draws.
             let (cost, loss, n_blocks) = match plan {
-                ShardPlan::Search { top, loss } => {
-                    let (cost, n_blocks) = ranks.searched_candidates(ctx, batch, top, cands)?;
-                    (cost, StepLoss::Scores(loss), n_blocks)
-                }
+                ShardPlan::Search { top, loss } => return ranks.search_estimate(ctx, batch, top, loss, grads),
                 ShardPlan::Near { width, loss } => {
                     let cost = ranks.near_candidates(ctx, batch, width, cands, scores_buf)?;
                     (cost, StepLoss::Scores(loss), 1)
@@ -220,21 +216,21 @@ pub fn sparse_step(
 }
 
 /// The collectives of one [`sparse_step`] of the rank holding `shard`, and what they cost it.
-struct StepComm<'c> {
-    comm: &'c dyn Collective,
-    shard: &'c Strided,
+pub(crate) struct StepComm<'c> {
+    pub(crate) comm: &'c dyn Collective,
+    pub(crate) shard: &'c Strided,
     /// Wall time in collectives so far.
     seconds: f64,
     /// Bytes contributed so far.
-    bytes: usize,
+    pub(crate) bytes: usize,
     /// The end of the last phase timed, and the phases so far.
     clock: Instant,
-    phases: Phases,
+    pub(crate) phases: Phases,
 }
 
 impl StepComm<'_> {
     /// Seconds since the end of the last phase timed: the phase that ends now.
-    fn lap(&mut self) -> f64 {
+    pub(crate) fn lap(&mut self) -> f64 {
         let now = Instant::now();
         let seconds = now.duration_since(self.clock).as_secs_f64();
         self.clock = now;
@@ -242,7 +238,7 @@ impl StepComm<'_> {
     }
 
     /// Runs the collective `f`, adding its wall time to `seconds`.
-    fn timed(&mut self, f: &mut dyn FnMut() -> Result<(), DistError>) -> Result<(), DistError> {
+    pub(crate) fn timed(&mut self, f: &mut dyn FnMut() -> Result<(), DistError>) -> Result<(), DistError> {
         let t = Instant::now();
         let r = f();
         self.seconds += t.elapsed().as_secs_f64();
@@ -263,44 +259,6 @@ impl StepComm<'_> {
             layer.request_index_rebuild(norms);
         }
         Ok(())
-    }
-
-    /// Search: every block's top-`top` of this rank's rows, merged over the ranks into every
-    /// block's top-`top` of the whole layer; each sample's `U` is their union and its
-    /// positives. Returns the classes scored (in full rows) and the number of blocks.
-    fn searched_candidates(
-        &mut self,
-        ctx: &Ctx,
-        batch: Batch,
-        top: usize,
-        cands: &mut [Candidates],
-    ) -> Result<(usize, usize), DistError> {
-        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
-        let index = ctx.index.expect("a search estimator's layer has its index attached");
-        let n_blocks = index.n_blocks();
-        // Row j * B + i: block j's hits of sample i.
-        let mut rows = Vec::with_capacity(n_blocks * b);
-        let (mut hits, mut search_dots) = (Vec::new(), 0);
-        for j in 0..n_blocks {
-            search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
-            rows.append(&mut hits);
-        }
-        let cost = search_dots.div_ceil(n_blocks);
-        rows.iter_mut().flatten().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
-        self.phases.search += self.lap();
-        self.bytes += 8 * n_blocks * b * top; // scores and ids, as f32 and u32
-        let mut merged = Vec::new();
-        self.timed(&mut || {
-            merged = farout_dist::merge_top_k_unordered(comm, std::mem::take(&mut rows), top)?;
-            Ok(())
-        })?;
-        let merged = &merged;
-        cands.par_iter_mut().zip(batch.positives).enumerate().for_each(|(i, (c, pos))| {
-            let blocks = (0..n_blocks).map(|j| merged[j * b + i].as_slice());
-            SLOTS.with_borrow_mut(|slot| c.set_searched(blocks, pos, slot));
-        });
-        self.phases.candidates += self.lap();
-        Ok((cost, n_blocks))
     }
 
     /// Near: every class of the rank scored (into `scores_buf`), the best negative score M over
@@ -479,8 +437,11 @@ fn cost_of_limbs(limbs: &[f32]) -> u64 {
 }
 
 /// `buf` cut into one slice per sample of `cands`: its loss and one value per candidate.
-fn split_per_sample<'b>(mut buf: &'b mut [f32], cands: &[Candidates]) -> Vec<&'b mut [f32]> {
-    let mut out = Vec::with_capacity(cands.len());
+pub(crate) fn split_per_sample<'b, 'c>(
+    mut buf: &'b mut [f32],
+    cands: impl IntoIterator<Item = &'c Candidates>,
+) -> Vec<&'b mut [f32]> {
+    let mut out = Vec::new();
     for c in cands {
         let (head, tail) = std::mem::take(&mut buf).split_at_mut(1 + c.z.len());
         out.push(head);
@@ -836,14 +797,13 @@ mod tests {
         }
     }
 
-    /// At 2 and 3 ranks (threads of this process), with brute-force indexes, the search
-    /// estimators and the exact margin take one process's steps, each rank evaluating the loss
-    /// of its part of the samples: the same losses and `dL/dphi`, every rank's rows those of the
-    /// whole layer.
+    /// At 2 and 3 ranks (threads of this process), with brute-force indexes, with and without a
+    /// bias, the search estimators and the exact margin take one process's steps, each rank
+    /// evaluating the loss of its part of the samples: the same losses, classes scored and
+    /// `dL/dphi`, every rank's rows those of the whole layer.
     #[test]
     fn ranks_as_threads_step_like_one_process_with_the_search_estimators() {
         let (k, d, b) = (2000, 32, 40);
-        let cfg = OutputLayerConfig { bias: true, init_std: 0.5, ..Default::default() };
         let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
         let (phi, labels) = problem(k, d, b);
         let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
@@ -861,13 +821,13 @@ mod tests {
                 layer.attach_index(IndexConfig::exact(), blocks, IndexUpkeep::default()).unwrap();
             }
         };
-        for (name, est, blocks) in &estimators {
+        for ((name, est, blocks), bias) in estimators.iter().flat_map(|e| [(e, true), (e, false)]) {
+            let cfg = OutputLayerConfig { bias, init_std: 0.5, ..Default::default() };
             let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
             with_index(&mut whole, *blocks);
             let mut r = rng::seeded(9, 0);
-            let want: Vec<(f64, Matrix)> = (0..3)
-                .map(|_| (whole.train_step(est.as_ref(), batch, &mut r, true).loss_sum, whole.dphi().clone()))
-                .collect();
+            let want: Vec<(StepStats, Matrix)> =
+                (0..3).map(|_| (whole.train_step(est.as_ref(), batch, &mut r, true), whole.dphi().clone())).collect();
             let plan = est.shard_plan().unwrap();
             for ranks in [2, 3] {
                 farout_dist::Threads::run(ranks, |comm| {
@@ -875,16 +835,22 @@ mod tests {
                     let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
                     with_index(&mut layer, *blocks);
                     let mut r = rng::seeded(9, 0);
-                    for (step, (loss, dphi)) in want.iter().enumerate() {
+                    for (step, (e, dphi)) in want.iter().enumerate() {
                         let (s, _) = sparse_step(&mut layer, &shard, comm, plan, batch, &mut r, true).unwrap();
-                        let at = format!("{name}, {ranks} ranks, rank {}, step {step}", comm.rank());
+                        let at = format!("{name}, bias {bias}, {ranks} ranks, rank {}, step {step}", comm.rank());
+                        let loss = e.loss_sum;
                         assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
+                        assert_eq!(s.classes_scored, e.classes_scored, "{at}: classes scored");
                         let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
                         assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
                     }
                     let mine = crate::sharded::tests::rows_of(whole.weights(), &shard);
                     let diff = layer.weights().as_slice().iter().zip(&mine).map(|(u, v)| (u - v).abs());
-                    assert!(diff.fold(0.0f32, f32::max) < 1e-5, "{name}, {ranks} ranks, rank {}", comm.rank());
+                    assert!(
+                        diff.fold(0.0f32, f32::max) < 1e-5,
+                        "{name}, bias {bias}, {ranks} ranks, rank {}",
+                        comm.rank()
+                    );
                 });
             }
         }

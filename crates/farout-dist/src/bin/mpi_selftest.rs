@@ -83,6 +83,7 @@ fn run(c: &dyn Collective) -> Checks {
     check_sums(&mut t, c, broken);
     check_maxima(&mut t, c);
     check_gathers(&mut t, c);
+    check_alltoallv(&mut t, c);
     check_broadcasts(&mut t, c);
     check_mismatched_calls(&mut t, c);
     check_sharded_log_sum_exp(&mut t, c);
@@ -167,6 +168,23 @@ fn check_gathers(t: &mut Checks, c: &dyn Collective) {
     t.ok("allgather_u32", c.allgather_u32(&[rank as u32, 7], &mut out));
     let want: Vec<u32> = (0..p as u32).flat_map(|q| [q, 7]).collect();
     t.equal("allgather_u32", &out, &want);
+}
+
+/// alltoallv: rank r sends rank q the `(r + 2 q) % 3` values `r * 1000 + q * 10 + j` (none to
+/// some ranks), so every rank receives from each rank a count it did not know in advance.
+fn check_alltoallv(t: &mut Checks, c: &dyn Collective) {
+    let (rank, p) = (c.rank(), c.size());
+    let n = |r: usize, q: usize| (r + 2 * q) % 3;
+    let value = |r: usize, q: usize, j: usize| (r * 1000 + q * 10 + j) as u32;
+    let counts: Vec<usize> = (0..p).map(|q| n(rank, q)).collect();
+    let send: Vec<u32> = (0..p).flat_map(|q| (0..n(rank, q)).map(move |j| value(rank, q, j))).collect();
+    let (mut out, mut out_counts) = (vec![7u32; 3], Vec::new());
+    t.ok("alltoallv_u32", c.alltoallv_u32(&send, &counts, &mut out, &mut out_counts));
+    let want: Vec<u32> = (0..p).flat_map(|r| (0..n(r, rank)).map(move |j| value(r, rank, j))).collect();
+    t.equal("alltoallv_u32 values", &out, &want);
+    t.equal("alltoallv_u32 counts", &out_counts, &(0..p).map(|r| n(r, rank)).collect::<Vec<_>>());
+    t.ok("alltoallv_u32 empty", c.alltoallv_u32(&[], &vec![0; p], &mut out, &mut out_counts));
+    t.equal("alltoallv_u32 empty", &out, &[]);
 }
 
 /// Broadcasts: from the first, the last and a middle rank; receivers start with junk of
