@@ -514,14 +514,15 @@ fn search_and_sampling_estimators_reach_one_process_accuracy_over_3_seeds() {
     }
 }
 
-/// The document encoder trains data-parallel with its output layer class-sharded: each rank
-/// encodes its share of the batch and the ranks sum the encoder's gradients. With the exact
-/// softmax and sampled softmax, every step's loss at 2 and 4 ranks is one process's, and so is
-/// the final P@1. ldgs over brute-force indexes takes the same steps up to the order of the
-/// sums of the encoder's gradients, which moves a class across the edge of a block's top-Q now
-/// and then: its final P@1 is within 0.5 points.
+/// The document encoder trains with its output layer class-sharded, data-parallel (each rank
+/// encodes its share of the batch and the ranks sum the encoder's gradients) and replicated
+/// (every rank encodes the whole batch). With the exact softmax and sampled softmax, every
+/// step's loss at 2 and 4 ranks is one process's, and so is the final P@1. ldgs over
+/// brute-force indexes takes the same steps up to the order of the sums over the ranks, which
+/// moves a class across the edge of a block's top-Q now and then: its final P@1 is within 0.5
+/// points.
 #[test]
-fn a_document_encoder_trains_data_parallel_like_one_process() {
+fn a_document_encoder_trains_data_parallel_and_replicated_like_one_process() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("doc.toml");
     let text = "seed = 3\n\
@@ -533,14 +534,15 @@ fn a_document_encoder_trains_data_parallel_like_one_process() {
          [train]\nepochs = 2\nbatch_size = 64\nlog_every = 1\n\
          [log]\nprogress = false\ntensorboard = false\n";
     std::fs::write(&config, text).unwrap();
-    for estimator in ["softmax", "ldgs", "sampled_softmax"] {
-        let mut sets = vec![format!("output.estimator=\"{estimator}\"")];
+    let runs = [("softmax", "data"), ("ldgs", "data"), ("sampled_softmax", "data"), ("softmax", "replicated")];
+    for (estimator, mode) in runs.into_iter().chain([("ldgs", "replicated")]) {
+        let mut sets = vec![format!("output.estimator=\"{estimator}\""), format!("model.doc_encoder.ranks=\"{mode}\"")];
         if estimator == "ldgs" {
             sets.extend(["output.layer.bias=false".into(), "output.blocks=4".into(), "index.kind=\"exact\"".into()]);
         }
         let sets: Vec<String> = sets.into_iter().flat_map(|s| ["--set".to_string(), s]).collect();
         let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-        let run = |ranks: usize| dir.path().join(format!("{estimator}-np{ranks}"));
+        let run = |ranks: usize| dir.path().join(format!("{estimator}-{mode}-np{ranks}"));
         let one = json(&mpirun(1, &args("train", &config, &run(1), &sets)));
         let losses1 = step_losses(&run(1));
         assert!(losses1.len() > 60, "{estimator}: {} steps", losses1.len());
@@ -548,16 +550,17 @@ fn a_document_encoder_trains_data_parallel_like_one_process() {
         for ranks in [2, 4] {
             let s = json(&mpirun(ranks, &args("train", &config, &run(ranks), &sets)));
             let losses = step_losses(&run(ranks));
-            assert_eq!(losses.len(), losses1.len(), "{estimator}, {ranks} ranks");
+            let at = format!("{estimator}, {mode}, {ranks} ranks");
+            assert_eq!(losses.len(), losses1.len(), "{at}");
             let (a, b) = (s["metrics"]["p@1"].as_f64().unwrap(), one["metrics"]["p@1"].as_f64().unwrap());
             if estimator == "ldgs" {
-                assert!((a - b).abs() <= 0.005, "{estimator}, {ranks} ranks: p@1 {a} against {b}");
+                assert!((a - b).abs() <= 0.005, "{at}: p@1 {a} against {b}");
                 continue;
             }
             for ((step, a), (_, b)) in losses.iter().zip(&losses1) {
-                assert!((a - b).abs() <= 1e-4 * b.abs(), "{estimator}, {ranks} ranks, step {step}: {a} against {b}");
+                assert!((a - b).abs() <= 1e-4 * b.abs(), "{at}, step {step}: {a} against {b}");
             }
-            assert!((a - b).abs() <= 0.001, "{estimator}, {ranks} ranks: p@1 {a} against {b}");
+            assert!((a - b).abs() <= 0.001, "{at}: p@1 {a} against {b}");
         }
     }
 }

@@ -21,6 +21,23 @@ pub enum Activation {
     Tanh,
 }
 
+/// How the document encoder runs when the output layer is class-sharded over MPI ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EncoderRanks {
+    /// Data parallel: each rank encodes its share of the batch, the ranks gather the features,
+    /// and the encoder's gradients (the table rows the ranks' documents used, and the bias) are
+    /// summed over the ranks before every rank applies them. The encoder's work is split; its
+    /// features and gradients cross the ranks every step.
+    Data,
+    /// Replicated: every rank encodes the whole batch and, from the summed `dL/dphi`, takes
+    /// the same step as one process; nothing of the encoder crosses the ranks. The default:
+    /// a bag of words costs about one multiply-add per value of the gradient rows that data
+    /// parallelism would move, so moving them costs more than computing them twice.
+    #[default]
+    Replicated,
+}
+
 /// Configuration of the document encoder (`[model]` with `encoder = "doc_encoder"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -36,6 +53,8 @@ pub struct DocEncoderConfig {
     /// Input dropout: during training each word of a document is dropped with this
     /// probability and the kept ones are scaled by `1 / (1 - dropout)` (inverted dropout).
     pub dropout: f32,
+    /// How the encoder runs beside a class-sharded layer (MPI ranks); one process ignores it.
+    pub ranks: EncoderRanks,
 }
 
 impl Default for DocEncoderConfig {
@@ -46,6 +65,7 @@ impl Default for DocEncoderConfig {
             init_std: 0.1,
             optimizer: OptimizerConfig::default(),
             dropout: 0.0,
+            ranks: EncoderRanks::Replicated,
         }
     }
 }

@@ -167,8 +167,13 @@ impl StepComm<'_> {
         let words = n_blocks.div_ceil(32);
         let mut worked: Vec<Worked> = (0..m).map(|_| Worked::default()).collect();
         worked.par_iter_mut().enumerate().for_each(|(ii, w)| {
-            let blocks = (0..n_blocks).map(|j| routed.rows[j * m + ii].as_slice());
-            SLOTS.with_borrow_mut(|slot| w.c.set_searched(blocks, batch.positives[mine.start + ii], slot));
+            let positives = batch.positives[mine.start + ii];
+            if n_blocks == 1 {
+                w.c.set_single(&routed.rows[ii], positives);
+            } else {
+                let blocks = (0..n_blocks).map(|j| routed.rows[j * m + ii].as_slice());
+                SLOTS.with_borrow_mut(|slot| w.c.set_searched(blocks, positives, slot));
+            }
             w.known.clear();
             w.known.resize(w.c.classes.len() * words, 0);
             w.n_known.clear();

@@ -84,6 +84,26 @@ impl Candidates {
         self.z.resize(self.classes.len(), 0.0);
     }
 
+    /// One block's merged top-Q (`hits`, distinct classes), then the positives it misses:
+    /// [`Self::set_searched`] of one block without a hash map (a positive is looked up among
+    /// the hits, as one process's mips does).
+    pub(crate) fn set_single(&mut self, hits: &[Hit], positives: &[ClassId]) {
+        self.classes.clear();
+        self.found.clear();
+        self.pos.clear();
+        self.classes.extend(hits.iter().map(|h| h.class));
+        self.found.extend(hits.iter().enumerate().map(|(u, h)| (u as u32, 0, h.score)));
+        for &p in positives {
+            let u = self.classes.iter().position(|&c| c == p).unwrap_or_else(|| {
+                self.classes.push(p);
+                self.classes.len() - 1
+            });
+            self.pos.push(u as ClassId);
+        }
+        self.z.clear();
+        self.z.resize(self.classes.len(), 0.0);
+    }
+
     /// Drawn classes: the positives come first.
     fn set_drawn(&mut self, drawn: &Drawn) {
         self.classes.clone_from(&drawn.classes);

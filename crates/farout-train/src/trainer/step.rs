@@ -12,7 +12,7 @@ use farout_dist::{Collective, Strided};
 use farout_estimators::{Batch, GradientEstimator};
 use farout_layer::OutputLayer;
 use farout_layer::sharded_sparse::{self, CommCost, Phases};
-use farout_models::bridge;
+use farout_models::{DocEncoder, EncoderRanks, bridge};
 use indicatif::ProgressBar;
 use std::time::Instant;
 
@@ -30,18 +30,85 @@ struct ShardedStep<'a> {
     class_chunk: usize,
 }
 
+/// A document encoder's batch: the documents (sparse rows), their sample ids and positives.
+#[derive(Clone, Copy)]
+struct DocBatch<'a> {
+    docs: &'a [(&'a [u32], &'a [f32])],
+    idx: &'a [usize],
+    positives: &'a [&'a [ClassId]],
+}
+
 impl ShardedStep<'_> {
     /// The step of `estimator` (checked by [`check_sharded_estimator`]) on `batch`, the same on
     /// every rank, with `dL/dphi` summed over the ranks when `want_dphi`.
     fn step(
-        self,
+        &mut self,
         estimator: &dyn GradientEstimator,
         batch: Batch,
         rng: &mut rng::Rng,
         want_dphi: bool,
     ) -> Result<(farout_layer::StepStats, CommCost), Error> {
         let ShardedStep { layer, shard, comm, class_chunk } = self;
-        Ok(sharded_sparse::estimator_step(layer, &shard, comm, estimator, batch, rng, want_dphi, class_chunk)?)
+        Ok(sharded_sparse::estimator_step(layer, shard, *comm, estimator, batch, rng, want_dphi, *class_chunk)?)
+    }
+
+    /// The document encoder replicated (`model.doc_encoder.ranks = "replicated"`): every rank
+    /// encodes the whole batch (dropout drawn from the step's generator `rng`, the same on every
+    /// rank) and takes one process's encoder step from the summed `dL/dphi`.
+    fn doc_replicated(
+        &mut self,
+        enc: &mut DocEncoder,
+        b: DocBatch,
+        estimator: &dyn GradientEstimator,
+        rng: &mut rng::Rng,
+    ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
+        let t_encoder = Instant::now();
+        let fwd = enc.forward(b.docs, rng);
+        let phi = bridge::to_matrix(fwd.phi.clone());
+        let forward = t_encoder.elapsed().as_secs_f64();
+        let (stats, cost) = self.step(estimator, Batch::new(&phi, b.positives).with_ids(b.idx), rng, true)?;
+        let t_backward = Instant::now();
+        if stats.loss_sum.is_finite() {
+            enc.backward(fwd, self.layer.dphi());
+        }
+        let encoder = forward + t_backward.elapsed().as_secs_f64();
+        Ok((stats, StepTimes { phases: cost.phases, comm: cost.seconds, encoder }))
+    }
+
+    /// The document encoder data parallel (`model.doc_encoder.ranks = "data"`): each rank
+    /// encodes its share of the batch (dropout from `dropout_rng`, the rank's own), the ranks
+    /// gather the features (into `phi`) for the class-sharded layer, and each backpropagates its
+    /// rows of `dL/dphi`; the encoder's gradients are summed over the ranks, so every rank's copy
+    /// of the encoder takes the same step.
+    fn doc_data_parallel(
+        &mut self,
+        enc: &mut DocEncoder,
+        b: DocBatch,
+        phi: &mut Matrix,
+        estimator: &dyn GradientEstimator,
+        rng: &mut rng::Rng,
+        mut dropout_rng: rng::Rng,
+    ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
+        let comm = self.comm;
+        let (ranks, rank, n) = (comm.size(), comm.rank(), b.idx.len());
+        let t_encoder = Instant::now();
+        let part = |r: usize| n * r / ranks..n * (r + 1) / ranks;
+        let mine = part(rank);
+        let fwd = enc.forward(&b.docs[mine.clone()], &mut dropout_rng);
+        let d = enc.d_model();
+        let counts: Vec<usize> = (0..ranks).map(|r| part(r).len() * d).collect();
+        phi.reshape_for_overwrite(n, d);
+        comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, phi.as_mut_slice())?;
+        let forward = t_encoder.elapsed().as_secs_f64();
+        let (stats, cost) = self.step(estimator, Batch::new(phi, b.positives).with_ids(b.idx), rng, true)?;
+        let t_backward = Instant::now();
+        if stats.loss_sum.is_finite() {
+            let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
+            let grads = enc.gradients(fwd, &Matrix::from_vec(mine.len(), d, rows.to_vec()).expect("rows of D"));
+            enc.apply(&crate::dist::sum_doc_grads(comm, grads)?);
+        }
+        let encoder = forward + t_backward.elapsed().as_secs_f64();
+        Ok((stats, StepTimes { phases: cost.phases, comm: cost.seconds, encoder }))
     }
 }
 
@@ -231,13 +298,14 @@ impl Trainer<'_> {
         };
         let sharded = self.shard.is_some() || class_chunk > 0;
         let shard = self.shard.unwrap_or(Strided::whole(self.data.n_classes));
+        let replicated = self.config.model.doc_encoder.ranks == EncoderRanks::Replicated;
         let mut times = None;
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
                 gather_rows_into(m, idx, &mut self.phi);
                 if sharded {
                     let (layer, phi) = (&mut self.layer, &self.phi);
-                    let on = ShardedStep { layer, shard, comm, class_chunk };
+                    let mut on = ShardedStep { layer, shard, comm, class_chunk };
                     let (stats, cost) =
                         on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, false)?;
                     times = Some(StepTimes { phases: cost.phases, comm: cost.seconds, encoder: 0.0 });
@@ -248,36 +316,19 @@ impl Trainer<'_> {
                 }
             }
             (Encoder::Doc(enc), Features::Sparse(s)) if sharded => {
-                // Data parallel: each rank encodes its share of the batch, the ranks gather the
-                // features for the class-sharded layer, and each backpropagates its rows of
-                // dL/dphi; the encoder's gradients are summed over the ranks, so every rank's
-                // copy of the encoder takes the same step. Dropout masks come from a generator
-                // of the rank's own.
-                let (ranks, rank) = (comm.size(), comm.rank());
-                let t_encoder = Instant::now();
-                let part = |r: usize| idx.len() * r / ranks..idx.len() * (r + 1) / ranks;
-                let mine = part(rank);
-                let docs: Vec<_> = idx[mine.clone()].iter().map(|&i| s.row(i)).collect();
-                let mut dropout_rng =
-                    rng::seeded(self.config.seed ^ 0xD20, self.state.step * ranks as u64 + rank as u64);
-                let fwd = enc.forward(&docs, &mut dropout_rng);
-                let d = enc.d_model();
-                let counts: Vec<usize> = (0..ranks).map(|r| part(r).len() * d).collect();
-                self.phi.reshape_for_overwrite(idx.len(), d);
-                comm.allgatherv_f32(bridge::to_matrix(fwd.phi.clone()).as_slice(), &counts, self.phi.as_mut_slice())?;
-                let forward = t_encoder.elapsed().as_secs_f64();
-                let (layer, phi) = (&mut self.layer, &self.phi);
-                let on = ShardedStep { layer, shard, comm, class_chunk };
-                let (stats, cost) =
-                    on.step(estimator, Batch::new(phi, &positives).with_ids(idx), &mut step_rng, true)?;
-                let t_backward = Instant::now();
-                if stats.loss_sum.is_finite() {
-                    let rows = &self.layer.dphi().as_slice()[mine.start * d..mine.end * d];
-                    let grads = enc.gradients(fwd, &Matrix::from_vec(mine.len(), d, rows.to_vec()).expect("rows of D"));
-                    enc.apply(&crate::dist::sum_doc_grads(comm, grads)?);
-                }
-                let encoder = forward + t_backward.elapsed().as_secs_f64();
-                times = Some(StepTimes { phases: cost.phases, comm: cost.seconds, encoder });
+                let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
+                let batch = DocBatch { docs: &docs, idx, positives: &positives };
+                let mut on = ShardedStep { layer: &mut self.layer, shard, comm, class_chunk };
+                let (stats, t) = if replicated {
+                    on.doc_replicated(enc, batch, estimator, &mut step_rng)?
+                } else {
+                    let seed = rng::seeded(
+                        self.config.seed ^ 0xD20,
+                        self.state.step * comm.size() as u64 + comm.rank() as u64,
+                    );
+                    on.doc_data_parallel(enc, batch, &mut self.phi, estimator, &mut step_rng, seed)?
+                };
+                times = Some(t);
                 stats
             }
             (Encoder::Doc(enc), Features::Sparse(s)) => {
