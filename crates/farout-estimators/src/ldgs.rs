@@ -269,6 +269,34 @@ impl Scratch {
         }
     }
 
+    /// With one block, `U` and its exact scores into `classes`, `total` (the bias included) and
+    /// `pos`, as [`Scratch::union_with`], [`Scratch::locate_positives`] and
+    /// [`Scratch::score_union_exactly`] give them: the search's classes are distinct and scored
+    /// exactly, so only positives it did not return are appended and scored (one product each,
+    /// returned). The positives are found by a linear search of `U`, cheaper for a few than
+    /// marking `U` in a map over all K classes.
+    fn score_one_block(&mut self, ctx: &Ctx, phi: &[f32], positives: &[ClassId]) -> usize {
+        let bias = |c: ClassId| ctx.bias.map_or(0.0, |b| b[c as usize]);
+        self.classes.clear();
+        self.total.clear();
+        for &(c, _, score) in &self.found {
+            self.classes.push(c);
+            self.total.push(score + bias(c));
+        }
+        self.pos.clear();
+        let mut dots = 0;
+        for &p in positives {
+            let u = self.classes.iter().position(|&c| c == p).unwrap_or_else(|| {
+                self.classes.push(p);
+                self.total.push(kernels::dot(ctx.w.row(p as usize), phi) + bias(p));
+                dots += 1;
+                self.classes.len() - 1
+            });
+            self.pos.push(u as ClassId);
+        }
+        dots
+    }
+
     /// The exact scores of `U` into `total` (the bias included), completing the searches'
     /// block scores in `found` ([`complete_scores`]); returns the block products computed.
     fn score_union_exactly(&mut self, ctx: &Ctx, n_blocks: usize, phi: &[f32]) -> usize {
@@ -350,6 +378,10 @@ pub fn complete_scores(
 pub fn completes_whole_row(n_blocks: usize, known: usize) -> bool {
     4 * (n_blocks - known) >= 3 * n_blocks
 }
+
+/// With one block, up to this many positives are located in `U` by a linear search
+/// ([`Scratch::score_one_block`]); more go through the map over all K classes.
+const FEW_POSITIVES: usize = 8;
 
 /// How many classes ahead the rescoring loop prefetches rows of `W`.
 const PREFETCH_AHEAD: usize = 8;
@@ -465,16 +497,22 @@ impl<L: Loss> Ldgs<L> {
         SCRATCH.with_borrow_mut(|s| {
             // 1. Per-block retrieval.
             let mut block_dots = s.retrieve(b, &mut search);
-            s.union_with(ctx.w.rows(), positives);
-            s.locate_positives(positives);
             if self.iterations == Iterations::FixedPoint && self.rescore == Rescore::Exact {
                 // Every block's argument at the fixed point is z~ = the exact z on U.
-                block_dots += s.score_union_exactly(ctx, b, phi);
+                block_dots += if b == 1 && positives.len() <= FEW_POSITIVES {
+                    s.score_one_block(ctx, phi, positives)
+                } else {
+                    s.union_with(ctx.w.rows(), positives);
+                    s.locate_positives(positives);
+                    s.score_union_exactly(ctx, b, phi)
+                };
                 s.out.resize(s.classes.len(), 0.0);
                 let loss = self.loss.value_and_grad(&s.total, &s.pos, &mut s.out, &mut s.loss);
                 out.set_nonzero(&s.classes, &s.out);
                 return Estimate { loss, classes_scored: block_dots.div_ceil(b) };
             }
+            s.union_with(ctx.w.rows(), positives);
+            s.locate_positives(positives);
             // 2. Block scores over U: the searches' scores where known, rescored where needed.
             block_dots += self.block_scores(s, ctx, phi, b, width);
             let cost = block_dots.div_ceil(b);
@@ -838,6 +876,32 @@ mod tests {
                     assert!(x.0 == y.0 && (x.1 - y.1).abs() < 1e-5, "T = {t}: {x:?} vs {y:?}");
                 }
                 assert!((ea.loss - eb.loss).abs() < 1e-4);
+            }
+        }
+    }
+
+    /// With one block the default LDGS (fixed point, exact rescoring) is Algorithm 1, with a
+    /// bias and with positives the search returned, missed, repeated, or more of them than the
+    /// linear search of `U` takes.
+    #[test]
+    fn one_block_at_the_fixed_point_is_algorithm_1() {
+        let (w, phi, labels) = trained_like(2000, 32, 30, 3.0);
+        let bias: Vec<f32> = (0..2000).map(|c| 0.2 * ((c % 5) as f32 - 2.0)).collect();
+        let index = BlockIndex::build(&w, &IndexConfig::default(), 1);
+        let ctx = Ctx { w: &w, bias: Some(&bias), index: Some(&index) };
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let ldgs = Ldgs::new(margin, 40, Iterations::FixedPoint, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
+        let mips = Mips::new(margin, 40).unwrap();
+        for (i, &label) in labels.iter().enumerate() {
+            let many: Vec<u32> = (0..12).map(|t| (label + 97 * t) % 2000).collect();
+            for positives in [vec![label], vec![(label + 1000) % 2000, label, label], many] {
+                let (a, ea) = estimate(&ldgs, &ctx, phi.row(i), &positives);
+                let (b, eb) = estimate(&mips, &ctx, phi.row(i), &positives);
+                let (mut a, mut b): (Vec<_>, Vec<_>) = (a.iter().collect(), b.iter().collect());
+                a.sort_by_key(|x| x.0);
+                b.sort_by_key(|x| x.0);
+                assert_eq!(a, b, "sample {i}, positives {positives:?}");
+                assert_eq!((ea.loss, ea.classes_scored), (eb.loss, eb.classes_scored), "sample {i}");
             }
         }
     }
