@@ -59,14 +59,10 @@ impl SphericalIndex {
     /// cuts, as [`SphericalIndex::rescore`] does per query).
     ///
     /// Which rows can reach the cut: every query has a floor, a score no higher than its cut,
-    /// shared by the threads scanning different clusters. The scan takes first the seed
-    /// clusters, every query's first probed clusters (about [`SEED`] `x depth` rows, at most
-    /// 1 / [`SEED_SHARE`] of the `budget` it probes), for all the queries probing them, and then
-    /// places each floor at the `depth`-th best score the query's rows got so far: the
-    /// `depth`-th best of a subset of the probed rows is at most the cut, the `depth`-th best
-    /// of all of them. The seed clusters are thus scanned once, batched like the others
-    /// (scoring them one query at a time first took a tenth of the search at K = 1,000,000;
-    /// docs/decisions.md, "int8-floor-seeding"). Rows
+    /// shared by the threads scanning different clusters. It starts at the `depth`-th best
+    /// score of the query's first probed clusters, scored alone (about [`SEED`] `x depth`
+    /// rows, at most 1 / [`SEED_SHARE`] of the `budget` it probes): the `depth`-th best of a
+    /// subset of the probed rows is at most the cut, the `depth`-th best of all of them. Rows
     /// below the floor are dropped as they are scored. When a thread holds [`COMPACT_AT`]
     /// `x depth` rows of a query, the `depth`-th best of them is again a lower bound of the cut,
     /// so it raises the floor and drops the rows below it. The scan thus writes a few times
@@ -85,12 +81,31 @@ impl SphericalIndex {
     ) -> usize {
         let (nq, depth) = (queries.rows(), self.depth(k));
         let seed = (SEED * depth).min(budget / SEED_SHARE);
-        // First the seed clusters (every query's first probed clusters, best centroid score
-        // first: those holding most of its best rows, `seed` rows or a few more), scanned for
-        // every query probing them with no floor but the one compaction raises; then each
-        // query's floor is raised to the `depth`-th best of the rows it kept; then the others.
-        let seeds = self.seed_clusters(probes, seed);
-        let floors: Vec<AtomicU32> = (0..nq).map(|_| AtomicU32::new(ordered(f32::NEG_INFINITY))).collect();
+        // Each query's floor starts at the `depth`-th best score of its first probed clusters
+        // (best centroid score first: the clusters holding most of its best rows), scored
+        // alone before the scan: `seed` rows or a few more.
+        let floors: Vec<AtomicU32> = probes
+            .slots
+            .par_iter()
+            .enumerate()
+            .map_init(
+                || (Vec::new(), Vec::new(), NthBest::default()),
+                |(scores, seen, nth), (q, slots)| {
+                    seen.clear();
+                    for &(j, _) in slots {
+                        let cluster = &self.clusters[j as usize];
+                        let rows = cluster.codes.as_ref().expect("int8 scoring keeps the clusters' codes");
+                        quant::scores(rows, codes, &[q as u32], scores);
+                        seen.extend_from_slice(&scores[..cluster.len()]);
+                        if seen.len() >= seed {
+                            break;
+                        }
+                    }
+                    let floor = if seen.len() >= depth { nth.of(&[&seen[..]], depth) } else { f32::NEG_INFINITY };
+                    AtomicU32::new(ordered(floor))
+                },
+            )
+            .collect();
         // The buffers of the last batch this thread searched, with their capacity (taken: a
         // nested search on this thread gets fresh ones).
         let Buffers { mut scans, mut reaching } = BUFFERS.take();
@@ -98,21 +113,15 @@ impl SphericalIndex {
         // per thread so that the threads stay busy.
         let n = self.clusters.len();
         let runs = (RUNS_PER_THREAD * rayon::current_num_threads()).clamp(1, n.max(1));
+        let bounds =
+            balanced_runs(self.clusters.iter().zip(&probes.queries_of).map(|(c, qs)| c.len() * qs.len()), runs);
         scans.resize_with(runs, Scan::default);
-        scans.iter_mut().for_each(|scan| scan.start(nq));
-        for seeding in [true, false] {
-            let phase = |j: usize| seeds[j] == seeding;
-            let work = self.clusters.iter().zip(&probes.queries_of).enumerate();
-            let bounds = balanced_runs(work.map(|(j, (c, qs))| if phase(j) { c.len() * qs.len() } else { 0 }), runs);
-            scans.par_iter_mut().zip(bounds.par_windows(2)).for_each(|(scan, run)| {
-                for j in (run[0]..run[1]).filter(|&j| phase(j)) {
-                    scan.cluster(j, &self.clusters[j], &probes.queries_of[j], codes, &floors, depth);
-                }
-            });
-            if seeding {
-                raise_floors(&scans, &floors, depth);
+        scans.par_iter_mut().zip(bounds.par_windows(2)).for_each(|(scan, run)| {
+            scan.start(nq);
+            for j in run[0]..run[1] {
+                scan.cluster(j, &self.clusters[j], &probes.queries_of[j], codes, &floors, depth);
             }
-        }
+        });
         // Per query, the rows reaching its cut, ordered by (cluster, member).
         reaching.resize_with(nq, Vec::new);
         reaching.truncate(nq);
@@ -251,39 +260,6 @@ impl SphericalIndex {
             })
             .sum()
     }
-
-    /// Which clusters seed the floors of [`SphericalIndex::search_int8_batch`]: every query's
-    /// first probed clusters, until they hold `seed` rows.
-    fn seed_clusters(&self, probes: &BatchProbes, seed: usize) -> Vec<bool> {
-        let mut seeds = vec![false; self.clusters.len()];
-        for slots in &probes.slots {
-            let mut rows = 0;
-            for &(j, _) in slots {
-                seeds[j as usize] = true;
-                rows += self.clusters[j as usize].len();
-                if rows >= seed {
-                    break;
-                }
-            }
-        }
-        seeds
-    }
-}
-
-/// Raises every query's floor to the `depth`-th best score of the rows the `scans` kept of it
-/// (a subset of its probed rows, so at most its cut; nothing when they hold fewer than `depth`).
-fn raise_floors(scans: &[Scan], floors: &[AtomicU32], depth: usize) {
-    floors.par_iter().enumerate().for_each_init(
-        || (Vec::new(), NthBest::default()),
-        |(parts, nth), (q, floor)| {
-            parts.clear();
-            parts.extend(scans.iter().map(|s| &s.kept[q].scores[..]));
-            let bound = nth.of(parts, depth);
-            if bound > f32::NEG_INFINITY {
-                floor.fetch_max(ordered(bound), Relaxed);
-            }
-        },
-    );
 }
 
 /// Runs of clusters per thread in the scan of [`SphericalIndex::search_int8_batch`].
@@ -312,8 +288,8 @@ fn balanced_runs(work: impl ExactSizeIterator<Item = usize>, runs: usize) -> Vec
 /// clusters ([`SphericalIndex::search_int8_batch`]), or ...
 const SEED: usize = 4;
 
-/// ... at most this share of the rows it probes (the seed clusters are scanned before any
-/// floor is placed, so the rows of every query they keep are compacted, not filtered).
+/// ... at most this share of the rows it probes (with many results per query, scoring rows
+/// one query at a time would cost more than the scan saves).
 const SEED_SHARE: usize = 16;
 
 /// A thread's rows of each query ([`SphericalIndex::search_int8_batch`]) are compacted when
