@@ -16,6 +16,7 @@ pub mod alias;
 pub mod binio;
 pub mod fuzz;
 pub mod gemm;
+pub mod hugepages;
 pub mod kernels;
 mod matrix;
 pub mod metrics;

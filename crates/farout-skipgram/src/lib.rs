@@ -202,12 +202,15 @@ impl Embeddings {
     /// word2vec's initialisation: `U` uniform in `[-range/dim, range/dim)` with
     /// `input_rows` rows (the words', then any n-gram buckets'), `V = 0` with one row per word.
     pub fn init(input_rows: usize, words: usize, dim: usize, range: f32, seed: u64) -> Self {
-        let mut input = Matrix::zeros(input_rows, dim);
+        // Training reads both tables at random rows: huge pages spare it most TLB misses.
+        let (mut input, mut output) = (Matrix::zeros(input_rows, dim), Matrix::zeros(words, dim));
+        farout_core::hugepages::advise(input.as_mut_slice());
+        farout_core::hugepages::advise(output.as_mut_slice());
         let mut r = rng::seeded(seed, u64::MAX);
         for x in input.as_mut_slice() {
             *x = (2.0 * r.random::<f32>() - 1.0) * range / dim as f32;
         }
-        Self { input, output: Matrix::zeros(words, dim) }
+        Self { input, output }
     }
 }
 
