@@ -10,6 +10,7 @@
 //! Invalid UTF-8 is handled as [`TextSpec::invalid_utf8`] says: `error` (the default) stops
 //! with the file and 1-based line; `skip` drops the line and counts it in [`Vocab::skipped_lines`].
 
+use crate::word_ids::WordIds;
 use crate::{Error, Result, io_err};
 use farout_core::ParamError;
 use rustc_hash::FxHashMap;
@@ -181,7 +182,7 @@ pub fn for_each_line(
 pub struct Vocab {
     words: Vec<String>,
     counts: Vec<u64>,
-    ids: FxHashMap<String, u32>,
+    ids: WordIds,
     /// Tokens of the corpus, in the vocabulary or not.
     pub corpus_tokens: u64,
     /// Lines of the corpus.
@@ -284,8 +285,8 @@ impl Vocab {
         if max_vocab > 0 {
             kept.truncate(max_vocab);
         }
-        let ids = kept.iter().enumerate().map(|(i, (w, _))| (w.clone(), i as u32)).collect();
-        let (words, counts) = kept.into_iter().unzip();
+        let (words, counts): (Vec<String>, _) = kept.into_iter().unzip();
+        let ids = WordIds::new(&words);
         Self { words, counts, ids, ..Self::default() }
     }
 
@@ -302,11 +303,11 @@ impl Vocab {
     /// Id of `word`.
     #[inline]
     pub fn id(&self, word: &str) -> Option<u32> {
-        self.ids.get(word).copied()
+        self.ids.get(word)
     }
 
-    /// Every word's id.
-    pub fn id_map(&self) -> &FxHashMap<String, u32> {
+    /// Every word's id (fewer than [`Self::len`] when a word was given twice).
+    pub fn id_map(&self) -> &WordIds {
         &self.ids
     }
 

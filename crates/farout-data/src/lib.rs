@@ -20,6 +20,7 @@ pub mod npy;
 pub mod raw;
 pub mod synth;
 pub mod synth_text;
+pub mod word_ids;
 pub mod xmc;
 
 pub use dataset::{Dataset, Features, LabelSets, SparseRows};

@@ -25,7 +25,7 @@ use crate::subwords::NgramTable;
 use crate::{Error, format_err, io_err as io, parse_err};
 use farout_core::Matrix;
 use farout_data::corpus::Vocab;
-use rustc_hash::FxHashMap;
+use farout_data::word_ids::WordIds;
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -77,7 +77,7 @@ pub enum Lookup {
 pub struct Vectors<'a> {
     words: Cow<'a, [String]>,
     matrix: Cow<'a, Matrix>,
-    ids: Cow<'a, FxHashMap<String, u32>>,
+    ids: Cow<'a, WordIds>,
     ngrams: Option<NgramTable<'a>>,
 }
 
@@ -102,20 +102,16 @@ impl<'a> Vectors<'a> {
         Self::check_words(words, matrix.rows())?;
         if ids.len() != words.len() {
             // The map holds each word once: a vocabulary read from a file may repeat one.
-            let mut seen = rustc_hash::FxHashSet::default();
-            let twice = words.iter().find(|w| !seen.insert(w.as_str()));
-            return Err(Error::Vectors { msg: format!("word {:?} appears twice", twice.map_or("", |w| w)) });
+            return Err(repeated(words));
         }
         Ok(Self { words: Cow::Borrowed(words), matrix, ids: Cow::Borrowed(ids), ngrams: None })
     }
 
     fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
         Self::check_words(&words, matrix.rows())?;
-        let mut ids = FxHashMap::default();
-        for (i, w) in words.iter().enumerate() {
-            if ids.insert(w.clone(), i as u32).is_some() {
-                return Err(Error::Vectors { msg: format!("word {w:?} appears twice") });
-            }
+        let ids = WordIds::new(&words);
+        if ids.len() != words.len() {
+            return Err(repeated(&words));
         }
         Ok(Self { words: Cow::Owned(words), matrix, ids: Cow::Owned(ids), ngrams: None })
     }
@@ -173,7 +169,7 @@ impl<'a> Vectors<'a> {
 
     /// Row of `word`.
     pub fn id(&self, word: &str) -> Option<usize> {
-        self.ids.get(word).map(|&i| i as usize)
+        self.ids.get(word).map(|i| i as usize)
     }
 
     /// Vector of `word`.
@@ -467,6 +463,11 @@ impl<R: Read> Read for Crc32Reader<R> {
         self.crc.update(&buf[..n]);
         Ok(n)
     }
+}
+
+/// The error for `words` with a word given twice.
+fn repeated(words: &[String]) -> Error {
+    Error::Vectors { msg: format!("word {:?} appears twice", WordIds::first_repeat(words).unwrap_or("")) }
 }
 
 #[cfg(test)]
