@@ -53,7 +53,9 @@ impl AliasTable {
             }
         }
         // Whatever is left has (up to rounding) probability exactly 1 of keeping itself.
-        let cells = keep.into_iter().zip(alias).map(|(keep, alias)| Cell { keep, alias }).collect();
+        // Drawn at random cells, tens of thousands of times a second: in huge pages at large n.
+        let mut cells = crate::hugepages::with_capacity(n);
+        cells.extend(keep.into_iter().zip(alias).map(|(keep, alias)| Cell { keep, alias }));
         Some(Self { cells, probs })
     }
 

@@ -9,29 +9,41 @@
 //! touched, so it is made right after allocation, before the table is written
 //! (docs/decisions.md, "huge-page-tables").
 
-/// Tables smaller than this are left alone: they fit in a few hundred 4 KiB TLB entries' reach
-/// less often than they are read, and a huge page rounds small sizes up.
-pub const MIN_BYTES: usize = 32 << 20;
+/// Tables smaller than this are left alone, as numpy leaves them: the request covers whole
+/// 2 MiB pages inside the table only.
+pub const MIN_BYTES: usize = 4 << 20;
 
 /// Asks the kernel to back `data`'s whole 2 MiB pages with huge pages, when it is at least
 /// [`MIN_BYTES`] long. A hint: nothing changes when the system refuses it or has no such pages,
 /// and the values are untouched.
 pub fn advise<T>(data: &mut [T]) {
-    let bytes = std::mem::size_of_val(data);
+    advise_range(data.as_mut_ptr() as usize, std::mem::size_of_val(data));
+}
+
+/// An empty vector with room for `n` values, in huge pages where [`advise`] would give them:
+/// for tables built by pushing, which would touch their pages before an `advise` afterwards.
+pub fn with_capacity<T>(n: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    advise_range(v.as_mut_ptr() as usize, v.capacity() * std::mem::size_of::<T>());
+    v
+}
+
+fn advise_range(start: usize, bytes: usize) {
     if bytes < MIN_BYTES {
         return;
     }
     #[cfg(target_os = "linux")]
     {
         const HUGE: usize = 2 << 20;
-        let start = data.as_mut_ptr() as usize;
         let (lo, hi) = (start.next_multiple_of(HUGE), (start + bytes) / HUGE * HUGE);
         if hi > lo {
-            // SAFETY: [lo, hi) lies inside `data`, which this call borrows mutably; MADV_HUGEPAGE
-            // changes how the range is backed, never its contents.
+            // SAFETY: [lo, hi) lies inside one allocation that the caller holds mutably;
+            // MADV_HUGEPAGE changes how the range is backed, never its contents.
             let _ = unsafe { rustix::mm::madvise(lo as *mut _, hi - lo, rustix::mm::Advice::LinuxHugepage) };
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = start;
 }
 
 #[cfg(test)]
@@ -69,6 +81,9 @@ mod tests {
             *x = i as f32;
         }
         assert!(big.iter().enumerate().all(|(i, &x)| x == i as f32));
+        let mut pushed = with_capacity::<u64>((64 << 20) / 8);
+        pushed.extend(0..(64 << 20) / 8);
+        assert!(pushed.iter().enumerate().all(|(i, &x)| x == i as u64));
         #[cfg(target_os = "linux")]
         {
             let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
@@ -76,8 +91,10 @@ mod tests {
                 eprintln!("skipped the huge page check: transparent huge pages are off ({})", mode.trim());
                 return;
             }
-            let kb = huge_kb_at(big.as_ptr() as usize + (32 << 20)).expect("the table's mapping in /proc/self/smaps");
-            assert!(kb >= 2048, "no huge page in a 64 MiB table asked for them (THP {})", mode.trim());
+            for (table, at) in [("written", big.as_ptr() as usize), ("pushed", pushed.as_ptr() as usize)] {
+                let kb = huge_kb_at(at + (32 << 20)).expect("the table's mapping in /proc/self/smaps");
+                assert!(kb >= 2048, "no huge page in a 64 MiB {table} table asked for them (THP {})", mode.trim());
+            }
         }
     }
 }

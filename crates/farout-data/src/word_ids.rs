@@ -67,7 +67,10 @@ impl WordIds {
     pub fn new<S: AsRef<str>>(words: &[S]) -> Self {
         let n = words.len().min(EMPTY as usize);
         let bits = (2 * n).next_power_of_two().max(2).trailing_zeros();
-        let mut t = Self { slots: vec![VACANT; 1 << bits], long: Vec::new(), len: 0, shift: 64 - bits };
+        // Probed at random for every token read: in huge pages at large sizes.
+        let mut slots = farout_core::hugepages::with_capacity(1 << bits);
+        slots.resize(1 << bits, VACANT);
+        let mut t = Self { slots, long: Vec::new(), len: 0, shift: 64 - bits };
         for (id, w) in words[..n].iter().enumerate() {
             t.insert(w.as_ref(), id as u32);
         }
