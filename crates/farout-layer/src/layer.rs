@@ -100,6 +100,9 @@ struct Attached {
     /// Each block's norm bound at least these largest norms at the next build (shared by the
     /// ranks of a class-sharded layer).
     norm_floors: Vec<f32>,
+    /// Each block's centroids at the next build, when given (another rank's: see
+    /// [`OutputLayer::build_index_on`]).
+    centroids: Vec<Matrix>,
 }
 
 /// The output layer: `W` (K x D), optional bias, their optimisers, an optional MIPS index and
@@ -297,6 +300,7 @@ impl OutputLayer {
             rebuilds: 0,
             rebuild_requested: false,
             norm_floors: Vec::new(),
+            centroids: Vec::new(),
         });
         Ok(())
     }
@@ -322,6 +326,22 @@ impl OutputLayer {
             a.rebuild_requested = true;
             a.norm_floors = norm_floors;
         }
+    }
+
+    /// Builds the attached index now if it is due ([`Self::index_rebuild_due`]), each block on
+    /// the given `centroids` when there are some (another rank's [`Self::index_centroids`]; see
+    /// [`farout_search::IndexConfig::build_on`]); otherwise it builds before the next search.
+    pub fn build_index_on(&mut self, centroids: Vec<Matrix>) {
+        if let Some(a) = &mut self.attached {
+            a.centroids = centroids;
+        }
+        self.ensure_index();
+    }
+
+    /// The attached index's centroids, one matrix per block, if every block has some (a
+    /// spherical index).
+    pub fn index_centroids(&self) -> Option<Vec<Matrix>> {
+        self.index().and_then(BlockIndex::centroids)
     }
 
     /// The largest norm of a row in each column block of the attached index (none without).
@@ -357,8 +377,9 @@ impl OutputLayer {
         {
             a.rebuild_requested = false;
             a.index = None; // free the old index before building the new one
-            a.index = Some(BlockIndex::build_with_norm_floors(&self.w, &a.config, a.n_blocks, &a.norm_floors));
+            a.index = Some(BlockIndex::build_on(&self.w, &a.config, a.n_blocks, &a.norm_floors, &a.centroids));
             a.norm_floors.clear();
+            a.centroids.clear();
             a.rebuilds += 1;
             a.dirty.fill(false);
             a.dirty_rows.clear();

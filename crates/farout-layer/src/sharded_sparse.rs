@@ -27,7 +27,7 @@
 use crate::sharded::allreduce_dphi;
 use crate::{OutputLayer, StepStats};
 use farout_core::topk::Hit;
-use farout_core::{ClassId, Rng};
+use farout_core::{ClassId, Matrix, Rng};
 use farout_dist::{Collective, DistError, Strided};
 use farout_estimators::{
     Batch, BatchEstimate, Ctx, Drawn, DrawnLoss, GradientEstimator, Loss, LossScratch, RescoreScratch, ShardPlan,
@@ -235,6 +235,36 @@ pub fn sparse_step(
     Ok((stats, CommCost { seconds: ranks.seconds, bytes: ranks.bytes, phases: ranks.phases }))
 }
 
+/// Every block's centroids as bytes: the number of blocks, then per block its rows and
+/// columns (`u32`) and values (`f32`), little-endian; nothing for none.
+fn centroid_bytes(blocks: &[Matrix]) -> Vec<u8> {
+    let mut out = (blocks.len() as u32).to_le_bytes().to_vec();
+    for m in blocks {
+        out.extend((m.rows() as u32).to_le_bytes());
+        out.extend((m.cols() as u32).to_le_bytes());
+        out.extend(m.as_slice().iter().flat_map(|v| v.to_le_bytes()));
+    }
+    out
+}
+
+/// The centroids [`centroid_bytes`] wrote (none for no bytes).
+fn centroids_of_bytes(bytes: &[u8]) -> Result<Vec<Matrix>, DistError> {
+    let bad = || DistError::Mpi(format!("rank 0 broadcast {} bytes that are not an index's centroids", bytes.len()));
+    let mut words = bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
+    if bytes.len() % 4 != 0 {
+        return Err(bad());
+    }
+    let n_blocks = words.next().unwrap_or(0) as usize;
+    let mut blocks = Vec::with_capacity(n_blocks.min(bytes.len()));
+    for _ in 0..n_blocks {
+        let (rows, cols) = (words.next().ok_or_else(bad)? as usize, words.next().ok_or_else(bad)? as usize);
+        let n = rows.checked_mul(cols).filter(|&n| n <= words.len()).ok_or_else(bad)?;
+        let values: Vec<f32> = words.by_ref().take(n).map(f32::from_bits).collect();
+        blocks.push(Matrix::from_vec(rows, cols, values).map_err(|_| bad())?);
+    }
+    if words.next().is_some() { Err(bad()) } else { Ok(blocks) }
+}
+
 /// The collectives of one [`sparse_step`] of the rank holding `shard`, and what they cost it.
 pub(crate) struct StepComm<'c> {
     pub(crate) comm: &'c dyn Collective,
@@ -266,7 +296,9 @@ impl StepComm<'_> {
     }
 
     /// One rank's rebuild is every rank's (otherwise each rank's would stall the others),
-    /// with the norm bound of the whole layer's rows.
+    /// with the norm bound of the whole layer's rows, and on rank 0's centroids where its index
+    /// has some: rank 0 builds first and broadcasts them, so that every rank's clusters stay
+    /// alike in size as rows move between them ([`farout_search::IndexConfig::build_on`]).
     fn rebuild_indexes_together(&mut self, layer: &mut OutputLayer) -> Result<(), DistError> {
         let comm = self.comm;
         let mut due = [f32::from(u8::from(layer.index_rebuild_due()))];
@@ -277,6 +309,16 @@ impl StepComm<'_> {
             self.timed(&mut || comm.allreduce_max_f32(&mut norms))?;
             self.bytes += 4 * norms.len();
             layer.request_index_rebuild(norms);
+            let mut shared = Vec::new();
+            if comm.is_root() {
+                layer.build_index_on(Vec::new());
+                shared = layer.index_centroids().map_or_else(Vec::new, |c| centroid_bytes(&c));
+            }
+            self.bytes += shared.len();
+            self.timed(&mut || comm.broadcast_bytes(0, &mut shared))?;
+            if !comm.is_root() {
+                layer.build_index_on(centroids_of_bytes(&shared)?);
+            }
         }
         Ok(())
     }
@@ -873,6 +915,57 @@ mod tests {
                     );
                 });
             }
+        }
+    }
+
+    /// At 2 and 3 ranks with spherical indexes (one and two blocks), every rank's indexes are
+    /// built on rank 0's centroids, at the first build and at every rebuild, and rank 0's are
+    /// fitted to its own rows (they change with the rebuild).
+    #[test]
+    fn ranks_build_their_spherical_indexes_on_rank_zeros_centroids() {
+        let (k, d, b) = (2000, 32, 40);
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let (phi, labels) = problem(k, d, b);
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let batch = Batch::new(&phi, &pos);
+        let spherical = farout_search::SphericalConfig { candidate_factor: Some(3.0), ..Default::default() };
+        let mips = Mips::new(SmoothedMargin::new(1.0).unwrap(), 30).unwrap();
+        let upkeep = IndexUpkeep { refresh_every: 1, rebuild_every: 2 };
+        for (ranks, blocks) in [(2, 1), (3, 2)] {
+            let cfg = OutputLayerConfig { init_std: 0.5, ..Default::default() };
+            let centroids = farout_dist::Threads::run(ranks, |comm| {
+                let shard = Strided::new(k, comm.rank(), ranks).unwrap();
+                let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
+                layer.attach_index(IndexConfig::Spherical(spherical.clone()), blocks, upkeep).unwrap();
+                let mut r = rng::seeded(9, 0);
+                let mut built = Vec::new();
+                for _ in 0..3 {
+                    sparse_step(&mut layer, &shard, comm, mips.shard_plan().unwrap(), batch, &mut r, false).unwrap();
+                    built.push(layer.index_centroids().expect("spherical indexes have centroids"));
+                }
+                built
+            });
+            for (rank, built) in centroids.iter().enumerate() {
+                assert_eq!(built[0].len(), blocks);
+                assert_eq!(built[0][0].cols(), d / blocks + 1, "augmented centroids");
+                assert_eq!(built, &centroids[0], "{ranks} ranks: rank {rank}'s centroids are rank 0's");
+            }
+            // Built at step 0, kept at step 1, rebuilt at step 2 on the trained rows.
+            assert_eq!(centroids[0][0], centroids[0][1]);
+            assert_ne!(centroids[0][1], centroids[0][2], "{ranks} ranks: the rebuild fits new centroids");
+        }
+    }
+
+    /// Centroids cross the ranks as bytes and come back as they were; bytes that are not
+    /// centroids are refused.
+    #[test]
+    fn centroids_round_trip_through_bytes() {
+        let blocks = vec![Matrix::from_vec(2, 3, vec![1.0, -2.0, 3.5, 0.0, 1e-7, -0.25]).unwrap(), Matrix::zeros(1, 1)];
+        let bytes = centroid_bytes(&blocks);
+        assert_eq!(centroids_of_bytes(&bytes).unwrap(), blocks);
+        assert_eq!(centroids_of_bytes(&[]).unwrap(), Vec::<Matrix>::new());
+        for bad in [&bytes[..bytes.len() - 4], &bytes[..bytes.len() - 1], &[bytes.as_slice(), &[0; 4]].concat()] {
+            assert!(centroids_of_bytes(bad).is_err(), "{} bytes", bad.len());
         }
     }
 

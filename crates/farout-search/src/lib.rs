@@ -133,6 +133,13 @@ pub trait MipsIndex: Send + Sync {
     /// Re-indexes `rows` of `w`, which changed since they were last indexed (and syncs them).
     fn refresh(&mut self, w: Rows, rows: &[ClassId]);
 
+    /// The cluster centres the index partitions its rows by, if it has any (the spherical
+    /// index's unit centroids, `C x (D + 1)`): the ranks of a class-sharded layer build their
+    /// indexes on one rank's ([`IndexConfig::build_on`]). The default has none.
+    fn centroids(&self) -> Option<&Matrix> {
+        None
+    }
+
     /// Whether the index should be rebuilt from scratch (e.g. a row outgrew its norm bound).
     fn needs_rebuild(&self) -> bool {
         false
@@ -309,6 +316,25 @@ impl IndexConfig {
         self.params().build(w)
     }
 
+    /// [`IndexConfig::build`], a spherical index on the given `centroids` (another index's
+    /// [`MipsIndex::centroids`] over rows of the same dimension and norm bound) instead of
+    /// centroids fitted to `w`. The ranks of a class-sharded layer hold rows dealt from one
+    /// layer, alike in distribution: on the same centroids their clusters stay alike in size as
+    /// the rows train and move between clusters, so every rank probes about as many rows per
+    /// query, where centroids fitted by each rank drift apart (decisions.md,
+    /// `sharded-shared-centroids`). Other indexes, and centroids of another shape, build as
+    /// [`IndexConfig::build`].
+    pub fn build_on(&self, w: Rows, centroids: Option<&Matrix>) -> Box<dyn MipsIndex> {
+        match (self, centroids) {
+            (Self::Spherical(c), Some(centroids))
+                if centroids.cols() == w.dim() + 1 && (c.candidate_factor.is_some() || w.len() >= c.exact_below) =>
+            {
+                Box::new(spherical::SphericalIndex::build_on(w, c, Some(centroids)))
+            }
+            _ => self.build(w),
+        }
+    }
+
     /// Brute force.
     pub fn exact() -> Self {
         Self::Exact(exact::ExactConfig {})
@@ -357,15 +383,26 @@ impl BlockIndex {
     /// [`BlockIndex::build`] with block `j`'s norm bound fitted as though its rows' largest
     /// norm were at least `floors[j]` (when given; see [`Rows::with_norm_floor`]).
     pub fn build_with_norm_floors(w: &Matrix, config: &IndexConfig, n_blocks: usize, floors: &[f32]) -> Self {
+        Self::build_on(w, config, n_blocks, floors, &[])
+    }
+
+    /// [`BlockIndex::build_with_norm_floors`] with block `j` built on `centroids[j]` (when
+    /// given; see [`IndexConfig::build_on`]).
+    pub fn build_on(w: &Matrix, config: &IndexConfig, n_blocks: usize, floors: &[f32], centroids: &[Matrix]) -> Self {
         assert!(n_blocks > 0 && w.cols().is_multiple_of(n_blocks), "{} columns in {n_blocks} blocks", w.cols());
         let width = w.cols() / n_blocks;
         let blocks = (0..n_blocks)
             .map(|j| {
                 let rows = Rows::block(w, j * width, (j + 1) * width);
-                config.build(rows.with_norm_floor(floors.get(j).copied().unwrap_or(0.0)))
+                config.build_on(rows.with_norm_floor(floors.get(j).copied().unwrap_or(0.0)), centroids.get(j))
             })
             .collect();
         Self { blocks, width }
+    }
+
+    /// Every block's [`MipsIndex::centroids`], or none if a block has none.
+    pub fn centroids(&self) -> Option<Vec<Matrix>> {
+        self.blocks.iter().map(|b| b.centroids().cloned()).collect()
     }
 
     /// The index made of `blocks`, each over `width` columns (a restored index's; see

@@ -215,11 +215,23 @@ impl SphericalIndex {
     /// Builds the index over the rows of `w`: fits the centroids (`kmeans.rs`), assigns every
     /// row to one and copies it into its cluster.
     pub fn build(w: Rows, config: &SphericalConfig) -> Self {
+        Self::build_on(w, config, None)
+    }
+
+    /// [`SphericalIndex::build`] on the given unit `centroids` (`C x (D + 1)`, in the
+    /// augmented space of the same norm bound), when given, instead of fitting them.
+    pub fn build_on(w: Rows, config: &SphericalConfig, centroids: Option<&Matrix>) -> Self {
         let scoring = config.scoring.resolve(config.candidate_factor, w.dim());
         let config = &SphericalConfig { scoring, ..config.clone() };
         let (k, d) = (w.len(), w.dim());
         let augmentation = NormAugmentation::fit(w, config.norm_headroom);
-        let centroids = kmeans::fit(w, &augmentation, config);
+        let centroids = match centroids {
+            Some(c) => {
+                assert_eq!(c.cols(), d + 1, "centroids of {} columns for rows of {d}", c.cols());
+                c.clone()
+            }
+            None => kmeans::fit(w, &augmentation, config),
+        };
         let c = centroids.rows();
         let (mut assign, mut assigned_cos) = (vec![0u32; k], vec![0.0f32; k]);
         kmeans::assign_rows(w, &augmentation, &centroids, None, &mut assign, &mut assigned_cos);
@@ -270,6 +282,10 @@ impl MipsIndex for SphericalIndex {
 
     fn search(&self, w: Rows, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         self.search_one(w, query, k, out)
+    }
+
+    fn centroids(&self) -> Option<&Matrix> {
+        Some(&self.centroids)
     }
 
     /// Batched search: centroid scores of all queries at once (one matrix product, or one int8
@@ -372,6 +388,36 @@ mod tests {
             let sizes = index.cluster_sizes();
             assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (400, 20_000));
         }
+    }
+
+    /// An index built on another's centroids (`IndexConfig::build_on`: the rows of another
+    /// rank, alike in distribution) keeps them, assigns all its rows and finds their top 100 as
+    /// well as its own centroids would; indexes without centroids build as before.
+    #[test]
+    fn an_index_built_on_another_shards_centroids_keeps_them_and_finds_as_well() {
+        let (w, q) = clustered(20_000, 32);
+        // Halves of the rows that both hold every cluster of means (class c's is c mod 400).
+        let half =
+            |h: usize| Matrix::from_vec(10_000, 32, w.as_slice()[h * 320_000..(h + 1) * 320_000].to_vec()).unwrap();
+        let (w0, w1) = (half(0), half(1));
+        for base in both_scorings() {
+            let config = crate::IndexConfig::Spherical(SphericalConfig {
+                n_centroids: 200,
+                candidate_factor: Some(10.0),
+                ..base
+            });
+            let first = config.build(Rows::all(&w0));
+            let shared = first.centroids().expect("a spherical index has centroids").clone();
+            let on = config.build_on(Rows::all(&w1), Some(&shared));
+            let own = config.build(Rows::all(&w1));
+            assert_eq!(on.centroids(), Some(&shared));
+            assert_ne!(own.centroids(), Some(&shared), "fitted to its own rows");
+            let (r_on, r_own) =
+                (recall(on.as_ref(), Rows::all(&w1), &q, 100), recall(own.as_ref(), Rows::all(&w1), &q, 100));
+            assert!(r_on >= 0.75 && r_on >= r_own - 0.03, "recall {r_on} on shared centroids, {r_own} on its own");
+        }
+        let exact = crate::IndexConfig::exact().build_on(Rows::all(&w1), Some(&Matrix::zeros(3, 33)));
+        assert!(exact.centroids().is_none());
     }
 
     /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; int8 otherwise,
