@@ -22,7 +22,8 @@
 //! the rank that evaluated the sample, one gradient per candidate; a draw step one score per
 //! candidate. On one rank the step is the estimator's own one-process step, and with
 //! brute-force indexes the steps of P ranks are those of one process. The ranks' indexes
-//! rebuild together, with the norm bound of all the ranks' rows.
+//! rebuild together, with the norm bound of all the ranks' rows and, for spherical indexes,
+//! on rank 0's centroids (so that every rank's clusters, and the rows it probes, stay alike).
 
 use crate::sharded::allreduce_dphi;
 use crate::{OutputLayer, StepStats};
