@@ -252,7 +252,7 @@ fn centroid_bytes(blocks: &[Matrix]) -> Vec<u8> {
 fn centroids_of_bytes(bytes: &[u8]) -> Result<Vec<Matrix>, DistError> {
     let bad = || DistError::Mpi(format!("rank 0 broadcast {} bytes that are not an index's centroids", bytes.len()));
     let mut words = bytes.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(bad());
     }
     let n_blocks = words.next().unwrap_or(0) as usize;
