@@ -380,7 +380,8 @@ pub fn completes_whole_row(n_blocks: usize, known: usize) -> bool {
 }
 
 /// With one block, up to this many positives are located in `U` by a linear search
-/// ([`Scratch::score_one_block`]); more go through the map over all K classes.
+/// ([`Scratch::score_one_block`]); more go through the map over all K classes (see
+/// docs/decisions.md, "ldgs-one-block-union").
 const FEW_POSITIVES: usize = 8;
 
 /// How many classes ahead the rescoring loop prefetches rows of `W`.

@@ -83,7 +83,8 @@ impl SphericalIndex {
         let seed = (SEED * depth).min(budget / SEED_SHARE);
         // Each query's floor starts at the `depth`-th best score of its first probed clusters
         // (best centroid score first: the clusters holding most of its best rows), scored
-        // alone before the scan: `seed` rows or a few more.
+        // alone before the scan: `seed` rows or a few more (scanning those clusters batched
+        // first, with no floor, costs more: docs/decisions.md, "int8-floor-seeding").
         let floors: Vec<AtomicU32> = probes
             .slots
             .par_iter()
