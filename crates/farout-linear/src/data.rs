@@ -165,9 +165,8 @@ pub fn canonicalize_rows(rows: &mut SparseRows) {
 /// [`canonicalize_rows`]); the input is only read.
 pub fn canonical_rows(rows: &SparseRows) -> SparseRows {
     let mut out = SparseRows::new(rows.n_cols);
-    // The solvers read rows at random (margins, line searches): in huge pages at large sizes.
-    out.indices = farout_core::hugepages::with_capacity(rows.indices.len());
-    out.values = farout_core::hugepages::with_capacity(rows.values.len());
+    out.indices.reserve(rows.indices.len());
+    out.values.reserve(rows.values.len());
     let mut pairs: Vec<(u32, f32)> = Vec::new();
     for i in 0..rows.n_rows() {
         let (c, v) = rows.row(i);

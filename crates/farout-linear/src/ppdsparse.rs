@@ -145,9 +145,9 @@ use crate::model::SparseModel;
 use crate::newton::Rows;
 use crate::ova::{check_label_range, one_vs_all};
 use crate::{Error, Result};
+use farout_core::ParamError;
 use farout_core::rng::{self, Rng, RngExt};
 use farout_core::space::Dim;
-use farout_core::{ParamError, hugepages};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::ops::Range;
@@ -480,12 +480,7 @@ impl Csc {
                 entries[col_ptr[j]..col_ptr[j + 1]].sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()).then(a.0.cmp(&b.0)));
             }
         }
-        // Walked column after column from every label's search: in huge pages at large sizes.
-        let (mut rows, mut values) = (hugepages::with_capacity(entries.len()), hugepages::with_capacity(entries.len()));
-        for (r, v) in entries {
-            rows.push(r);
-            values.push(v);
-        }
+        let (rows, values) = entries.into_iter().unzip();
         Self { col_ptr, rows, values }
     }
 
