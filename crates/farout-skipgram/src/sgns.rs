@@ -586,11 +586,9 @@ fn mean_rows<R: HogwildRows>(input: &R, rows: &[u32], s: &mut Scratch) {
     s.l1.iter_mut().for_each(|h| *h *= inv);
 }
 
-/// The logistic function, with [`farout_core::vexp::exp`] (within 3e-7 of libm's, inline: a
-/// call to libm per target was 3 % of an epoch; NaN stays NaN, so divergence is still seen).
 #[inline]
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + farout_core::vexp::exp(-x))
+    1.0 / (1.0 + (-x).exp())
 }
 
 #[cfg(test)]
