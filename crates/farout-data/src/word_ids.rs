@@ -96,16 +96,22 @@ impl WordIds {
     /// Id of `word`.
     #[inline]
     pub fn get(&self, word: &str) -> Option<u32> {
-        let (w, h) = (word.as_bytes(), hash(word.as_bytes()));
+        let w = word.as_bytes();
+        self.probe(w, hash(w)).ok()
+    }
+
+    /// The id of the word `w` of hash `h`, or the empty slot where its probe ended.
+    #[inline(always)]
+    fn probe(&self, w: &[u8], h: u64) -> Result<u32, usize> {
         let mask = self.slots.len() - 1;
         let mut i = (h >> self.shift) as usize & mask;
         loop {
             let s = &self.slots[i];
             if s.id == EMPTY {
-                return None;
+                return Err(i);
             }
             if s.tag == h as u32 && s.len as usize == w.len() && self.key(s) == w {
-                return Some(s.id);
+                return Ok(s.id);
             }
             i = (i + 1) & mask;
         }
@@ -113,10 +119,8 @@ impl WordIds {
 
     /// Adds `word` with `id`; false when it is there already.
     fn insert(&mut self, word: &str, id: u32) -> bool {
-        if self.get(word).is_some() {
-            return false;
-        }
         let (w, h) = (word.as_bytes(), hash(word.as_bytes()));
+        let Err(at) = self.probe(w, h) else { return false };
         let mut slot = Slot { tag: h as u32, id, len: w.len() as u32, bytes: [0; INLINE] };
         if w.len() <= INLINE {
             slot.bytes[..w.len()].copy_from_slice(w);
@@ -124,12 +128,7 @@ impl WordIds {
             slot.bytes[..8].copy_from_slice(&(self.long.len() as u64).to_le_bytes());
             self.long.extend_from_slice(w);
         }
-        let mask = self.slots.len() - 1;
-        let mut i = (h >> self.shift) as usize & mask;
-        while self.slots[i].id != EMPTY {
-            i = (i + 1) & mask;
-        }
-        self.slots[i] = slot;
+        self.slots[at] = slot;
         self.len += 1;
         true
     }
