@@ -326,11 +326,7 @@ impl IndexConfig {
     /// [`IndexConfig::build`].
     pub fn build_on(&self, w: Rows, centroids: Option<&Matrix>) -> Box<dyn MipsIndex> {
         match (self, centroids) {
-            (Self::Spherical(c), Some(centroids))
-                if centroids.cols() == w.dim() + 1 && (c.candidate_factor.is_some() || w.len() >= c.exact_below) =>
-            {
-                Box::new(spherical::SphericalIndex::build_on(w, c, Some(centroids)))
-            }
+            (Self::Spherical(c), Some(centroids)) if centroids.cols() == w.dim() + 1 => c.build_on(w, Some(centroids)),
             _ => self.build(w),
         }
     }

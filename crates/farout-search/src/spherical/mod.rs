@@ -350,10 +350,19 @@ impl crate::IndexParams for SphericalConfig {
     }
 
     fn build(&self, w: Rows) -> Box<dyn MipsIndex> {
+        self.build_on(w, None)
+    }
+}
+
+impl SphericalConfig {
+    /// The index of this configuration over `w`, on the given `centroids` when there are some
+    /// ([`SphericalIndex::build_on`]): brute force below `exact_below` rows when the budget is
+    /// calibrated (nothing to cluster), else a spherical index.
+    pub fn build_on(&self, w: Rows, centroids: Option<&Matrix>) -> Box<dyn MipsIndex> {
         if self.candidate_factor.is_none() && w.len() < self.exact_below {
             return Box::new(crate::ExactIndex::new());
         }
-        Box::new(SphericalIndex::build(w, self))
+        Box::new(SphericalIndex::build_on(w, self, centroids))
     }
 }
 
