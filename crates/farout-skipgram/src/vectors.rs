@@ -100,19 +100,15 @@ impl<'a> Vectors<'a> {
     pub fn of_vocab(vocab: &'a Vocab, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
         let (words, ids) = (vocab.words(), vocab.id_map());
         Self::check_words(words, matrix.rows())?;
-        if ids.len() != words.len() {
-            // The map holds each word once: a vocabulary read from a file may repeat one.
-            return Err(repeated(words));
-        }
+        // The map holds each word once: a vocabulary read from a file may repeat one.
+        check_distinct(words, ids)?;
         Ok(Self { words: Cow::Borrowed(words), matrix, ids: Cow::Borrowed(ids), ngrams: None })
     }
 
     fn with_matrix(words: Vec<String>, matrix: Cow<'a, Matrix>) -> Result<Self, Error> {
         Self::check_words(&words, matrix.rows())?;
         let ids = WordIds::new(&words);
-        if ids.len() != words.len() {
-            return Err(repeated(&words));
-        }
+        check_distinct(&words, &ids)?;
         Ok(Self { words: Cow::Owned(words), matrix, ids: Cow::Owned(ids), ngrams: None })
     }
 
@@ -465,9 +461,12 @@ impl<R: Read> Read for Crc32Reader<R> {
     }
 }
 
-/// The error for `words` with a word given twice.
-fn repeated(words: &[String]) -> Error {
-    Error::Vectors { msg: format!("word {:?} appears twice", WordIds::first_repeat(words).unwrap_or("")) }
+/// An error naming the first word of `words` given twice, when `ids` (their map) holds fewer.
+fn check_distinct(words: &[String], ids: &WordIds) -> Result<(), Error> {
+    if ids.len() == words.len() {
+        return Ok(());
+    }
+    Err(Error::Vectors { msg: format!("word {:?} appears twice", WordIds::first_repeat(words).unwrap_or("")) })
 }
 
 #[cfg(test)]
