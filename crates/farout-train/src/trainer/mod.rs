@@ -201,8 +201,8 @@ impl<'c> Trainer<'c> {
 }
 
 fn embed_in_place(head: &FaceHead, ds: &mut Dataset, batch: usize) {
-    if let Features::Dense(m) = &ds.features {
-        ds.features = Features::Dense(head.embed(m, batch.max(1024)));
+    if let Features::Dense(m) = &mut ds.features {
+        head.embed_in_place(m, batch.max(1024));
     }
 }
 
