@@ -148,6 +148,9 @@ impl QuantRows {
     /// Appends `row` (length `dim`).
     pub fn push(&mut self, row: &[f32]) {
         if self.len == self.padded_len() {
+            crate::reserve_by_eighths(&mut self.codes, GROUPS_PER_TILE * self.chunks);
+            crate::reserve_by_eighths(&mut self.scale, ROW_TILE);
+            crate::reserve_by_eighths(&mut self.offset, ROW_TILE);
             self.codes.resize(self.codes.len() + GROUPS_PER_TILE * self.chunks, Line([0; 64]));
             self.scale.resize(self.scale.len() + ROW_TILE, 0.0);
             self.offset.resize(self.offset.len() + ROW_TILE, 0);

@@ -88,6 +88,8 @@ impl Cluster {
     }
 
     pub(super) fn push(&mut self, id: ClassId, row: &[f32]) {
+        crate::reserve_by_eighths(&mut self.ids, 1);
+        crate::reserve_by_eighths(&mut self.rows, row.len());
         self.ids.push(id);
         self.rows.extend_from_slice(row);
         if let Some(codes) = &mut self.codes {

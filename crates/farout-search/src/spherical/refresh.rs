@@ -231,6 +231,32 @@ mod tests {
         }
     }
 
+    /// Rows moving between clusters grow the clusters they join by little more than those rows:
+    /// after a tenth of the rows change places, the index holds at most an eighth more memory
+    /// (storage that doubled on a cluster's first new member would hold up to twice as much).
+    #[test]
+    fn rows_changing_clusters_grow_the_index_by_little_more_than_they_hold() {
+        let (w0, _) = clustered(10_000, 32);
+        for config in both_scorings() {
+            let mut w = w0.clone();
+            let config = SphericalConfig { n_centroids: 100, refresh_drift: -1.0, ..config };
+            let mut index = SphericalIndex::build(Rows::all(&w), &config);
+            let built = index.memory_bytes();
+            // Row i takes row i + 5,003's values: mostly another cluster's.
+            let moved: Vec<ClassId> = (0..1_000).map(|j| j * 10).collect();
+            for &i in &moved {
+                let from = w0.row((i as usize + 5_003) % 10_000).to_vec();
+                w.row_mut(i as usize).copy_from_slice(&from);
+            }
+            let before = index.assign.clone();
+            index.refresh(Rows::all(&w), &moved);
+            let changed = moved.iter().filter(|&&i| index.assign[i as usize] != before[i as usize]).count();
+            assert!(changed > 800, "{changed} rows changed clusters");
+            let grown = index.memory_bytes() as f64 / built as f64;
+            assert!(grown <= 1.125, "memory grew {grown:.3}x ({:?})", config.scoring);
+        }
+    }
+
     #[test]
     fn a_row_outgrowing_the_norm_bound_asks_for_a_rebuild() {
         let (mut w, _) = clustered(2_000, 8);
