@@ -18,8 +18,9 @@
 //! chunk (4 bytes, broadcast) with a group's chunk and adds the 4 products of every row into its
 //! own 32-bit lane: 64 multiply-adds per instruction against 16 for f32 FMA, on a quarter of the
 //! bytes, and no horizontal sums. The kernel scores two groups against four queries at a time
-//! (8 accumulators), and a query left alone eight groups at a time (8 accumulators again: with
-//! two, the scan waits on `vpdpbusd`'s latency; docs/decisions.md, `vnni-one-query`). Each group
+//! (8 accumulators); the one to three queries left over go through a tile of their own, two
+//! queries four groups at a time and a query alone eight (8 accumulators again: with two, the
+//! scan waits on `vpdpbusd`'s latency; docs/decisions.md, `vnni-one-query`). Each group
 //! starts on a cache line, so no 64-byte load straddles two.
 //!
 //! **AMX** (Intel Sapphire Rapids and later) multiplies whole tiles: `tdpbusd` takes 16 queries'
@@ -189,6 +190,12 @@ impl QuantRows {
         if at < self.len {
             (0..self.chunks).for_each(|c| farout_core::kernels::prefetch(&self.code_bytes()[self.byte(at, c)..][..1]));
         }
+    }
+
+    /// Asks for the lines of the codes at once, at most [`PREFETCH_LINES`] (see
+    /// [`by_query_tiles`]).
+    fn prefetch_codes(&self) {
+        farout_core::kernels::prefetch(&self.codes[..self.codes.len().min(PREFETCH_LINES)]);
     }
 
     /// Removes row `at` by moving the last row into its place (the positions of the others do
@@ -373,10 +380,20 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
             Kernel::Amx if amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES => {
                 amx::scan::<false>(rows, queries, which, out, &[], &mut [])
             }
-            Kernel::Amx | Kernel::Vnni => {
-                by_query_tiles(rows, queries, which, out, vnni::tile::<QUERY_TILE>, vnni::tile::<1>)
-            }
-            Kernel::Avx2 => by_query_tiles(rows, queries, which, out, avx2::tile::<QUERY_TILE>, avx2::tile::<1>),
+            Kernel::Amx | Kernel::Vnni => by_query_tiles(
+                rows,
+                queries,
+                which,
+                out,
+                [vnni::tile::<1>, vnni::tile::<2>, vnni::tile::<3>, vnni::tile::<4>],
+            ),
+            Kernel::Avx2 => by_query_tiles(
+                rows,
+                queries,
+                which,
+                out,
+                [avx2::tile::<1>, avx2::tile::<2>, avx2::tile::<3>, avx2::tile::<4>],
+            ),
             Kernel::Scalar => unreachable!(),
         }
     }
@@ -480,12 +497,19 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
     }
 }
 
+/// Lines of codes asked for before a scan of several queries ([`by_query_tiles`]): 512 KB, half
+/// of a Zen 4 core's L2 cache, so that the lines asked for first are still there when the
+/// kernel reads them (clusters of the spherical index are far smaller at sqrt(K) centroids).
+const PREFETCH_LINES: usize = (512 << 10) / 64;
+
 /// A kernel's scoring of all rows against some queries, written from `out[0]` on.
 #[cfg(target_arch = "x86_64")]
 type Tile = unsafe fn(&QuantRows, &QuantQueries, &[u32], &mut [f32]);
 
-/// Runs a kernel over `which`: its `QUERY_TILE`-query tile `four` while whole tiles remain,
-/// then its one-query tile `one`. `out` is sized `which.len() x rows.padded_len()`.
+/// Runs a kernel over `which`, `QUERY_TILE` queries at a time: `tiles[q - 1]` is its tile
+/// of `q` queries (the last tile takes the remaining ones: a query scored by a one-query tile
+/// costs about twice what it costs in a tile of four, where each load of the codes serves four
+/// queries). `out` is sized `which.len() x rows.padded_len()`.
 ///
 /// # Safety
 /// The CPU must have the features the tiles are compiled for; the tiles' other obligations
@@ -497,21 +521,20 @@ unsafe fn by_query_tiles(
     queries: &QuantQueries,
     which: &[u32],
     out: &mut [f32],
-    four: Tile,
-    one: Tile,
+    tiles: [Tile; QUERY_TILE],
 ) {
     let n = rows.padded_len();
     debug_assert_eq!(out.len(), which.len() * n);
-    let mut s = 0;
-    while s + QUERY_TILE <= which.len() {
-        // SAFETY: as for the function.
-        unsafe { four(rows, queries, &which[s..s + QUERY_TILE], &mut out[s * n..]) };
-        s += QUERY_TILE;
+    // With several queries the codes are read once from memory, then from cache by every
+    // further tile. The kernels' loads wait for one line after another, so asking for all the
+    // lines at once first keeps many more in flight (a cluster of 1,000 rows, 13 queries: a
+    // third less time; docs/decisions.md, "int8-scan-prefetch"). A lone query only streams.
+    if which.len() >= 2 {
+        rows.prefetch_codes();
     }
-    while s < which.len() {
-        // SAFETY: as for the function.
-        unsafe { one(rows, queries, &which[s..s + 1], &mut out[s * n..]) };
-        s += 1;
+    for (t, tile) in which.chunks(QUERY_TILE).enumerate() {
+        // SAFETY: as for the function; `out` holds `tile.len()` rows of `n` scores from here.
+        unsafe { tiles[tile.len() - 1](rows, queries, tile, &mut out[t * QUERY_TILE * n..]) };
     }
 }
 
@@ -530,14 +553,22 @@ mod vnni {
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
         let groups = rows.padded_len() / GROUP;
-        // One query alone has only GROUPS_PER_TILE independent sums in a tile, too few to hide
-        // vpdpbusd's latency: it takes WIDE groups at a time while they last, then pairs (the
-        // group count is even, WIDE a multiple of two).
-        let wide = if Q == 1 { groups / WIDE * WIDE } else { 0 };
-        // SAFETY: as for this function; both ranges lie within the groups.
+        // One or two queries have only 2 or 4 independent sums in a pair of groups, too few to
+        // hide vpdpbusd's latency: they take WIDE or 4 groups at a time while those last, then
+        // pairs (the group count is even).
+        let start = match Q {
+            1 => groups / WIDE * WIDE,
+            2 => groups / 4 * 4,
+            _ => 0,
+        };
+        // SAFETY: as for this function; the ranges lie within the groups.
         unsafe {
-            tile_groups::<Q, WIDE>(rows, queries, which, out, 0..wide);
-            tile_groups::<Q, GROUPS_PER_TILE>(rows, queries, which, out, wide..groups);
+            match Q {
+                1 => tile_groups::<Q, WIDE>(rows, queries, which, out, 0..start),
+                2 => tile_groups::<Q, 4>(rows, queries, which, out, 0..start),
+                _ => {}
+            }
+            tile_groups::<Q, GROUPS_PER_TILE>(rows, queries, which, out, start..groups);
         }
     }
 
@@ -965,6 +996,11 @@ mod tests {
             // 10 groups (8 + 2).
             (64, 300, 5),
             (32, 129, 1),
+            // Two queries take four groups at a time, then pairs: 6 groups (4 + 2, after a tile
+            // of four queries) and 12 (4 x 3); three queries take pairs.
+            (64, 70, 6),
+            (64, 170, 2),
+            (32, 129, 7),
         ];
         for (dim, n_rows, n_queries) in shapes {
             let (rows, queries, which) = problem(dim, n_rows, n_queries, 1);
