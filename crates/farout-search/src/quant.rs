@@ -193,7 +193,7 @@ impl QuantRows {
     }
 
     /// Asks for the lines of the codes at once, at most [`PREFETCH_LINES`] (see
-    /// [`by_query_tiles`]).
+    /// [`scores_with`]).
     fn prefetch_codes(&self) {
         farout_core::kernels::prefetch(&self.codes[..self.codes.len().min(PREFETCH_LINES)]);
     }
@@ -380,13 +380,20 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
             Kernel::Amx if amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES => {
                 amx::scan::<false>(rows, queries, which, out, &[], &mut [])
             }
-            Kernel::Amx | Kernel::Vnni => by_query_tiles(
-                rows,
-                queries,
-                which,
-                out,
-                [vnni::tile::<1>, vnni::tile::<2>, vnni::tile::<3>, vnni::tile::<4>],
-            ),
+            Kernel::Amx | Kernel::Vnni => {
+                // With several queries the codes are read once from memory, then from cache by
+                // every further tile. The VNNI kernel scores lines faster than its own loads
+                // bring them in, one after another, so asking for all the lines at once first
+                // keeps many more in flight (a cluster of 1,000 rows, 13 queries: a quarter
+                // less time). The AVX2 kernel is slow enough for the hardware to keep ahead
+                // (asking first cost it a seventh), and a lone query only streams
+                // (docs/decisions.md, "int8-scan-prefetch").
+                if which.len() >= 2 {
+                    rows.prefetch_codes();
+                }
+                let tiles = [vnni::tile::<1>, vnni::tile::<2>, vnni::tile::<3>, vnni::tile::<4>];
+                by_query_tiles(rows, queries, which, out, tiles)
+            }
             Kernel::Avx2 => by_query_tiles(
                 rows,
                 queries,
@@ -497,7 +504,7 @@ pub fn scores_scalar(rows: &QuantRows, queries: &QuantQueries, which: &[u32], ou
     }
 }
 
-/// Lines of codes asked for before a scan of several queries ([`by_query_tiles`]): 512 KB, half
+/// Lines of codes asked for before a VNNI scan of several queries ([`scores_with`]): 512 KB, half
 /// of a Zen 4 core's L2 cache, so that the lines asked for first are still there when the
 /// kernel reads them (clusters of the spherical index are far smaller at sqrt(K) centroids).
 const PREFETCH_LINES: usize = (512 << 10) / 64;
@@ -525,13 +532,6 @@ unsafe fn by_query_tiles(
 ) {
     let n = rows.padded_len();
     debug_assert_eq!(out.len(), which.len() * n);
-    // With several queries the codes are read once from memory, then from cache by every
-    // further tile. The kernels' loads wait for one line after another, so asking for all the
-    // lines at once first keeps many more in flight (a cluster of 1,000 rows, 13 queries: a
-    // third less time; docs/decisions.md, "int8-scan-prefetch"). A lone query only streams.
-    if which.len() >= 2 {
-        rows.prefetch_codes();
-    }
     for (t, tile) in which.chunks(QUERY_TILE).enumerate() {
         // SAFETY: as for the function; `out` holds `tile.len()` rows of `n` scores from here.
         unsafe { tiles[tile.len() - 1](rows, queries, tile, &mut out[t * QUERY_TILE * n..]) };
