@@ -204,8 +204,10 @@ def main():
                     .reorder(4 * top).build())
         searcher.set_num_threads(a.threads)
         build = time.perf_counter() - t
-        for search_leaves in [leaves // 100, leaves // 50, leaves // 20, leaves // 10, leaves // 5]:
-            for reorder in [2 * top, 4 * top]:
+        # Leaves searched in steps of about 1.5x and three re-ranking depths: coarser steps
+        # would leave ScaNN's best setting at recall 0.9 between two measured ones.
+        for search_leaves in sorted({leaves // d for d in [100, 50, 30, 20, 15, 10, 7, 5]}):
+            for reorder in [2 * top, 3 * top, 4 * top]:
                 def search(x, n=max(search_leaves, 1), r=reorder):
                     if len(x) == 1:
                         return searcher.search(x[0], final_num_neighbors=top, leaves_to_search=n,
