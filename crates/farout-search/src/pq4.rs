@@ -235,7 +235,9 @@ impl Pq4Rows {
     /// Appends a row by its codes `code(s)`.
     pub fn push_with(&mut self, code: impl Fn(usize) -> u8) {
         if self.len == self.padded_len() {
-            self.codes.resize(self.codes.len() + self.block_bytes(), 0);
+            let block = self.block_bytes();
+            crate::reserve_by_eighths(&mut self.codes, block);
+            self.codes.resize(self.codes.len() + block, 0);
         }
         self.len += 1;
         self.set_with(self.len - 1, code);

@@ -110,7 +110,7 @@ fn update_by_cluster(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{SphericalConfig, both_scorings};
+    use super::super::{Scoring, SphericalConfig, both_scorings};
     use super::*;
     use crate::MipsIndex;
     use crate::quant::{self, QuantQueries, QuantRows};
@@ -237,11 +237,16 @@ mod tests {
     #[test]
     fn rows_changing_clusters_grow_the_index_by_little_more_than_they_hold() {
         let (w0, _) = clustered(10_000, 32);
-        for config in both_scorings() {
+        let pq4 = SphericalConfig { scoring: Scoring::Pq4, ..both_scorings()[1].clone() };
+        for config in both_scorings().into_iter().chain([pq4]) {
             let mut w = w0.clone();
             let config = SphericalConfig { n_centroids: 100, refresh_drift: -1.0, ..config };
             let mut index = SphericalIndex::build(Rows::all(&w), &config);
-            let built = index.memory_bytes();
+            // 4-bit codes are a small part of the whole: they are checked on their own too.
+            let pq4_bytes = |index: &SphericalIndex| -> usize {
+                index.clusters.iter().filter_map(|c| c.pq4.as_ref()).map(|p| p.rows.bytes()).sum()
+            };
+            let (built, built_pq4) = (index.memory_bytes(), pq4_bytes(&index));
             // Row i takes row i + 5,003's values: mostly another cluster's.
             let moved: Vec<ClassId> = (0..1_000).map(|j| j * 10).collect();
             for &i in &moved {
@@ -254,6 +259,10 @@ mod tests {
             assert!(changed > 800, "{changed} rows changed clusters");
             let grown = index.memory_bytes() as f64 / built as f64;
             assert!(grown <= 1.125, "memory grew {grown:.3}x ({:?})", config.scoring);
+            if built_pq4 > 0 {
+                let grown = pq4_bytes(&index) as f64 / built_pq4 as f64;
+                assert!(grown <= 1.125, "4-bit codes grew {grown:.3}x");
+            }
         }
     }
 
