@@ -14,7 +14,7 @@ use crate::quant::{self, Above, QuantQueries};
 use farout_core::topk::NthBest;
 use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// Rows whose copies are requested ahead of the one being rescored: the gathered rows are
 /// scattered over the clusters, so loading them a few at a time overlaps the memory latency.
@@ -109,7 +109,7 @@ impl SphericalIndex {
             .collect();
         // The buffers of the last batch this thread searched, with their capacity (taken: a
         // nested search on this thread gets fresh ones).
-        let Buffers { mut scans, mut reaching } = BUFFERS.take();
+        let Buffers { mut scans, mut reaching, mut spans } = BUFFERS.take();
         // Contiguous runs of clusters of about equal work (rows x queries probing them), a few
         // per thread so that the threads stay busy.
         let n = self.clusters.len();
@@ -123,7 +123,14 @@ impl SphericalIndex {
                 scan.cluster(j, &self.clusters[j], &probes.queries_of[j], codes, &floors, depth);
             }
         });
-        // Per query, the rows reaching its cut, ordered by (cluster, member).
+        // Per query, the rows reaching its cut, ordered by (cluster, member); and where those
+        // of each cluster it probes lie among them, at `spans[first[j] + s]` for the `s`-th
+        // query probing cluster `j`. Each query places its own spans while its rows are in
+        // cache: searched for from the clusters' side, every pair's search would wait on
+        // memory.
+        let first = span_starts(&probes.queries_of);
+        spans.resize_with(first[n], || AtomicU64::new(0));
+        spans.truncate(first[n]);
         reaching.resize_with(nq, Vec::new);
         reaching.truncate(nq);
         reaching.par_iter_mut().enumerate().for_each_init(
@@ -138,15 +145,18 @@ impl SphericalIndex {
                     rows.extend(at.map(|(_, &at)| at));
                 }
                 rows.sort_unstable();
+                for &(j, slot) in &probes.slots[q] {
+                    let from = rows.partition_point(|&(c, _)| c < j);
+                    let to = from + rows[from..].partition_point(|&(c, _)| c == j);
+                    spans[first[j as usize] + slot as usize].store(span(from, to), Relaxed);
+                }
             },
         );
-        let rescored = self.rescore_by_cluster(probes, queries, k, out, |j, _, q, positions, _| {
-            let rows = &reaching[q as usize];
-            let from = rows.partition_point(|&(c, _)| (c as usize) < j);
-            let to = rows.partition_point(|&(c, _)| c as usize <= j);
-            positions.extend(rows[from..to].iter().map(|&(_, i)| i));
+        let rescored = self.rescore_by_cluster(probes, queries, k, out, |j, s, q, positions, _| {
+            let (from, to) = unspan(spans[first[j] + s].load(Relaxed));
+            positions.extend(reaching[q as usize][from..to].iter().map(|&(_, i)| i));
         });
-        BUFFERS.set(Buffers { scans, reaching });
+        BUFFERS.set(Buffers { scans, reaching, spans });
         rescored
     }
 
@@ -305,6 +315,7 @@ const COMPACT_AT: usize = 2;
 struct Buffers {
     scans: Vec<Scan>,
     reaching: Vec<Vec<(u32, u32)>>,
+    spans: Vec<AtomicU64>,
 }
 
 thread_local! {
@@ -375,6 +386,27 @@ impl Scan {
             }
         }
     }
+}
+
+/// Where each cluster's queries start in a flat list of (cluster, query probing it) pairs:
+/// `first[j]..first[j + 1]` for cluster `j`, and `first[clusters]` pairs in all.
+fn span_starts(queries_of: &[Vec<u32>]) -> Vec<usize> {
+    let mut first = Vec::with_capacity(queries_of.len() + 1);
+    first.push(0);
+    for qs in queries_of {
+        first.push(first.last().unwrap() + qs.len());
+    }
+    first
+}
+
+/// The range `from..to` as one word (for a span written by one thread and read by another).
+fn span(from: usize, to: usize) -> u64 {
+    (from as u64) << 32 | to as u64
+}
+
+/// The inverse of [`span`].
+fn unspan(word: u64) -> (usize, usize) {
+    ((word >> 32) as usize, word as u32 as usize)
 }
 
 /// An integer whose order is `x`'s order (for a floor shared through an atomic maximum; NaN
