@@ -65,6 +65,26 @@ pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, k
     keep_at_least_scalar(scores, threshold, positions, kept);
 }
 
+/// How many of `scores` are at least `threshold` (NaN never is).
+pub fn count_at_least(scores: &[f32], threshold: f32) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("popcnt") {
+        match Isa::best() {
+            // SAFETY: the CPU has the instruction set (checked by `Isa::best`) and POPCNT.
+            Isa::Avx512 => return unsafe { avx512::count_at_least(scores, threshold) },
+            // SAFETY: as above.
+            Isa::Avx2 => return unsafe { avx2::count_at_least(scores, threshold) },
+            Isa::Baseline => {}
+        }
+    }
+    count_at_least_scalar(scores, threshold)
+}
+
+/// [`count_at_least`] in portable code (the reference of the vector kernels).
+pub fn count_at_least_scalar(scores: &[f32], threshold: f32) -> usize {
+    scores.iter().map(|&s| (s >= threshold) as usize).sum()
+}
+
 /// A level of x86 vector instructions that kernels may use, narrowest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SimdLevel {
@@ -201,6 +221,25 @@ mod avx512 {
         _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum::<f32>()
     }
 
+    /// [`super::count_at_least`], 16 scores per step.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F and POPCNT.
+    #[target_feature(enable = "avx512f,popcnt")]
+    pub unsafe fn count_at_least(scores: &[f32], threshold: f32) -> usize {
+        let thr = _mm512_set1_ps(threshold);
+        let blocks = scores.chunks_exact(16);
+        let tail = super::count_at_least_scalar(blocks.remainder(), threshold);
+        let body: usize = blocks
+            .map(|b| {
+                // SAFETY: each block holds 16 floats; AVX-512F is the caller's contract.
+                let kept = unsafe { _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_loadu_ps(b.as_ptr()), thr) };
+                kept.count_ones() as usize
+            })
+            .sum();
+        body + tail
+    }
+
     /// [`keep_at_least`](super::keep_at_least) with AVX-512.
     ///
     /// # Safety
@@ -298,6 +337,25 @@ mod avx2 {
         }
         table
     };
+
+    /// [`super::count_at_least`], 8 scores per step.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and POPCNT.
+    #[target_feature(enable = "avx2,popcnt")]
+    pub unsafe fn count_at_least(scores: &[f32], threshold: f32) -> usize {
+        let thr = _mm256_set1_ps(threshold);
+        let blocks = scores.chunks_exact(8);
+        let tail = super::count_at_least_scalar(blocks.remainder(), threshold);
+        let body: usize = blocks
+            .map(|b| {
+                // SAFETY: each block holds 8 floats; AVX2 is the caller's contract.
+                let kept = unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(_mm256_loadu_ps(b.as_ptr()), thr)) };
+                kept.count_ones() as usize
+            })
+            .sum();
+        body + tail
+    }
 
     /// [`keep_at_least`](super::keep_at_least) with AVX2.
     ///
@@ -529,6 +587,41 @@ mod tests {
                     let got: Vec<(u32, f32)> = positions.into_iter().zip(kept).collect();
                     assert_eq!(got[0], (7, 7.0));
                     assert_eq!(got[1..], want[..], "{name}: n = {n}, threshold {threshold}");
+                }
+            }
+        }
+    }
+
+    /// Every count kernel counts what a filter keeps, for every tail length past 8 and 16,
+    /// with NaN and ties at the threshold.
+    #[test]
+    fn count_at_least_kernels_equal_a_filter() {
+        type Count = fn(&[f32], f32) -> usize;
+        let mut counts: Vec<(&str, Count)> = vec![("count_at_least", count_at_least)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("popcnt") {
+                // SAFETY: the CPU has the features (checked just above).
+                counts.push(("avx2", |s, t| unsafe { avx2::count_at_least(s, t) }));
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("popcnt") {
+                // SAFETY: as above.
+                counts.push(("avx512", |s, t| unsafe { avx512::count_at_least(s, t) }));
+            }
+        }
+        for n in 0..70 {
+            let scores: Vec<f32> = (0..n)
+                .map(|i| match i % 11 {
+                    3 => f32::NAN,
+                    5 => 0.25,
+                    _ => (i as f32 * 0.77).sin(),
+                })
+                .collect();
+            for threshold in [f32::NEG_INFINITY, -0.5, 0.25, 0.9, f32::INFINITY] {
+                let want = scores.iter().filter(|s| **s >= threshold).count();
+                assert_eq!(count_at_least_scalar(&scores, threshold), want, "scalar: n = {n}, threshold {threshold}");
+                for (name, kernel) in &counts {
+                    assert_eq!(kernel(&scores, threshold), want, "{name}: n = {n}, threshold {threshold}");
                 }
             }
         }

@@ -242,6 +242,58 @@ fn sampled_threshold<'a>(
     Some(threshold)
 }
 
+/// A lower bound of the `n`-th largest of `scores`, close to it: a value `t` that at least `n`
+/// scores reach, within `(max - min) / 2^`[`FLOOR_STEPS`] below the `n`-th largest (minus
+/// infinity when fewer than `n` scores are not NaN, plus infinity when `n` is 0). For a floor
+/// that only has to stay at or below the `n`-th best: bisection by counting (16 scores per
+/// step with AVX-512, [`kernels::count_at_least`]) costs a few passes over the scores and no
+/// selection, cheaper on a few thousand scores than finding the `n`-th exactly ([`NthBest::of`]).
+pub fn nth_best_floor(scores: &[f32], n: usize) -> f32 {
+    if n == 0 {
+        return f32::INFINITY;
+    }
+    let (lo, hi) = range_of(scores);
+    if kernels::count_at_least(scores, lo) < n {
+        return f32::NEG_INFINITY;
+    }
+    // Invariant: at least `n` scores reach `lo`, and the `n`-th largest is at most `hi`.
+    let (mut lo, mut hi) = (lo, hi);
+    for _ in 0..FLOOR_STEPS {
+        let mid = lo + 0.5 * (hi - lo);
+        if !(mid > lo && mid < hi) {
+            break;
+        }
+        if kernels::count_at_least(scores, mid) >= n {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The smallest and largest of `scores`, NaN ignored (infinities when all are NaN or there
+/// are none). Sixteen independent minima and maxima, which the compiler keeps in vector
+/// registers, instead of one chain of dependent comparisons.
+fn range_of(scores: &[f32]) -> (f32, f32) {
+    let (mut lo, mut hi) = ([f32::INFINITY; 16], [f32::NEG_INFINITY; 16]);
+    let blocks = scores.chunks_exact(16);
+    let tail = blocks.remainder();
+    for block in blocks {
+        for ((l, h), &s) in lo.iter_mut().zip(&mut hi).zip(block) {
+            // `min` and `max` ignore NaN.
+            *l = l.min(s);
+            *h = h.max(s);
+        }
+    }
+    let init = tail.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &s| (a.min(s), b.max(s)));
+    lo.iter().zip(&hi).fold(init, |(a, b), (&l, &h)| (a.min(l), b.max(h)))
+}
+
+/// Bisection steps of [`nth_best_floor`]: it ends within 1 / 4,096 of the scores' range below
+/// the `n`-th largest.
+pub const FLOOR_STEPS: usize = 12;
+
 /// Finds the `n`-th largest of many scores (keeping its buffers between calls).
 #[derive(Clone, Debug, Default)]
 pub struct NthBest {
@@ -300,6 +352,43 @@ mod tests {
         all.sort_unstable_by(by_score);
         all.truncate(n);
         all
+    }
+
+    /// The floor is reached by at least `n` scores, is at most the `n`-th largest and within
+    /// the bisection's resolution of it, with ties, NaN and constant scores.
+    #[test]
+    fn nth_best_floor_is_a_close_lower_bound() {
+        let mut r = crate::rng::seeded(3, 0);
+        for (len, n) in [(1, 1), (50, 1), (50, 50), (1640, 382), (764, 382), (3000, 7), (200, 150)] {
+            for coarse in [false, true] {
+                let mut scores: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let x = crate::rng::normal(&mut r);
+                        if coarse { (x * 4.0).round() / 4.0 } else { x }
+                    })
+                    .collect();
+                if len > 10 {
+                    scores[7] = f32::NAN;
+                }
+                let valid: Vec<f32> = scores.iter().copied().filter(|s| !s.is_nan()).collect();
+                let floor = nth_best_floor(&scores, n);
+                if valid.len() < n {
+                    assert_eq!(floor, f32::NEG_INFINITY);
+                    continue;
+                }
+                let mut sorted = valid.clone();
+                sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+                let nth = sorted[n - 1];
+                let range = sorted[0] - sorted[sorted.len() - 1];
+                assert!(floor <= nth, "len {len}, n {n}: floor {floor} above the n-th best {nth}");
+                assert!(valid.iter().filter(|&&s| s >= floor).count() >= n, "len {len}, n {n}");
+                assert!(nth - floor <= range / (1 << FLOOR_STEPS) as f32 * 1.01, "len {len}, n {n}: {floor} vs {nth}");
+            }
+        }
+        assert_eq!(nth_best_floor(&[0.5; 10], 10), 0.5, "constant scores");
+        assert_eq!(nth_best_floor(&[0.5, f32::NAN], 2), f32::NEG_INFINITY, "NaN does not count");
+        assert_eq!(nth_best_floor(&[], 1), f32::NEG_INFINITY);
+        assert_eq!(nth_best_floor(&[1.0], 0), f32::INFINITY);
     }
 
     #[test]
