@@ -565,12 +565,10 @@ mod tests {
         }
     }
 
-    /// Every keep kernel appends what a filter keeps, for every tail length past 8 and 16, with
-    /// NaN, ties at the threshold and earlier content in the outputs.
-    #[test]
-    fn keep_at_least_kernels_equal_a_filter() {
-        let keeps = keeps();
-        for n in 0..70 {
+    /// Scores of every length below 70 (every tail past 8 and 16) with NaN and values tied at
+    /// the threshold 0.25, each with thresholds from minus to plus infinity.
+    fn filter_cases() -> impl Iterator<Item = (usize, Vec<f32>, f32)> {
+        (0..70).flat_map(|n| {
             let scores: Vec<f32> = (0..n)
                 .map(|i| match i % 11 {
                     3 => f32::NAN,
@@ -578,16 +576,24 @@ mod tests {
                     _ => (i as f32 * 0.77).sin(),
                 })
                 .collect();
-            for threshold in [f32::NEG_INFINITY, -0.5, 0.25, 0.9, f32::INFINITY] {
-                let want: Vec<(u32, f32)> =
-                    scores.iter().enumerate().filter(|(_, s)| **s >= threshold).map(|(i, &s)| (i as u32, s)).collect();
-                for (name, kernel) in &keeps {
-                    let (mut positions, mut kept) = (vec![7u32], vec![7.0f32]);
-                    kernel(&scores, threshold, &mut positions, &mut kept);
-                    let got: Vec<(u32, f32)> = positions.into_iter().zip(kept).collect();
-                    assert_eq!(got[0], (7, 7.0));
-                    assert_eq!(got[1..], want[..], "{name}: n = {n}, threshold {threshold}");
-                }
+            [f32::NEG_INFINITY, -0.5, 0.25, 0.9, f32::INFINITY].map(move |t| (n, scores.clone(), t))
+        })
+    }
+
+    /// Every keep kernel appends what a filter keeps, for every tail length past 8 and 16, with
+    /// NaN, ties at the threshold and earlier content in the outputs.
+    #[test]
+    fn keep_at_least_kernels_equal_a_filter() {
+        let keeps = keeps();
+        for (n, scores, threshold) in filter_cases() {
+            let want: Vec<(u32, f32)> =
+                scores.iter().enumerate().filter(|(_, s)| **s >= threshold).map(|(i, &s)| (i as u32, s)).collect();
+            for (name, kernel) in &keeps {
+                let (mut positions, mut kept) = (vec![7u32], vec![7.0f32]);
+                kernel(&scores, threshold, &mut positions, &mut kept);
+                let got: Vec<(u32, f32)> = positions.into_iter().zip(kept).collect();
+                assert_eq!(got[0], (7, 7.0));
+                assert_eq!(got[1..], want[..], "{name}: n = {n}, threshold {threshold}");
             }
         }
     }
@@ -609,20 +615,11 @@ mod tests {
                 counts.push(("avx512", |s, t| unsafe { avx512::count_at_least(s, t) }));
             }
         }
-        for n in 0..70 {
-            let scores: Vec<f32> = (0..n)
-                .map(|i| match i % 11 {
-                    3 => f32::NAN,
-                    5 => 0.25,
-                    _ => (i as f32 * 0.77).sin(),
-                })
-                .collect();
-            for threshold in [f32::NEG_INFINITY, -0.5, 0.25, 0.9, f32::INFINITY] {
-                let want = scores.iter().filter(|s| **s >= threshold).count();
-                assert_eq!(count_at_least_scalar(&scores, threshold), want, "scalar: n = {n}, threshold {threshold}");
-                for (name, kernel) in &counts {
-                    assert_eq!(kernel(&scores, threshold), want, "{name}: n = {n}, threshold {threshold}");
-                }
+        for (n, scores, threshold) in filter_cases() {
+            let want = scores.iter().filter(|s| **s >= threshold).count();
+            assert_eq!(count_at_least_scalar(&scores, threshold), want, "scalar: n = {n}, threshold {threshold}");
+            for (name, kernel) in &counts {
+                assert_eq!(kernel(&scores, threshold), want, "{name}: n = {n}, threshold {threshold}");
             }
         }
     }
