@@ -40,12 +40,6 @@
 //! pairs into each row's 32-bit lane. A 64-byte chunk is two 8-row halves; four queries share
 //! each load (8 accumulators).
 //!
-//! **Keeping.** The batched search wants only the rows at or above each query's floor
-//! ([`scores_at_least`]). The VNNI and AMX kernels compare each block of 16 scores with the
-//! floor as they convert the sums and store only the lanes kept, compressed in a register,
-//! instead of writing every score and reading it back; the AVX2 kernel (no compress) and the
-//! portable code write every score and filter afterwards.
-//!
 //! All kernels compute the same integers and the same float operations as the portable
 //! [`scores_scalar`], so all give bit-identical scores (a test checks every kernel the CPU
 //! has). [`scores`] picks the fastest the CPU has ([`Kernel::best`]); the portable code is far
@@ -347,7 +341,6 @@ impl Kernel {
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("popcnt")
                 {
                     #[cfg(target_os = "linux")]
                     if simd_cap() >= SimdLevel::Amx && amx::usable() {
@@ -398,7 +391,8 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
                 if which.len() >= 2 {
                     rows.prefetch_codes();
                 }
-                vnni::scan(rows, queries, which, &mut vnni::Write::new(rows, out))
+                let tiles = [vnni::tile::<1>, vnni::tile::<2>, vnni::tile::<3>, vnni::tile::<4>];
+                by_query_tiles(rows, queries, which, out, tiles)
             }
             Kernel::Avx2 => by_query_tiles(
                 rows,
@@ -433,9 +427,9 @@ impl Above {
 /// For each query `which[s]`, appends to `above[s]` the rows of `rows` whose approximate score
 /// is at least `floors[s]` (padding rows never): bit for bit what [`scores`] followed by
 /// [`kernels::keep_at_least`](farout_core::kernels::keep_at_least) on each query's scores
-/// gives. The AMX and VNNI kernels compare each block of 16 scores with the floor as they
-/// convert the sums and store only the rows kept, instead of writing every score and reading it
-/// back; the AVX2 and portable kernels score into `scratch` first.
+/// gives. The AMX kernel compares each tile row of sums with the floor as it converts them and
+/// writes only the rows kept, instead of writing every score and reading it back; the other
+/// kernels score into `scratch` first.
 pub fn scores_at_least(
     rows: &QuantRows,
     queries: &QuantQueries,
@@ -458,24 +452,13 @@ pub fn scores_at_least_with(
     scratch: &mut Vec<f32>,
 ) {
     assert!(floors.len() == which.len() && above.len() == which.len(), "a floor and an output per query");
-    assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
-    #[cfg(target_arch = "x86_64")]
-    if matches!(kernel, Kernel::Amx | Kernel::Vnni) {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if kernel == Kernel::Amx && amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES {
         assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
-        #[cfg(target_os = "linux")]
-        if kernel == Kernel::Amx && amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES {
-            // SAFETY: the CPU has AMX, enabled (`available`); the kernel reads within `rows`
-            // and `queries`, and writes nothing in keeping mode but `above`.
-            unsafe { amx::scan::<true>(rows, queries, which, &mut [], floors, above) };
-            return;
-        }
-        // As in `scores_with` (docs/decisions.md, "int8-scan-prefetch").
-        if which.len() >= 2 {
-            rows.prefetch_codes();
-        }
-        // SAFETY: the CPU has AVX-512F, BW, VNNI and POPCNT (`available`); the dimensions agree
-        // (checked above), and `Keep` is made for `rows` and a floor and an output per query.
-        unsafe { vnni::scan(rows, queries, which, &mut vnni::Keep::new(rows, floors, above)) };
+        assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
+        // SAFETY: the CPU has AMX, enabled (`available`); the kernel reads within `rows` and
+        // `queries`, and writes nothing in keeping mode but `above`.
+        unsafe { amx::scan::<true>(rows, queries, which, &mut [], floors, above) };
         return;
     }
     scores_with(kernel, rows, queries, which, scratch);
@@ -557,161 +540,18 @@ unsafe fn by_query_tiles(
 
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Above, GROUP, GROUPS_PER_TILE, QUERY_TILE, QuantQueries, QuantRows};
+    use super::{GROUP, GROUPS_PER_TILE, QuantQueries, QuantRows};
     use std::arch::x86_64::*;
 
-    /// What the kernel does with each block of 16 scores it computes: write it ([`Write`]) or
-    /// keep the rows reaching the query's floor ([`Keep`]). One trait, so that both share the
-    /// scan and only the last step differs.
-    pub trait Output {
-        /// Takes the scores `v` of rows `row..row + 16` against the `s`-th query of the scan,
-        /// given the number of entries `added` for that query since the kernel last called
-        /// [`Output::close`] for it; returns the new number. (The kernel holds the count in a
-        /// register: read back from memory, each block would wait for the previous one's.)
-        ///
-        /// # Safety
-        /// The CPU must have AVX-512F and POPCNT (inlined into the kernel, which has them); `s`
-        /// and `row` lie within the queries and the padded rows the output was made for;
-        /// `added` is what the previous calls for query `s` returned since its last `close`.
-        unsafe fn put(&mut self, s: usize, row: usize, v: __m512, added: usize) -> usize;
-
-        /// Settles the `added` entries of the `s`-th query.
-        ///
-        /// # Safety
-        /// `added` is what the last [`Output::put`] for query `s` returned.
-        unsafe fn close(&mut self, s: usize, added: usize);
-    }
-
-    /// Writes every score: `out[s * n + i]` for query `s` and row `i` of `n` padded rows.
-    pub struct Write<'a> {
-        out: &'a mut [f32],
-        n: usize,
-    }
-
-    impl<'a> Write<'a> {
-        /// Scores of `rows` into `out`, which must hold a row of `rows.padded_len()` scores per
-        /// query scanned.
-        pub fn new(rows: &QuantRows, out: &'a mut [f32]) -> Self {
-            Self { out, n: rows.padded_len() }
-        }
-    }
-
-    impl Output for Write<'_> {
-        #[inline(always)]
-        unsafe fn put(&mut self, s: usize, row: usize, v: __m512, _: usize) -> usize {
-            debug_assert!(s * self.n + row + GROUP <= self.out.len());
-            // SAFETY: out holds a row of n scores per query and rows row..row + 16 < n (the
-            // caller's contract); AVX-512F is the caller's contract.
-            unsafe { _mm512_storeu_ps(self.out.as_mut_ptr().add(s * self.n + row), v) };
-            0
-        }
-
-        #[inline(always)]
-        unsafe fn close(&mut self, _: usize, _: usize) {}
-    }
-
-    /// Appends to `above[s]` the rows scoring at least `floors[s]` (not the padding; NaN never
-    /// passes), positions ascending: what writing every score and filtering each query's row
-    /// of scores with `kernels::keep_at_least` gives, without writing and reading them back.
-    pub struct Keep<'a> {
-        floors: &'a [f32],
-        above: &'a mut [Above],
-        /// Rows that are not padding.
-        len: usize,
-    }
-
-    impl<'a> Keep<'a> {
-        /// Keeps the rows of `rows` reaching `floors[s]` into `above[s]`; reserves a padded
-        /// row's worth of room in each, so that [`Output::put`] can store 16 lanes past the
-        /// entries added without checking the capacity.
-        pub fn new(rows: &QuantRows, floors: &'a [f32], above: &'a mut [Above]) -> Self {
-            assert_eq!(floors.len(), above.len(), "a floor per output");
-            for a in above.iter_mut() {
-                a.positions.reserve(rows.padded_len());
-                a.scores.reserve(rows.padded_len());
-            }
-            Self { floors, above, len: rows.len() }
-        }
-    }
-
-    impl Output for Keep<'_> {
-        /// Compares the block with the floor among the real rows, compresses the kept lanes in
-        /// a register and stores all 16 past the entries added, counting the kept ones: a
-        /// compress-store to memory is microcoded on AMD Zen 4, and a branch on "any kept"
-        /// mispredicts where some blocks keep rows and others do not (docs/decisions.md,
-        /// "keep-pass-branchless").
-        #[inline(always)]
-        unsafe fn put(&mut self, s: usize, row: usize, v: __m512, added: usize) -> usize {
-            // The lanes holding rows, not padding: all but in the last group or two.
-            let real =
-                if row + GROUP <= self.len { u16::MAX } else { ((1u32 << self.len.saturating_sub(row)) - 1) as u16 };
-            let a = &mut self.above[s];
-            // SAFETY: AVX-512F is the caller's contract. `Keep::new` reserved a padded row of
-            // room past the lengths it found; entries added since (settled by `close` or
-            // counted in `added`) are at most one per real row before this block, and
-            // row + 16 <= padded_len: the 16-lane stores lie within the capacity. The first
-            // `kept` lanes are the compressed ones; the rest is overwritten by the next block
-            // or left beyond the lengths.
-            unsafe {
-                let mask = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, _mm512_set1_ps(self.floors[s]));
-                let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-                let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
-                let (p, m) = (a.positions.len() + added, a.scores.len() + added);
-                _mm512_storeu_si512(a.positions.as_mut_ptr().add(p).cast(), _mm512_maskz_compress_epi32(mask, at));
-                _mm512_storeu_ps(a.scores.as_mut_ptr().add(m), _mm512_maskz_compress_ps(mask, v));
-                added + mask.count_ones() as usize
-            }
-        }
-
-        #[inline(always)]
-        unsafe fn close(&mut self, s: usize, added: usize) {
-            let a = &mut self.above[s];
-            // SAFETY: `put` wrote the `added` entries past the lengths, within the capacity.
-            unsafe {
-                a.positions.set_len(a.positions.len() + added);
-                a.scores.set_len(a.scores.len() + added);
-            }
-        }
-    }
-
-    /// Scores all rows against the queries `which` into `out` ([`Output::put`] with `s` the
-    /// query's place in `which`), [`QUERY_TILE`] queries at a time: the last tile takes the
-    /// remaining ones (a query scored by a one-query tile costs about twice what it costs in a
-    /// tile of four, where each load of the codes serves four queries).
+    /// Scores all rows against the `Q` queries `which` into `out[s * n + i]`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F, AVX-512BW, AVX-512 VNNI and POPCNT; `rows.chunks == queries.chunks`
-    /// (the query codes are read for every chunk of the rows); `out` was made for `rows` and
-    /// `which.len()` queries.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,popcnt")]
-    pub unsafe fn scan<O: Output>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut O) {
-        for (t, tile_of) in which.chunks(QUERY_TILE).enumerate() {
-            let first = t * QUERY_TILE;
-            // SAFETY: as for this function.
-            unsafe {
-                match tile_of.len() {
-                    1 => tile::<1, O>(rows, queries, tile_of, first, out),
-                    2 => tile::<2, O>(rows, queries, tile_of, first, out),
-                    3 => tile::<3, O>(rows, queries, tile_of, first, out),
-                    _ => tile::<4, O>(rows, queries, tile_of, first, out),
-                }
-            }
-        }
-    }
-
-    /// Scores all rows against the `Q` queries `which`, the scan's queries `first..first + Q`,
-    /// into `out`.
-    ///
-    /// # Safety
-    /// As for [`scan`]. (`which` holds at least `Q` queries of `queries`; that one is checked.)
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,popcnt")]
-    unsafe fn tile<const Q: usize, O: Output>(
-        rows: &QuantRows,
-        queries: &QuantQueries,
-        which: &[u32],
-        first: usize,
-        out: &mut O,
-    ) {
+    /// The CPU must have AVX-512F, AVX-512BW and AVX-512 VNNI. `rows.chunks == queries.chunks`
+    /// (the query codes are read for every chunk of the rows), and `out` holds at least
+    /// `Q x rows.padded_len()` floats: the stores are unchecked. (`which` holds at least `Q`
+    /// queries of `queries`; that one is checked.)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile<const Q: usize>(rows: &QuantRows, queries: &QuantQueries, which: &[u32], out: &mut [f32]) {
         let groups = rows.padded_len() / GROUP;
         // One or two queries have only 2 or 4 independent sums in a pair of groups, too few to
         // hide vpdpbusd's latency: they take WIDE or 4 groups at a time while those last, then
@@ -724,11 +564,11 @@ mod vnni {
         // SAFETY: as for this function; the ranges lie within the groups.
         unsafe {
             match Q {
-                1 => tile_groups::<Q, WIDE, O>(rows, queries, which, first, out, 0..start),
-                2 => tile_groups::<Q, 4, O>(rows, queries, which, first, out, 0..start),
+                1 => tile_groups::<Q, WIDE>(rows, queries, which, out, 0..start),
+                2 => tile_groups::<Q, 4>(rows, queries, which, out, 0..start),
                 _ => {}
             }
-            tile_groups::<Q, GROUPS_PER_TILE, O>(rows, queries, which, first, out, start..groups);
+            tile_groups::<Q, GROUPS_PER_TILE>(rows, queries, which, out, start..groups);
         }
     }
 
@@ -736,28 +576,26 @@ mod vnni {
     const WIDE: usize = 8;
 
     /// [`tile`] over the groups `groups` of the rows (`G` groups at a time; the range's length
-    /// is a multiple of `G`), groups in order: each query's rows reach `out` ascending.
+    /// is a multiple of `G`).
     ///
     /// # Safety
     /// As for [`tile`], and `groups.end <= rows.padded_len() / GROUP`.
     // The accumulators are a `Q x G` register tile: indices read clearer than nested iterators.
     #[allow(clippy::needless_range_loop)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,popcnt")]
-    unsafe fn tile_groups<const Q: usize, const G: usize, O: Output>(
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_groups<const Q: usize, const G: usize>(
         rows: &QuantRows,
         queries: &QuantQueries,
         which: &[u32],
-        first: usize,
-        out: &mut O,
+        out: &mut [f32],
         groups: std::ops::Range<usize>,
     ) {
         debug_assert_eq!(groups.len() % G, 0);
-        let chunks = rows.chunks;
+        let (n, chunks) = (rows.padded_len(), rows.chunks);
         let group_bytes = chunks * 64;
         let u: [*const i32; Q] = std::array::from_fn(|s| queries.codes(which[s] as usize).as_ptr().cast::<i32>());
         let sq: [__m512; Q] = std::array::from_fn(|s| _mm512_set1_ps(queries.scale[which[s] as usize]));
         let codes = rows.code_bytes().as_ptr();
-        let mut added = [0; Q];
         for g in groups.step_by(G) {
             let mut acc = [[_mm512_setzero_si512(); G]; Q];
             for c in 0..chunks {
@@ -790,15 +628,10 @@ mod vnni {
                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[s][t], offset)), scale),
                         sq[s],
                     );
-                    // SAFETY: query first + s of the scan, rows row..row + 16 of the padded
-                    // rows (the caller's contract); the CPU has AVX-512F and POPCNT.
-                    added[s] = unsafe { out.put(first + s, row, v, added[s]) };
+                    // SAFETY: out holds Q x n floats from here (sized by the caller).
+                    unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
                 }
             }
-        }
-        for s in 0..Q {
-            // SAFETY: added[s] is what the last `put` for query first + s returned.
-            unsafe { out.close(first + s, added[s]) };
         }
     }
 }
