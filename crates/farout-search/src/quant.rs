@@ -1132,26 +1132,53 @@ mod tests {
 
     /// Every kernel's [`scores_at_least_with`] keeps what the scalar scores filtered by the
     /// scalar `keep_at_least` keep, bit for bit and in the same order, appended after what the
-    /// outputs held: floors below every score (padding rows must still be left out), at
-    /// quantiles of the scores, above all, and per query different.
+    /// outputs held: floors of -inf and below every score (padding rows must still be left
+    /// out), each query's lowest score, median, 99th percentile and highest (ties with the floor
+    /// pass), above all and NaN (none kept), and per query different; on every tile of the
+    /// kernels (one to four queries, one and two queries several groups at a time), padding
+    /// within a group and a whole group of it, and no rows.
     #[test]
     fn keeping_kernels_equal_scoring_then_filtering() {
-        let shapes = [(128, 100, 7), (64, 70, 33), (128, 4_000, 40), (192, 40, 8), (13, 33, 12)];
+        let shapes = [
+            (128, 100, 7),
+            (64, 70, 33),
+            (128, 4_000, 40),
+            (192, 40, 8),
+            (13, 33, 12),
+            // One query: eight groups at a time, then pairs (20 groups: 16 + 4; 10: 8 + 2).
+            (64, 300, 5),
+            (32, 129, 1),
+            // Two queries: four groups at a time (12 groups, after a tile of four; 6: 4 + 2);
+            // three queries: pairs.
+            (64, 170, 6),
+            (64, 70, 2),
+            (32, 129, 3),
+            // A whole group of padding (48 rows in 64), and no rows.
+            (64, 48, 3),
+            (16, 0, 2),
+        ];
         for (dim, n_rows, n_queries) in shapes {
             let (rows, queries, which) = problem(dim, n_rows, n_queries, 4);
             let mut scores = Vec::new();
             scores_scalar(&rows, &queries, &which, &mut scores);
             let n = rows.padded_len();
-            let mut sorted = scores[..n_rows].to_vec();
-            sorted.sort_unstable_by(|a, b| a.total_cmp(b));
-            let at = |f: f64| sorted[((n_rows - 1) as f64 * f) as usize];
-            let per_query: Vec<f32> = (0..n_queries).map(|s| at(s as f64 / n_queries as f64)).collect();
+            // Query s's own score at quantile f (0 without rows).
+            let quantile = |s: usize, f: f64| {
+                let mut own = scores[s * n..s * n + n_rows].to_vec();
+                own.sort_unstable_by(|a, b| a.total_cmp(b));
+                own.get((n_rows.saturating_sub(1) as f64 * f) as usize).copied().unwrap_or(0.0)
+            };
+            let each = |f: f64| (0..n_queries).map(|s| quantile(s, f)).collect::<Vec<f32>>();
             for floors in [
+                vec![f32::NEG_INFINITY; n_queries],
                 vec![f32::MIN; n_queries],
-                vec![at(0.5); n_queries],
-                vec![at(0.99); n_queries],
+                each(0.0),
+                each(0.5),
+                each(0.99),
+                each(1.0),
                 vec![f32::MAX; n_queries],
-                per_query,
+                vec![f32::NAN; n_queries],
+                (0..n_queries).map(|s| quantile(s, s as f64 / n_queries as f64)).collect(),
             ] {
                 let start = Above { positions: vec![7], scores: vec![0.5] };
                 let mut slow = vec![start.clone(); n_queries];
