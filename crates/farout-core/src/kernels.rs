@@ -56,7 +56,7 @@ pub fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
 pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
     #[cfg(target_arch = "x86_64")]
     match Isa::best() {
-        // SAFETY: the CPU has the instruction set (checked by `Isa::best`).
+        // SAFETY: the CPU has the instruction set and POPCNT (checked by `Isa::best`).
         Isa::Avx512 => return unsafe { avx512::keep_at_least(scores, threshold, positions, kept) },
         // SAFETY: as above.
         Isa::Avx2 => return unsafe { avx2::keep_at_least(scores, threshold, positions, kept) },
@@ -68,14 +68,12 @@ pub fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, k
 /// How many of `scores` are at least `threshold` (NaN never is).
 pub fn count_at_least(scores: &[f32], threshold: f32) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("popcnt") {
-        match Isa::best() {
-            // SAFETY: the CPU has the instruction set (checked by `Isa::best`) and POPCNT.
-            Isa::Avx512 => return unsafe { avx512::count_at_least(scores, threshold) },
-            // SAFETY: as above.
-            Isa::Avx2 => return unsafe { avx2::count_at_least(scores, threshold) },
-            Isa::Baseline => {}
-        }
+    match Isa::best() {
+        // SAFETY: the CPU has the instruction set and POPCNT (checked by `Isa::best`).
+        Isa::Avx512 => return unsafe { avx512::count_at_least(scores, threshold) },
+        // SAFETY: as above.
+        Isa::Avx2 => return unsafe { avx2::count_at_least(scores, threshold) },
+        Isa::Baseline => {}
     }
     count_at_least_scalar(scores, threshold)
 }
@@ -151,9 +149,16 @@ impl Isa {
         static BEST: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
         *BEST.get_or_init(|| {
             let cap = simd_cap();
-            if cap >= SimdLevel::Avx512 && is_x86_feature_detected!("avx512f") {
+            // POPCNT too (every CPU with AVX2 has it): the keep and count kernels count the
+            // lanes of a mask with it, which without it compiles to a dozen bit operations.
+            let popcnt = is_x86_feature_detected!("popcnt");
+            if cap >= SimdLevel::Avx512 && is_x86_feature_detected!("avx512f") && popcnt {
                 Isa::Avx512
-            } else if cap >= SimdLevel::Avx2 && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            } else if cap >= SimdLevel::Avx2
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && popcnt
+            {
                 Isa::Avx2
             } else {
                 Isa::Baseline
@@ -243,9 +248,9 @@ mod avx512 {
     /// [`keep_at_least`](super::keep_at_least) with AVX-512.
     ///
     /// # Safety
-    /// The CPU must support AVX-512F. The function reserves the room it writes into itself,
-    /// so there is no obligation on the arguments.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must support AVX-512F and POPCNT. The function reserves the room it writes into
+    /// itself, so there is no obligation on the arguments.
+    #[target_feature(enable = "avx512f,popcnt")]
     pub unsafe fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
         let n = scores.len();
         let (p0, k0) = (positions.len(), kept.len());
@@ -360,9 +365,9 @@ mod avx2 {
     /// [`keep_at_least`](super::keep_at_least) with AVX2.
     ///
     /// # Safety
-    /// The CPU must support AVX2. The function reserves the room it writes into itself, so
-    /// there is no obligation on the arguments.
-    #[target_feature(enable = "avx2")]
+    /// The CPU must support AVX2 and POPCNT. The function reserves the room it writes into
+    /// itself, so there is no obligation on the arguments.
+    #[target_feature(enable = "avx2,popcnt")]
     pub unsafe fn keep_at_least(scores: &[f32], threshold: f32, positions: &mut Vec<u32>, kept: &mut Vec<f32>) {
         let n = scores.len();
         let (p0, k0) = (positions.len(), kept.len());
@@ -541,11 +546,11 @@ mod tests {
         let mut keeps: Vec<(&str, Keep)> = vec![("keep_at_least", keep_at_least), ("scalar", keep_at_least_scalar)];
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has the feature (checked just above).
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("popcnt") {
+                // SAFETY: the CPU has the features (checked just above).
                 keeps.push(("avx2", |s, t, p, k| unsafe { avx2::keep_at_least(s, t, p, k) }));
             }
-            if is_x86_feature_detected!("avx512f") {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("popcnt") {
                 // SAFETY: as above.
                 keeps.push(("avx512", |s, t, p, k| unsafe { avx512::keep_at_least(s, t, p, k) }));
             }

@@ -343,7 +343,7 @@ impl Kernel {
                     && is_x86_feature_detected!("avx512vnni")
                 {
                     #[cfg(target_os = "linux")]
-                    if simd_cap() >= SimdLevel::Amx && amx::usable() {
+                    if simd_cap() >= SimdLevel::Amx && is_x86_feature_detected!("popcnt") && amx::usable() {
                         kernels.push(Kernel::Amx);
                     }
                     kernels.push(Kernel::Vnni);
@@ -456,7 +456,7 @@ pub fn scores_at_least_with(
     if kernel == Kernel::Amx && amx::fits(rows.chunks) && which.len() >= AMX_MIN_QUERIES {
         assert_eq!(rows.chunks, queries.chunks, "rows and queries of different dimensions");
         assert!(Kernel::available().contains(&kernel), "the CPU does not run the {kernel:?} kernel");
-        // SAFETY: the CPU has AMX, enabled (`available`); the kernel reads within `rows` and
+        // SAFETY: the CPU has AMX, enabled, and POPCNT (`available`); the kernel reads within `rows` and
         // `queries`, and writes nothing in keeping mode but `above`.
         unsafe { amx::scan::<true>(rows, queries, which, &mut [], floors, above) };
         return;
@@ -717,10 +717,10 @@ mod amx {
     /// only the rows scoring at least `floors[s]` (not the padding), appended to `above[s]`.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F and AMX-INT8, enabled by [`usable`]; `fits(rows.chunks)`;
-    /// `out` holds `which.len() x rows.padded_len()` floats, or with `KEEP` `floors` and
-    /// `above` hold `which.len()` entries.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU must have AVX-512F, POPCNT and AMX-INT8, enabled by [`usable`];
+    /// `fits(rows.chunks)`; `out` holds `which.len() x rows.padded_len()` floats, or with `KEEP`
+    /// `floors` and `above` hold `which.len()` entries.
+    #[target_feature(enable = "avx512f,popcnt")]
     pub unsafe fn scan<const KEEP: bool>(
         rows: &QuantRows,
         queries: &QuantQueries,
