@@ -361,7 +361,7 @@ pub struct Enc {
 }
 
 impl Enc {
-    fn into_bytes(self) -> Vec<u8> {
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
         self.buf
     }
 
@@ -443,7 +443,7 @@ pub struct Dec<'a> {
 }
 
 impl<'a> Dec<'a> {
-    fn new(bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Self { bytes, at: 0 }
     }
 
@@ -615,9 +615,13 @@ mod tests {
     }
 
     /// An index of `config` over `w` that has calibrated on `q` and re-indexed moved rows, as
-    /// one in the middle of training would be.
-    fn used_index(config: &IndexConfig, w: &mut Matrix, q: &Matrix) -> BlockIndex {
+    /// one in the middle of training would be; if `lone`, after a query searched alone (which
+    /// makes the spherical index's 4-bit codes with `pq4` scoring).
+    fn used_index(config: &IndexConfig, w: &mut Matrix, q: &Matrix, lone: bool) -> BlockIndex {
         let mut index = BlockIndex::build(w, config, 1);
+        if lone {
+            index.search_block(w, 0, q.row(1), 10, &mut Vec::new());
+        }
         let mut found = Vec::new();
         for k in [10, 25] {
             for _ in 0..2 {
@@ -632,9 +636,9 @@ mod tests {
 
     #[test]
     fn a_loaded_index_answers_as_the_saved_one_for_every_kind() {
-        for config in saveable_kinds() {
+        for (config, lone) in saveable_kinds().into_iter().flat_map(|c| [(c.clone(), false), (c, true)]) {
             let (mut w, q) = clustered(10_000, 32);
-            let index = used_index(&config, &mut w, &q);
+            let index = used_index(&config, &mut w, &q, lone);
             let bytes = to_bytes(&index, None, &w, false).unwrap();
             let loaded = from_bytes(&bytes, Some(&w)).unwrap();
             assert!(loaded.rows.is_none());
@@ -644,7 +648,7 @@ mod tests {
             assert_eq!(a.needs_rebuild(), b.needs_rebuild());
             // The same answers, and the same again after both calibrate anew.
             for _ in 0..2 {
-                assert!(answers(a, &w, &q) == answers(b, &w, &q), "{config:?}");
+                assert!(answers(a, &w, &q) == answers(b, &w, &q), "{config:?}, lone query first: {lone}");
             }
         }
     }
@@ -690,7 +694,7 @@ mod tests {
         let (mut w, q) = clustered(10_000, 16);
         let config =
             IndexConfig::Spherical(SphericalConfig { exact_below: 0, calibration_queries: 32, ..Default::default() });
-        let index = used_index(&config, &mut w, &q);
+        let index = used_index(&config, &mut w, &q, true);
         let bytes = to_bytes(&index, Some(&config), &w, false).unwrap();
         (w, bytes)
     }

@@ -285,35 +285,13 @@ const WARM_UP: usize = 256;
 /// its peers' one-query calls.
 const SINGLE_QUERIES: usize = 200;
 
-/// The results and speed of [`timed_queries`].
-struct Timed {
-    /// Every query's results from the batched search.
-    batched: Vec<Vec<Hit>>,
-    /// Queries per second in batches of [`QUERY_BATCH`].
-    qps: f64,
-    /// The first [`SINGLE_QUERIES`] queries' results, searched one at a time.
-    single: Vec<Vec<Hit>>,
-    /// Queries per second one at a time.
-    qps_single: f64,
-}
-
-/// Runs the queries through `index`, one at a time (the first [`SINGLE_QUERIES`], one after
-/// another on this thread, as a caller issuing one query per call does) and in batches of
-/// [`QUERY_BATCH`]; returns both ways' results and queries/second. `warm_up`
-/// is searched first, untimed, in one batch: the timing is of the steady state (allocator and
-/// caches warm, an index calibrated to its target recall), as in training, where every step
-/// issues such a batch.
-fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, warm_up: &Matrix, top: usize) -> Timed {
+/// Runs the queries through `index` in batches of [`QUERY_BATCH`]; returns every query's
+/// results and queries/second. `warm_up` is searched first, untimed, in one batch: the timing
+/// is of the steady state (allocator and caches warm, an index calibrated to its target
+/// recall), as in training, where every step issues such a batch.
+fn timed_batches(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, warm_up: &Matrix, top: usize) -> (Vec<Vec<Hit>>, f64) {
     let mut part = Vec::new();
     index.search_batch(Rows::all(w), warm_up, top, &mut part);
-    let n_single = q.rows().min(SINGLE_QUERIES);
-    // Room for every result, so that the timed calls allocate nothing.
-    let mut single: Vec<Vec<Hit>> = (0..n_single).map(|_| Vec::with_capacity(top)).collect();
-    let t = Instant::now();
-    for (i, hits) in single.iter_mut().enumerate() {
-        index.search(Rows::all(w), q.row(i), top, hits);
-    }
-    let qps_single = n_single as f64 / t.elapsed().as_secs_f64();
     let chunks: Vec<Matrix> = (0..q.rows())
         .step_by(QUERY_BATCH)
         .map(|start| {
@@ -328,7 +306,36 @@ fn timed_queries(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, warm_up: &Matrix
         index.search_batch(Rows::all(w), chunk, top, &mut part);
         batched.append(&mut part);
     }
-    Timed { batched, qps: q.rows() as f64 / t.elapsed().as_secs_f64(), single, qps_single }
+    (batched, q.rows() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// The results and speed of [`timed_singles`].
+struct Singles {
+    /// The first [`SINGLE_QUERIES`] queries' results, searched one at a time.
+    hits: Vec<Vec<Hit>>,
+    /// Queries per second one at a time.
+    qps: f64,
+    /// Seconds of the first query searched alone, before the others (the spherical index
+    /// makes its 4-bit codes for lone queries then).
+    first_seconds: f64,
+}
+
+/// Runs the first [`SINGLE_QUERIES`] queries through `index` one at a time, one after another
+/// on this thread, as a caller issuing one query per call does (and as
+/// `benches/peers/search_peers.py` times its peers' one-query calls), after the first of them
+/// searched once on its own and timed apart: the timing is of the steady state.
+fn timed_singles(index: &dyn MipsIndex, w: &Matrix, q: &Matrix, top: usize) -> Singles {
+    let n = q.rows().min(SINGLE_QUERIES);
+    // Room for every result, so that the timed calls allocate nothing.
+    let mut hits: Vec<Vec<Hit>> = (0..n).map(|_| Vec::with_capacity(top)).collect();
+    let t = Instant::now();
+    index.search(Rows::all(w), q.row(0), top, &mut hits[0]);
+    let first_seconds = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for (i, out) in hits.iter_mut().enumerate() {
+        index.search(Rows::all(w), q.row(i), top, out);
+    }
+    Singles { hits, qps: n as f64 / t.elapsed().as_secs_f64(), first_seconds }
 }
 
 /// `bench search`'s choices.
@@ -402,12 +409,14 @@ fn calibrations_json(index: &dyn MipsIndex) -> Vec<Value> {
         .collect()
 }
 
-/// Rows per second of `index.refresh` after nudging rows of `w`.
-fn timed_refresh(index: &mut dyn MipsIndex, w: &mut Matrix) -> f64 {
+/// Rows per second of `index.refresh` after nudging 1 % of the rows of `w` (as one training
+/// step's updates would); with `undo`, the rows are then put back and refreshed again, untimed,
+/// so that `w` and the index answer as before.
+fn timed_refresh(index: &mut dyn MipsIndex, w: &mut Matrix, undo: bool) -> f64 {
     let k = w.rows();
-    // Refresh: nudge 1% of the rows (as one training step's updates would) and re-index them.
     let mut r = rng::seeded(9, 0);
     let rows: Vec<u32> = (0..(k / 100).max(1)).map(|_| r.random_range(0..k as u32)).collect();
+    let before: Vec<Vec<f32>> = rows.iter().map(|&i| w.row(i as usize).to_vec()).collect();
     for &i in &rows {
         let row = w.row_mut(i as usize);
         row.iter_mut().for_each(|x| *x += 0.01 * rng::normal(&mut r));
@@ -415,7 +424,15 @@ fn timed_refresh(index: &mut dyn MipsIndex, w: &mut Matrix) -> f64 {
     }
     let t = Instant::now();
     index.refresh(Rows::all(w), &rows);
-    rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9)
+    let rate = rows.len() as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    if undo {
+        // In reverse, so that a row drawn twice ends with its first values.
+        for (&i, row) in rows.iter().zip(&before).rev() {
+            w.row_mut(i as usize).copy_from_slice(row);
+        }
+        index.refresh(Rows::all(w), &rows);
+    }
+    rate
 }
 
 /// Top-Q search over the class means of the FaceNet-like generator, or over given vectors:
@@ -441,16 +458,20 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
     let t = Instant::now();
     let mut index = config.build(Rows::all(&w));
     let build_seconds = t.elapsed().as_secs_f64();
-    let Timed { batched: exact, qps: exact_qps, qps_single: exact_qps_single, .. } =
-        timed_queries(&ExactIndex::new(), &w, &q, &warm_up, top);
+    let (exact, exact_qps) = timed_batches(&ExactIndex::new(), &w, &q, &warm_up, top);
+    let exact_qps_single = timed_singles(&ExactIndex::new(), &w, &q, top).qps;
     let t = Instant::now();
-    let Timed { batched: found, qps, single, qps_single } = timed_queries(index.as_ref(), &w, &q, &warm_up, top);
+    let (found, qps) = timed_batches(index.as_ref(), &w, &q, &warm_up, top);
     let calibrations = calibrations_json(index.as_ref());
     let index_seconds = t.elapsed().as_secs_f64();
     let recall = farout_search::overlap(&found, &exact);
+    // Refreshed as in training, before any query searched alone (after which the spherical
+    // index with `pq4` scoring keeps 4-bit codes up to date too), and again after.
+    let refresh_rows_per_s = timed_refresh(index.as_mut(), &mut w, true);
+    let single = timed_singles(index.as_ref(), &w, &q, top);
     // One at a time the index may score otherwise (the spherical index's `pq4` scoring).
-    let recall_single = farout_search::overlap(&single, &exact[..single.len()]);
-    let refresh_rows_per_s = timed_refresh(index.as_mut(), &mut w);
+    let recall_single = farout_search::overlap(&single.hits, &exact[..single.hits.len()]);
+    let refresh_after_single = timed_refresh(index.as_mut(), &mut w, false);
     Ok(serde_json::json!({
         "bench": "search",
         "index": index.name(),
@@ -469,7 +490,8 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         "qps": qps,
         "exact_qps": exact_qps,
         "speedup": qps / exact_qps,
-        "qps_single": qps_single,
+        "qps_single": single.qps,
+        "first_single_seconds": single.first_seconds,
         "recall_single": recall_single,
         "exact_qps_single": exact_qps_single,
         "query_batch": QUERY_BATCH,
@@ -478,6 +500,7 @@ pub fn bench_search(b: &SearchBench) -> Result<Value, Error> {
         "calibrated_on": if b.vectors.is_some() { "the first batch of the queries" } else { "other generator samples" },
         "index_seconds_with_warm_up": index_seconds,
         "refresh_rows_per_s": refresh_rows_per_s,
+        "refresh_rows_per_s_after_single": refresh_after_single,
         "index_bytes": index.memory_bytes(),
         "w_bytes": w.bytes(),
     }))

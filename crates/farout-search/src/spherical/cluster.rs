@@ -1,6 +1,7 @@
 //! The storage of [`SphericalIndex`]: every cluster's members and a contiguous copy of their
-//! rows (with int8 scoring also the rows' codes, with `pq4` scoring also their 4-bit codes),
-//! which the search scans instead of gathering rows scattered over `W`.
+//! rows (with int8 scoring also the rows' codes, with `pq4` scoring, once a lone query has
+//! asked for them, also their 4-bit codes), which the search scans instead of gathering rows
+//! scattered over `W`.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -8,16 +9,18 @@ use super::{Scoring, SphericalIndex};
 use crate::pq4::{Codebook, Pq4Rows};
 use crate::quant::QuantRows;
 use farout_core::ClassId;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The members of one cluster and a copy of their rows (`ids.len() x D`, row-major, in the same
-/// order) as of their last build, sync or refresh; with int8 scoring also the rows' codes.
+/// order) as of their last build, sync or refresh; with int8 scoring also the rows' codes, and
+/// with `pq4` scoring their 4-bit codes once made (`pq4.rs`: the first lone query that scans
+/// them makes every cluster's; from then on they are kept up to date with the copies).
 #[derive(Clone, Debug)]
 pub(super) struct Cluster {
     pub(super) ids: Vec<ClassId>,
     pub(super) rows: Vec<f32>,
     pub(super) codes: Option<QuantRows>,
-    pub(super) pq4: Option<Pq4Codes>,
+    pub(super) pq4: OnceLock<Pq4Codes>,
 }
 
 /// The 4-bit codes of a cluster's rows ([`crate::pq4`]): of their residuals from the cluster's
@@ -54,7 +57,7 @@ impl Cluster {
             ids: Vec::with_capacity(capacity),
             rows: Vec::with_capacity(capacity * d),
             codes: scoring.int8_codes().then(|| QuantRows::new(d)),
-            pq4: None,
+            pq4: OnceLock::new(),
         }
     }
 
@@ -73,7 +76,7 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.set(at, row);
         }
-        if let Some(pq4) = &mut self.pq4 {
+        if let Some(pq4) = self.pq4.get_mut() {
             pq4.set(at, row);
         }
     }
@@ -95,7 +98,7 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.push(row);
         }
-        if let Some(pq4) = &mut self.pq4 {
+        if let Some(pq4) = self.pq4.get_mut() {
             pq4.push(row);
         }
     }
@@ -111,7 +114,7 @@ impl Cluster {
         if let Some(codes) = &mut self.codes {
             codes.swap_remove(at);
         }
-        if let Some(pq4) = &mut self.pq4 {
+        if let Some(pq4) = self.pq4.get_mut() {
             pq4.rows.swap_remove(at);
         }
         self.ids.get(at).copied()
@@ -120,7 +123,7 @@ impl Cluster {
     pub(super) fn bytes(&self) -> usize {
         4 * (self.ids.capacity() + self.rows.capacity())
             + self.codes.as_ref().map_or(0, QuantRows::bytes)
-            + self.pq4.as_ref().map_or(0, |p| p.rows.bytes() + 4 * p.mean.len())
+            + self.pq4.get().map_or(0, |p| p.rows.bytes() + 4 * p.mean.len())
     }
 }
 

@@ -32,12 +32,14 @@
 //!     scores by well under their spread near the cut, so the approximate ranking loses almost
 //!     nothing that the rescoring cannot restore. It pays when many rows are probed per result
 //!     (10 and more); at 5 the rescoring costs more than the scan saves, and `auto` picks `f32`.
-//!   - `pq4` (`pq4.rs`): `int8` for batches; a query searched alone scans 4-bit codes of the
-//!     rows' residuals from their cluster's mean ([`crate::pq4`]: 16 levels a dimension, half
-//!     the bytes of int8 codes, scored through byte lookup tables held in registers) and
-//!     rescores the best `pq4_rescore * k` exactly. A lone query shares no loads with other
-//!     queries, so the bytes it scans set its speed. Not the default: the 4-bit codes of every
-//!     row a training step changes are made again at every sync.
+//!   - `pq4` (`pq4.rs`; what `auto` means where `int8` would be chosen and the CPU has AVX2):
+//!     `int8` for batches; a query searched alone scans 4-bit codes of the rows' residuals from
+//!     their cluster's mean ([`crate::pq4`]: 16 levels a dimension, half the bytes of int8
+//!     codes, scored through byte lookup tables held in registers) and rescores the best
+//!     `pq4_rescore * k` exactly. A lone query shares no loads with other queries, so the
+//!     bytes it scans set its speed. The 4-bit codes are made by the first lone query that
+//!     scans them and kept up to date from then on: an index that only ever searches in
+//!     batches, as training does, never makes them and its syncs cost what `int8`'s do.
 //! - **Refresh** (`refresh.rs`). A changed row's copy is updated and the row re-augmented and
 //!   reassigned to its nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it
 //!   has drifted: its cosine with its own centroid fell by more than `refresh_drift` since it
@@ -122,8 +124,10 @@ pub enum Scoring {
     /// to pay (elsewhere the same scores come from slow portable code).
     Int8,
     /// `int8` for batches of queries; a query searched alone is scored on 4-bit codes of the
-    /// rows (`pq4.rs`, [`crate::pq4`]), a quarter of the bytes, and the best `pq4_rescore * k`
-    /// rescored exactly. Needs AVX2 to pay.
+    /// rows (`pq4.rs`, [`crate::pq4`]), half the bytes, and the best `pq4_rescore * k`
+    /// rescored exactly. The codes are made by the first lone query that scans them (about a
+    /// second per 200,000 rows of 128 values) and kept up to date by every sync from then on.
+    /// Needs AVX2 to pay.
     Pq4,
 }
 
@@ -133,18 +137,18 @@ impl Scoring {
         matches!(self, Scoring::Int8 | Scoring::Pq4)
     }
 
-    /// `F32` or `Int8`: what [`Scoring::Auto`] means on this CPU for rows of `dim` values and a
+    /// `F32` or `Pq4`: what [`Scoring::Auto`] means on this CPU for rows of `dim` values and a
     /// budget of `candidate_factor` rows probed per result (`None`: calibrated). Int8 codes pay
     /// where the CPU runs a SIMD kernel for them, at least 10 rows are probed per result (a
     /// calibrated budget at recall 0.9 probes more) and rows are wider than 16 values; below
     /// that the cut and the rescoring cost more than the scan saves (an f32 row of 16 values is
-    /// one AVX-512 product; see docs/decisions.md, "int8-scoring"). Not `Pq4`: its codes cost
-    /// every training step's sync a third or more of its speed and serve only lone queries
+    /// one AVX-512 product; see docs/decisions.md, "int8-scoring"). Where they pay, `Pq4`: int8
+    /// codes for batches, and 4-bit codes made for lone queries only once one asks
     /// (docs/decisions.md, "pq4-single-query").
     pub fn resolve(self, candidate_factor: Option<f32>, dim: usize) -> Self {
         let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
         match self {
-            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Int8,
+            Scoring::Auto if simd && dim > 16 && candidate_factor.is_none_or(|f| f >= 10.0) => Scoring::Pq4,
             Scoring::Auto => Scoring::F32,
             other => other,
         }
@@ -194,6 +198,8 @@ pub struct SphericalIndex {
     rebuild: bool,
     /// The probe budget per `k`, fitted to the target recall.
     calibrations: Calibrations,
+    /// With `pq4` scoring, whether the clusters' 4-bit codes have been made (`pq4.rs`).
+    pq4: pq4::Pq4State,
 }
 
 /// What probing reads of the (augmented) centroids: their first `d` coordinates, and with int8
@@ -245,9 +251,6 @@ impl SphericalIndex {
             pos[i] = clusters[a as usize].len() as u32;
             clusters[a as usize].push(i as ClassId, w.row(i));
         }
-        if config.scoring == Scoring::Pq4 {
-            pq4::attach(&mut clusters, d, config.seed);
-        }
         let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Self {
             config: config.clone(),
@@ -261,6 +264,7 @@ impl SphericalIndex {
             clusters,
             rebuild: false,
             calibrations: Calibrations::default(),
+            pq4: pq4::Pq4State::default(),
         }
     }
 
@@ -429,12 +433,13 @@ mod tests {
         assert!(exact.centroids().is_none());
     }
 
-    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; int8 otherwise,
-    /// where the CPU has a kernel for it; explicit choices stand.
+    /// `auto` is f32 for rows of 16 values or fewer and for small fixed budgets; pq4 (int8
+    /// codes, 4-bit ones for lone queries) otherwise, where the CPU has a kernel for them;
+    /// explicit choices stand.
     #[test]
     fn auto_scoring_follows_width_budget_and_cpu() {
         let simd = crate::quant::Kernel::best() != crate::quant::Kernel::Scalar;
-        let codes_if_simd = if simd { Scoring::Int8 } else { Scoring::F32 };
+        let codes_if_simd = if simd { Scoring::Pq4 } else { Scoring::F32 };
         assert_eq!(Scoring::Auto.resolve(None, 16), Scoring::F32);
         assert_eq!(Scoring::Auto.resolve(None, 17), codes_if_simd);
         assert_eq!(Scoring::Auto.resolve(Some(5.0), 128), Scoring::F32);

@@ -1,7 +1,7 @@
 //! The saved form of [`SphericalIndex`] (`crate::persist`): parameters, norm bound, centroids,
 //! every row's cluster and drift reference, every cluster's members in order with their row
 //! copies, and the calibrations; with `pq4` scoring then the 4-bit codebook and every cluster's
-//! mean. What follows from those is computed again on loading: the centroids' first D
+//! mean, or an empty codebook while no lone query has made them. What follows from those is computed again on loading: the centroids' first D
 //! coordinates and their codes, the clusters' int8 and 4-bit codes (coding a copy gives the
 //! codes it had), and every row's place in its cluster.
 //!
@@ -32,7 +32,7 @@ impl SphericalIndex {
         out.u8(self.rebuild as u8);
         self.calibrations.save(out);
         if self.config.scoring == Scoring::Pq4 {
-            super::pq4::save(&self.clusters, out);
+            super::pq4::save(&self.pq4, &self.clusters, out);
         }
     }
 
@@ -68,17 +68,19 @@ impl SphericalIndex {
                 rows.chunks_exact(d.max(1)).for_each(|r| codes.push(r));
                 codes
             });
-            clusters.push(Cluster { ids, rows, codes, pq4: None });
+            clusters.push(Cluster { ids, rows, codes, pq4: Default::default() });
         }
         if pos.contains(&u32::MAX) {
             return Err(inconsistent("a row is in no cluster"));
         }
         let rebuild = dec.u8()? != 0;
         let calibrations = Calibrations::restore(dec, d)?;
-        // Written only with `pq4` scoring, which files of earlier builds never name.
-        if config.scoring == Scoring::Pq4 {
-            super::pq4::restore(dec, &mut clusters, d)?;
-        }
+        // Written only with `pq4` scoring, which files of earlier builds never name (and
+        // always wrote a codebook for).
+        let pq4 = match config.scoring {
+            Scoring::Pq4 => super::pq4::restore(dec, &clusters, d)?,
+            _ => Default::default(),
+        };
         let (centroids_d, centroid_codes) = centroid_views(&centroids, d, config.scoring);
         Ok(Self {
             config,
@@ -92,6 +94,7 @@ impl SphericalIndex {
             clusters,
             rebuild,
             calibrations,
+            pq4,
         })
     }
 }

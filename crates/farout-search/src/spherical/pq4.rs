@@ -1,16 +1,25 @@
-//! 4-bit product-quantisation scoring in [`SphericalIndex`] (`scoring = "pq4"`): every
-//! cluster also keeps 4-bit codes of its rows' residuals from the cluster's mean
-//! ([`crate::pq4`]), on which a query searched alone is scanned, 64 bytes a row at D = 128
-//! against 128 of int8 codes; the best `pq4_rescore * k` (at least
+//! 4-bit product-quantisation scoring in [`SphericalIndex`] (`scoring = "pq4"`, what `auto`
+//! means where the CPU has AVX2): every cluster also keeps 4-bit codes of its rows' residuals
+//! from the cluster's mean ([`crate::pq4`]), on which a query searched alone is scanned, 64
+//! bytes a row at D = 128 against 128 of int8 codes; the best `pq4_rescore * k` (at least
 //! [`quant::RESCORE_MARGIN`](crate::quant) more than `k`) are then rescored exactly from the
 //! copies. A lone query shares its loads with no other query, so the bytes it scans set its
 //! speed; a batch shares each cluster's int8 codes between the queries probing it and keeps
 //! the int8 scan (see docs/decisions.md, "pq4-single-query").
 //!
+//! **Made on first use.** Training searches in batches and syncs the rows every step changed;
+//! 4-bit codes would cost every sync a third of its speed and serve no query. So no code is
+//! made until the first lone query that would scan them ([`SphericalIndex::pq4_pays`]): it
+//! fits the codebook and codes every cluster (about a second per 200,000 rows of 128 values
+//! on 2 cores); from then on every sync and refresh keeps them equal to the copies. Lone
+//! queries arriving on other threads while the codes are being made scan int8 codes meanwhile
+//! rather than wait: waiting inside rayon's pool could deadlock (the thread making the codes
+//! may itself run another query's task while it waits for its own).
+//!
 //! The codebook is fitted once, on a sample of all the clusters' residuals, and each cluster's
 //! mean is fixed when its codes are made: a synced or moved row is coded against the codebook
-//! and mean it finds. A saved index keeps the codebook and the means, and loading codes the
-//! copies with them again.
+//! and mean it finds. A saved index keeps the codebook and the means when they exist, and
+//! loading codes the copies with them again.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -19,12 +28,29 @@ use super::cluster::{Cluster, Pq4Codes};
 use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::pq4::{self, Codebook};
 use rayon::prelude::*;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Whether the clusters have 4-bit codes yet: the codebook they share once they have, and
+/// whether some thread is making them.
+#[derive(Debug, Default)]
+pub(super) struct Pq4State {
+    book: OnceLock<Arc<Codebook>>,
+    making: AtomicBool,
+}
+
+impl Clone for Pq4State {
+    /// The codebook, if made (the clusters' codes are cloned with the clusters).
+    fn clone(&self) -> Self {
+        Self { book: self.book.clone(), making: AtomicBool::new(false) }
+    }
+}
 
 /// Gives every cluster 4-bit codes of its rows (`d` wide): the clusters' means, a codebook
 /// fitted on the residuals of an even sample of the rows (at most [`pq4::TRAIN_ROWS`]), the
-/// codes.
-pub(super) fn attach(clusters: &mut [Cluster], d: usize, seed: u64) {
+/// codes. Returns the codebook. Each cluster's codes are set once: a cluster that has some
+/// keeps them.
+fn attach(clusters: &[Cluster], d: usize, seed: u64) -> Arc<Codebook> {
     let means: Vec<Vec<f32>> = clusters.par_iter().map(|c| mean_of(&c.rows, d)).collect();
     let n: usize = clusters.iter().map(Cluster::len).sum();
     let step = n.div_ceil(pq4::TRAIN_ROWS).max(1);
@@ -39,38 +65,45 @@ pub(super) fn attach(clusters: &mut [Cluster], d: usize, seed: u64) {
         at += cluster.len();
     }
     let book = Arc::new(Codebook::fit(&residuals, d, seed));
-    clusters.par_iter_mut().zip(means).for_each(|(cluster, mean)| {
-        cluster.pq4 = Some(Pq4Codes::new(&cluster.rows, mean, Arc::clone(&book)));
+    clusters.par_iter().zip(means).for_each(|(cluster, mean)| {
+        let _ = cluster.pq4.set(Pq4Codes::new(&cluster.rows, mean, Arc::clone(&book)));
     });
+    book
 }
 
-/// Writes the codebook and every cluster's mean (what [`restore`] codes the copies with).
-pub(super) fn save(clusters: &[Cluster], out: &mut Enc) {
-    let codes = clusters.iter().map(|c| c.pq4.as_ref().expect("pq4 scoring keeps 4-bit codes"));
-    if let Some(first) = clusters.first().and_then(|c| c.pq4.as_ref()) {
-        out.f32s(first.book.levels());
-    } else {
+/// Writes the codebook and every cluster's mean (what [`restore`] codes the copies with), or
+/// an empty codebook while no code has been made.
+pub(super) fn save(state: &Pq4State, clusters: &[Cluster], out: &mut Enc) {
+    let Some(book) = state.book.get() else {
         out.f32s(&[]);
-    }
-    for p in codes {
-        out.f32s(&p.mean);
+        return;
+    };
+    out.f32s(book.levels());
+    for c in clusters {
+        out.f32s(&c.pq4.get().expect("every cluster has codes once the codebook exists").mean);
     }
 }
 
-/// Reads what [`save`] wrote and codes every cluster's copies (`d` wide) with it.
-pub(super) fn restore(dec: &mut Dec, clusters: &mut [Cluster], d: usize) -> Result<(), Problem> {
+/// Reads what [`save`] wrote and, if it wrote a codebook, codes every cluster's copies (`d`
+/// wide) with it.
+pub(super) fn restore(dec: &mut Dec, clusters: &[Cluster], d: usize) -> Result<Pq4State, Problem> {
     let levels = dec.f32s()?;
+    let state = Pq4State::default();
+    if levels.is_empty() {
+        return Ok(state);
+    }
     let book = Codebook::from_levels(d, levels).ok_or_else(|| inconsistent("the 4-bit codebook"))?;
     let book = Arc::new(book);
-    for (j, cluster) in clusters.iter_mut().enumerate() {
+    for (j, cluster) in clusters.iter().enumerate() {
         let mean = dec.f32s()?;
         expect_len(&mean, d, "values in a cluster's mean")?;
         if mean.iter().any(|x| !x.is_finite()) {
             return Err(inconsistent(format!("a non-finite value in the mean of cluster {j}")));
         }
-        cluster.pq4 = Some(Pq4Codes::new(&cluster.rows, mean, Arc::clone(&book)));
+        let _ = cluster.pq4.set(Pq4Codes::new(&cluster.rows, mean, Arc::clone(&book)));
     }
-    Ok(())
+    let _ = state.book.set(book);
+    Ok(state)
 }
 
 /// The mean of `rows` (row-major, `d` wide; zeros for none).
@@ -103,6 +136,30 @@ impl SphericalIndex {
     pub(super) fn pq4_pays(&self, k: usize, budget: usize) -> bool {
         let extra = self.pq4_depth(k).saturating_sub(self.depth(k));
         budget >= PROBED_PER_EXTRA_RESCORED * extra
+    }
+
+    /// The codebook of every cluster's 4-bit codes, making them first if none are yet (see
+    /// the module docs); `None` while another thread makes them, and without `pq4` scoring.
+    pub(super) fn pq4_book(&self) -> Option<&Codebook> {
+        if self.config.scoring != super::Scoring::Pq4 {
+            return None;
+        }
+        let state = &self.pq4;
+        if let Some(book) = state.book.get() {
+            return Some(book);
+        }
+        if state.making.swap(true, Ordering::Acquire) {
+            return None;
+        }
+        let book = state.book.get_or_init(|| attach(&self.clusters, self.centroids_d.cols(), self.config.seed));
+        state.making.store(false, Ordering::Release);
+        Some(book)
+    }
+
+    /// Whether the clusters have 4-bit codes.
+    #[cfg(test)]
+    pub(super) fn has_pq4_codes(&self) -> bool {
+        self.pq4.book.get().is_some()
     }
 }
 
@@ -140,8 +197,10 @@ mod tests {
     fn lone_queries_on_pq4_codes_find_what_int8_codes_find() {
         let (w, q) = clustered(20_000, 32);
         let [int8, pq4] = [Scoring::Int8, Scoring::Pq4].map(|s| SphericalIndex::build(Rows::all(&w), &config(s)));
-        assert!(pq4.clusters.iter().all(|c| c.pq4.is_some()) && int8.clusters.iter().all(|c| c.pq4.is_none()));
         assert_exact_scores(&pq4, &w, &q);
+        assert!(
+            pq4.clusters.iter().all(|c| c.pq4.get().is_some()) && int8.clusters.iter().all(|c| c.pq4.get().is_none())
+        );
         let (mut a, mut b, mut overlap) = (Vec::new(), Vec::new(), 0);
         for i in 0..q.rows() {
             int8.search(Rows::all(&w), q.row(i), 100, &mut a);
@@ -153,12 +212,102 @@ mod tests {
         assert!(overlap as f64 >= 0.98 * total as f64, "{overlap} of {total}");
     }
 
+    /// No 4-bit code exists until a lone query scans them: not after the build, batched
+    /// searches, syncs and refreshes, nor after lone queries for which they do not pay. The
+    /// first that does makes every cluster's, and from then on lone queries score on them.
+    #[test]
+    fn codes_are_made_by_the_first_lone_query_that_scans_them() {
+        let (mut w, q) = clustered(10_000, 16);
+        let config = SphericalConfig { pq4_rescore: 2.5, ..config(Scoring::Pq4) };
+        let mut index = SphericalIndex::build(Rows::all(&w), &config);
+        let none = |index: &SphericalIndex| index.clusters.iter().all(|c| c.pq4.get().is_none());
+        let (mut out, mut batch) = (Vec::new(), Vec::new());
+        index.search_batch(Rows::all(&w), &q, 10, &mut batch);
+        let moved = move_rows_onto(&mut w, q.row(1));
+        index.sync(Rows::all(&w), &moved);
+        index.refresh(Rows::all(&w), &moved);
+        // Top 500 on a budget of 10 per result: 1,250 rescored against 532, too few probed.
+        index.search(Rows::all(&w), q.row(0), 500, &mut out);
+        assert!(none(&index) && !index.has_pq4_codes(), "made before a lone query scanned them");
+        let bytes = index.memory_bytes();
+        index.search(Rows::all(&w), q.row(0), 10, &mut out);
+        assert!(index.has_pq4_codes() && index.clusters.iter().all(|c| c.pq4.get().is_some()));
+        // 16 dimensions of 4 bits: 8 bytes a row, counted in the index's memory.
+        assert!(index.memory_bytes() >= bytes + 8 * w.rows());
+        assert_exact_scores(&index, &w, &q);
+    }
+
+    /// Lone queries from many threads at once while the codes are being made: every query is
+    /// answered, with exact scores, and the codes are made once. Half the queries ask for top
+    /// 500, for which 4-bit codes do not pay: their threads finish and take parts of the
+    /// making, so that the thread making the codes, waiting for those parts, runs other
+    /// queries' tasks meanwhile (which must not wait for the codes it is making).
+    #[test]
+    fn concurrent_lone_queries_while_the_codes_are_made_all_finish() {
+        let (w, q) = clustered(20_000, 32);
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(8).build().expect("a pool of 8 threads");
+        let top = |i: usize| if i.is_multiple_of(2) { 10 } else { 500 };
+        for round in 0..8 {
+            let index = SphericalIndex::build(Rows::all(&w), &config(Scoring::Pq4));
+            let found: Vec<Vec<crate::Hit>> = pool.install(|| {
+                (0..q.rows())
+                    .into_par_iter()
+                    .map(|i| {
+                        let mut out = Vec::new();
+                        index.search(Rows::all(&w), q.row(i), top(i), &mut out);
+                        out
+                    })
+                    .collect()
+            });
+            assert!(index.has_pq4_codes(), "round {round}");
+            let book = index.pq4.book.get().expect("a codebook");
+            assert!(index.clusters.iter().all(|c| Arc::ptr_eq(&c.pq4.get().expect("codes").book, book)));
+            for (i, hits) in found.iter().enumerate() {
+                assert_eq!(hits.len(), top(i), "round {round}, query {i}");
+                for h in hits {
+                    assert!((h.score - kernels::dot(w.row(h.class as usize), q.row(i))).abs() < 1e-4);
+                }
+            }
+        }
+    }
+
+    /// A saved index keeps its 4-bit codes when it has them, as they are (the codebook and the
+    /// means they were made with, not fitted again to the moved rows), and none when it has
+    /// none.
+    #[test]
+    fn a_saved_index_keeps_its_codes_or_their_absence() {
+        let (mut w, q) = clustered(10_000, 16);
+        let mut index = SphericalIndex::build(Rows::all(&w), &config(Scoring::Pq4));
+        let reload = |index: &SphericalIndex, w: &farout_core::Matrix| {
+            let mut enc = Enc::default();
+            index.save(&mut enc);
+            let bytes = enc.into_bytes();
+            SphericalIndex::restore(&mut Dec::new(&bytes), Rows::all(w)).expect("the saved index loads")
+        };
+        assert!(!reload(&index, &w).has_pq4_codes());
+        index.search(Rows::all(&w), q.row(1), 10, &mut Vec::new());
+        let moved = move_rows_onto(&mut w, q.row(0));
+        index.sync(Rows::all(&w), &moved);
+        index.refresh(Rows::all(&w), &moved);
+        let loaded = reload(&index, &w);
+        assert!(loaded.has_pq4_codes());
+        for (j, (a, b)) in index.clusters.iter().zip(&loaded.clusters).enumerate() {
+            let (a, b) = (a.pq4.get().expect("codes"), b.pq4.get().expect("codes after loading"));
+            assert!(a.book == b.book && a.mean == b.mean, "cluster {j}");
+            assert_eq!(a.rows.len(), b.rows.len());
+            for at in 0..a.rows.len() {
+                assert!((0..a.book.sub_spaces()).all(|s| a.rows.code(at, s) == b.rows.code(at, s)), "cluster {j}");
+            }
+        }
+    }
+
     /// After rows are synced and moved between clusters, every cluster's 4-bit codes are the
     /// codes of its copies against its mean, and the moved rows are found.
     #[test]
     fn refreshed_rows_keep_the_codes_of_their_copies() {
         let (mut w, q) = clustered(10_000, 16);
         let mut index = SphericalIndex::build(Rows::all(&w), &config(Scoring::Pq4));
+        index.search(Rows::all(&w), q.row(1), 10, &mut Vec::new());
         let moved = move_rows_onto(&mut w, q.row(0));
         let nudged: Vec<ClassId> = (0..50).map(|j| j * 191 + 11).filter(|c| !moved.contains(c)).collect();
         for &c in &nudged {
@@ -166,7 +315,7 @@ mod tests {
         }
         index.refresh(Rows::all(&w), &[&moved[..], &nudged[..]].concat());
         for (j, cluster) in index.clusters.iter().enumerate() {
-            let p = cluster.pq4.as_ref().expect("pq4 codes");
+            let p = cluster.pq4.get().expect("pq4 codes");
             let fresh = Pq4Codes::new(&cluster.rows, p.mean.clone(), Arc::clone(&p.book));
             assert_eq!(p.rows.len(), cluster.len(), "cluster {j}");
             for at in 0..cluster.len() {

@@ -242,9 +242,11 @@ mod tests {
             let mut w = w0.clone();
             let config = SphericalConfig { n_centroids: 100, refresh_drift: -1.0, ..config };
             let mut index = SphericalIndex::build(Rows::all(&w), &config);
-            // 4-bit codes are a small part of the whole: they are checked on their own too.
+            // A lone query makes the 4-bit codes (`pq4.rs`), a small part of the whole: they
+            // are checked on their own too.
+            index.search(Rows::all(&w), w.row(0), 10, &mut Vec::new());
             let pq4_bytes = |index: &SphericalIndex| -> usize {
-                index.clusters.iter().filter_map(|c| c.pq4.as_ref()).map(|p| p.rows.bytes()).sum()
+                index.clusters.iter().filter_map(|c| c.pq4.get()).map(|p| p.rows.bytes()).sum()
             };
             let (built, built_pq4) = (index.memory_bytes(), pq4_bytes(&index));
             // Row i takes row i + 5,003's values: mostly another cluster's.

@@ -58,6 +58,10 @@ impl SphericalIndex {
     /// The top `k` of one query, probing `budget` rows.
     fn search_one_with(&self, w: Rows, query: &[f32], k: usize, budget: usize, out: &mut Vec<Hit>) -> usize {
         let d = w.dim();
+        // 4-bit codes where they pay (`pq4.rs`), made first if none are yet: before this
+        // thread's buffers are borrowed, as the thread making them runs other searches while
+        // it waits for parts of that work.
+        let pq4 = self.pq4_pays(k, budget).then(|| self.pq4_book()).flatten();
         SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates, tables }| {
             let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
@@ -74,14 +78,13 @@ impl SphericalIndex {
             // 4-bit codes where those pay: `pq4.rs`), so collect them all and select once.
             probed.clear();
             ids.clear();
-            let pq4 = self.clusters.first().and_then(|c| c.pq4.as_ref()).filter(|_| self.pq4_pays(k, budget));
-            if let Some(pq4) = pq4 {
-                tables.fill(&pq4.book, query);
+            if let Some(book) = pq4 {
+                tables.fill(book, query);
             }
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
                 ids.extend_from_slice(&cluster.ids);
-                match (pq4.and(cluster.pq4.as_ref()), &cluster.codes, &codes) {
+                match (pq4.and(cluster.pq4.get()), &cluster.codes, &codes) {
                     (Some(p), _, _) => {
                         let at = probed.len();
                         pq4::scores(&p.rows, tables, kernels::dot(&p.mean, query), probed);
