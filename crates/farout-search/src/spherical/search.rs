@@ -27,7 +27,7 @@ use std::cell::RefCell;
 const PROBE_HEAD: usize = 64;
 
 /// Per-thread buffers of one search: centroid scores, their keys and order, the probed rows'
-/// scores and ids, the threshold sample of `topk::select_best`, and the int8 path's cluster
+/// scores, those kept of them ([`SphericalIndex::best_probed`]), and the int8 path's cluster
 /// scores and candidates.
 #[derive(Default)]
 struct Scratch {
@@ -35,11 +35,19 @@ struct Scratch {
     keys: Vec<u64>,
     order: Vec<u32>,
     probed: Vec<f32>,
-    ids: Vec<ClassId>,
-    sample: Vec<f32>,
+    kept: Kept,
     block: Vec<f32>,
     candidates: Vec<Hit>,
     tables: pq4::Tables,
+}
+
+/// The buffers of [`SphericalIndex::best_probed`]: the positions and scores of the probed
+/// rows kept, and a copy of the scores to select the `n`-th best from.
+#[derive(Default)]
+struct Kept {
+    positions: Vec<u32>,
+    scores: Vec<f32>,
+    cut: Vec<f32>,
 }
 
 thread_local! {
@@ -62,7 +70,7 @@ impl SphericalIndex {
         // thread's buffers are borrowed, as the thread making them runs other searches while
         // it waits for parts of that work.
         let pq4 = self.pq4_pays(k, budget).then(|| self.pq4_book()).flatten();
-        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, ids, sample, block, candidates, tables }| {
+        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, kept, block, candidates, tables }| {
             let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.clear();
@@ -77,13 +85,11 @@ impl SphericalIndex {
             // Every probed row is scored (on the cluster copies, their int8 codes, or their
             // 4-bit codes where those pay: `pq4.rs`), so collect them all and select once.
             probed.clear();
-            ids.clear();
             if let Some(book) = pq4 {
                 tables.fill(book, query);
             }
             for &j in order.iter() {
                 let cluster = &self.clusters[j as usize];
-                ids.extend_from_slice(&cluster.ids);
                 match (pq4.and(cluster.pq4.get()), &cluster.codes, &codes) {
                     (Some(p), _, _) => {
                         let at = probed.len();
@@ -97,17 +103,58 @@ impl SphericalIndex {
                     _ => probed.extend(cluster.rows.chunks_exact(d).map(|row| kernels::dot(row, query))),
                 }
             }
-            let parts = [(&probed[..], &ids[..])];
             if codes.is_none() {
-                topk::select_best(&parts, k, sample, out);
+                self.best_probed(probed, order, k, kept, out);
                 return probed.len() + self.centroids.rows();
             }
             // Rescore the best by approximate score exactly, from the copies.
             let depth = if pq4.is_some() { self.pq4_depth(k) } else { self.depth(k) };
-            topk::select_best(&parts, depth, sample, candidates);
+            self.best_probed(probed, order, depth, kept, candidates);
             let rescored = self.rescore(candidates, query, k, out);
             probed.len() + rescored + self.centroids.rows()
         })
+    }
+
+    /// The `n` best rows by `probed`, the scores of the members of the clusters `order` (one
+    /// cluster after another), into `out` in that order (so in the order of the cluster copies,
+    /// which [`SphericalIndex::rescore`] reads): a floor at most the `n`-th best score, placed
+    /// by bisection ([`topk::nth_best_floor`]), the scores reaching it kept by a vector pass
+    /// ([`kernels::keep_at_least`], with their positions), the `n`-th best of those selected
+    /// (on a copy, `cut`) and the kept rows above it taken, with the first ones equal to it
+    /// that make `n`. Only the taken rows' ids are looked up. NaN scores are never taken.
+    fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, buffers: &mut Kept, out: &mut Vec<Hit>) {
+        let Kept { positions, scores, cut } = buffers;
+        positions.clear();
+        scores.clear();
+        out.clear();
+        kernels::keep_at_least(probed, topk::nth_best_floor(probed, n), positions, scores);
+        // How many rows equal to the `n`-th best score are taken (all when fewer than `n`
+        // were kept).
+        let (mut nth, mut ties) = (f32::NEG_INFINITY, usize::MAX);
+        if scores.len() > n {
+            if n == 0 {
+                return;
+            }
+            cut.clear();
+            cut.extend_from_slice(scores);
+            nth = *cut.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a)).1;
+            ties = n - cut[..n - 1].iter().filter(|&&x| x > nth).count();
+        }
+        // Positions ascend: walk the clusters along them.
+        let (mut clusters, mut start) = (order.iter().map(|&j| &self.clusters[j as usize].ids), 0);
+        let mut ids: &[ClassId] = &[];
+        for (&at, &score) in positions.iter().zip(scores.iter()) {
+            if score < nth || (score == nth && ties == 0) {
+                continue;
+            }
+            ties -= (score == nth) as usize;
+            let mut at = at as usize - start;
+            while at >= ids.len() {
+                (at, start) = (at - ids.len(), start + ids.len());
+                ids = clusters.next().expect("every probed score belongs to a probed cluster");
+            }
+            out.push(Hit { class: ids[at], score });
+        }
     }
 
     /// The top `k` of every row of `queries` ([`crate::MipsIndex::search_batch`]): centroid
@@ -367,6 +414,45 @@ mod tests {
             for head in [8, PROBE_HEAD, index.probe_head(budget)] {
                 index.probe_order(&scores, budget, head, &mut keys, &mut order);
                 assert_eq!(order, all, "budget {budget}, head {head}");
+            }
+        }
+    }
+
+    /// The `n` best of the probed rows are those a full sort of their scores puts first, in the
+    /// order probed: with coarse scores (ties at the cut), NaN, empty clusters among those
+    /// probed, and more asked for than there are scores.
+    #[test]
+    fn best_probed_equals_a_full_sort() {
+        let (w, _) = clustered(5_000, 8);
+        let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig { n_centroids: 60, ..Default::default() });
+        let mut r = rng::seeded(5, 0);
+        let (mut kept, mut out) = (Kept::default(), Vec::new());
+        for (round, n) in [1, 7, 40, 300, 100_000].into_iter().enumerate() {
+            let mut order: Vec<u32> = (0..60u32).filter(|j| !(j * 7 + round as u32).is_multiple_of(3)).collect();
+            order.swap(0, 5);
+            let ids: Vec<ClassId> = order.iter().flat_map(|&j| index.clusters[j as usize].ids.clone()).collect();
+            let probed: Vec<f32> = (0..ids.len())
+                .map(|i| if i % 97 == 3 { f32::NAN } else { (rng::normal(&mut r) * 8.0).round() })
+                .collect();
+            index.best_probed(&probed, &order, n, &mut kept, &mut out);
+            // In the order probed.
+            let at = |h: &Hit| ids.iter().position(|&c| c == h.class).expect("a probed row");
+            assert!(out.windows(2).all(|p| at(&p[0]) < at(&p[1])), "n = {n}: out of the probed order");
+            let mut all: Vec<Hit> = ids
+                .iter()
+                .zip(&probed)
+                .filter(|(_, s)| !s.is_nan())
+                .map(|(&class, &score)| Hit { class, score })
+                .collect();
+            all.sort_by(topk::by_score);
+            assert_eq!(out.len(), n.min(all.len()), "n = {n}");
+            let cut = all[out.len() - 1].score;
+            out.sort_by(topk::by_score);
+            // Above the cut the same rows; at the cut any of the tied ones.
+            let above = |h: &[Hit]| h.iter().filter(|h| h.score > cut).copied().collect::<Vec<_>>();
+            assert_eq!(above(&out), above(&all[..out.len()]), "n = {n}");
+            for h in &out {
+                assert_eq!(probed[at(h)], h.score, "n = {n}: row {} with another's score", h.class);
             }
         }
     }
