@@ -249,6 +249,21 @@ fn sampled_threshold<'a>(
 /// step with AVX-512, [`kernels::count_at_least`]) costs a few passes over the scores and no
 /// selection, cheaper on a few thousand scores than finding the `n`-th exactly ([`NthBest::of`]).
 pub fn nth_best_floor(scores: &[f32], n: usize) -> f32 {
+    floor_by_bisection(scores, n, 0)
+}
+
+/// A floor as [`nth_best_floor`] gives, found in fewer passes where a looser one serves: the
+/// bisection stops at the first value that at least `n` and at most `n + slack` scores reach
+/// (where it never meets one, it ends as [`nth_best_floor`] does). For a caller that keeps the
+/// scores reaching the floor and then selects the `n` best of them exactly: `slack` bounds the
+/// extra rows it keeps.
+pub fn nth_best_floor_within(scores: &[f32], n: usize, slack: usize) -> f32 {
+    floor_by_bisection(scores, n, slack.saturating_add(1))
+}
+
+/// [`nth_best_floor`], stopping early at a value that `n` to `n + early - 1` scores reach
+/// (never with `early` 0).
+fn floor_by_bisection(scores: &[f32], n: usize, early: usize) -> f32 {
     if n == 0 {
         return f32::INFINITY;
     }
@@ -263,8 +278,12 @@ pub fn nth_best_floor(scores: &[f32], n: usize) -> f32 {
         if !(mid > lo && mid < hi) {
             break;
         }
-        if kernels::count_at_least(scores, mid) >= n {
+        let reach = kernels::count_at_least(scores, mid);
+        if reach >= n {
             lo = mid;
+            if reach - n < early {
+                break;
+            }
         } else {
             hi = mid;
         }
@@ -389,6 +408,32 @@ mod tests {
         assert_eq!(nth_best_floor(&[0.5, f32::NAN], 2), f32::NEG_INFINITY, "NaN does not count");
         assert_eq!(nth_best_floor(&[], 1), f32::NEG_INFINITY);
         assert_eq!(nth_best_floor(&[1.0], 0), f32::INFINITY);
+    }
+
+    /// With slack the floor is still reached by at least `n` scores and at most the `n`-th
+    /// largest; it is reached by at most `n + slack`, or else it is as close as
+    /// [`nth_best_floor`]'s.
+    #[test]
+    fn nth_best_floor_within_a_slack_bounds_what_reaches_it() {
+        let mut r = crate::rng::seeded(4, 0);
+        for (len, n, slack) in [(4400, 42, 42), (14000, 250, 250), (3000, 7, 0), (500, 400, 30), (50, 50, 5)] {
+            for coarse in [false, true] {
+                let scores: Vec<f32> = (0..len)
+                    .map(|_| {
+                        let x = crate::rng::normal(&mut r);
+                        if coarse { (x * 4.0).round() / 4.0 } else { x }
+                    })
+                    .collect();
+                let floor = nth_best_floor_within(&scores, n, slack);
+                let mut sorted = scores.clone();
+                sorted.sort_unstable_by(|a, b| b.total_cmp(a));
+                let (nth, range) = (sorted[n - 1], sorted[0] - sorted[len - 1]);
+                let reach = scores.iter().filter(|&&s| s >= floor).count();
+                assert!(floor <= nth && reach >= n, "len {len}, n {n}: floor {floor}, n-th {nth}");
+                let close = nth - floor <= range / (1 << FLOOR_STEPS) as f32 * 1.01;
+                assert!(reach <= n + slack || close, "len {len}, n {n}, slack {slack}: {reach} reach {floor}");
+            }
+        }
     }
 
     #[test]

@@ -306,9 +306,15 @@ impl Tables {
         self.bytes.resize(m * WORDS, 0);
         for (s, (l, out)) in book.levels.chunks_exact(WORDS).zip(self.bytes.chunks_exact_mut(WORDS)).enumerate() {
             let (q, lo) = (q(s), self.lows[s]);
-            for (o, &l) in out.iter_mut().zip(l) {
-                // Non-negative, so adding a half and truncating rounds (`round` is a libm call).
-                *o = ((q * l - lo) * inv + 0.5).min(top) as i32 as u8;
+            // Fixed-length arrays: the 16 conversions compile to vector instructions.
+            let (l, out): (&[f32; WORDS], &mut [u8; WORDS]) =
+                (l.try_into().expect("16 levels"), out.try_into().expect("16 bytes"));
+            for c in 0..WORDS {
+                // Non-negative, so adding a half and truncating rounds (`round` is a libm
+                // call); `max` and `min` bound it to [0, top] (NaN gives 0).
+                let v = ((q * l[c] - lo) * inv + 0.5).max(0.0).min(top);
+                // SAFETY: `v` is finite and in [0, 255].
+                out[c] = unsafe { v.to_int_unchecked::<i32>() } as u8;
             }
         }
         (self.bias, self.delta) = (bias, delta);

@@ -118,7 +118,8 @@ impl SphericalIndex {
     /// The `n` best rows by `probed`, the scores of the members of the clusters `order` (one
     /// cluster after another), into `out` in that order (so in the order of the cluster copies,
     /// which [`SphericalIndex::rescore`] reads): a floor at most the `n`-th best score, placed
-    /// by bisection ([`topk::nth_best_floor`]), the scores reaching it kept by a vector pass
+    /// by bisection until at most `2 n` scores reach it ([`topk::nth_best_floor_within`]: a
+    /// few passes fewer than the closest floor), the scores reaching it kept by a vector pass
     /// ([`kernels::keep_at_least`], with their positions), the `n`-th best of those selected
     /// (on a copy, `cut`) and the kept rows above it taken, with the first ones equal to it
     /// that make `n`. Only the taken rows' ids are looked up. NaN scores are never taken.
@@ -127,7 +128,7 @@ impl SphericalIndex {
         positions.clear();
         scores.clear();
         out.clear();
-        kernels::keep_at_least(probed, topk::nth_best_floor(probed, n), positions, scores);
+        kernels::keep_at_least(probed, topk::nth_best_floor_within(probed, n, n), positions, scores);
         // How many rows equal to the `n`-th best score are taken (all when fewer than `n`
         // were kept).
         let (mut nth, mut ties) = (f32::NEG_INFINITY, usize::MAX);
