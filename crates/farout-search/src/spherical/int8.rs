@@ -238,9 +238,12 @@ impl SphericalIndex {
                     }
                     // Requests run ahead over all the queries' rows: a query reaches only a few
                     // rows of each cluster it probes (docs/decisions.md, "int8-rescoring-gather").
+                    // They ask for the second-level cache: first-level requests for eight rows
+                    // ahead would wait for the core's few line-fill buffers
+                    // (docs/decisions.md, "int8-rescoring-prefetch-l2").
                     let ask = |t: usize| {
                         if !stream && let Some(&i) = positions.get(t) {
-                            kernels::prefetch(cluster.row(i as usize, d));
+                            kernels::prefetch_l2(cluster.row(i as usize, d));
                         }
                     };
                     (0..AHEAD).for_each(ask);
