@@ -303,7 +303,7 @@ fn balanced_runs(work: impl ExactSizeIterator<Item = usize>, runs: usize) -> Vec
 
 /// A query's floor is first placed among at least this many times `depth` rows of its best
 /// clusters ([`SphericalIndex::search_int8_batch`]), or ...
-const SEED: usize = 4;
+const SEED: usize = 2;
 
 /// ... at most this share of the rows it probes (with many results per query, scoring rows
 /// one query at a time would cost more than the scan saves).
