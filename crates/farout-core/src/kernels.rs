@@ -415,6 +415,24 @@ pub fn prefetch<T>(x: &[T]) {
     let _ = x;
 }
 
+/// Asks the CPU to start loading `x` into its second-level cache, not the first (a hint: no
+/// effect on any result). For many scattered rows requested ahead of their use: a first-level
+/// request holds one of the core's few line-fill buffers until its line arrives, so requests for
+/// a few rows ahead fill them and stall the next ones; second-level requests queue in the
+/// larger second-level miss queue, and the row moves to the first level when it is read.
+#[inline]
+pub fn prefetch_l2<T>(x: &[T]) {
+    // As in `prefetch`: one address per line and the last element.
+    #[cfg(target_arch = "x86_64")]
+    for v in x.iter().step_by((64 / size_of::<T>().max(1)).max(1)).chain(x.last()) {
+        // SAFETY: a prefetch reads nothing architecturally and never faults; the address is in
+        // bounds anyway.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>((v as *const T).cast()) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 /// `y += alpha * x`.
 #[inline]
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {

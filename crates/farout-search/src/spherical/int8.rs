@@ -237,9 +237,12 @@ impl SphericalIndex {
                     }
                     // Requests run ahead over all the queries' rows: a query reaches only a few
                     // rows of each cluster it probes (docs/decisions.md, "int8-rescoring-gather").
+                    // They ask for the second-level cache: first-level requests for eight rows
+                    // ahead would wait for the core's few line-fill buffers
+                    // (docs/decisions.md, "int8-rescoring-prefetch-l2").
                     let ask = |t: usize| {
                         if !stream && let Some(&i) = positions.get(t) {
-                            kernels::prefetch(cluster.row(i as usize, d));
+                            kernels::prefetch_l2(cluster.row(i as usize, d));
                         }
                     };
                     (0..AHEAD).for_each(ask);
@@ -299,7 +302,7 @@ fn balanced_runs(work: impl ExactSizeIterator<Item = usize>, runs: usize) -> Vec
 
 /// A query's floor is first placed among at least this many times `depth` rows of its best
 /// clusters ([`SphericalIndex::search_int8_batch`]), or ...
-const SEED: usize = 4;
+const SEED: usize = 2;
 
 /// ... at most this share of the rows it probes (with many results per query, scoring rows
 /// one query at a time would cost more than the scan saves).
