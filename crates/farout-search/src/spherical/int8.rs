@@ -29,17 +29,19 @@ impl SphericalIndex {
     /// The per-query end of int8 (and pq4) scoring: `candidates` (the best probed rows by
     /// approximate score, in the order of the copies: rows of one cluster together, in their
     /// order in it, as [`SphericalIndex::best_probed`] gives them) rescored exactly from the
-    /// copies (loading [`AHEAD`] rows ahead), their `k` best into `out`. Returns the number of
-    /// rows rescored. Rows of one cluster are loaded together, from memory the preceding rows
-    /// opened (about a tenth faster on the K = 200,000 benchmark than in order of score).
+    /// copies (requesting them [`AHEAD`] rows ahead into the second-level cache, as the batched
+    /// gather does: docs/decisions.md, "int8-rescoring-prefetch-l2"), their `k` best into
+    /// `out`. Returns the number of rows rescored. Rows of one cluster are loaded together,
+    /// from memory the preceding rows opened (about a tenth faster on the K = 200,000 benchmark
+    /// than in order of score).
     pub(super) fn rescore(&self, candidates: &mut Vec<Hit>, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
         let d = query.len();
         for h in candidates.iter().take(AHEAD) {
-            kernels::prefetch(self.copy_of(h.class, d));
+            kernels::prefetch_l2(self.copy_of(h.class, d));
         }
         for t in 0..candidates.len() {
             if let Some(next) = candidates.get(t + AHEAD) {
-                kernels::prefetch(self.copy_of(next.class, d));
+                kernels::prefetch_l2(self.copy_of(next.class, d));
             }
             candidates[t].score = kernels::dot(self.copy_of(candidates[t].class, d), query);
         }
