@@ -94,7 +94,7 @@ def main():
     p.add_argument("dir")
     p.add_argument("--top", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--single", type=int, default=200, help="queries timed one at a time")
+    p.add_argument("--single", type=int, default=1000, help="queries timed one at a time")
     p.add_argument("--tools", default="numpy,faiss-flat,faiss-sq8,faiss-ivf,faiss-ivfpq-fastscan,faiss-hnsw,hnswlib,scann,farout")
     p.add_argument("--farout", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))), "target/release/farout"))

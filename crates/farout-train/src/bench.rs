@@ -283,7 +283,7 @@ const WARM_UP: usize = 256;
 
 /// Queries timed one at a time: the first this many, as `benches/peers/search_peers.py` times
 /// its peers' one-query calls.
-const SINGLE_QUERIES: usize = 200;
+const SINGLE_QUERIES: usize = 1_000;
 
 /// Runs the queries through `index` in batches of [`QUERY_BATCH`]; returns every query's
 /// results and queries/second. `warm_up` is searched first, untimed, in one batch: the timing
