@@ -175,7 +175,8 @@ pub struct IndexParams {
     #[arg(long)]
     ef_search: Option<usize>,
     /// Spherical: score probed rows on f32 copies or on int8 codes (pq4: lone queries on 4-bit
-    /// codes), then rescore the best exactly (`scoring`: f32, int8 or pq4).
+    /// codes), then rescore the best exactly (`scoring`: auto, f32, int8 or pq4; auto is pq4
+    /// where the CPU has AVX2).
     #[arg(long)]
     scoring: Option<String>,
     /// Spherical (int8 scoring), flat_int8: rows rescored exactly per result (`rescore`).

@@ -70,7 +70,10 @@ class Index:
     def search(self, queries: Any, k: int = 10) -> Tuple[np.ndarray, np.ndarray]:
         """Ids ``int64[n, k]`` and scores ``float32[n, k]`` of the ``k`` rows with the largest
         inner product with each query (``float32[n, D]``; a 1-D array is one query), best first.
-        An approximate index may find fewer than ``k`` rows: the rest are ``-1`` and ``-inf``."""
+        An approximate index may find fewer than ``k`` rows: the rest are ``-1`` and ``-inf``.
+        The spherical index (and ``"auto"`` while it uses one) scores a query searched alone on
+        4-bit codes of the vectors, which it makes at the first such call (about 0.3 s per
+        200,000 vectors of 128 values on 2 cores) and keeps up to date from then on."""
         return self._native.search(float32_rows(queries, "queries", self.dim), _count(k, "k"))
 
     def update(self, ids: Any, rows: Any) -> None:
