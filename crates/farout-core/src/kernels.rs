@@ -404,13 +404,8 @@ mod avx2 {
 /// before reading rows scattered over a large matrix, so that several loads overlap.
 #[inline]
 pub fn prefetch<T>(x: &[T]) {
-    // One address per 64-byte cache line and the last element, in case `x` does not start a line.
     #[cfg(target_arch = "x86_64")]
-    for v in x.iter().step_by((64 / size_of::<T>().max(1)).max(1)).chain(x.last()) {
-        // SAFETY: a prefetch reads nothing architecturally and never faults; the address is in
-        // bounds anyway.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>((v as *const T).cast()) };
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(x);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
 }
@@ -422,15 +417,22 @@ pub fn prefetch<T>(x: &[T]) {
 /// larger second-level miss queue, and the row moves to the first level when it is read.
 #[inline]
 pub fn prefetch_l2<T>(x: &[T]) {
-    // As in `prefetch`: one address per line and the last element.
     #[cfg(target_arch = "x86_64")]
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(x);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// `_mm_prefetch` with `HINT` of one address per 64-byte cache line of `x` and of its last
+/// element, in case `x` does not start a line.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_lines<const HINT: i32, T>(x: &[T]) {
     for v in x.iter().step_by((64 / size_of::<T>().max(1)).max(1)).chain(x.last()) {
         // SAFETY: a prefetch reads nothing architecturally and never faults; the address is in
         // bounds anyway.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>((v as *const T).cast()) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>((v as *const T).cast()) };
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = x;
 }
 
 /// `y += alpha * x`.
