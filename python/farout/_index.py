@@ -72,7 +72,7 @@ class Index:
         inner product with each query (``float32[n, D]``; a 1-D array is one query), best first.
         An approximate index may find fewer than ``k`` rows: the rest are ``-1`` and ``-inf``.
         The spherical index (and ``"auto"`` while it uses one) scores a query searched alone on
-        4-bit codes of the vectors, which it makes at the first such call (about 0.3 s per
+        4-bit codes of the vectors, which it makes at the first such call (0.15-0.3 s per
         200,000 vectors of 128 values on 2 cores) and keeps up to date from then on."""
         return self._native.search(float32_rows(queries, "queries", self.dim), _count(k, "k"))
 

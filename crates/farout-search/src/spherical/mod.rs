@@ -125,8 +125,8 @@ pub enum Scoring {
     Int8,
     /// `int8` for batches of queries; a query searched alone is scored on 4-bit codes of the
     /// rows (`pq4.rs`, [`crate::pq4`]), half the bytes, and the best `pq4_rescore * k`
-    /// rescored exactly. The codes are made by the first lone query that scans them (about a
-    /// second per 200,000 rows of 128 values) and kept up to date by every sync from then on.
+    /// rescored exactly. The codes are made by the first lone query that scans them (0.15-0.3 s
+    /// per 200,000 rows of 128 values) and kept up to date by every sync from then on.
     /// Needs AVX2 to pay.
     Pq4,
 }

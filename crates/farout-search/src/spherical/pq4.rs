@@ -10,8 +10,8 @@
 //! **Made on first use.** Training searches in batches and syncs the rows every step changed;
 //! 4-bit codes would cost every sync a third of its speed and serve no query. So no code is
 //! made until the first lone query that would scan them ([`SphericalIndex::pq4_pays`]): it
-//! fits the codebook and codes every cluster (about a second per 200,000 rows of 128 values
-//! on 2 cores); from then on every sync and refresh keeps them equal to the copies. Lone
+//! fits the codebook and codes every cluster (0.15-0.3 s per 200,000 rows of 128 values on
+//! 2 cores); from then on every sync and refresh keeps them equal to the copies. Lone
 //! queries arriving on other threads while the codes are being made scan int8 codes meanwhile
 //! rather than wait: waiting inside rayon's pool could deadlock (the thread making the codes
 //! may itself run another query's task while it waits for its own).
