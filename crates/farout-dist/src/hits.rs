@@ -53,13 +53,18 @@ pub fn route_top_k(
     }
     let mine = dest.iter().filter(|&&d| d == me).count();
     let width = 2 * k; // a padded row: k keys of two u32
-    let (mut send, mut counts) = (Vec::new(), Vec::with_capacity(ranks));
+    let extras: usize = extra.iter().take(ranks).map(Vec::len).sum();
+    let (mut send, mut counts) = (Vec::with_capacity(local.len() * width + extras), Vec::with_capacity(ranks));
     for (q, extra) in extra.iter().enumerate().take(ranks) {
         let at = send.len();
         for hits in local.iter().zip(dest).filter(|(_, d)| **d == q).map(|(h, _)| h) {
-            // Padded to `k`: a rank may hold fewer hits.
-            let keys = hits.iter().map(|h| descending_key(h.score, h.class)).chain(std::iter::repeat(u64::MAX));
-            send.extend(keys.take(k).flat_map(|key| [key as u32, (key >> 32) as u32]));
+            // Padded to `k` (PAD, PAD: the key u64::MAX): a rank may hold fewer hits.
+            let row = send.len();
+            send.resize(row + width, PAD);
+            for (pair, h) in send[row..].chunks_exact_mut(2).zip(hits.iter().take(k)) {
+                let key = descending_key(h.score, h.class);
+                pair.copy_from_slice(&[key as u32, (key >> 32) as u32]);
+            }
         }
         send.extend_from_slice(extra);
         counts.push(send.len() - at);

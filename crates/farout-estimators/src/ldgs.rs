@@ -57,6 +57,7 @@ use crate::contract::{Built, EstimatorParams, ExactLoss, LossKind, Problem, Sear
 use crate::estimator::{Batch, BatchEstimate, BatchGrad, Ctx, Estimate, GradientEstimator, for_each_sample};
 use crate::loss::{Loss, LossScratch, Softmax};
 use crate::shard::ShardPlan;
+use crate::slots::Slots;
 use farout_core::{ClassId, Rng, SparseGrad, kernels};
 use farout_search::Hit;
 use serde::{Deserialize, Serialize};
@@ -218,42 +219,6 @@ struct Scratch {
     active: Vec<bool>,
     pos: Vec<ClassId>,
     loss: LossScratch,
-}
-
-/// The position of every class in the candidate set `U` of the current sample, without
-/// clearing K entries per sample: an entry is valid when its stamp is the current one.
-#[derive(Default)]
-struct Slots {
-    stamp: Vec<u32>,
-    slot: Vec<u32>,
-    current: u32,
-}
-
-impl Slots {
-    /// Starts an empty set over `k` classes.
-    fn begin(&mut self, k: usize) {
-        if self.stamp.len() < k {
-            self.stamp.resize(k, 0);
-            self.slot.resize(k, 0);
-        }
-        self.current = self.current.wrapping_add(1);
-        if self.current == 0 {
-            self.stamp.fill(0);
-            self.current = 1;
-        }
-    }
-
-    /// The slot of `c`, assigning `next` if it has none yet; returns (slot, whether new).
-    fn insert(&mut self, c: ClassId, next: usize) -> (usize, bool) {
-        let i = c as usize;
-        if self.stamp[i] == self.current {
-            (self.slot[i] as usize, false)
-        } else {
-            self.stamp[i] = self.current;
-            self.slot[i] = next as u32;
-            (next, true)
-        }
-    }
 }
 
 impl Scratch {

@@ -29,10 +29,10 @@ use farout_core::ClassId;
 use farout_core::topk::Hit;
 use farout_dist::DistError;
 use farout_estimators::{
-    Batch, BatchEstimate, BatchGrad, Ctx, Loss, LossScratch, RescoreScratch, complete_scores, completes_whole_row,
+    Batch, BatchEstimate, BatchGrad, Ctx, Loss, LossScratch, RescoreScratch, Slots, complete_scores,
+    completes_whole_row,
 };
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::ops::Range;
 
@@ -42,7 +42,7 @@ pub(crate) fn part(b: usize, r: usize, ranks: usize) -> Range<usize> {
 }
 
 thread_local! {
-    static SLOTS: RefCell<FxHashMap<ClassId, u32>> = RefCell::new(FxHashMap::default());
+    static SLOTS: RefCell<Slots> = RefCell::new(Slots::default());
 }
 
 /// One sample's candidates on the rank working on it, with which blocks the searches scored.
@@ -63,22 +63,41 @@ impl Worked {
     }
 }
 
-/// What the rank working on a sample asks of the owners and learns from them: the messages of
-/// the completion, per owner.
-struct Messages {
-    out: Vec<Vec<u32>>,
-}
-
-impl Messages {
-    fn new(ranks: usize) -> Self {
-        Self { out: vec![Vec::new(); ranks] }
+/// Messages to every rank in one buffer, with its counts, for an alltoallv: to each rank
+/// `header`, then per sample of `samples` `[n, entry x n]`, the entries of `width` words that
+/// `entries(sample, emit)` emits to that rank (`emit(rank, words)`; an entry may be emitted in
+/// parts). Two passes over `entries`: the first counts each rank's words, the second writes
+/// them in place, so no per-rank buffer grows and none is copied into the one sent.
+fn per_sample_messages<S>(
+    ranks: usize,
+    header: &[u32],
+    width: usize,
+    samples: &[S],
+    entries: impl Fn(&S, &mut dyn FnMut(usize, &[u32])),
+) -> (Vec<u32>, Vec<usize>) {
+    let mut counts = vec![header.len() + samples.len(); ranks];
+    for sample in samples {
+        entries(sample, &mut |r, words| counts[r] += words.len());
     }
-
-    /// The messages as one buffer and its counts (for an alltoallv).
-    fn flatten(self) -> (Vec<u32>, Vec<usize>) {
-        let counts = self.out.iter().map(Vec::len).collect();
-        (self.out.into_iter().flatten().collect(), counts)
+    let mut at: Vec<usize> = counts.iter().scan(0, |acc, &n| Some(std::mem::replace(acc, *acc + n))).collect();
+    let mut send = vec![0u32; counts.iter().sum()];
+    for a in at.iter_mut() {
+        send[*a..*a + header.len()].copy_from_slice(header);
+        *a += header.len();
     }
+    let mut heads = vec![0; ranks];
+    for sample in samples {
+        heads.copy_from_slice(&at);
+        at.iter_mut().for_each(|a| *a += 1);
+        entries(sample, &mut |r, words| {
+            send[at[r]..at[r] + words.len()].copy_from_slice(words);
+            at[r] += words.len();
+        });
+        for (&h, &a) in heads.iter().zip(&at) {
+            send[h] = ((a - h - 1) / width) as u32;
+        }
+    }
+    (send, counts)
 }
 
 /// `buf` (an alltoallv's output) cut into every rank's part.
@@ -172,7 +191,7 @@ impl StepComm<'_> {
                 w.c.set_single(&routed.rows[ii], positives);
             } else {
                 let blocks = (0..n_blocks).map(|j| routed.rows[j * m + ii].as_slice());
-                SLOTS.with_borrow_mut(|slot| w.c.set_searched(blocks, positives, slot));
+                SLOTS.with_borrow_mut(|slots| w.c.set_searched(blocks, positives, shard.rows(), slots));
             }
             w.known.clear();
             w.known.resize(w.c.classes.len() * words, 0);
@@ -233,24 +252,18 @@ impl StepComm<'_> {
             known > 0 && (bias || known < n_blocks)
         };
         // Requests: per owner, per sample of this rank, [count, (class, mask) x count].
-        let mut requests = Messages::new(ranks);
-        for w in worked.iter() {
-            let heads: Vec<usize> = requests.out.iter_mut().map(|o| (o.push(0), o.len() - 1).1).collect();
+        let (send, counts) = per_sample_messages(ranks, &[], 1 + words, worked, |w, emit| {
             for (u, &class) in w.c.classes.iter().enumerate().filter(|&(u, _)| asked(w, u)) {
-                let o = &mut requests.out[w.owner[u] as usize];
-                o.push(class);
-                o.extend_from_slice(w.mask(u, words));
+                let owner = w.owner[u] as usize;
+                emit(owner, &[class]);
+                emit(owner, w.mask(u, words));
             }
-            for (o, h) in requests.out.iter_mut().zip(heads) {
-                o[h] = ((o.len() - h - 1) / (1 + words)) as u32;
-            }
-        }
-        let (send, counts) = requests.flatten();
+        });
         let (mut got, mut got_counts) = (Vec::new(), Vec::new());
         self.bytes += 4 * send.len();
         self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;
         // Answers: the asking rank's samples in order, one value per class asked.
-        let mut answers = Messages::new(ranks);
+        let mut answers = vec![Vec::new(); ranks];
         let mut scratch = (RescoreScratch::default(), Vec::new(), Vec::new(), Vec::new());
         for (e, msg) in parts(&got, &got_counts).into_iter().enumerate() {
             let mut at = 0;
@@ -268,10 +281,11 @@ impl StepComm<'_> {
                 }
                 let found = found.iter().map(|&(u, j)| (u, j, 0.0));
                 complete_scores(ctx, n_blocks, batch.phi.row(i), local, found, rescore, total);
-                answers.out[e].extend(total.iter().map(|z| z.to_bits()));
+                answers[e].extend(total.iter().map(|z| z.to_bits()));
             }
         }
-        let (send, counts) = answers.flatten();
+        let counts: Vec<usize> = answers.iter().map(Vec::len).collect();
+        let send = answers.concat();
         self.bytes += 4 * send.len();
         self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;
         let from = parts(&got, &got_counts);
@@ -315,25 +329,18 @@ impl StepComm<'_> {
             },
         );
         let loss_sum: f64 = split_per_sample(&mut values, cands.iter().copied()).iter().map(|v| f64::from(v[0])).sum();
-        let mut msgs = Messages::new(ranks);
-        for o in msgs.out.iter_mut() {
-            let (l, c) = (loss_sum.to_bits(), cost as u64);
-            o.extend([l as u32, (l >> 32) as u32, c as u32, (c >> 32) as u32]);
-        }
-        let mut at = 0;
-        for w in worked {
-            let (c, n) = (&w.c, w.c.z.len());
-            let g = &values[at + 1..at + 1 + n];
-            at += 1 + n;
-            let heads: Vec<usize> = msgs.out.iter_mut().map(|o| (o.push(0), o.len() - 1).1).collect();
-            for ((&class, &owner), &v) in c.classes.iter().zip(&w.owner).zip(g).filter(|&(_, &v)| v != 0.0) {
-                msgs.out[owner as usize].extend([class, v.to_bits()]);
+        let (l, c) = (loss_sum.to_bits(), cost as u64);
+        let header = [l as u32, (l >> 32) as u32, c as u32, (c >> 32) as u32];
+        let grads_of: Vec<(&Worked, &[f32])> = worked
+            .iter()
+            .zip(split_per_sample(&mut values, cands.iter().copied()))
+            .map(|(w, v)| (w, &v[1..]))
+            .collect();
+        let (send, counts) = per_sample_messages(ranks, &header, 2, &grads_of, |&(w, g), emit| {
+            for ((&class, &owner), &v) in w.c.classes.iter().zip(&w.owner).zip(g).filter(|&(_, &v)| v != 0.0) {
+                emit(owner as usize, &[class, v.to_bits()]);
             }
-            for (o, h) in msgs.out.iter_mut().zip(heads) {
-                o[h] = ((o.len() - h - 1) / 2) as u32;
-            }
-        }
-        let (send, counts) = msgs.flatten();
+        });
         let (mut got, mut got_counts) = (Vec::new(), Vec::new());
         self.bytes += 4 * send.len();
         self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;

@@ -32,10 +32,9 @@ use farout_core::{ClassId, Matrix, Rng};
 use farout_dist::{Collective, DistError, Strided};
 use farout_estimators::{
     Batch, BatchEstimate, Ctx, Drawn, DrawnLoss, GradientEstimator, Loss, LossScratch, RescoreScratch, ShardPlan,
-    complete_scores,
+    Slots, complete_scores,
 };
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
 use std::cell::RefCell;
 use std::time::Instant;
 
@@ -54,22 +53,25 @@ pub(crate) struct Candidates {
 }
 
 impl Candidates {
-    /// Every block's merged top-Q (`blocks[j]`), in block order, then the positives.
+    /// Every block's merged top-Q (`blocks[j]`), in block order, then the positives, over a
+    /// layer of `k` classes.
     pub(crate) fn set_searched<'a>(
         &mut self,
         blocks: impl Iterator<Item = &'a [Hit]>,
         positives: &[ClassId],
-        slot: &mut FxHashMap<ClassId, u32>,
+        k: usize,
+        slots: &mut Slots,
     ) {
         self.classes.clear();
         self.found.clear();
         self.pos.clear();
-        slot.clear();
+        slots.begin(k);
         let mut at = |classes: &mut Vec<ClassId>, c: ClassId| {
-            *slot.entry(c).or_insert_with(|| {
+            let (u, new) = slots.insert(c, classes.len());
+            if new {
                 classes.push(c);
-                classes.len() as u32 - 1
-            })
+            }
+            u as u32
         };
         for (j, hits) in blocks.enumerate() {
             for h in hits {
@@ -171,7 +173,7 @@ thread_local! {
     /// The batch's candidates, kept with their capacity across steps (on the calling thread).
     static CANDIDATES: RefCell<(Vec<Candidates>, Vec<Drawn>, Vec<f32>)> = RefCell::new(Default::default());
     static OWNER: RefCell<OwnerScratch> = RefCell::new(OwnerScratch::default());
-    static SLOTS: RefCell<FxHashMap<ClassId, u32>> = RefCell::new(FxHashMap::default());
+    static SLOTS: RefCell<Slots> = RefCell::new(Slots::default());
 }
 
 /// One step of the estimator planned by `plan` on `layer`, the classes `shard` of a layer split
@@ -373,7 +375,7 @@ impl StepComm<'_> {
         })?;
         self.bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
         cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
-            SLOTS.with_borrow_mut(|slot| c.set_searched(std::iter::once(hits.as_slice()), pos, slot));
+            SLOTS.with_borrow_mut(|slots| c.set_searched(std::iter::once(hits.as_slice()), pos, shard.rows(), slots));
         });
         self.phases.candidates += self.lap();
         Ok(cost)
