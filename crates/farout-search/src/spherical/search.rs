@@ -161,12 +161,12 @@ impl SphericalIndex {
     /// The top `k` of every row of `queries` ([`crate::MipsIndex::search_batch`]): centroid
     /// scores of all queries at once (one matrix product, or one int8 kernel call on the
     /// centroids' codes); then, cluster by cluster, the members' copy (or codes) is scored
-    /// against every query probing that cluster at once (a small matrix product, or the int8
-    /// kernel), instead of per-query scattered dot products; with int8 codes the rows reaching
-    /// each query's cut are then rescored ([`SphericalIndex::search_int8_batch`],
-    /// [`SphericalIndex::rescore_batch`]). Returns what
-    /// [`SphericalIndex::search_one`] returns for each query (up to rounding: products and dot
-    /// kernels may differ in the last bits).
+    /// against every query probing that cluster while its rows are in cache (dot products, or
+    /// the int8 kernel); with f32 scores each query's are selected as a lone query's
+    /// ([`SphericalIndex::best_probed`]), with int8 codes the rows reaching each query's cut
+    /// are rescored ([`SphericalIndex::search_int8_batch`], [`SphericalIndex::rescore_batch`]).
+    /// Returns what [`SphericalIndex::search_one`] returns for each query (up to rounding: the
+    /// batch's products and kernels may differ from a lone query's in the last bits).
     pub(super) fn search_batched(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         match self.plan(w, queries.as_slice(), k) {
             Plan::Probe(budget) => self.search_batched_with(w, queries, k, budget, out),
@@ -201,13 +201,15 @@ impl SphericalIndex {
             return scanned + rescored + centroids;
         }
         let blocks = self.score_batch(&probes, queries, None);
-        // Exact scores: select.
+        // Exact scores: each query's, gathered in its probing order, selected as a lone query's.
         out.par_iter_mut().zip(&probes.slots).for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(parts, sample), (found, slots)| {
-                parts.clear();
-                parts.extend(probed(slots, &self.clusters, &blocks));
-                topk::select_best(parts, k, sample, found);
+            || (Vec::new(), Vec::new(), Kept::default()),
+            |(scores, order, kept), (found, slots)| {
+                scores.clear();
+                probed(slots, &self.clusters, &blocks).for_each(|(z, _)| scores.extend_from_slice(z));
+                order.clear();
+                order.extend(slots.iter().map(|&(j, _)| j));
+                self.best_probed(scores, order, k, kept, found);
             },
         );
         scanned + centroids
@@ -335,13 +337,17 @@ impl SphericalIndex {
                     quant::scores(rows, codes, qs, &mut z);
                     return (z, rows.padded_len());
                 }
-                let (m, nq) = (cluster.len(), qs.len());
-                let mut qm = Matrix::zeros(nq, d);
-                for (r, &q) in qs.iter().enumerate() {
-                    qm.row_mut(r).copy_from_slice(queries.row(q as usize));
+                // One dot product per query and row (on the widest vector unit): the few queries
+                // probing a cluster share its rows in cache, and a matrix product would first
+                // copy them (docs/decisions.md, "f32-batch-dots").
+                let m = cluster.len();
+                let mut z = vec![0.0f32; qs.len() * m];
+                for (zq, &q) in z.chunks_exact_mut(m.max(1)).zip(qs) {
+                    let query = queries.row(q as usize);
+                    for (zr, row) in zq.iter_mut().zip(cluster.rows.chunks_exact(d)) {
+                        *zr = kernels::dot_simd(row, query);
+                    }
                 }
-                let mut z = vec![0.0f32; nq * m];
-                gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
                 (z, m)
             })
             .collect()
@@ -500,8 +506,9 @@ mod tests {
             total += index.search(Rows::all(w), q.row(i), k, &mut one);
             one.sort_unstable_by(topk::by_score);
             batched.sort_unstable_by(topk::by_score);
-            // Same candidates and selection; scores from a matrix product may differ from the
-            // dot kernel in the last bits, so compare classes and scores to a tolerance.
+            // Same candidates and selection; the batch's f32 scores come from the widest dot
+            // kernel, a lone query's from the portable one (the scores every index returns), so
+            // they may differ in the last bits: compare classes, and scores to a tolerance.
             assert_eq!(
                 batched.iter().map(|h| h.class).collect::<Vec<_>>(),
                 one.iter().map(|h| h.class).collect::<Vec<_>>(),
