@@ -368,3 +368,26 @@ impl StepComm<'_> {
 fn not_held(from: usize, to: usize, class: u32) -> DistError {
     DistError::Mpi(format!("rank {from} sent rank {to} class {class}, which rank {to} does not hold"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_sample_messages_lay_out_header_counts_and_entries_per_rank() {
+        // Per sample, (rank, class, value) entries; an entry is emitted in two parts.
+        let samples: Vec<Vec<(usize, u32, u32)>> =
+            vec![vec![(2, 10, 100), (0, 11, 101), (2, 12, 102)], vec![], vec![(1, 13, 103)]];
+        let (send, counts) = per_sample_messages(3, &[7, 8], 2, &samples, |entries, emit| {
+            for &(r, class, value) in entries {
+                emit(r, &[class]);
+                emit(r, &[value]);
+            }
+        });
+        let rank0 = [7, 8, 1, 11, 101, 0, 0];
+        let rank1 = [7, 8, 0, 0, 1, 13, 103];
+        let rank2 = [7, 8, 2, 10, 100, 12, 102, 0, 0];
+        assert_eq!(counts, [rank0.len(), rank1.len(), rank2.len()]);
+        assert_eq!(send, [&rank0[..], &rank1[..], &rank2[..]].concat());
+    }
+}
