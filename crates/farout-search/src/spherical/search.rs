@@ -337,11 +337,21 @@ impl SphericalIndex {
                     quant::scores(rows, codes, qs, &mut z);
                     return (z, rows.padded_len());
                 }
-                // One dot product per query and row (on the widest vector unit): the few queries
-                // probing a cluster share its rows in cache, and a matrix product would first
-                // copy them (docs/decisions.md, "f32-batch-dots").
-                let m = cluster.len();
-                let mut z = vec![0.0f32; qs.len() * m];
+                // Probed by a few queries, one dot product per query and row (on the widest
+                // vector unit) while the rows are in cache: a matrix product would first copy
+                // them into its panels. By many (an index not yet fitted to trained rows probes
+                // most clusters for every query), one matrix product, whose copy they share
+                // (docs/decisions.md, "f32-batch-dots").
+                let (m, nq) = (cluster.len(), qs.len());
+                let mut z = vec![0.0f32; nq * m];
+                if nq >= PRODUCT_FROM_QUERIES {
+                    let mut qm = Matrix::zeros(nq, d);
+                    for (r, &q) in qs.iter().enumerate() {
+                        qm.row_mut(r).copy_from_slice(queries.row(q as usize));
+                    }
+                    gemm::gemm(&mut z, nq, m, 0.0, 1.0, qm.as_slice(), (nq, d), Op::N, &cluster.rows, (m, d), Op::T);
+                    return (z, m);
+                }
                 for (zq, &q) in z.chunks_exact_mut(m.max(1)).zip(qs) {
                     let query = queries.row(q as usize);
                     for (zr, row) in zq.iter_mut().zip(cluster.rows.chunks_exact(d)) {
@@ -361,6 +371,10 @@ impl SphericalIndex {
 /// row it rescores, and costs where it probes few (see docs/decisions.md,
 /// "filter-while-scanning").
 const FILTER_WHILE_SCANNING: usize = 128;
+
+/// With f32 scoring, a cluster probed by at least this many queries of a batch is scored by
+/// one matrix product; by fewer, by dot products (see docs/decisions.md, "f32-batch-dots").
+const PRODUCT_FROM_QUERIES: usize = 32;
 
 /// Who probes what in a batched search.
 pub(super) struct BatchProbes {
@@ -478,6 +492,13 @@ mod tests {
         for config in both_scorings() {
             batched_search_returns_the_per_query_results_with(&config);
         }
+        // F32 scoring probing most clusters for every query: clusters probed by many queries of
+        // the batch are scored by a matrix product, the others by dot products.
+        batched_search_returns_the_per_query_results_with(&SphericalConfig {
+            scoring: super::super::Scoring::F32,
+            candidate_factor: Some(400.0),
+            ..SphericalConfig::default()
+        });
         // Int8 scoring with rows rescored beyond the k returned.
         batched_search_returns_the_per_query_results_with(&SphericalConfig {
             scoring: super::super::Scoring::Int8,
