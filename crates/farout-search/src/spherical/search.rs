@@ -161,8 +161,8 @@ impl SphericalIndex {
     /// The top `k` of every row of `queries` ([`crate::MipsIndex::search_batch`]): centroid
     /// scores of all queries at once (one matrix product, or one int8 kernel call on the
     /// centroids' codes); then, cluster by cluster, the members' copy (or codes) is scored
-    /// against every query probing that cluster while its rows are in cache (dot products, or
-    /// the int8 kernel); with f32 scores each query's are selected as a lone query's
+    /// against every query probing that cluster while its rows are in cache (dot products, one
+    /// matrix product where many queries probe it, or the int8 kernel); with f32 scores each query's are selected as a lone query's
     /// ([`SphericalIndex::best_probed`]), with int8 codes the rows reaching each query's cut
     /// are rescored ([`SphericalIndex::search_int8_batch`], [`SphericalIndex::rescore_batch`]).
     /// Returns what [`SphericalIndex::search_one`] returns for each query (up to rounding: the
