@@ -29,20 +29,14 @@ use farout_core::ClassId;
 use farout_core::topk::Hit;
 use farout_dist::DistError;
 use farout_estimators::{
-    Batch, BatchEstimate, BatchGrad, Ctx, Loss, LossScratch, RescoreScratch, Slots, complete_scores,
-    completes_whole_row,
+    Batch, BatchEstimate, BatchGrad, Ctx, Loss, LossScratch, RescoreScratch, complete_scores, completes_whole_row,
 };
 use rayon::prelude::*;
-use std::cell::RefCell;
 use std::ops::Range;
 
 /// The samples of a batch of `b` that rank `r` of `ranks` works on.
 pub(crate) fn part(b: usize, r: usize, ranks: usize) -> Range<usize> {
     b * r / ranks..b * (r + 1) / ranks
-}
-
-thread_local! {
-    static SLOTS: RefCell<Slots> = RefCell::new(Slots::default());
 }
 
 /// One sample's candidates on the rank working on it, with which blocks the searches scored.
@@ -191,7 +185,7 @@ impl StepComm<'_> {
                 w.c.set_single(&routed.rows[ii], positives);
             } else {
                 let blocks = (0..n_blocks).map(|j| routed.rows[j * m + ii].as_slice());
-                SLOTS.with_borrow_mut(|slots| w.c.set_searched(blocks, positives, shard.rows(), slots));
+                w.c.set_searched(blocks, positives, shard.rows());
             }
             w.known.clear();
             w.known.resize(w.c.classes.len() * words, 0);
@@ -321,21 +315,16 @@ impl StepComm<'_> {
         let ranks = comm.size();
         let cands: Vec<&Candidates> = worked.iter().map(|w| &w.c).collect();
         let mut values = vec![0f32; cands.iter().map(|c| 1 + c.z.len()).sum()];
-        split_per_sample(&mut values, cands.iter().copied()).into_par_iter().zip(cands.par_iter()).for_each_init(
-            LossScratch::default,
-            |scratch, (out, c)| {
-                let (l, grad) = out.split_first_mut().expect("a sample's loss");
-                *l = loss.value_and_grad(&c.z, &c.pos, grad, scratch);
-            },
-        );
-        let loss_sum: f64 = split_per_sample(&mut values, cands.iter().copied()).iter().map(|v| f64::from(v[0])).sum();
+        // Per sample: its loss, then the gradient of each candidate.
+        let mut per_sample = split_per_sample(&mut values, cands.iter().copied());
+        per_sample.par_iter_mut().zip(cands.par_iter()).for_each_init(LossScratch::default, |scratch, (out, c)| {
+            let (l, grad) = out.split_first_mut().expect("a sample's loss");
+            *l = loss.value_and_grad(&c.z, &c.pos, grad, scratch);
+        });
+        let loss_sum: f64 = per_sample.iter().map(|v| f64::from(v[0])).sum();
         let (l, c) = (loss_sum.to_bits(), cost as u64);
         let header = [l as u32, (l >> 32) as u32, c as u32, (c >> 32) as u32];
-        let grads_of: Vec<(&Worked, &[f32])> = worked
-            .iter()
-            .zip(split_per_sample(&mut values, cands.iter().copied()))
-            .map(|(w, v)| (w, &v[1..]))
-            .collect();
+        let grads_of: Vec<(&Worked, &[f32])> = worked.iter().zip(&per_sample).map(|(w, v)| (w, &v[1..])).collect();
         let (send, counts) = per_sample_messages(ranks, &header, 2, &grads_of, |&(w, g), emit| {
             for ((&class, &owner), &v) in w.c.classes.iter().zip(&w.owner).zip(g).filter(|&(_, &v)| v != 0.0) {
                 emit(owner as usize, &[class, v.to_bits()]);

@@ -54,35 +54,36 @@ pub(crate) struct Candidates {
 
 impl Candidates {
     /// Every block's merged top-Q (`blocks[j]`), in block order, then the positives, over a
-    /// layer of `k` classes.
+    /// layer of `k` classes (placed with this thread's [`Slots`]).
     pub(crate) fn set_searched<'a>(
         &mut self,
         blocks: impl Iterator<Item = &'a [Hit]>,
         positives: &[ClassId],
         k: usize,
-        slots: &mut Slots,
     ) {
         self.classes.clear();
         self.found.clear();
         self.pos.clear();
-        slots.begin(k);
-        let mut at = |classes: &mut Vec<ClassId>, c: ClassId| {
-            let (u, new) = slots.insert(c, classes.len());
-            if new {
-                classes.push(c);
+        SLOTS.with_borrow_mut(|slots| {
+            slots.begin(k);
+            let mut at = |classes: &mut Vec<ClassId>, c: ClassId| {
+                let (u, new) = slots.insert(c, classes.len());
+                if new {
+                    classes.push(c);
+                }
+                u as u32
+            };
+            for (j, hits) in blocks.enumerate() {
+                for h in hits {
+                    let u = at(&mut self.classes, h.class);
+                    self.found.push((u, j as u32, h.score));
+                }
             }
-            u as u32
-        };
-        for (j, hits) in blocks.enumerate() {
-            for h in hits {
-                let u = at(&mut self.classes, h.class);
-                self.found.push((u, j as u32, h.score));
+            for &p in positives {
+                let u = at(&mut self.classes, p);
+                self.pos.push(u);
             }
-        }
-        for &p in positives {
-            let u = at(&mut self.classes, p);
-            self.pos.push(u);
-        }
+        });
         self.z.clear();
         self.z.resize(self.classes.len(), 0.0);
     }
@@ -173,6 +174,7 @@ thread_local! {
     /// The batch's candidates, kept with their capacity across steps (on the calling thread).
     static CANDIDATES: RefCell<(Vec<Candidates>, Vec<Drawn>, Vec<f32>)> = RefCell::new(Default::default());
     static OWNER: RefCell<OwnerScratch> = RefCell::new(OwnerScratch::default());
+    /// Where each class sits in the candidate set being built ([`Candidates::set_searched`]).
     static SLOTS: RefCell<Slots> = RefCell::new(Slots::default());
 }
 
@@ -375,7 +377,7 @@ impl StepComm<'_> {
         })?;
         self.bytes += 4 * b + 8 * sent * b; // the best scores, then the hits' scores and ids
         cands.par_iter_mut().zip(&merged).zip(batch.positives).for_each(|((c, hits), pos)| {
-            SLOTS.with_borrow_mut(|slots| c.set_searched(std::iter::once(hits.as_slice()), pos, shard.rows(), slots));
+            c.set_searched(std::iter::once(hits.as_slice()), pos, shard.rows());
         });
         self.phases.candidates += self.lap();
         Ok(cost)

@@ -2,8 +2,9 @@
 //! every row's cluster and drift reference, every cluster's members in order with their row
 //! copies, and the calibrations; with `pq4` scoring then the 4-bit codebook and every cluster's
 //! mean, or an empty codebook while no lone query has made them. What follows from those is
-//! computed again on loading: the centroids' first D coordinates and their codes, the clusters' int8 and 4-bit codes (coding a copy gives the
-//! codes it had), and every row's place in its cluster.
+//! computed again on loading: the centroids' first D coordinates and their codes, the
+//! clusters' int8 and 4-bit codes (coding a copy gives the codes it had), and every row's
+//! place in its cluster.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
