@@ -5,7 +5,7 @@
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
-use super::{Scoring, SphericalIndex};
+use super::Scoring;
 use crate::pq4::{Codebook, Pq4Rows};
 use crate::quant::QuantRows;
 use farout_core::ClassId;
@@ -124,12 +124,5 @@ impl Cluster {
         4 * (self.ids.capacity() + self.rows.capacity())
             + self.codes.as_ref().map_or(0, QuantRows::bytes)
             + self.pq4.get().map_or(0, |p| p.rows.bytes() + 4 * p.mean.len())
-    }
-}
-
-impl SphericalIndex {
-    /// The cluster copy of row `i` (equal to `W`'s row as of its last sync).
-    pub(super) fn copy_of(&self, i: ClassId, d: usize) -> &[f32] {
-        self.clusters[self.assign[i as usize] as usize].row(self.pos[i as usize] as usize, d)
     }
 }

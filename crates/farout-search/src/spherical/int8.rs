@@ -8,7 +8,7 @@
 
 use super::SphericalIndex;
 use super::cluster::Cluster;
-use super::search::{BatchProbes, probed};
+use super::search::{BatchProbes, Place, probed};
 use crate::Hit;
 use crate::quant::{self, Above, QuantQueries};
 use farout_core::topk::{self, NthBest};
@@ -28,22 +28,34 @@ impl SphericalIndex {
 
     /// The per-query end of int8 (and pq4) scoring: `candidates` (the best probed rows by
     /// approximate score, in the order of the copies: rows of one cluster together, in their
-    /// order in it, as [`SphericalIndex::best_probed`] gives them) rescored exactly from the
-    /// copies (requesting them [`AHEAD`] rows ahead into the second-level cache, as the batched
-    /// gather does: docs/decisions.md, "int8-rescoring-prefetch-l2"), their `k` best into
-    /// `out`. Returns the number of rows rescored. Rows of one cluster are loaded together,
-    /// from memory the preceding rows opened (about a tenth faster on the K = 200,000 benchmark
-    /// than in order of score).
-    pub(super) fn rescore(&self, candidates: &mut Vec<Hit>, query: &[f32], k: usize, out: &mut Vec<Hit>) -> usize {
+    /// order in it, as [`SphericalIndex::best_probed`] gives them, with their `places` in the
+    /// clusters) rescored exactly from the copies (requesting them [`AHEAD`] rows ahead into
+    /// the second-level cache, as the batched gather does: docs/decisions.md,
+    /// "int8-rescoring-prefetch-l2"), their `k` best into `out`. Returns the number of rows
+    /// rescored. Rows of one cluster are loaded together, from memory the preceding rows
+    /// opened (about a tenth faster on the K = 200,000 benchmark than in order of score). The
+    /// copies are found by their places, not by the rows' ids: looking an id's cluster and
+    /// position up reads two arrays of K entries at random, which made this loop 1.7x slower
+    /// (docs/decisions.md, "rescore-by-place").
+    pub(super) fn rescore(
+        &self,
+        candidates: &mut Vec<Hit>,
+        places: &[Place],
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Hit>,
+    ) -> usize {
+        debug_assert_eq!(candidates.len(), places.len());
         let d = query.len();
-        for h in candidates.iter().take(AHEAD) {
-            kernels::prefetch_l2(self.copy_of(h.class, d));
+        let copy = |p: &Place| self.clusters[p.cluster as usize].row(p.at as usize, d);
+        for p in places.iter().take(AHEAD) {
+            kernels::prefetch_l2(copy(p));
         }
-        for t in 0..candidates.len() {
-            if let Some(next) = candidates.get(t + AHEAD) {
-                kernels::prefetch_l2(self.copy_of(next.class, d));
+        for (t, (h, p)) in candidates.iter_mut().zip(places).enumerate() {
+            if let Some(next) = places.get(t + AHEAD) {
+                kernels::prefetch_l2(copy(next));
             }
-            candidates[t].score = kernels::dot(self.copy_of(candidates[t].class, d), query);
+            h.score = kernels::dot(copy(p), query);
         }
         let rescored = candidates.len();
         quant::keep_best(candidates, k, out);

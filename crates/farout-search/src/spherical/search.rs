@@ -42,12 +42,21 @@ struct Scratch {
 }
 
 /// The buffers of [`SphericalIndex::best_probed`]: the positions and scores of the probed
-/// rows kept, and a copy of the scores to select the `n`-th best from.
+/// rows kept, a copy of the scores to select the `n`-th best from, and where in the clusters
+/// the rows taken are (what [`SphericalIndex::rescore`] reads their copies by).
 #[derive(Default)]
 struct Kept {
     positions: Vec<u32>,
     scores: Vec<f32>,
     cut: Vec<f32>,
+    places: Vec<Place>,
+}
+
+/// Where a row's copy is: member `at` of cluster `cluster`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place {
+    pub(super) cluster: u32,
+    pub(super) at: u32,
 }
 
 thread_local! {
@@ -110,7 +119,7 @@ impl SphericalIndex {
             // Rescore the best by approximate score exactly, from the copies.
             let depth = if pq4.is_some() { self.pq4_depth(k) } else { self.depth(k) };
             self.best_probed(probed, order, depth, kept, candidates);
-            let rescored = self.rescore(candidates, query, k, out);
+            let rescored = self.rescore(candidates, &kept.places, query, k, out);
             probed.len() + rescored + self.centroids.rows()
         })
     }
@@ -122,11 +131,13 @@ impl SphericalIndex {
     /// few passes fewer than the closest floor), the scores reaching it kept by a vector pass
     /// ([`kernels::keep_at_least`], with their positions), the `n`-th best of those selected
     /// (on a copy, `cut`) and the kept rows above it taken, with the first ones equal to it
-    /// that make `n`. Only the taken rows' ids are looked up. NaN scores are never taken.
+    /// that make `n`. Only the taken rows' ids are looked up, and their places kept in
+    /// `buffers.places`, in the same order. NaN scores are never taken.
     fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, buffers: &mut Kept, out: &mut Vec<Hit>) {
-        let Kept { positions, scores, cut } = buffers;
+        let Kept { positions, scores, cut, places } = buffers;
         positions.clear();
         scores.clear();
+        places.clear();
         out.clear();
         kernels::keep_at_least(probed, topk::nth_best_floor_within(probed, n, n), positions, scores);
         // How many rows equal to the `n`-th best score are taken (all when fewer than `n`
@@ -142,8 +153,8 @@ impl SphericalIndex {
             ties = n - cut[..n - 1].iter().filter(|&&x| x > nth).count();
         }
         // Positions ascend: walk the clusters along them.
-        let (mut clusters, mut start) = (order.iter().map(|&j| &self.clusters[j as usize].ids), 0);
-        let mut ids: &[ClassId] = &[];
+        let (mut clusters, mut start) = (order.iter(), 0);
+        let (mut ids, mut cluster): (&[ClassId], u32) = (&[], 0);
         for (&at, &score) in positions.iter().zip(scores.iter()) {
             if score < nth || (score == nth && ties == 0) {
                 continue;
@@ -152,9 +163,11 @@ impl SphericalIndex {
             let mut at = at as usize - start;
             while at >= ids.len() {
                 (at, start) = (at - ids.len(), start + ids.len());
-                ids = clusters.next().expect("every probed score belongs to a probed cluster");
+                cluster = *clusters.next().expect("every probed score belongs to a probed cluster");
+                ids = &self.clusters[cluster as usize].ids;
             }
             out.push(Hit { class: ids[at], score });
+            places.push(Place { cluster, at: at as u32 });
         }
     }
 
