@@ -24,17 +24,20 @@
 //! sum_m t_m[c_m]  ~  sum_m b_m + delta sum_m u_m[c_m]
 //! ```
 //!
-//! with an integer sum (at most `levels` a sub-space, `m x levels <= 65,535`: a 16-bit lane
-//! holds it). A table of 16 bytes is one 128-bit lane, and `vpshufb` looks up 16 (AVX2: 32,
-//! AVX-512: 64) codes in one instruction, each lane in its own table.
+//! with an integer sum: each `u` is at most `top = min(127, 65,535 / m)`, so two sub-spaces'
+//! values sum within a byte and all `m` within a 16-bit lane. A table of 16 bytes is one
+//! 128-bit lane, and `vpshufb` looks up 16 (AVX2: 32, AVX-512: 64) codes in one instruction,
+//! each lane in its own table. (At 127 levels rather than 255 the tables' rounding changed no
+//! recall measured; the byte sums save a sixth of the scan: docs/decisions.md, "pq4-byte-sums".)
 //!
 //! **Layout.** Rows come in blocks of [`BLOCK`] = 32. For each pair of sub-spaces `(2p,
 //! 2p + 1)` a block holds 32 bytes: byte `b < 16` holds the code of row `b` in sub-space `2p`
 //! (low nibble) and of row `b + 16` (high nibble), bytes `16 + b` the same for sub-space
 //! `2p + 1`. One 256-bit load is then two 128-bit lanes, one per sub-space, matching a register
 //! holding the two sub-spaces' tables: the low nibbles look up rows 0-15, the high nibbles rows
-//! 16-31. The looked-up bytes are summed in 16-bit lanes without unpacking: adding the register
-//! as 16-bit values adds `u_even + 256 u_odd` (pairs of neighbouring rows), adding it shifted
+//! 16-31. The bytes looked up from two loads (the next sub-spaces, the same rows) are first
+//! added as bytes, then summed in 16-bit lanes without unpacking: adding the register as
+//! 16-bit values adds `u_even + 256 u_odd` (pairs of neighbouring rows), adding it shifted
 //! right by 8 adds `u_odd` alone, and at the end `sum_even = sum_1 - 256 sum_2` (mod 2^16,
 //! exact since the true sums fit 16 bits).
 //!
@@ -289,8 +292,9 @@ impl Tables {
     /// Fills the tables of `query` (length `dim`) for `book`.
     pub fn fill(&mut self, book: &Codebook, query: &[f32]) {
         let m = book.sub_spaces();
-        // The largest sum of bytes a 16-bit lane can hold, spread over the sub-spaces.
-        let top = (u16::MAX as usize / m).min(u8::MAX as usize) as f32;
+        // The largest sum of bytes a 16-bit lane can hold, spread over the sub-spaces, and
+        // at most 127, so that the kernels can add two sub-spaces' bytes as bytes.
+        let top = (u16::MAX as usize / m).min(i8::MAX as usize) as f32;
         let q = |s: usize| query.get(s).copied().unwrap_or(0.0);
         // The levels ascend, so each table's extremes are at its ends.
         self.lows.clear();
@@ -445,20 +449,26 @@ mod x86 {
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm256_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(pairs * BLOCK).enumerate() {
             let mut acc = [_mm256_setzero_si256(); 4];
-            for p in 0..pairs {
-                // SAFETY: pair p's 32 bytes of the block and of the tables (16 m bytes).
-                let (c, t) = unsafe {
-                    (
-                        _mm256_loadu_si256(block.as_ptr().add(p * BLOCK).cast()),
-                        _mm256_loadu_si256(lut.as_ptr().add(p * BLOCK).cast()),
-                    )
-                };
+            // SAFETY (both closures): pair p's 32 bytes of the block and of the tables (16 m
+            // bytes), for p < pairs.
+            let lookup = |p: usize| unsafe {
+                let c = _mm256_loadu_si256(block.as_ptr().add(p * BLOCK).cast());
+                let t = _mm256_loadu_si256(lut.as_ptr().add(p * BLOCK).cast());
                 let u0 = _mm256_shuffle_epi8(t, _mm256_and_si256(c, low));
                 let u1 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(c, 4), low));
+                (u0, u1)
+            };
+            let mut add = |(u0, u1): (__m256i, __m256i)| {
                 acc[0] = _mm256_add_epi16(acc[0], u0);
                 acc[1] = _mm256_add_epi16(acc[1], _mm256_srli_epi16(u0, 8));
                 acc[2] = _mm256_add_epi16(acc[2], u1);
                 acc[3] = _mm256_add_epi16(acc[3], _mm256_srli_epi16(u1, 8));
+            };
+            // Two pairs' bytes (each at most 127) summed as bytes first (`m` is a multiple of 4,
+            // so the pairs are even).
+            for p in (0..pairs).step_by(2) {
+                let ((a0, a1), (b0, b1)) = (lookup(p), lookup(p + 1));
+                add((_mm256_add_epi8(a0, b0), _mm256_add_epi8(a1, b1)));
             }
             let lanes = acc.map(|a| _mm_add_epi16(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)));
             // SAFETY: block b's 32 rows lie within `out` (padded_len floats).
@@ -476,20 +486,28 @@ mod x86 {
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm512_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(quads * 2 * BLOCK).enumerate() {
             let mut acc = [_mm512_setzero_si512(); 4];
-            for p in 0..quads {
-                // SAFETY: sub-spaces 4p..4p + 4: 64 bytes of the block and of the tables.
-                let (c, t) = unsafe {
-                    (
-                        _mm512_loadu_si512(block.as_ptr().add(p * 2 * BLOCK).cast()),
-                        _mm512_loadu_si512(lut.as_ptr().add(p * 2 * BLOCK).cast()),
-                    )
-                };
+            // SAFETY (both closures): sub-spaces 4p..4p + 4, 64 bytes of the block and of the
+            // tables, for p < quads.
+            let lookup = |p: usize| unsafe {
+                let c = _mm512_loadu_si512(block.as_ptr().add(p * 2 * BLOCK).cast());
+                let t = _mm512_loadu_si512(lut.as_ptr().add(p * 2 * BLOCK).cast());
                 let u0 = _mm512_shuffle_epi8(t, _mm512_and_si512(c, low));
                 let u1 = _mm512_shuffle_epi8(t, _mm512_and_si512(_mm512_srli_epi16(c, 4), low));
+                (u0, u1)
+            };
+            let mut add = |(u0, u1): (__m512i, __m512i)| {
                 acc[0] = _mm512_add_epi16(acc[0], u0);
                 acc[1] = _mm512_add_epi16(acc[1], _mm512_srli_epi16(u0, 8));
                 acc[2] = _mm512_add_epi16(acc[2], u1);
                 acc[3] = _mm512_add_epi16(acc[3], _mm512_srli_epi16(u1, 8));
+            };
+            // Two quads' bytes (each at most 127) summed as bytes first.
+            for p in (0..quads & !1).step_by(2) {
+                let ((a0, a1), (b0, b1)) = (lookup(p), lookup(p + 1));
+                add((_mm512_add_epi8(a0, b0), _mm512_add_epi8(a1, b1)));
+            }
+            if quads % 2 == 1 {
+                add(lookup(quads - 1));
             }
             let lanes = acc.map(|a| {
                 let half = _mm256_add_epi16(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
