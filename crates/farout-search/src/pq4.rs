@@ -449,11 +449,15 @@ mod x86 {
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm256_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(pairs * BLOCK).enumerate() {
             let mut acc = [_mm256_setzero_si256(); 4];
-            // SAFETY (both closures): pair p's 32 bytes of the block and of the tables (16 m
-            // bytes), for p < pairs.
-            let lookup = |p: usize| unsafe {
-                let c = _mm256_loadu_si256(block.as_ptr().add(p * BLOCK).cast());
-                let t = _mm256_loadu_si256(lut.as_ptr().add(p * BLOCK).cast());
+            let lookup = |p: usize| {
+                // SAFETY: pair p's (p < pairs) 32 bytes of the block and of the tables (16 m
+                // bytes).
+                let (c, t) = unsafe {
+                    (
+                        _mm256_loadu_si256(block.as_ptr().add(p * BLOCK).cast()),
+                        _mm256_loadu_si256(lut.as_ptr().add(p * BLOCK).cast()),
+                    )
+                };
                 let u0 = _mm256_shuffle_epi8(t, _mm256_and_si256(c, low));
                 let u1 = _mm256_shuffle_epi8(t, _mm256_and_si256(_mm256_srli_epi16(c, 4), low));
                 (u0, u1)
@@ -486,11 +490,15 @@ mod x86 {
         let (delta, base, low) = (_mm256_set1_ps(delta), _mm256_set1_ps(base), _mm512_set1_epi8(0x0f));
         for (b, block) in rows.codes.chunks_exact(quads * 2 * BLOCK).enumerate() {
             let mut acc = [_mm512_setzero_si512(); 4];
-            // SAFETY (both closures): sub-spaces 4p..4p + 4, 64 bytes of the block and of the
-            // tables, for p < quads.
-            let lookup = |p: usize| unsafe {
-                let c = _mm512_loadu_si512(block.as_ptr().add(p * 2 * BLOCK).cast());
-                let t = _mm512_loadu_si512(lut.as_ptr().add(p * 2 * BLOCK).cast());
+            let lookup = |p: usize| {
+                // SAFETY: sub-spaces 4p..4p + 4 (p < quads): 64 bytes of the block and of the
+                // tables.
+                let (c, t) = unsafe {
+                    (
+                        _mm512_loadu_si512(block.as_ptr().add(p * 2 * BLOCK).cast()),
+                        _mm512_loadu_si512(lut.as_ptr().add(p * 2 * BLOCK).cast()),
+                    )
+                };
                 let u0 = _mm512_shuffle_epi8(t, _mm512_and_si512(c, low));
                 let u1 = _mm512_shuffle_epi8(t, _mm512_and_si512(_mm512_srli_epi16(c, 4), low));
                 (u0, u1)
