@@ -469,6 +469,11 @@ mod tests {
                 .map(|i| if i % 97 == 3 { f32::NAN } else { (rng::normal(&mut r) * 8.0).round() })
                 .collect();
             index.best_probed(&probed, &order, n, &mut kept, &mut out);
+            // Each taken row's place holds it.
+            assert_eq!(kept.places.len(), out.len(), "n = {n}");
+            for (h, p) in out.iter().zip(&kept.places) {
+                assert_eq!(index.clusters[p.cluster as usize].ids[p.at as usize], h.class, "n = {n}");
+            }
             // In the order probed.
             let at = |h: &Hit| ids.iter().position(|&c| c == h.class).expect("a probed row");
             assert!(out.windows(2).all(|p| at(&p[0]) < at(&p[1])), "n = {n}: out of the probed order");
