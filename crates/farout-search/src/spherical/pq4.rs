@@ -119,11 +119,12 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
 
 /// A lone query scans 4-bit codes when it probes at least this many rows per row it then
 /// rescores beyond what int8 scoring rescores: the 4-bit scan saves a little on every probed
-/// row, each extra row rescored is a gather of its copy from memory. At K = 200,000 the 4-bit
-/// scan ran 0.8-1.2x int8 scoring's speed at top 100 (127 rows probed per extra row rescored;
-/// on a shared machine) and 0.7x at top 2,000 (11); at top 10, where neither rescores more than
-/// `k + 32`, 1.4-2.1x (docs/decisions.md, "pq4-single-query").
-const PROBED_PER_EXTRA_RESCORED: usize = 64;
+/// row (4-6 ns at D = 128), each extra row rescored is a gather of its copy from memory (about
+/// 80-90 ns), so they break even near 15-20 rows probed per extra row. At top 500 of
+/// K = 200,000 (28 rows per extra row) the 4-bit scan ran 1.1-1.4x int8 scoring's speed, at top
+/// 2,000 of K = 1,000,000 (26) 1.13x, and at top 2,000 of K = 200,000 (11 at 2.5 k rescored)
+/// int8 scoring stays faster (docs/decisions.md, "pq4-single-query").
+const PROBED_PER_EXTRA_RESCORED: usize = 20;
 
 impl SphericalIndex {
     /// Rows rescored exactly per query for `k` results on 4-bit codes.
