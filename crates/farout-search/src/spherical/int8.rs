@@ -28,8 +28,8 @@ impl SphericalIndex {
 
     /// The per-query end of int8 (and pq4) scoring: `candidates` (the best probed rows by
     /// approximate score, in the order of the copies: rows of one cluster together, in their
-    /// order in it, as [`SphericalIndex::best_probed`] gives them, with their `places` in the
-    /// clusters) rescored exactly from the copies (requesting them [`AHEAD`] rows ahead into
+    /// order in it, as [`SphericalIndex::take_best_probed`] gives them, with their `places` in
+    /// the clusters) rescored exactly from the copies (requesting them [`AHEAD`] rows ahead into
     /// the second-level cache, as the batched gather does: docs/decisions.md,
     /// "int8-rescoring-prefetch-l2"), their `k` best into `out`. Returns the number of rows
     /// rescored. Rows of one cluster are loaded together, from memory the preceding rows

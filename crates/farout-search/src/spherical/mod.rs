@@ -296,9 +296,10 @@ impl MipsIndex for SphericalIndex {
     /// kernel call on the centroids' codes); then, cluster by cluster, the members' copy (or
     /// codes) is scored against every query probing that cluster while its rows are in cache
     /// (dot products, one matrix product where many queries probe it, or the int8 kernel),
-    /// instead of each query reading the clusters it probes on its own; with int8 codes the best are then rescored cluster by cluster.
-    /// Returns what [`MipsIndex::search`] returns for each query (up to rounding: the batch's
-    /// products and kernels may differ from a lone query's in the last bits).
+    /// instead of each query reading the clusters it probes on its own; with int8 codes the
+    /// best are then rescored cluster by cluster. Returns what [`MipsIndex::search`] returns
+    /// for each query (up to rounding: the batch's products and kernels may differ from a lone
+    /// query's in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         self.search_batched(w, queries, k, out)
     }

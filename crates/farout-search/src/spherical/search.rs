@@ -27,8 +27,8 @@ use std::cell::RefCell;
 const PROBE_HEAD: usize = 64;
 
 /// Per-thread buffers of one search: centroid scores, their keys and order, the probed rows'
-/// scores, those kept of them ([`SphericalIndex::best_probed`]), and the int8 path's cluster
-/// scores and candidates.
+/// scores, those kept of them ([`SphericalIndex::take_best_probed`]), and the int8 path's
+/// cluster scores, candidates and their places.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
@@ -38,18 +38,17 @@ struct Scratch {
     kept: Kept,
     block: Vec<f32>,
     candidates: Vec<Hit>,
+    places: Vec<Place>,
     tables: pq4::Tables,
 }
 
-/// The buffers of [`SphericalIndex::best_probed`]: the positions and scores of the probed
-/// rows kept, a copy of the scores to select the `n`-th best from, and where in the clusters
-/// the rows taken are (what [`SphericalIndex::rescore`] reads their copies by).
+/// The buffers of [`SphericalIndex::take_best_probed`]: the positions and scores of the
+/// probed rows kept, and a copy of the scores to select the `n`-th best from.
 #[derive(Default)]
 struct Kept {
     positions: Vec<u32>,
     scores: Vec<f32>,
     cut: Vec<f32>,
-    places: Vec<Place>,
 }
 
 /// Where a row's copy is: member `at` of cluster `cluster`.
@@ -79,7 +78,7 @@ impl SphericalIndex {
         // thread's buffers are borrowed, as the thread making them runs other searches while
         // it waits for parts of that work.
         let pq4 = self.pq4_pays(k, budget).then(|| self.pq4_book()).flatten();
-        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, kept, block, candidates, tables }| {
+        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, kept, block, candidates, places, tables }| {
             let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
             scores.clear();
@@ -118,27 +117,45 @@ impl SphericalIndex {
             }
             // Rescore the best by approximate score exactly, from the copies.
             let depth = if pq4.is_some() { self.pq4_depth(k) } else { self.depth(k) };
-            self.best_probed(probed, order, depth, kept, candidates);
-            let rescored = self.rescore(candidates, &kept.places, query, k, out);
+            candidates.clear();
+            places.clear();
+            self.take_best_probed(probed, order, depth, kept, |place, class, score| {
+                candidates.push(Hit { class, score });
+                places.push(place);
+            });
+            let rescored = self.rescore(candidates, places, query, k, out);
             probed.len() + rescored + self.centroids.rows()
         })
     }
 
     /// The `n` best rows by `probed`, the scores of the members of the clusters `order` (one
-    /// cluster after another), into `out` in that order (so in the order of the cluster copies,
-    /// which [`SphericalIndex::rescore`] reads): a floor at most the `n`-th best score, placed
+    /// cluster after another), into `out` in that order (see
+    /// [`SphericalIndex::take_best_probed`]).
+    fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, buffers: &mut Kept, out: &mut Vec<Hit>) {
+        out.clear();
+        self.take_best_probed(probed, order, n, buffers, |_, class, score| out.push(Hit { class, score }));
+    }
+
+    /// Calls `take(place, id, score)` for each of the `n` best rows by `probed`, the scores of
+    /// the members of the clusters `order` (one cluster after another), in that order (so in
+    /// the order of the cluster copies, which [`SphericalIndex::rescore`] reads, by the places
+    /// it is given): a floor at most the `n`-th best score, placed
     /// by bisection until at most `2 n` scores reach it ([`topk::nth_best_floor_within`]: a
     /// few passes fewer than the closest floor), the scores reaching it kept by a vector pass
     /// ([`kernels::keep_at_least`], with their positions), the `n`-th best of those selected
     /// (on a copy, `cut`) and the kept rows above it taken, with the first ones equal to it
-    /// that make `n`. Only the taken rows' ids are looked up, and their places kept in
-    /// `buffers.places`, in the same order. NaN scores are never taken.
-    fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, buffers: &mut Kept, out: &mut Vec<Hit>) {
-        let Kept { positions, scores, cut, places } = buffers;
+    /// that make `n`. Only the taken rows' ids are looked up. NaN scores are never taken.
+    fn take_best_probed(
+        &self,
+        probed: &[f32],
+        order: &[u32],
+        n: usize,
+        buffers: &mut Kept,
+        mut take: impl FnMut(Place, ClassId, f32),
+    ) {
+        let Kept { positions, scores, cut } = buffers;
         positions.clear();
         scores.clear();
-        places.clear();
-        out.clear();
         kernels::keep_at_least(probed, topk::nth_best_floor_within(probed, n, n), positions, scores);
         // How many rows equal to the `n`-th best score are taken (all when fewer than `n`
         // were kept).
@@ -166,8 +183,7 @@ impl SphericalIndex {
                 cluster = *clusters.next().expect("every probed score belongs to a probed cluster");
                 ids = &self.clusters[cluster as usize].ids;
             }
-            out.push(Hit { class: ids[at], score });
-            places.push(Place { cluster, at: at as u32 });
+            take(Place { cluster, at: at as u32 }, ids[at], score);
         }
     }
 
@@ -175,9 +191,10 @@ impl SphericalIndex {
     /// scores of all queries at once (one matrix product, or one int8 kernel call on the
     /// centroids' codes); then, cluster by cluster, the members' copy (or codes) is scored
     /// against every query probing that cluster while its rows are in cache (dot products, one
-    /// matrix product where many queries probe it, or the int8 kernel); with f32 scores each query's are selected as a lone query's
-    /// ([`SphericalIndex::best_probed`]), with int8 codes the rows reaching each query's cut
-    /// are rescored ([`SphericalIndex::search_int8_batch`], [`SphericalIndex::rescore_batch`]).
+    /// matrix product where many queries probe it, or the int8 kernel); with f32 scores each
+    /// query's are selected as a lone query's ([`SphericalIndex::best_probed`]), with int8
+    /// codes the rows reaching each query's cut are rescored
+    /// ([`SphericalIndex::search_int8_batch`], [`SphericalIndex::rescore_batch`]).
     /// Returns what [`SphericalIndex::search_one`] returns for each query (up to rounding: the
     /// batch's products and kernels may differ from a lone query's in the last bits).
     pub(super) fn search_batched(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
@@ -470,9 +487,11 @@ mod tests {
                 .collect();
             index.best_probed(&probed, &order, n, &mut kept, &mut out);
             // Each taken row's place holds it.
-            assert_eq!(kept.places.len(), out.len(), "n = {n}");
-            for (h, p) in out.iter().zip(&kept.places) {
-                assert_eq!(index.clusters[p.cluster as usize].ids[p.at as usize], h.class, "n = {n}");
+            let mut places = Vec::new();
+            index.take_best_probed(&probed, &order, n, &mut kept, |p, class, _| places.push((p, class)));
+            assert_eq!(places.len(), out.len(), "n = {n}");
+            for (p, class) in places {
+                assert_eq!(index.clusters[p.cluster as usize].ids[p.at as usize], class, "n = {n}");
             }
             // In the order probed.
             let at = |h: &Hit| ids.iter().position(|&c| c == h.class).expect("a probed row");
