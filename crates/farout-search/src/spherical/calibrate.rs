@@ -37,8 +37,8 @@ use crate::{ExactIndex, Hit, MipsIndex, Rows};
 use farout_core::ClassId;
 use farout_core::{Matrix, topk};
 use rayon::prelude::*;
-use std::sync::RwLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
 /// Budgets whose clusters hold this share of the rows or more are answered by brute force:
 /// the clusters then separate little, and brute force is exact at a small multiple of the
@@ -100,10 +100,25 @@ pub(super) enum Plan {
 #[derive(Clone, Debug)]
 struct Entry {
     fit: Calibrated,
+    lone: Arc<LoneFit>,
     at_queries: usize,
     at_reassigned: usize,
     /// Searches after `at_queries` at which it is renewed.
     renew_after: usize,
+}
+
+/// What a lone query's scan of 4-bit codes rescores for one calibrated `k` (`pq4.rs`): fitted
+/// on the calibration's sample, kept with pq4 scoring only, once the codes exist.
+#[derive(Debug, Default)]
+pub(super) struct LoneFit {
+    /// The calibration's sample queries and their exact top `k`; `None` where not kept (other
+    /// scorings, or a calibration read from a saved index).
+    pub(super) sample: Option<(Matrix, Vec<Vec<Hit>>)>,
+    /// Rows rescored per query, once fitted; a fitted `None` means no depth tried keeps the
+    /// recall, and lone queries scan int8 codes.
+    pub(super) depth: OnceLock<Option<usize>>,
+    /// A thread is fitting `depth` (others use the configured `pq4_rescore` meanwhile).
+    pub(super) fitting: AtomicBool,
 }
 
 impl Entry {
@@ -158,6 +173,12 @@ impl Calibrations {
     pub(super) fn fitted(&self) -> Vec<Calibrated> {
         self.state.read().unwrap_or_else(|e| e.into_inner()).entries.iter().map(|e| e.fit).collect()
     }
+
+    /// The calibration in force for `k`, with its lone queries' 4-bit depth fit.
+    pub(super) fn lone_fit(&self, k: usize) -> Option<(Calibrated, Arc<LoneFit>)> {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        state.entries.iter().find(|e| e.fit.k == k).map(|e| (e.fit, Arc::clone(&e.lone)))
+    }
 }
 
 impl Calibrations {
@@ -185,7 +206,7 @@ impl Calibrations {
             let at_queries = dec.usize_at_most(queries, "a calibration's query counter")?;
             let at_reassigned = dec.usize_at_most(reassigned, "a calibration's row counter")?;
             let renew_after = dec.usize_at_most(usize::MAX, "renew_after")?;
-            entries.push(Entry { fit, at_queries, at_reassigned, renew_after });
+            entries.push(Entry { fit, lone: Arc::default(), at_queries, at_reassigned, renew_after });
         }
         let sample = dec.f32s()?;
         if dim == 0 || !sample.len().is_multiple_of(dim) {
@@ -270,17 +291,19 @@ impl SphericalIndex {
         // Fitted without holding the lock: the fit runs parallel work, whose threads may search
         // this index meanwhile.
         let sample = Matrix::from_vec(sample.len() / d, d, sample).expect("whole rows");
-        let fit = self.fit(w, &sample, k);
+        let (fit, exact) = self.fit(w, &sample, k);
+        let keep = self.config.scoring == super::Scoring::Pq4 && fit.budget.is_some();
+        let lone = Arc::new(LoneFit { sample: keep.then_some((sample, exact)), ..LoneFit::default() });
         let mut state = cal.state.write().unwrap_or_else(|e| e.into_inner());
         let renew_after = Entry::renew_after(state.entries.iter().find(|e| e.fit.k == k), &fit);
         state.entries.retain(|e| e.fit.k != k);
-        state.entries.push(Entry { fit, at_queries: searched, at_reassigned: reassigned, renew_after });
+        state.entries.push(Entry { fit, lone, at_queries: searched, at_reassigned: reassigned, renew_after });
         state.busy = false;
         plan_of(&fit)
     }
 
-    /// The calibration of `k` on `sample` (see the module docs).
-    fn fit(&self, w: Rows, sample: &Matrix, k: usize) -> Calibrated {
+    /// The calibration of `k` on `sample` (see the module docs), and the sample's exact top `k`.
+    fn fit(&self, w: Rows, sample: &Matrix, k: usize) -> (Calibrated, Vec<Vec<Hit>>) {
         let n = sample.rows();
         let mut exact = Vec::new();
         ExactIndex::new().search_batch(w, sample, k, &mut exact);
@@ -316,13 +339,13 @@ impl SphericalIndex {
         let scanned = |ends: &Vec<usize>| ends.get(ends.partition_point(|&e| e < budget)).or(ends.last()).copied();
         let probed = ends.iter().map(|e| scanned(e).unwrap_or(0) as f64).sum::<f64>() / n.max(1) as f64;
         if probed >= BRUTE_FORCE_SHARE * w.len() as f64 {
-            return Calibrated { k, budget: None, probed: w.len() as f64, recall: 1.0, queries: n };
+            return (Calibrated { k, budget: None, probed: w.len() as f64, recall: 1.0, queries: n }, exact);
         }
         // The recall of that budget, measured by searching the sample with it.
         let mut found = Vec::new();
         self.search_batched_with(w, sample, k, budget, &mut found);
         let recall = crate::overlap(&found, &exact);
-        Calibrated { k, budget: Some(budget), probed, recall, queries: n }
+        (Calibrated { k, budget: Some(budget), probed, recall, queries: n }, exact)
     }
 }
 
@@ -455,7 +478,13 @@ mod tests {
     #[test]
     fn stable_budgets_are_renewed_less_and_less_often() {
         let fit = |budget| Calibrated { k: 10, budget, probed: 0.0, recall: 0.9, queries: 256 };
-        let entry = |budget, renew_after| Entry { fit: fit(budget), at_queries: 0, at_reassigned: 0, renew_after };
+        let entry = |budget, renew_after| Entry {
+            fit: fit(budget),
+            lone: Arc::default(),
+            at_queries: 0,
+            at_reassigned: 0,
+            renew_after,
+        };
         let first = RENEW_AFTER_QUERIES;
         assert_eq!(Entry::renew_after(None, &fit(Some(1_000))), first);
         assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), first)), &fit(Some(1_050))), 2 * first);

@@ -36,10 +36,12 @@
 //!     `int8` for batches; a query searched alone scans 4-bit codes of the rows' residuals from
 //!     their cluster's mean ([`crate::pq4`]: 16 levels a dimension, half the bytes of int8
 //!     codes, scored through byte lookup tables held in registers) and rescores the best
-//!     `pq4_rescore * k` exactly. A lone query shares no loads with other queries, so the
-//!     bytes it scans set its speed. The 4-bit codes are made by the first lone query that
-//!     scans them and kept up to date from then on: an index that only ever searches in
-//!     batches, as training does, never makes them and its syncs cost what `int8`'s do.
+//!     `pq4_rescore * k` exactly, or more where a calibration shows the 4-bit codes losing
+//!     recall (fitted on its sample, once per calibration). A lone query shares no loads with
+//!     other queries, so the bytes it scans set its speed. The 4-bit codes are made by the
+//!     first lone query that scans them and kept up to date from then on: an index that only
+//!     ever searches in batches, as training does, never makes them and its syncs cost what
+//!     `int8`'s do.
 //! - **Refresh** (`refresh.rs`). A changed row's copy is updated and the row re-augmented and
 //!   reassigned to its nearest centroid (cost C D per row, the paper's `k_r C D`) — only if it
 //!   has drifted: its cosine with its own centroid fell by more than `refresh_drift` since it
@@ -106,7 +108,8 @@ pub struct SphericalConfig {
     /// are rescored).
     pub rescore: f32,
     /// `pq4` scoring: rows rescored exactly per result after a lone query's scan on 4-bit codes
-    /// (at least 1; at least 32 more than `k` are rescored).
+    /// (at least 1; at least 32 more than `k` are rescored); a calibrated index raises it, up to
+    /// 3x, where its sample shows the 4-bit codes losing recall.
     pub pq4_rescore: f32,
 }
 

@@ -27,6 +27,7 @@ use super::SphericalIndex;
 use super::cluster::{Cluster, Pq4Codes};
 use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::pq4::{self, Codebook};
+use crate::{Hit, Rows};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -126,17 +127,67 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
 /// int8 scoring stays faster (docs/decisions.md, "pq4-single-query").
 const PROBED_PER_EXTRA_RESCORED: usize = 20;
 
+/// The share of its calibration's margin (the recall it measured on its sample, with int8 codes,
+/// above the target) that a lone query's scan of 4-bit codes may lose. Recall measured on the
+/// queries the budget was fitted to overstates what other queries get: at K = 1,000,000, top
+/// 100, the sample measured 0.9045 and 1,000 other queries 0.9002, so most of the margin is
+/// not there to spend (docs/decisions.md, "pq4-lone-depth").
+const LONE_MARGIN_SHARE: f64 = 0.1;
+
+/// The rows rescored after a lone query's 4-bit scan that [`SphericalIndex::lone_pq4_depth`]
+/// tries, as multiples of the configured depth, in order.
+const DEPTH_STEPS: [f32; 7] = [1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0];
+
 impl SphericalIndex {
-    /// Rows rescored exactly per query for `k` results on 4-bit codes.
+    /// Rows rescored exactly per query for `k` results on 4-bit codes, as configured.
     pub(super) fn pq4_depth(&self, k: usize) -> usize {
         crate::quant::rescore_depth(k, self.config.pq4_rescore)
     }
 
     /// Whether a lone query for `k` results probing `budget` rows gains by scanning 4-bit codes
-    /// (see [`PROBED_PER_EXTRA_RESCORED`]).
-    pub(super) fn pq4_pays(&self, k: usize, budget: usize) -> bool {
-        let extra = self.pq4_depth(k).saturating_sub(self.depth(k));
+    /// and rescoring `depth` rows (see [`PROBED_PER_EXTRA_RESCORED`]).
+    pub(super) fn pq4_pays(&self, k: usize, budget: usize, depth: usize) -> bool {
+        let extra = depth.saturating_sub(self.depth(k));
         budget >= PROBED_PER_EXTRA_RESCORED * extra
+    }
+
+    /// Rows a lone query for `k` results rescores after scanning 4-bit codes: the fewest of
+    /// [`DEPTH_STEPS`] with which the calibration's sample, searched one query at a time on
+    /// the codes, loses at most [`LONE_MARGIN_SHARE`] of the calibration's margin. The 4-bit
+    /// codes are coarser than the int8 codes the calibration searched with, and how many more
+    /// rows make up for it depends on the rows and `k` (the configured depth lost 0.0018 of
+    /// the sample's recall at K = 1,000,000, top 100, and 0.0002 at top 500). `None`: none
+    /// of them does, and lone queries scan int8 codes. Fitted once per calibration, by the
+    /// first lone query to ask; meanwhile, and without a calibration sample (a fixed
+    /// `candidate_factor`, or a calibration read from a saved index), the configured depth.
+    pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, book: &Codebook) -> Option<usize> {
+        let configured = Some(self.pq4_depth(k));
+        let Some((fit, lone)) = self.calibrations.lone_fit(k) else { return configured };
+        if let Some(&depth) = lone.depth.get() {
+            return depth;
+        }
+        let (Some((sample, exact)), Some(budget)) = (&lone.sample, fit.budget) else { return configured };
+        if lone.fitting.swap(true, Ordering::Acquire) {
+            return configured;
+        }
+        let allowed = LONE_MARGIN_SHARE * (fit.recall - self.config.recall as f64).max(0.0);
+        let recall_at = |depth: usize| {
+            let found: Vec<Vec<Hit>> = (0..sample.rows())
+                .into_par_iter()
+                .map(|q| {
+                    let mut out = Vec::with_capacity(k);
+                    self.scan_one(w, sample.row(q), k, budget, Some((book, depth)), &mut out);
+                    out
+                })
+                .collect();
+            crate::overlap(&found, exact)
+        };
+        let depth = DEPTH_STEPS
+            .iter()
+            .map(|&m| (m * self.pq4_depth(k) as f32).ceil() as usize)
+            .find(|&depth| recall_at(depth) >= fit.recall - allowed);
+        let _ = lone.depth.set(depth);
+        *lone.depth.get().expect("just set")
     }
 
     /// The codebook of every cluster's 4-bit codes, making them first if none are yet (see
@@ -186,10 +237,55 @@ mod tests {
         let (w, _) = clustered(5_000, 32);
         let index = SphericalIndex::build(Rows::all(&w), &SphericalConfig { pq4_rescore: 2.5, ..config(Scoring::Pq4) });
         // Top 100: 250 rows rescored against 132, 118 more.
-        assert!(index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED));
-        assert!(!index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED - 1));
+        assert!(index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED, index.pq4_depth(100)));
+        assert!(!index.pq4_pays(100, 118 * PROBED_PER_EXTRA_RESCORED - 1, index.pq4_depth(100)));
         // Top 10: k + 32 rescored either way.
-        assert!(index.pq4_pays(10, 1));
+        assert!(index.pq4_pays(10, 1, index.pq4_depth(10)));
+    }
+
+    /// Calibrated, a lone query rescores after its 4-bit scan the fewest rows of the steps tried
+    /// that keep the calibration's recall on its sample (less a tenth of its margin over the
+    /// target), fitted once and kept. Configured to rescore only `k + 32` rows, the 4-bit
+    /// scan loses recall here (D = 64, top 100), and the fitted depth wins it back.
+    #[test]
+    fn lone_queries_rescore_as_deep_as_keeps_the_calibrated_recall() {
+        use farout_data::synth::{FaceGenerator, FaceSpec, Split};
+        let g = FaceGenerator::new(FaceSpec::clustered(20_000, 64)).unwrap();
+        let (w, sample) = (g.means().clone(), g.features(Split::Train, 0..256));
+        let all = Rows::all(&w);
+        let config = SphericalConfig { scoring: Scoring::Pq4, pq4_rescore: 1.0, ..SphericalConfig::default() };
+        let index = SphericalIndex::build(all, &config);
+        let k = 100;
+        index.search_batch(all, &sample, k, &mut Vec::new());
+        let (fit, lone) = index.calibrations.lone_fit(k).expect("calibrated");
+        let budget = fit.budget.expect("probing, not brute force");
+        let mut exact = Vec::new();
+        crate::ExactIndex::new().search_batch(all, &sample, k, &mut exact);
+        let book = index.pq4_book().expect("pq4 codes");
+        let recall_at = |depth: usize| {
+            let found: Vec<Vec<Hit>> = (0..sample.rows())
+                .map(|q| {
+                    let mut out = Vec::new();
+                    index.scan_one(all, sample.row(q), k, budget, Some((book, depth)), &mut out);
+                    out
+                })
+                .collect();
+            crate::overlap(&found, &exact)
+        };
+        let floor = fit.recall - LONE_MARGIN_SHARE * (fit.recall - 0.9).max(0.0);
+        let configured = index.pq4_depth(k);
+        assert!(recall_at(configured) < floor, "the configured depth keeps the recall: nothing to fit");
+        let depth = index.lone_pq4_depth(all, k, book).expect("a depth keeps the recall");
+        let steps: Vec<usize> = DEPTH_STEPS.iter().map(|&m| (m * configured as f32).ceil() as usize).collect();
+        let at = steps.iter().position(|&s| s == depth).expect("one of the steps");
+        assert!(recall_at(depth) >= floor, "depth {depth}: {} < {floor}", recall_at(depth));
+        assert!(steps[..at].iter().all(|&s| recall_at(s) < floor), "a smaller step than {depth} keeps it");
+        assert_eq!(lone.depth.get(), Some(&Some(depth)), "kept");
+        // Lone queries use it: the same results as a scan at that depth.
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        index.search(all, sample.row(3), k, &mut a);
+        index.scan_one(all, sample.row(3), k, budget, Some((book, depth)), &mut b);
+        assert_eq!(a, b);
     }
 
     /// A lone query scanned on 4-bit codes returns exact scores and, probing the same clusters,

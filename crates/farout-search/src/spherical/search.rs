@@ -14,7 +14,7 @@
 use super::SphericalIndex;
 use super::calibrate::Plan;
 use super::cluster::Cluster;
-use crate::pq4;
+use crate::pq4::{self, Codebook};
 use crate::quant::{self, QuantQueries};
 use crate::{ExactIndex, Hit, MipsIndex, Rows};
 use farout_core::gemm::{self, Op};
@@ -73,11 +73,32 @@ impl SphericalIndex {
 
     /// The top `k` of one query, probing `budget` rows.
     fn search_one_with(&self, w: Rows, query: &[f32], k: usize, budget: usize, out: &mut Vec<Hit>) -> usize {
+        // 4-bit codes where they pay (`pq4.rs`), made first if none are yet, with the rows
+        // rescored after them fitted to the calibration: before this thread's buffers are
+        // borrowed, as the thread doing either runs other searches while it waits for parts of
+        // that work.
+        let pq4 = self
+            .pq4_pays(k, budget, self.pq4_depth(k))
+            .then(|| self.pq4_book())
+            .flatten()
+            .and_then(|book| Some((book, self.lone_pq4_depth(w, k, book)?)))
+            .filter(|&(_, depth)| self.pq4_pays(k, budget, depth));
+        self.scan_one(w, query, k, budget, pq4, out)
+    }
+
+    /// The top `k` of one query, probing `budget` rows, on 4-bit codes when `pq4` gives their
+    /// codebook and the rows to rescore after them, else on the index's scoring.
+    pub(super) fn scan_one(
+        &self,
+        w: Rows,
+        query: &[f32],
+        k: usize,
+        budget: usize,
+        pq4: Option<(&Codebook, usize)>,
+        out: &mut Vec<Hit>,
+    ) -> usize {
         let d = w.dim();
-        // 4-bit codes where they pay (`pq4.rs`), made first if none are yet: before this
-        // thread's buffers are borrowed, as the thread making them runs other searches while
-        // it waits for parts of that work.
-        let pq4 = self.pq4_pays(k, budget).then(|| self.pq4_book()).flatten();
+        let (pq4, pq4_depth) = (pq4.map(|(book, _)| book), pq4.map_or(0, |(_, depth)| depth));
         SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, kept, block, candidates, places, tables }| {
             let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
             // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
@@ -116,7 +137,7 @@ impl SphericalIndex {
                 return probed.len() + self.centroids.rows();
             }
             // Rescore the best by approximate score exactly, from the copies.
-            let depth = if pq4.is_some() { self.pq4_depth(k) } else { self.depth(k) };
+            let depth = if pq4.is_some() { pq4_depth } else { self.depth(k) };
             candidates.clear();
             places.clear();
             self.take_best_probed(probed, order, depth, kept, |place, class, score| {
