@@ -174,6 +174,17 @@ impl Calibrations {
         self.state.read().unwrap_or_else(|e| e.into_inner()).entries.iter().map(|e| e.fit).collect()
     }
 
+    /// Bytes held: the sample being collected and the samples kept for lone queries' fits.
+    pub(super) fn bytes(&self) -> usize {
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let kept = |e: &Entry| {
+            e.lone.sample.as_ref().map_or(0, |(q, exact)| {
+                q.bytes() + exact.iter().map(|h| h.capacity() * std::mem::size_of::<Hit>()).sum::<usize>()
+            })
+        };
+        4 * state.sample.capacity() + state.entries.iter().map(kept).sum::<usize>()
+    }
+
     /// The calibration in force for `k`, with its lone queries' 4-bit depth fit.
     pub(super) fn lone_fit(&self, k: usize) -> Option<(Calibrated, Arc<LoneFit>)> {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());

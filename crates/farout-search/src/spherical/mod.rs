@@ -333,6 +333,7 @@ impl MipsIndex for SphericalIndex {
             + self.centroids_d.bytes()
             + 4 * (self.assign.len() + self.assigned_cos.len() + self.pos.len())
             + self.clusters.iter().map(Cluster::bytes).sum::<usize>()
+            + self.calibrations.bytes()
     }
 }
 

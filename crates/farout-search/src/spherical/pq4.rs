@@ -281,6 +281,9 @@ mod tests {
         assert!(recall_at(depth) >= floor, "depth {depth}: {} < {floor}", recall_at(depth));
         assert!(steps[..at].iter().all(|&s| recall_at(s) < floor), "a smaller step than {depth} keeps it");
         assert_eq!(lone.depth.get(), Some(&Some(depth)), "kept");
+        // The sample and its exact results kept for the fit count in the index's memory.
+        let kept = sample.bytes() + sample.rows() * k * std::mem::size_of::<Hit>();
+        assert!(index.calibrations.bytes() >= kept, "{} < {kept}", index.calibrations.bytes());
         // Lone queries use it: the same results as a scan at that depth.
         let (mut a, mut b) = (Vec::new(), Vec::new());
         index.search(all, sample.row(3), k, &mut a);
