@@ -28,6 +28,7 @@ use super::cluster::{Cluster, Pq4Codes};
 use crate::persist::{Dec, Enc, Problem, expect_len, inconsistent};
 use crate::pq4::{self, Codebook};
 use crate::{Hit, Rows};
+use farout_core::Matrix;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -171,23 +172,40 @@ impl SphericalIndex {
             return configured;
         }
         let allowed = LONE_MARGIN_SHARE * (fit.recall - self.config.recall as f64).max(0.0);
-        let recall_at = |depth: usize| {
-            let found: Vec<Vec<Hit>> = (0..sample.rows())
-                .into_par_iter()
-                .map(|q| {
-                    let mut out = Vec::with_capacity(k);
-                    self.scan_one(w, sample.row(q), k, budget, Some((book, depth)), &mut out);
-                    out
-                })
-                .collect();
-            crate::overlap(&found, exact)
-        };
-        let depth = DEPTH_STEPS
-            .iter()
-            .map(|&m| (m * self.pq4_depth(k) as f32).ceil() as usize)
-            .find(|&depth| recall_at(depth) >= fit.recall - allowed);
+        let depth = self
+            .lone_depth_steps(k)
+            .find(|&depth| self.lone_recall(w, (sample, exact), k, budget, (book, depth)) >= fit.recall - allowed);
+        // Only the thread that set `fitting` gets here, so this sets it.
         let _ = lone.depth.set(depth);
-        *lone.depth.get().expect("just set")
+        depth
+    }
+
+    /// The depths [`SphericalIndex::lone_pq4_depth`] tries for `k` results, in order.
+    fn lone_depth_steps(&self, k: usize) -> impl Iterator<Item = usize> {
+        let configured = self.pq4_depth(k) as f32;
+        DEPTH_STEPS.iter().map(move |&m| (m * configured).ceil() as usize)
+    }
+
+    /// The recall of `sample` (its queries and their exact top `k`) searched for `k` results
+    /// one query at a time on the 4-bit codes of `book`, probing `budget` rows and rescoring
+    /// `depth`.
+    fn lone_recall(
+        &self,
+        w: Rows,
+        (sample, exact): (&Matrix, &[Vec<Hit>]),
+        k: usize,
+        budget: usize,
+        (book, depth): (&Codebook, usize),
+    ) -> f64 {
+        let found: Vec<Vec<Hit>> = (0..sample.rows())
+            .into_par_iter()
+            .map(|q| {
+                let mut out = Vec::with_capacity(k);
+                self.scan_one(w, sample.row(q), k, budget, Some((book, depth)), &mut out);
+                out
+            })
+            .collect();
+        crate::overlap(&found, exact)
     }
 
     /// The codebook of every cluster's 4-bit codes, making them first if none are yet (see
@@ -262,21 +280,12 @@ mod tests {
         let mut exact = Vec::new();
         crate::ExactIndex::new().search_batch(all, &sample, k, &mut exact);
         let book = index.pq4_book().expect("pq4 codes");
-        let recall_at = |depth: usize| {
-            let found: Vec<Vec<Hit>> = (0..sample.rows())
-                .map(|q| {
-                    let mut out = Vec::new();
-                    index.scan_one(all, sample.row(q), k, budget, Some((book, depth)), &mut out);
-                    out
-                })
-                .collect();
-            crate::overlap(&found, &exact)
-        };
+        let recall_at = |depth: usize| index.lone_recall(all, (&sample, &exact), k, budget, (book, depth));
         let floor = fit.recall - LONE_MARGIN_SHARE * (fit.recall - 0.9).max(0.0);
         let configured = index.pq4_depth(k);
         assert!(recall_at(configured) < floor, "the configured depth keeps the recall: nothing to fit");
         let depth = index.lone_pq4_depth(all, k, book).expect("a depth keeps the recall");
-        let steps: Vec<usize> = DEPTH_STEPS.iter().map(|&m| (m * configured as f32).ceil() as usize).collect();
+        let steps: Vec<usize> = index.lone_depth_steps(k).collect();
         let at = steps.iter().position(|&s| s == depth).expect("one of the steps");
         assert!(recall_at(depth) >= floor, "depth {depth}: {} < {floor}", recall_at(depth));
         assert!(steps[..at].iter().all(|&s| recall_at(s) < floor), "a smaller step than {depth} keeps it");
