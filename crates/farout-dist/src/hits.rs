@@ -52,38 +52,17 @@ pub fn route_top_k(
         return Ok(Routed { rows: local, extra_counts: vec![extra.len()], extra });
     }
     let mine = dest.iter().filter(|&&d| d == me).count();
-    let width = 2 * k; // a padded row: k keys of two u32
-    let extras: usize = extra.iter().take(ranks).map(Vec::len).sum();
-    let (mut send, mut counts) = (Vec::with_capacity(local.len() * width + extras), Vec::with_capacity(ranks));
-    for (q, extra) in extra.iter().enumerate().take(ranks) {
-        let at = send.len();
-        for hits in local.iter().zip(dest).filter(|(_, d)| **d == q).map(|(h, _)| h) {
-            // Padded to `k` (PAD, PAD: the key u64::MAX): a rank may hold fewer hits.
-            let row = send.len();
-            send.resize(row + width, PAD);
-            for (pair, h) in send[row..].chunks_exact_mut(2).zip(hits.iter().take(k)) {
-                let key = descending_key(h.score, h.class);
-                pair.copy_from_slice(&[key as u32, (key >> 32) as u32]);
-            }
-        }
-        send.extend_from_slice(extra);
-        counts.push(send.len() - at);
-    }
-    let (mut all, mut all_counts) = (Vec::new(), Vec::new());
-    comm.alltoallv_u32(&send, &counts, &mut all, &mut all_counts)?;
-    let starts: Vec<usize> = all_counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c))).collect();
+    let (all, all_counts) = exchange_rows(comm, &local, &|c| c, dest, k, extra)?;
+    let starts = starts_of(&all_counts);
     let rows = (0..mine)
         .into_par_iter()
         .map_init(Vec::new, |keys, i| {
-            keys.clear();
-            for &at in &starts {
-                let pairs = all[at + i * width..at + (i + 1) * width].chunks_exact(2).take_while(|p| p[0] != PAD);
-                keys.extend(pairs.map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)));
-            }
+            row_keys(&all, &starts, k, i, keys);
             best_keys(keys, Keep::Selected(k));
             keys.iter().map(|&key| hit_of_key(key)).collect()
         })
         .collect();
+    let width = 2 * k;
     let mut extra = Vec::new();
     let extra_counts = starts
         .iter()
@@ -94,6 +73,97 @@ pub fn route_top_k(
         })
         .collect();
     Ok(Routed { rows, extra, extra_counts })
+}
+
+/// Every rank's top-k per row (`local[i]`: at most `k` hits, of the classes `class(h.class)`
+/// over all ranks; every rank passes as many rows) sent to the rank `dest[i]` that works on
+/// row `i`, which
+/// learns each of its rows' threshold: the [`descending_key`] of its `k`-th best hit over all
+/// ranks (`u64::MAX` when the ranks hold fewer than `k` hits together), in ascending row
+/// order. A hit is among the `k` that [`route_top_k`] keeps exactly when its key is at most
+/// the threshold, so its rank can tell its own surviving hits from the threshold alone.
+pub fn route_thresholds(
+    comm: &dyn Collective,
+    local: &[Vec<Hit>],
+    class: &(dyn Fn(u32) -> u32 + Sync),
+    dest: &[usize],
+    k: usize,
+) -> Result<Vec<u64>, DistError> {
+    let kth = |keys: &mut Vec<u64>| match keys.len() >= k && k > 0 {
+        true => *keys.select_nth_unstable(k - 1).1,
+        false => u64::MAX,
+    };
+    if comm.size() == 1 {
+        let mut keys = Vec::new();
+        return Ok(local
+            .iter()
+            .map(|hits| {
+                keys.clear();
+                keys.extend(hits.iter().map(|h| descending_key(h.score, class(h.class))));
+                kth(&mut keys)
+            })
+            .collect());
+    }
+    let mine = dest.iter().filter(|&&d| d == comm.rank()).count();
+    let (all, all_counts) = exchange_rows(comm, local, class, dest, k, &[])?;
+    let starts = starts_of(&all_counts);
+    Ok((0..mine)
+        .into_par_iter()
+        .map_init(Vec::new, |keys, i| {
+            row_keys(&all, &starts, k, i, keys);
+            kth(keys)
+        })
+        .collect())
+}
+
+/// The one exchange of [`route_top_k`] and [`route_thresholds`]: row `i`'s hits (at most `k`,
+/// of the classes `class(h.class)`) as keys padded to `k` to rank `dest[i]`, then `extra[q]`
+/// to rank `q`. Returns what this rank
+/// received and how much from each rank.
+fn exchange_rows(
+    comm: &dyn Collective,
+    local: &[Vec<Hit>],
+    class: &(dyn Fn(u32) -> u32 + Sync),
+    dest: &[usize],
+    k: usize,
+    extra: &[Vec<u32>],
+) -> Result<(Vec<u32>, Vec<usize>), DistError> {
+    let ranks = comm.size();
+    let width = 2 * k; // a padded row: k keys of two u32
+    let extras: usize = extra.iter().take(ranks).map(Vec::len).sum();
+    let (mut send, mut counts) = (Vec::with_capacity(local.len() * width + extras), Vec::with_capacity(ranks));
+    for q in 0..ranks {
+        let at = send.len();
+        for hits in local.iter().zip(dest).filter(|(_, d)| **d == q).map(|(h, _)| h) {
+            // Padded to `k` (PAD, PAD: the key u64::MAX): a rank may hold fewer hits.
+            let row = send.len();
+            send.resize(row + width, PAD);
+            for (pair, h) in send[row..].chunks_exact_mut(2).zip(hits.iter().take(k)) {
+                let key = descending_key(h.score, class(h.class));
+                pair.copy_from_slice(&[key as u32, (key >> 32) as u32]);
+            }
+        }
+        send.extend_from_slice(extra.get(q).map_or(&[][..], Vec::as_slice));
+        counts.push(send.len() - at);
+    }
+    let (mut all, mut all_counts) = (Vec::new(), Vec::new());
+    comm.alltoallv_u32(&send, &counts, &mut all, &mut all_counts)?;
+    Ok((all, all_counts))
+}
+
+/// Where each rank's part of an exchange's output starts.
+fn starts_of(counts: &[usize]) -> Vec<usize> {
+    counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c))).collect()
+}
+
+/// Row `i` of this rank's rows, as every rank sent it in [`exchange_rows`], into `keys`.
+fn row_keys(all: &[u32], starts: &[usize], k: usize, i: usize, keys: &mut Vec<u64>) {
+    let width = 2 * k;
+    keys.clear();
+    for &at in starts {
+        let pairs = all[at + i * width..at + (i + 1) * width].chunks_exact(2).take_while(|p| p[0] != PAD);
+        keys.extend(pairs.map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)));
+    }
 }
 
 /// Every rank's hits per row (global ids) gathered on every rank: each row's hits over all
@@ -265,6 +335,35 @@ mod tests {
                     assert_eq!(sorted, rows.map(|i| want[i].clone()).collect::<Vec<_>>(), "{at}");
                     let extra: Vec<u32> = (0..ranks as u32).flat_map(|r| [r, q as u32]).collect();
                     assert_eq!((&routed.extra, &routed.extra_counts), (&extra, &vec![2; ranks]), "{at}");
+                }
+            }
+        }
+    }
+
+    /// A row's threshold is the key of its k-th best hit over all ranks (none below k hits),
+    /// on the rank working on it, whatever order the ranks' lists come in.
+    #[test]
+    fn routed_thresholds_are_the_kth_best_key_of_all_classes() {
+        let scores: Vec<Vec<f32>> = (0..50).map(|i| (0..40).map(|c| ((i * 7 + c * 13) % 5) as f32).collect()).collect();
+        for k in [1, 6, 25, 41] {
+            let all = rank_hits(0, 1, &scores, k);
+            let want: Vec<u64> =
+                all.iter().map(|hits| hits.get(k - 1).map_or(u64::MAX, |h| descending_key(h.score, h.class))).collect();
+            assert_eq!(route_thresholds(&Local, &all, &|c| c, &[0; 50], k).unwrap(), want, "k {k}");
+            for ranks in [2, 3] {
+                let dest: Vec<usize> = (0..50).map(|i| (i / 7) % ranks).collect();
+                let got = Threads::run(ranks, |c| {
+                    // Each rank's hits as its local ids (global = local * ranks + rank).
+                    let mut mine = rank_hits(c.rank(), ranks, &scores, k);
+                    mine.iter_mut().flatten().for_each(|h| h.class /= ranks as u32);
+                    mine.iter_mut().for_each(|hits| hits.reverse());
+                    let (ranks32, me) = (ranks as u32, c.rank() as u32);
+                    let global = move |l: u32| l * ranks32 + me;
+                    route_thresholds(c, &mine, &global, &dest, k).unwrap()
+                });
+                for (q, got) in got.iter().enumerate() {
+                    let rows: Vec<u64> = (0..50).filter(|&i| dest[i] == q).map(|i| want[i]).collect();
+                    assert_eq!(got, &rows, "{ranks} ranks, k {k}, rank {q}");
                 }
             }
         }

@@ -84,7 +84,7 @@ pub use proposal::{Draws, Proposal, ProposalKind};
 pub use registry::EstimatorConfig;
 pub use sampled::{NegativeSampling, NegativeSamplingConfig, SampledSoftmax, SampledSoftmaxConfig};
 pub use shard::{Drawn, DrawnLoss, ShardDraw, ShardPlan};
-pub use slots::Slots;
+pub use slots::{FewSlots, Slots};
 pub use state::SampleState;
 pub use tiled::{LogSumExp, TiledGradient};
 

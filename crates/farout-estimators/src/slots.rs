@@ -1,4 +1,5 @@
-//! [`Slots`]: where each class sits in a sample's candidate set, over all K classes.
+//! Where each class sits in a sample's candidate set: [`Slots`] over all K classes,
+//! [`FewSlots`] for a few hundred classes among many.
 
 use farout_core::ClassId;
 
@@ -42,6 +43,48 @@ impl Slots {
     }
 }
 
+/// The position of each of a few classes (up to a capacity given per set) in a set being
+/// built: open addressing with linear probing in a table of two to four times the capacity,
+/// a few kilobytes that stay in cache. Where the classes are a few hundred of tens of
+/// thousands, the table of [`Slots`] is read at random, one cache miss per insert once other
+/// work has evicted it.
+#[derive(Debug, Default)]
+pub struct FewSlots {
+    /// `class + 1` (0: empty) and its slot, per table entry.
+    entries: Vec<(u32, u32)>,
+    shift: u32,
+}
+
+impl FewSlots {
+    /// Starts an empty set of at most `capacity` classes.
+    pub fn begin(&mut self, capacity: usize) {
+        let size = (2 * capacity.max(16)).next_power_of_two();
+        self.entries.clear();
+        self.entries.resize(size, (0, 0));
+        self.shift = 64 - size.trailing_zeros();
+    }
+
+    /// The slot of `c`, assigning `next` if it has none yet; returns (slot, whether new).
+    /// At most the capacity of [`FewSlots::begin`] classes may be inserted.
+    #[inline]
+    pub fn insert(&mut self, c: ClassId, next: usize) -> (usize, bool) {
+        let mask = self.entries.len() - 1;
+        // Fibonacci hashing: the high bits of the product spread consecutive classes.
+        let mut i = (u64::from(c).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize;
+        loop {
+            let (key, slot) = self.entries[i];
+            if key == c + 1 {
+                return (slot as usize, false);
+            }
+            if key == 0 {
+                self.entries[i] = (c + 1, next as u32);
+                return (next, true);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +104,25 @@ mod tests {
         s.begin(10);
         assert_eq!(s.current, 1);
         assert_eq!(s.insert(5, 4), (4, true));
+    }
+
+    #[test]
+    fn few_slots_keep_first_slots_like_the_table_over_all_classes() {
+        let (mut few, mut all) = (FewSlots::default(), Slots::default());
+        let mut r = 12345u64;
+        for set in 0..20 {
+            let n = 1 + set * 17;
+            few.begin(n);
+            all.begin(1_000_000);
+            let mut next = 0;
+            for _ in 0..n {
+                r = r.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                // Few distinct classes in some sets (repeats), far apart in others.
+                let c = ((r >> 33) % if set % 2 == 0 { n as u64 / 2 + 1 } else { 999_999 }) as ClassId;
+                let got = few.insert(c, next);
+                assert_eq!(got, all.insert(c, next), "set {set}, class {c}");
+                next += usize::from(got.1);
+            }
+        }
     }
 }

@@ -2,36 +2,44 @@
 //! exact fixed point) on a class-sharded layer, each sample worked on by one rank.
 //!
 //! Rank `e` of `P` works on the samples `B e / P..B (e + 1) / P` of the batch (every rank
-//! holds the whole batch); class `c` is owned by rank `c mod P` ([`Strided`]). One step:
+//! holds the whole batch); class `c` is owned by rank `c mod P` ([`Strided`]). Only a class's
+//! owner ever finds it in a search, so the owner can score it without being told which of its
+//! hits the other ranks' hits pushed out: only where the cut falls. One step, with several
+//! blocks or a bias (ldgs):
 //!
 //! ```text
-//! search:   each rank searches its block indexes for all B samples: every block's top-Q of its rows
-//! route:    sample i's hits go to the rank e(i) working on it, with the exact scores of the
-//!           positives each rank owns                                        one alltoallv
-//! merge:    e(i) keeps every block's top-Q over the ranks (the top-Q of the whole layer);
-//!           U_i = their union and the positives, as one process builds it
-//! complete: (several blocks, or a bias) e(i) asks each owner for what the searches did not
-//!           score of its candidates (the unknown blocks, the bias); the owners answer
-//!                                                                           two alltoallv
-//! loss:     e(i) evaluates L(z_U, P) and sends each owner the nonzero gradients of its classes,
-//!           with its part of the loss and of the dot products              one alltoallv
+//! search:     each rank searches its block indexes for all B samples: every block's top-Q
+//!             of its rows
+//! thresholds: sample i's hits go to the rank e(i) working on it, which learns each block's
+//!             cut: the Q-th best hit over the ranks                        one alltoallv
+//!             every rank learns every sample's cuts                        one allgather
+//! score:      each owner keeps its hits at or above the cut (the top-Q of the whole layer
+//!             that it holds), adds its positives and scores that part of U_i exactly,
+//!             completing what the searches did not score (the other blocks, the bias); the
+//!             parts go to e(i), whose U_i is their concatenation            one alltoallv
+//! loss:       e(i) evaluates L(z_U, P) and sends each owner the nonzero gradients of its
+//!             classes, with its part of the loss and of the cost           one alltoallv
 //! ```
 //!
-//! Against every rank gathering every rank's hits and building every sample's `U` (and an
-//! allreduce of every candidate's score), a rank sends each hit once, to one rank, merges and
-//! builds `U` for `B / P` samples, and the scores travel only as far as the rank that needs
-//! them: no work is repeated on every rank. Scores and gradients travel as the bits of f32
-//! in `u32` messages; a sample's candidates' scores are the sums of [`complete_scores`], so
-//! with brute-force indexes the step is one process's (to rounding).
+//! With one block and no bias (mips) the searches' scores are the exact scores: e(i) receives
+//! the hits themselves with the positives' scores (one alltoallv), keeps each block's top-Q
+//! over the ranks, and the loss follows.
+//!
+//! A rank sends each hit once, to one rank; `U` is built and the loss evaluated for `B / P`
+//! samples; each candidate is scored once, by its owner, and its score travels only to the
+//! rank that needs it: no work is repeated on every rank. Scores and gradients travel as the
+//! bits of f32 in `u32` messages; the scores are [`complete_scores`]'s, so with brute-force
+//! indexes the step is one process's (to rounding: `U` comes in another order).
 
 use crate::sharded_sparse::{Candidates, StepComm, split_per_sample};
 use farout_core::ClassId;
-use farout_core::topk::Hit;
-use farout_dist::DistError;
+use farout_core::topk::{Hit, descending_key};
+use farout_dist::{DistError, Strided};
 use farout_estimators::{
-    Batch, BatchEstimate, BatchGrad, Ctx, Loss, LossScratch, RescoreScratch, complete_scores, completes_whole_row,
+    Batch, BatchEstimate, BatchGrad, Ctx, FewSlots, Loss, LossScratch, RescoreScratch, complete_scores,
 };
 use rayon::prelude::*;
+use std::cell::RefCell;
 use std::ops::Range;
 
 /// The samples of a batch of `b` that rank `r` of `ranks` works on.
@@ -39,29 +47,91 @@ pub(crate) fn part(b: usize, r: usize, ranks: usize) -> Range<usize> {
     b * r / ranks..b * (r + 1) / ranks
 }
 
-/// One sample's candidates on the rank working on it, with which blocks the searches scored.
+/// One sample's candidates on the rank working on it.
 #[derive(Default)]
 struct Worked {
     c: Candidates,
-    /// Per candidate, `words` u32 of bits: block j scored by a search when bit j is set ...
-    known: Vec<u32>,
-    /// ... how many blocks that is, and the rank owning the candidate.
-    n_known: Vec<u32>,
+    /// The rank owning each candidate ...
     owner: Vec<u32>,
+    /// ... and the block products its scores cost beyond the searches (over all ranks).
+    dots: usize,
 }
 
-impl Worked {
-    /// Candidate `u`'s known-blocks mask.
-    fn mask(&self, u: usize, words: usize) -> &[u32] {
-        &self.known[u * words..(u + 1) * words]
-    }
+/// Per-thread buffers of an owner's part of a sample's candidates ([`owned_part`]).
+#[derive(Default)]
+struct OwnedScratch {
+    /// Where each local class sits in the part.
+    slots: FewSlots,
+    /// The part: local ids ...
+    local: Vec<ClassId>,
+    /// ... the searches' block scores of its classes, (position, block, score) ...
+    found: Vec<(usize, usize, f32)>,
+    /// ... and its exact scores.
+    total: Vec<f32>,
+    rescore: RescoreScratch,
+}
+
+thread_local! {
+    static OWNED: RefCell<OwnedScratch> = RefCell::new(OwnedScratch::default());
+}
+
+/// Rank `shard.rank()`'s part of sample `i`'s candidates, as `[n, dots, (class, score) x n]`
+/// (global ids): its own positives first (in order, once each), then its hits of each block
+/// (`rows[j * B + i]`, local ids) at or above that block's cut (`cuts[j * B + i]`, a
+/// [`descending_key`] of a global id), once each; the exact scores ([`complete_scores`]) and the
+/// block products they cost.
+fn owned_part(ctx: &Ctx, shard: &Strided, batch: Batch, rows: &[Vec<Hit>], cuts: &[u64], i: usize) -> Vec<u32> {
+    let (b, n_blocks) = (batch.phi.rows(), cuts.len() / batch.phi.rows());
+    let global = |l: ClassId| shard.global(l as usize) as ClassId;
+    OWNED.with_borrow_mut(|s| {
+        let OwnedScratch { slots, local, found, total, rescore } = s;
+        let hits = (0..n_blocks).map(|j| rows[j * b + i].len()).sum::<usize>();
+        slots.begin(batch.positives[i].len() + hits);
+        local.clear();
+        found.clear();
+        let mut put = |l: ClassId| {
+            let (u, new) = slots.insert(l, local.len());
+            if new {
+                local.push(l);
+            }
+            u
+        };
+        for &p in batch.positives[i] {
+            if let Some(l) = shard.local(p as usize) {
+                put(l as ClassId);
+            }
+        }
+        for j in 0..n_blocks {
+            let (hits, cut) = (&rows[j * b + i], cuts[j * b + i]);
+            for h in hits.iter().filter(|h| descending_key(h.score, global(h.class)) <= cut) {
+                found.push((put(h.class), j, h.score));
+            }
+        }
+        let dots = complete_scores(ctx, n_blocks, batch.phi.row(i), local, found.iter().copied(), rescore, total);
+        let mut out = Vec::with_capacity(2 + 2 * local.len());
+        out.extend([local.len() as u32, dots as u32]);
+        out.extend(local.iter().zip(total.iter()).flat_map(|(&l, z)| [global(l), z.to_bits()]));
+        out
+    })
+}
+
+/// `buf` (an alltoallv's output) cut into every rank's part.
+fn parts<'b>(buf: &'b [u32], counts: &[usize]) -> Vec<&'b [u32]> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|&n| {
+            at += n;
+            &buf[at - n..at]
+        })
+        .collect()
 }
 
 /// Messages to every rank in one buffer, with its counts, for an alltoallv: to each rank
 /// `header`, then per sample of `samples` `[n, entry x n]`, the entries of `width` words that
-/// `entries(sample, emit)` emits to that rank (`emit(rank, words)`; an entry may be emitted in
-/// parts). Two passes over `entries`: the first counts each rank's words, the second writes
-/// them in place, so no per-rank buffer grows and none is copied into the one sent.
+/// `entries(sample, emit)` emits to that rank (`emit(rank, words)`). Two passes over
+/// `entries`: the first counts each rank's words, the second writes them in place, so no
+/// per-rank buffer grows and none is copied into the one sent.
 fn per_sample_messages<S>(
     ranks: usize,
     header: &[u32],
@@ -94,18 +164,6 @@ fn per_sample_messages<S>(
     (send, counts)
 }
 
-/// `buf` (an alltoallv's output) cut into every rank's part.
-fn parts<'b>(buf: &'b [u32], counts: &[usize]) -> Vec<&'b [u32]> {
-    let mut at = 0;
-    counts
-        .iter()
-        .map(|&n| {
-            at += n;
-            &buf[at - n..at]
-        })
-        .collect()
-}
-
 impl StepComm<'_> {
     /// One search step's estimate (see the module documentation): `loss` on each sample's
     /// candidates, `top` classes retrieved per block, the gradients of this rank's classes into
@@ -121,44 +179,152 @@ impl StepComm<'_> {
         let index = ctx.index.expect("a search estimator's layer has its index attached");
         let n_blocks = index.n_blocks();
         let b = batch.phi.rows();
-        // Row j * B + i: block j's hits of sample i, global ids.
+        // Row j * B + i: block j's hits of sample i, local ids.
         let mut rows = Vec::with_capacity(n_blocks * b);
         let (mut hits, mut search_dots) = (Vec::new(), 0);
         for j in 0..n_blocks {
             search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
             rows.append(&mut hits);
         }
-        let shard = self.shard;
-        rows.iter_mut().flatten().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
         self.phases.search += self.lap();
-        let mut worked = self.routed_candidates(ctx, batch, rows, top, n_blocks)?;
-        let cost = search_dots.div_ceil(n_blocks) + self.found_cost(&worked, n_blocks, ctx.bias.is_some());
-        self.phases.candidates += self.lap();
-        if n_blocks > 1 || ctx.bias.is_some() {
-            self.complete(ctx, batch, n_blocks, &mut worked)?;
-        }
-        self.phases.score += self.lap();
+        let worked = if n_blocks > 1 || ctx.bias.is_some() {
+            let cuts = self.cuts(b, &rows, top, n_blocks)?;
+            self.phases.candidates += self.lap();
+            let worked = self.owners_parts(ctx, batch, &rows, &cuts)?;
+            self.phases.score += self.lap();
+            worked
+        } else {
+            let shard = self.shard;
+            rows.iter_mut().flatten().for_each(|h| h.class = shard.global(h.class as usize) as ClassId);
+            let worked = self.routed_hits(ctx, batch, rows, top)?;
+            self.phases.candidates += self.lap();
+            worked
+        };
+        let cost = search_dots.div_ceil(n_blocks) + worked.iter().map(|w| w.dots.div_ceil(n_blocks)).sum::<usize>();
         let (loss_sum, classes_scored) = self.routed_loss(grads, b, &worked, loss, cost)?;
         self.phases.loss += self.lap();
         Ok(BatchEstimate { loss_sum, classes_scored })
     }
 
-    /// Routes every block's hits to the rank working on their sample, with the exact scores of
-    /// the positives this rank owns, and builds this rank's samples' candidates: each block's
-    /// top-`top` over the ranks, their union and the positives (a positive no search found
-    /// takes its owner's score).
-    fn routed_candidates(
+    /// Every block's cut of every sample of the batch (of `b`; `rows` as [`owned_part`] takes
+    /// them), on every rank: the
+    /// [`descending_key`] of its `top`-th best hit over the ranks (row `j * b + i`; `u64::MAX`
+    /// where the ranks found fewer together). The rank working on a sample learns its cuts
+    /// from the hits routed to it, then every rank every cut.
+    fn cuts(&mut self, b: usize, rows: &[Vec<Hit>], top: usize, n_blocks: usize) -> Result<Vec<u64>, DistError> {
+        let (comm, shard) = (self.comm, self.shard);
+        let ranks = comm.size();
+        let worker: Vec<usize> = (0..ranks).flat_map(|r| part(b, r, ranks).map(move |_| r)).collect();
+        let dest: Vec<usize> = (0..n_blocks).flat_map(|_| worker.iter().copied()).collect();
+        self.bytes += 8 * rows.iter().map(Vec::len).sum::<usize>();
+        let mut mine = Vec::new();
+        self.timed(&mut || {
+            let global = |l: ClassId| shard.global(l as usize) as ClassId;
+            mine = farout_dist::route_thresholds(comm, rows, &global, &dest, top)?;
+            Ok(())
+        })?;
+        // Rank r's cuts arrive block-major over its samples, as two u32 each.
+        let send: Vec<u32> = mine.iter().flat_map(|&key| [key as u32, (key >> 32) as u32]).collect();
+        let counts: Vec<usize> = (0..ranks).map(|r| 2 * n_blocks * part(b, r, ranks).len()).collect();
+        let mut all = vec![0u32; 2 * n_blocks * b];
+        self.bytes += 4 * send.len();
+        self.timed(&mut || comm.allgatherv_u32(&send, &counts, &mut all))?;
+        let mut cuts = vec![u64::MAX; n_blocks * b];
+        let mut pairs = all.chunks_exact(2).map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32));
+        for r in 0..ranks {
+            for j in 0..n_blocks {
+                for (cut, key) in cuts[j * b..(j + 1) * b][part(b, r, ranks)].iter_mut().zip(&mut pairs) {
+                    *cut = key;
+                }
+            }
+        }
+        Ok(cuts)
+    }
+
+    /// This rank's samples' candidates, each owner's part ([`owned_part`]: its hits at or above
+    /// the `cuts`, its positives, scored exactly) sent to the rank working on the sample, where
+    /// `U` is the parts in rank order.
+    fn owners_parts(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        rows: &[Vec<Hit>],
+        cuts: &[u64],
+    ) -> Result<Vec<Worked>, DistError> {
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
+        let (ranks, me) = (comm.size(), comm.rank());
+        let owned: Vec<Vec<u32>> =
+            (0..b).into_par_iter().map(|i| owned_part(ctx, shard, batch, rows, cuts, i)).collect();
+        let counts: Vec<usize> = (0..ranks).map(|r| part(b, r, ranks).map(|i| owned[i].len()).sum()).collect();
+        let send = owned.concat();
+        let (mut got, mut got_counts) = (Vec::new(), Vec::new());
+        self.bytes += 4 * send.len();
+        self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;
+        // Where each of this rank's samples' parts starts in each rank's message.
+        let from = parts(&got, &got_counts);
+        let mine = part(b, me, ranks);
+        let malformed =
+            |r: usize| DistError::Mpi(format!("rank {r} sent rank {me} a malformed part of the candidates"));
+        let mut starts = vec![Vec::with_capacity(ranks); mine.len()];
+        for (r, msg) in from.iter().enumerate() {
+            let mut at = 0;
+            for s in starts.iter_mut() {
+                let n = *msg.get(at).ok_or_else(|| malformed(r))? as usize;
+                s.push(at);
+                at += 2 + 2 * n;
+            }
+            if at != msg.len() {
+                return Err(malformed(r));
+            }
+        }
+        let mut worked: Vec<Worked> = (0..mine.len()).map(|_| Worked::default()).collect();
+        worked.par_iter_mut().zip(&starts).zip(mine).try_for_each(|((w, starts), i)| {
+            let mut first = Vec::with_capacity(ranks);
+            for (r, (&at, msg)) in starts.iter().zip(&from).enumerate() {
+                let n = msg[at] as usize;
+                first.push(w.c.classes.len());
+                w.dots += msg[at + 1] as usize;
+                for pair in msg[at + 2..at + 2 + 2 * n].chunks_exact(2) {
+                    w.c.classes.push(pair[0]);
+                    w.c.z.push(f32::from_bits(pair[1]));
+                }
+                w.owner.resize(w.c.classes.len(), r as u32);
+            }
+            // Each owner's part starts with its positives, in order, once each.
+            let mut taken = vec![0; ranks];
+            for (k, &p) in batch.positives[i].iter().enumerate() {
+                let u = match batch.positives[i][..k].iter().position(|&q| q == p) {
+                    Some(earlier) => w.c.pos[earlier] as usize,
+                    None => {
+                        let r = shard.owner(p as usize);
+                        taken[r] += 1;
+                        first[r] + taken[r] - 1
+                    }
+                };
+                if w.c.classes.get(u) != Some(&p) {
+                    return Err(malformed(shard.owner(p as usize)));
+                }
+                w.c.pos.push(u as ClassId);
+            }
+            Ok(())
+        })?;
+        Ok(worked)
+    }
+
+    /// With one block and no bias: every block's hits routed to the rank working on their
+    /// sample, with the exact scores of the positives this rank owns; the candidates of this
+    /// rank's samples are the top-`top` over the ranks and the positives (a positive no search
+    /// found takes its owner's score, one block product).
+    fn routed_hits(
         &mut self,
         ctx: &Ctx,
         batch: Batch,
         rows: Vec<Vec<Hit>>,
         top: usize,
-        n_blocks: usize,
     ) -> Result<Vec<Worked>, DistError> {
         let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
         let (ranks, me) = (comm.size(), comm.rank());
-        let worker: Vec<usize> = (0..ranks).flat_map(|r| part(b, r, ranks).map(move |_| r)).collect();
-        let dest: Vec<usize> = (0..n_blocks).flat_map(|_| worker.iter().copied()).collect();
+        let dest: Vec<usize> = (0..ranks).flat_map(|r| part(b, r, ranks).map(move |_| r)).collect();
         // To rank q: the scores of the positives this rank owns, of q's samples in order.
         let positives: Vec<Vec<u32>> = (0..ranks)
             .map(|q| {
@@ -167,6 +333,7 @@ impl StepComm<'_> {
                 part(b, q, ranks).flat_map(owned).map(|(i, l)| ctx.score(l, batch.phi.row(i)).to_bits()).collect()
             })
             .collect();
+        self.phases.score += self.lap();
         self.bytes +=
             8 * rows.iter().map(|r| r.len()).sum::<usize>() + 4 * positives.iter().map(Vec::len).sum::<usize>();
         let mut routed = farout_dist::Routed::default();
@@ -176,127 +343,32 @@ impl StepComm<'_> {
             Ok(())
         })?;
         let mine = part(b, me, ranks);
-        let m = mine.len();
-        let words = n_blocks.div_ceil(32);
-        let mut worked: Vec<Worked> = (0..m).map(|_| Worked::default()).collect();
-        worked.par_iter_mut().enumerate().for_each(|(ii, w)| {
-            let positives = batch.positives[mine.start + ii];
-            if n_blocks == 1 {
-                w.c.set_single(&routed.rows[ii], positives);
-            } else {
-                let blocks = (0..n_blocks).map(|j| routed.rows[j * m + ii].as_slice());
-                w.c.set_searched(blocks, positives, shard.rows());
+        let mut worked: Vec<Worked> = (0..mine.len()).map(|_| Worked::default()).collect();
+        worked.par_iter_mut().zip(&routed.rows).zip(mine).for_each(|((w, hits), i)| {
+            w.c.set_single(hits, batch.positives[i]);
+            for &(u, _, score) in &w.c.found {
+                w.c.z[u as usize] = score;
             }
-            w.known.clear();
-            w.known.resize(w.c.classes.len() * words, 0);
-            w.n_known.clear();
-            w.n_known.resize(w.c.classes.len(), 0);
-            for &(u, j, score) in &w.c.found {
-                w.known[u as usize * words + j as usize / 32] |= 1 << (j % 32);
-                w.n_known[u as usize] += 1;
-                w.c.z[u as usize] += score;
-            }
-            w.owner.clear();
             w.owner.extend(w.c.classes.iter().map(|&c| shard.owner(c as usize) as u32));
         });
         // The positives no search found take their owner's score.
         let from = parts(&routed.extra, &routed.extra_counts);
         let mut next: Vec<usize> = vec![0; ranks];
         for w in worked.iter_mut() {
+            let searched = w.c.found.len();
             for &u in &w.c.pos {
                 let owner = w.owner[u as usize] as usize;
-                let score = f32::from_bits(from[owner][next[owner]]);
+                let score = from[owner].get(next[owner]).ok_or_else(|| {
+                    DistError::Mpi(format!("rank {owner} sent rank {me} fewer positives' scores than it owns"))
+                })?;
                 next[owner] += 1;
-                if w.n_known[u as usize] == 0 {
-                    w.c.z[u as usize] = score;
+                if u as usize >= searched {
+                    w.c.z[u as usize] = f32::from_bits(*score);
                 }
             }
+            w.dots = w.c.classes.len() - searched;
         }
         Ok(worked)
-    }
-
-    /// The block products this rank's samples' candidates cost beyond the searches, as one
-    /// process counts them: a positive no search found costs its row; with several blocks or a
-    /// bias, a found class its unknown blocks ([`complete_scores`]). In classes: per sample,
-    /// the products over the blocks, rounded up.
-    fn found_cost(&self, worked: &[Worked], n_blocks: usize, bias: bool) -> usize {
-        let completes = n_blocks > 1 || bias;
-        let dots = |w: &Worked, u: usize| match w.n_known[u] as usize {
-            0 => n_blocks,
-            _ if !completes => 0,
-            k if completes_whole_row(n_blocks, k) => n_blocks,
-            k => n_blocks - k,
-        };
-        worked.iter().map(|w| (0..w.c.classes.len()).map(|u| dots(w, u)).sum::<usize>().div_ceil(n_blocks)).sum()
-    }
-
-    /// The scores of this rank's samples' found candidates completed by their owners: each is
-    /// asked for the candidates' unknown blocks (and bias), as (class, known-blocks mask) per
-    /// sample, and answers with what [`complete_scores`] adds to the found scores (or the whole
-    /// score, where it computes the whole row).
-    fn complete(&mut self, ctx: &Ctx, batch: Batch, n_blocks: usize, worked: &mut [Worked]) -> Result<(), DistError> {
-        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
-        let ranks = comm.size();
-        let words = n_blocks.div_ceil(32);
-        // A found class with blocks unknown, or any found class when there is a bias to add (a
-        // positive no search found has its score already).
-        let bias = ctx.bias.is_some();
-        let asked = |w: &Worked, u: usize| {
-            let known = w.n_known[u] as usize;
-            known > 0 && (bias || known < n_blocks)
-        };
-        // Requests: per owner, per sample of this rank, [count, (class, mask) x count].
-        let (send, counts) = per_sample_messages(ranks, &[], 1 + words, worked, |w, emit| {
-            for (u, &class) in w.c.classes.iter().enumerate().filter(|&(u, _)| asked(w, u)) {
-                let owner = w.owner[u] as usize;
-                emit(owner, &[class]);
-                emit(owner, w.mask(u, words));
-            }
-        });
-        let (mut got, mut got_counts) = (Vec::new(), Vec::new());
-        self.bytes += 4 * send.len();
-        self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;
-        // Answers: the asking rank's samples in order, one value per class asked.
-        let mut answers = vec![Vec::new(); ranks];
-        let mut scratch = (RescoreScratch::default(), Vec::new(), Vec::new(), Vec::new());
-        for (e, msg) in parts(&got, &got_counts).into_iter().enumerate() {
-            let mut at = 0;
-            for i in part(b, e, ranks) {
-                let n = msg[at] as usize;
-                let entries = &msg[at + 1..at + 1 + n * (1 + words)];
-                at += 1 + n * (1 + words);
-                let (rescore, local, found, total) = &mut scratch;
-                local.clear();
-                found.clear();
-                for (u, entry) in entries.chunks_exact(1 + words).enumerate() {
-                    let l = shard.local(entry[0] as usize).ok_or_else(|| not_held(e, comm.rank(), entry[0]))?;
-                    local.push(l as ClassId);
-                    found.extend((0..n_blocks).filter(|&j| entry[1 + j / 32] >> (j % 32) & 1 == 1).map(|j| (u, j)));
-                }
-                let found = found.iter().map(|&(u, j)| (u, j, 0.0));
-                complete_scores(ctx, n_blocks, batch.phi.row(i), local, found, rescore, total);
-                answers[e].extend(total.iter().map(|z| z.to_bits()));
-            }
-        }
-        let counts: Vec<usize> = answers.iter().map(Vec::len).collect();
-        let send = answers.concat();
-        self.bytes += 4 * send.len();
-        self.timed(&mut || comm.alltoallv_u32(&send, &counts, &mut got, &mut got_counts))?;
-        let from = parts(&got, &got_counts);
-        let mut next = vec![0; ranks];
-        for w in worked.iter_mut() {
-            for u in 0..w.c.classes.len() {
-                if !asked(w, u) {
-                    continue;
-                }
-                let owner = w.owner[u] as usize;
-                let answer = f32::from_bits(from[owner][next[owner]]);
-                next[owner] += 1;
-                let whole = completes_whole_row(n_blocks, w.n_known[u] as usize);
-                w.c.z[u] = if whole { answer } else { w.c.z[u] + answer };
-            }
-        }
-        Ok(())
     }
 
     /// `loss` on this rank's samples' candidates; each owner is sent the nonzero gradients of
