@@ -4,8 +4,9 @@
 //!
 //! One step on `B` samples, the same batch on every rank. The search estimators work each
 //! sample on one rank (`sharded_search`: each rank's hits are routed to the rank working on
-//! their sample, which merges them, has its candidates completed by their owners, evaluates
-//! the loss and sends each owner its classes' gradients). The others:
+//! their sample, which merges them or, with several blocks or a bias, learns where each
+//! block's top-Q is cut and receives its candidates scored by their owners; it evaluates the
+//! loss and sends each owner its classes' gradients). The others:
 //!
 //! ```text
 //! near:    each rank scores all its classes; the best negative score M over the ranks;
