@@ -56,11 +56,14 @@ pub fn route_top_k(
     let starts = starts_of(&all_counts);
     let rows = (0..mine)
         .into_par_iter()
-        .map_init(Vec::new, |keys, i| {
-            row_keys(&all, &starts, k, i, keys);
-            best_keys(keys, Keep::Selected(k));
-            keys.iter().map(|&key| hit_of_key(key)).collect()
-        })
+        .map_init(
+            || (Vec::new(), Vec::new()),
+            |(keys, from), i| {
+                row_keys(&all, &starts, k, i, keys, from);
+                best_keys(keys, Keep::Selected(k));
+                keys.iter().map(|&key| hit_of_key(key)).collect()
+            },
+        )
         .collect();
     let width = 2 * k;
     let mut extra = Vec::new();
@@ -75,48 +78,78 @@ pub fn route_top_k(
     Ok(Routed { rows, extra, extra_counts })
 }
 
-/// Every rank's top-k per row (`local[i]`: at most `k` hits, of the classes `class(h.class)`
-/// over all ranks; every rank passes as many rows) sent to the rank `dest[i]` that works on
-/// row `i`, which
-/// learns each of its rows' threshold: the [`descending_key`] of its `k`-th best hit over all
-/// ranks (`u64::MAX` when the ranks hold fewer than `k` hits together), in ascending row
-/// order. A hit is among the `k` that [`route_top_k`] keeps exactly when its key is at most
-/// the threshold, so its rank can tell its own surviving hits from the threshold alone.
-pub fn route_thresholds(
+/// What the rank working on a row learns from [`route_cuts`], per row of its rows.
+#[derive(Debug, Default, PartialEq)]
+pub struct Cuts {
+    /// The [`descending_key`] of the row's `k`-th best hit over what the ranks sent
+    /// (`u64::MAX` when they sent fewer than `k` together) ...
+    pub cuts: Vec<u64>,
+    /// ... and the ranks that sent `kept` hits of the row, all better than that cut: they may
+    /// hold more, so the cut is the row's over all ranks only once they send their top `k`.
+    pub ask: Vec<Vec<usize>>,
+}
+
+/// Every rank's best `kept` hits of each of its rows' top `k` (`local[i]`: at most `kept` hits,
+/// of the classes `class(h.class)` over all ranks; every rank passes as many rows) sent to the
+/// rank `dest[i]` that works on row `i`, which learns each of its rows' cut (ascending row
+/// order): the [`descending_key`] of the `k`-th best hit over all ranks, as a hit is among the
+/// `k` that [`route_top_k`] keeps exactly when its key is at most the cut, so its rank can tell
+/// its own surviving hits from the cut alone. With `kept < k` a rank sends only the head of its
+/// list (where a rank holds `1 / P` of the row's best in expectation): the cut is exact unless
+/// [`Cuts::ask`] names a rank for the row. On one rank, `local`'s own.
+pub fn route_cuts(
     comm: &dyn Collective,
     local: &[Vec<Hit>],
     class: &(dyn Fn(u32) -> u32 + Sync),
     dest: &[usize],
     k: usize,
-) -> Result<Vec<u64>, DistError> {
-    let kth = |keys: &mut Vec<u64>| match keys.len() >= k && k > 0 {
-        true => *keys.select_nth_unstable(k - 1).1,
-        false => u64::MAX,
+    kept: usize,
+) -> Result<Cuts, DistError> {
+    // A row's keys from every rank (`from[r]..from[r + 1]` from rank r) -> its cut and the
+    // ranks whose list may stop short of it (`full`: scratch, the ranks that sent `kept`).
+    let cut = |keys: &mut Vec<u64>, from: &[usize], full: &mut Vec<(usize, u64)>| {
+        full.clear();
+        if kept < k {
+            let sent = |r: usize| &keys[from[r]..from[r + 1]];
+            let worst = |r: usize| sent(r).iter().copied().max().unwrap_or(0);
+            full.extend((0..from.len() - 1).filter(|&r| sent(r).len() == kept).map(|r| (r, worst(r))));
+        }
+        let cut = match keys.len() >= k && k > 0 {
+            true => *keys.select_nth_unstable(k - 1).1,
+            false => u64::MAX,
+        };
+        (cut, full.iter().filter(|&&(_, worst)| worst < cut).map(|&(r, _)| r).collect::<Vec<_>>())
     };
+    let mut out = Cuts::default();
     if comm.size() == 1 {
-        let mut keys = Vec::new();
-        return Ok(local
-            .iter()
-            .map(|hits| {
-                keys.clear();
-                keys.extend(hits.iter().map(|h| descending_key(h.score, class(h.class))));
-                kth(&mut keys)
-            })
-            .collect());
+        let (mut keys, mut full) = (Vec::new(), Vec::new());
+        for hits in local {
+            keys.clear();
+            keys.extend(hits.iter().map(|h| descending_key(h.score, class(h.class))));
+            let from = [0, keys.len()];
+            let (c, ask) = cut(&mut keys, &from, &mut full);
+            out.cuts.push(c);
+            out.ask.push(ask);
+        }
+        return Ok(out);
     }
     let mine = dest.iter().filter(|&&d| d == comm.rank()).count();
-    let (all, all_counts) = exchange_rows(comm, local, class, dest, k, &[])?;
+    let (all, all_counts) = exchange_rows(comm, local, class, dest, kept, &[])?;
     let starts = starts_of(&all_counts);
-    Ok((0..mine)
+    (out.cuts, out.ask) = (0..mine)
         .into_par_iter()
-        .map_init(Vec::new, |keys, i| {
-            row_keys(&all, &starts, k, i, keys);
-            kth(keys)
-        })
-        .collect())
+        .map_init(
+            || (Vec::new(), Vec::new(), Vec::new()),
+            |(keys, from, full), i| {
+                row_keys(&all, &starts, kept, i, keys, from);
+                cut(keys, from, full)
+            },
+        )
+        .unzip();
+    Ok(out)
 }
 
-/// The one exchange of [`route_top_k`] and [`route_thresholds`]: row `i`'s hits (at most `k`,
+/// The one exchange of [`route_top_k`] and [`route_cuts`]: row `i`'s hits (at most `k`,
 /// of the classes `class(h.class)`) as keys padded to `k` to rank `dest[i]`, then `extra[q]`
 /// to rank `q`. Returns what this rank
 /// received and how much from each rank.
@@ -156,14 +189,18 @@ fn starts_of(counts: &[usize]) -> Vec<usize> {
     counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c))).collect()
 }
 
-/// Row `i` of this rank's rows, as every rank sent it in [`exchange_rows`], into `keys`.
-fn row_keys(all: &[u32], starts: &[usize], k: usize, i: usize, keys: &mut Vec<u64>) {
+/// Row `i` of this rank's rows, as every rank sent it in [`exchange_rows`], into `keys`, rank
+/// `r`'s from `from[r]` to `from[r + 1]`.
+fn row_keys(all: &[u32], starts: &[usize], k: usize, i: usize, keys: &mut Vec<u64>, from: &mut Vec<usize>) {
     let width = 2 * k;
     keys.clear();
+    from.clear();
     for &at in starts {
+        from.push(keys.len());
         let pairs = all[at + i * width..at + (i + 1) * width].chunks_exact(2).take_while(|p| p[0] != PAD);
         keys.extend(pairs.map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32)));
     }
+    from.push(keys.len());
 }
 
 /// Every rank's hits per row (global ids) gathered on every rank: each row's hits over all
@@ -340,31 +377,50 @@ mod tests {
         }
     }
 
-    /// A row's threshold is the key of its k-th best hit over all ranks (none below k hits),
-    /// on the rank working on it, whatever order the ranks' lists come in.
+    /// A row's cut is the key of its k-th best hit over all ranks (none below k hits), on the
+    /// rank working on it, whatever order the ranks' lists come in; each rank sending only its
+    /// best `kept`, a cut is that unless the rows name a rank to ask for more.
     #[test]
-    fn routed_thresholds_are_the_kth_best_key_of_all_classes() {
+    fn routed_cuts_are_the_kth_best_key_of_all_classes_or_ask_for_more() {
         let scores: Vec<Vec<f32>> = (0..50).map(|i| (0..40).map(|c| ((i * 7 + c * 13) % 5) as f32).collect()).collect();
-        for k in [1, 6, 25, 41] {
+        for (k, kept) in [(1, 1), (6, 6), (25, 25), (41, 41), (6, 2), (25, 9), (41, 12)] {
             let all = rank_hits(0, 1, &scores, k);
             let want: Vec<u64> =
                 all.iter().map(|hits| hits.get(k - 1).map_or(u64::MAX, |h| descending_key(h.score, h.class))).collect();
-            assert_eq!(route_thresholds(&Local, &all, &|c| c, &[0; 50], k).unwrap(), want, "k {k}");
+            if kept == k {
+                let one = route_cuts(&Local, &all, &|c| c, &[0; 50], k, kept).unwrap();
+                assert_eq!(one, Cuts { cuts: want.clone(), ask: vec![vec![]; 50] }, "k {k}");
+            }
             for ranks in [2, 3] {
                 let dest: Vec<usize> = (0..50).map(|i| (i / 7) % ranks).collect();
                 let got = Threads::run(ranks, |c| {
-                    // Each rank's hits as its local ids (global = local * ranks + rank).
-                    let mut mine = rank_hits(c.rank(), ranks, &scores, k);
+                    // Each rank's best `kept`, as its local ids (global = local * ranks + rank).
+                    let mut mine = rank_hits(c.rank(), ranks, &scores, kept);
                     mine.iter_mut().flatten().for_each(|h| h.class /= ranks as u32);
                     mine.iter_mut().for_each(|hits| hits.reverse());
                     let (ranks32, me) = (ranks as u32, c.rank() as u32);
                     let global = move |l: u32| l * ranks32 + me;
-                    route_thresholds(c, &mine, &global, &dest, k).unwrap()
+                    route_cuts(c, &mine, &global, &dest, k, kept).unwrap()
                 });
+                let mut asked = 0;
                 for (q, got) in got.iter().enumerate() {
-                    let rows: Vec<u64> = (0..50).filter(|&i| dest[i] == q).map(|i| want[i]).collect();
-                    assert_eq!(got, &rows, "{ranks} ranks, k {k}, rank {q}");
+                    let rows: Vec<usize> = (0..50).filter(|&i| dest[i] == q).collect();
+                    for (n, &i) in rows.iter().enumerate() {
+                        let at = format!("{ranks} ranks, k {k}, kept {kept}, row {i}");
+                        // Every rank holding more than `kept` of the row's best k is asked (no
+                        // rank is when each sent its whole top k) ...
+                        let holds = |r: usize| all[i].iter().filter(|h| h.class as usize % ranks == r).count();
+                        let short: Vec<usize> = (0..ranks).filter(|&r| holds(r) > kept).collect();
+                        assert!(short.iter().all(|r| got.ask[n].contains(r)), "{at}: {short:?}, {:?}", got.ask[n]);
+                        assert!(kept < k || got.ask[n].is_empty(), "{at}: asks {:?}", got.ask[n]);
+                        // ... and where none is, the cut is the row's.
+                        if got.ask[n].is_empty() {
+                            assert_eq!(got.cuts[n], want[i], "{at}");
+                        }
+                        asked += got.ask[n].len();
+                    }
                 }
+                assert!(kept == k || asked > 0, "{ranks} ranks, k {k}, kept {kept}: some row asks for more");
             }
         }
     }

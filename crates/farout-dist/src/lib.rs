@@ -77,7 +77,7 @@ mod threads;
 mod watchdog;
 
 pub use error::DistError;
-pub use hits::{Routed, gather_all_hits, merge_top_k, route_thresholds, route_top_k};
+pub use hits::{Cuts, Routed, gather_all_hits, merge_top_k, route_cuts, route_top_k};
 pub use launch::{Launch, connect, detect, detect_from};
 pub use local::Local;
 #[cfg(feature = "mpi")]

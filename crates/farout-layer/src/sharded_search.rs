@@ -8,10 +8,12 @@
 //! blocks or a bias (ldgs):
 //!
 //! ```text
-//! search:     each rank searches its block indexes for all B samples: every block's top-Q
-//!             of its rows
+//! search:     each rank searches its block indexes for all B samples, probing the rows a
+//!             search for Q probes but keeping its share of the top-Q: about Q / P + 4 sd
 //! thresholds: sample i's hits go to the rank e(i) working on it, which learns each block's
 //!             cut: the Q-th best hit over the ranks                        one alltoallv
+//!             (where a rank's share may stop short of the cut: rarely, every rank sends its
+//!             whole top-Q of that row and it is cut again      one allgather, or three)
 //!             every rank learns every sample's cuts                        one allgather
 //! score:      each owner keeps its hits at or above the cut (the top-Q of the whole layer
 //!             that it holds), adds its positives and scores that part of U_i exactly,
@@ -45,6 +47,27 @@ use std::ops::Range;
 /// The samples of a batch of `b` that rank `r` of `ranks` works on.
 pub(crate) fn part(b: usize, r: usize, ranks: usize) -> Range<usize> {
     b * r / ranks..b * (r + 1) / ranks
+}
+
+/// The rank working on each row `j * b + i` of `n_blocks` blocks' rows of a batch of `b`.
+fn workers(b: usize, ranks: usize, n_blocks: usize) -> Vec<usize> {
+    let worker = (0..ranks).flat_map(|r| part(b, r, ranks).map(move |_| r));
+    let worker: Vec<usize> = worker.collect();
+    (0..n_blocks).flat_map(|_| worker.iter().copied()).collect()
+}
+
+/// Hits of each block's top-`top` that a rank of `ranks` keeps per sample: its expected share
+/// `top / P` (classes are dealt, so a rank holds each of the best with chance `1 / P`), plus four
+/// standard deviations of that share, `sqrt(top (P - 1)) / P`, plus 8; at most `top`. A rank
+/// holding more of some row is asked for its whole top-`top` ([`StepComm::recut`]), so the cut
+/// does not depend on it. At 2 ranks and `top` = 350: 221 hits instead of 350 per row.
+pub(crate) fn rank_top(top: usize, ranks: usize) -> usize {
+    if ranks <= 1 {
+        return top;
+    }
+    let (q, p) = (top as f64, ranks as f64);
+    let share = q / p + 4.0 * (q * (p - 1.0)).sqrt() / p + 8.0;
+    (share.ceil() as usize).min(top)
 }
 
 /// One sample's candidates on the rank working on it.
@@ -179,16 +202,20 @@ impl StepComm<'_> {
         let index = ctx.index.expect("a search estimator's layer has its index attached");
         let n_blocks = index.n_blocks();
         let b = batch.phi.rows();
-        // Row j * B + i: block j's hits of sample i, local ids.
+        // Row j * B + i: block j's hits of sample i, local ids. With several blocks or a bias
+        // each rank keeps only its share of every block's top-Q ([`rank_top`]), from the rows a
+        // search for all Q probes.
+        let completes = n_blocks > 1 || ctx.bias.is_some();
+        let kept = if completes { rank_top(top, self.comm.size()) } else { top };
         let mut rows = Vec::with_capacity(n_blocks * b);
         let (mut hits, mut search_dots) = (Vec::new(), 0);
         for j in 0..n_blocks {
-            search_dots += index.search_block_batch(ctx.w, j, batch.phi, top, &mut hits);
+            search_dots += index.search_block_batch_probing(ctx.w, j, batch.phi, kept, top, &mut hits);
             rows.append(&mut hits);
         }
         self.phases.search += self.lap();
-        let worked = if n_blocks > 1 || ctx.bias.is_some() {
-            let cuts = self.cuts(b, &rows, top, n_blocks)?;
+        let worked = if completes {
+            let cuts = self.cuts(ctx, batch, &mut rows, top, kept)?;
             self.phases.candidates += self.lap();
             let worked = self.owners_parts(ctx, batch, &rows, &cuts)?;
             self.phases.score += self.lap();
@@ -206,39 +233,122 @@ impl StepComm<'_> {
         Ok(BatchEstimate { loss_sum, classes_scored })
     }
 
-    /// Every block's cut of every sample of the batch (of `b`; `rows` as [`owned_part`] takes
-    /// them), on every rank: the
-    /// [`descending_key`] of its `top`-th best hit over the ranks (row `j * b + i`; `u64::MAX`
-    /// where the ranks found fewer together). The rank working on a sample learns its cuts
-    /// from the hits routed to it, then every rank every cut.
-    fn cuts(&mut self, b: usize, rows: &[Vec<Hit>], top: usize, n_blocks: usize) -> Result<Vec<u64>, DistError> {
-        let (comm, shard) = (self.comm, self.shard);
-        let ranks = comm.size();
-        let worker: Vec<usize> = (0..ranks).flat_map(|r| part(b, r, ranks).map(move |_| r)).collect();
-        let dest: Vec<usize> = (0..n_blocks).flat_map(|_| worker.iter().copied()).collect();
+    /// Every block's cut of every sample of the batch, on every rank: the [`descending_key`] of
+    /// its `top`-th best hit over the ranks (row `j * B + i`, as `rows`, [`owned_part`]'s;
+    /// `u64::MAX` where the ranks found fewer together). Each rank sends its best `kept` hits of
+    /// each row to the rank working on its sample, which cuts them
+    /// ([`farout_dist::route_cuts`]); where a rank's share may stop short of the cut, every rank
+    /// searches the row again for its whole top-`top` and the row is cut again
+    /// ([`StepComm::recut`]). Then every rank learns every cut.
+    fn cuts(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        rows: &mut [Vec<Hit>],
+        top: usize,
+        kept: usize,
+    ) -> Result<Vec<u64>, DistError> {
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
+        let (ranks, n_blocks) = (comm.size(), rows.len() / b.max(1));
+        let dest = workers(b, ranks, n_blocks);
         self.bytes += 8 * rows.iter().map(Vec::len).sum::<usize>();
-        let mut mine = Vec::new();
+        let mut cut = farout_dist::Cuts::default();
         self.timed(&mut || {
             let global = |l: ClassId| shard.global(l as usize) as ClassId;
-            mine = farout_dist::route_thresholds(comm, rows, &global, &dest, top)?;
+            cut = farout_dist::route_cuts(comm, rows, &global, &dest, top, kept)?;
             Ok(())
         })?;
-        // Rank r's cuts arrive block-major over its samples, as two u32 each.
-        let send: Vec<u32> = mine.iter().flat_map(|&key| [key as u32, (key >> 32) as u32]).collect();
-        let counts: Vec<usize> = (0..ranks).map(|r| 2 * n_blocks * part(b, r, ranks).len()).collect();
-        let mut all = vec![0u32; 2 * n_blocks * b];
-        self.bytes += 4 * send.len();
-        self.timed(&mut || comm.allgatherv_u32(&send, &counts, &mut all))?;
-        let mut cuts = vec![u64::MAX; n_blocks * b];
-        let mut pairs = all.chunks_exact(2).map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32));
-        for r in 0..ranks {
-            for j in 0..n_blocks {
-                for (cut, key) in cuts[j * b..(j + 1) * b][part(b, r, ranks)].iter_mut().zip(&mut pairs) {
-                    *cut = key;
+        let mut mine = cut.cuts;
+        // This rank's rows whose cut waits for more hits, as rows of the batch (j * B + i).
+        let own: Vec<usize> = (0..rows.len()).filter(|&row| dest[row] == comm.rank()).collect();
+        let mut again: Vec<u32> =
+            own.iter().zip(&cut.ask).filter(|(_, a)| !a.is_empty()).map(|(&r, _)| r as u32).collect();
+        loop {
+            // Rank r's cuts arrive block-major over its samples, as two u32 each, then how
+            // many of its rows are to be cut again.
+            let mut send: Vec<u32> = mine.iter().flat_map(|&key| [key as u32, (key >> 32) as u32]).collect();
+            send.push(again.len() as u32);
+            let counts: Vec<usize> = (0..ranks).map(|r| 2 * n_blocks * part(b, r, ranks).len() + 1).collect();
+            let mut all = vec![0u32; counts.iter().sum()];
+            self.bytes += 4 * send.len();
+            self.timed(&mut || comm.allgatherv_u32(&send, &counts, &mut all))?;
+            let mut cuts = vec![u64::MAX; n_blocks * b];
+            let mut n_again = Vec::with_capacity(ranks);
+            let mut at = 0;
+            for (r, &count) in counts.iter().enumerate() {
+                let mut pairs =
+                    all[at..at + count - 1].chunks_exact(2).map(|p| u64::from(p[0]) | (u64::from(p[1]) << 32));
+                for j in 0..n_blocks {
+                    for (cut, key) in cuts[j * b..(j + 1) * b][part(b, r, ranks)].iter_mut().zip(&mut pairs) {
+                        *cut = key;
+                    }
                 }
+                n_again.push(all[at + count - 1] as usize);
+                at += count;
+            }
+            if n_again.iter().all(|&n| n == 0) {
+                return Ok(cuts);
+            }
+            self.recut(ctx, batch, rows, top, (&own, &again, &n_again), &mut mine)?;
+            again.clear();
+        }
+    }
+
+    /// The rows where some rank's share may stop short of the cut (`again`: this rank's, among
+    /// the rows it works on, `own`; `n_again`: how many each rank has): every rank learns them,
+    /// searches each again for its whole top-`top` (in `rows`, which its part of the candidates
+    /// is taken from) and sends it, and the rank working on the row cuts it again, exactly, into
+    /// `mine` (its cuts, in the order of `own`). Rare: a rank holds more than its share of a
+    /// row's top-`top` only some standard deviations from its mean ([`rank_top`]). The repeated
+    /// searches are not counted in the classes scored, which count the estimator's work as one
+    /// process does it.
+    fn recut(
+        &mut self,
+        ctx: &Ctx,
+        batch: Batch,
+        rows: &mut [Vec<Hit>],
+        top: usize,
+        (own, again, n_again): (&[usize], &[u32], &[usize]),
+        mine: &mut [u64],
+    ) -> Result<(), DistError> {
+        let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
+        let (ranks, n_blocks) = (comm.size(), rows.len() / b.max(1));
+        let index = ctx.index.expect("a search estimator's layer has its index attached");
+        let dest = workers(b, ranks, n_blocks);
+        let mut all = vec![0u32; n_again.iter().sum()];
+        self.timed(&mut || comm.allgatherv_u32(again, n_again, &mut all))?;
+        // Every rank searches those rows again, block by block, for its whole top-`top`.
+        for j in 0..n_blocks {
+            let samples: Vec<usize> =
+                all.iter().map(|&row| row as usize).filter(|&row| row / b == j).map(|row| row % b).collect();
+            if samples.is_empty() {
+                continue;
+            }
+            let mut phi = farout_core::Matrix::zeros(samples.len(), batch.phi.cols());
+            for (n, &i) in samples.iter().enumerate() {
+                phi.row_mut(n).copy_from_slice(batch.phi.row(i));
+            }
+            let mut hits = Vec::new();
+            index.search_block_batch(ctx.w, j, &phi, top, &mut hits);
+            for (i, hits) in samples.into_iter().zip(hits) {
+                rows[j * b + i] = hits;
             }
         }
-        Ok(cuts)
+        let again_rows: Vec<Vec<Hit>> = all.iter().map(|&row| rows[row as usize].clone()).collect();
+        let again_dest: Vec<usize> = all.iter().map(|&row| dest[row as usize]).collect();
+        self.bytes += 8 * again_rows.iter().map(Vec::len).sum::<usize>();
+        let mut cut = farout_dist::Cuts::default();
+        self.timed(&mut || {
+            let global = |l: ClassId| shard.global(l as usize) as ClassId;
+            cut = farout_dist::route_cuts(comm, &again_rows, &global, &again_dest, top, top)?;
+            Ok(())
+        })?;
+        // This rank's rows come back in the order it listed them.
+        for (row, c) in again.iter().zip(cut.cuts) {
+            let at = own.iter().position(|&o| o == *row as usize).expect("a row this rank works on");
+            mine[at] = c;
+        }
+        Ok(())
     }
 
     /// This rank's samples' candidates, each owner's part ([`owned_part`]: its hits at or above

@@ -924,6 +924,54 @@ mod tests {
         }
     }
 
+    /// LDGS whose best classes all sit on rank 0 (their rows scaled up): rank 0 holds more than
+    /// its share of every row's top-Q, so every row is searched again and cut again, and the
+    /// steps of 2 and 3 ranks are still one process's (brute-force indexes), with and without a
+    /// bias; at 2 ranks a rank keeps 137 of Q = 200 hits per row.
+    #[test]
+    fn ranks_holding_more_than_their_share_of_the_best_are_asked_for_all_of_it() {
+        let (k, d, b, top) = (2000, 32, 40, 200);
+        assert_eq!(crate::sharded_search::rank_top(top, 2), 137);
+        let opt = OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 };
+        let (phi, labels) = problem(k, d, b);
+        let pos: Vec<&[u32]> = labels.iter().map(Vec::as_slice).collect();
+        let batch = Batch::new(&phi, &pos);
+        let margin = SmoothedMargin::new(1.0).unwrap();
+        let ldgs = Ldgs::new(margin, top, Iterations::FixedPoint, ActiveSet::Union, 1e-3, Rescore::Exact).unwrap();
+        for bias in [false, true] {
+            let cfg = OutputLayerConfig { bias, init_std: 0.5, ..Default::default() };
+            let mut whole = OutputLayer::new(k, d, &cfg, &opt, 5).unwrap();
+            // Classes dealt to rank 0 at 2 and 3 ranks (multiples of 6) score far above the rest.
+            let mut w = whole.weights().clone();
+            (0..k).filter(|c| c % 6 == 0).for_each(|c| w.row_mut(c).iter_mut().for_each(|x| *x *= 8.0));
+            whole.set_weights(w.clone()).unwrap();
+            whole.attach_index(IndexConfig::exact(), 2, IndexUpkeep::default()).unwrap();
+            let mut r = rng::seeded(9, 0);
+            let want: Vec<(StepStats, Matrix)> =
+                (0..2).map(|_| (whole.train_step(&ldgs, batch, &mut r, true), whole.dphi().clone())).collect();
+            let plan = ldgs.shard_plan().unwrap();
+            for ranks in [2, 3] {
+                farout_dist::Threads::run(ranks, |comm| {
+                    let shard = Strided::new(k, comm.rank(), ranks).unwrap();
+                    let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
+                    let mine = crate::sharded::tests::rows_of(&w, &shard);
+                    layer.set_weights(Matrix::from_vec(shard.len(), d, mine).unwrap()).unwrap();
+                    layer.attach_index(IndexConfig::exact(), 2, IndexUpkeep::default()).unwrap();
+                    let mut r = rng::seeded(9, 0);
+                    for (step, (e, dphi)) in want.iter().enumerate() {
+                        let (s, _) = sparse_step(&mut layer, &shard, comm, plan, batch, &mut r, true).unwrap();
+                        let at = format!("bias {bias}, {ranks} ranks, rank {}, step {step}", comm.rank());
+                        let loss = e.loss_sum;
+                        assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
+                        assert_eq!(s.classes_scored, e.classes_scored, "{at}: classes scored");
+                        let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
+                        assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
+                    }
+                });
+            }
+        }
+    }
+
     /// At 2 and 3 ranks with spherical indexes (one and two blocks), every rank's indexes are
     /// built on rank 0's centroids, at the first build and at every rebuild, and rank 0's are
     /// fitted to its own rows (they change with the rebuild).

@@ -133,6 +133,28 @@ pub trait MipsIndex: Send + Sync {
         out.par_iter_mut().enumerate().map(|(i, o)| self.search(w, queries.row(i), k, o)).sum()
     }
 
+    /// [`MipsIndex::search_batch`] probing as a search for `probe_for` (at least `k`) results
+    /// would, but keeping only each query's best `k` of what it scored: where the cost of a
+    /// search lies in the rows it scores, fewer results cost less to select, copy and pass on.
+    /// The default searches for `probe_for` and keeps the best `k` (ties to the lower class).
+    fn search_batch_probing(
+        &self,
+        w: Rows,
+        queries: &Matrix,
+        k: usize,
+        probe_for: usize,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> usize {
+        let cost = self.search_batch(w, queries, probe_for.max(k), out);
+        for hits in out.iter_mut().filter(|h| h.len() > k) {
+            if k > 0 {
+                hits.select_nth_unstable_by(k - 1, farout_core::topk::by_score);
+            }
+            hits.truncate(k);
+        }
+        cost
+    }
+
     /// Takes note of the new values of `rows` of `w`, which changed since the index last saw
     /// them, without re-indexing them: an index that keeps a copy of the rows updates it, so the
     /// scores it returns stay exact; where a row is found does not change until
@@ -454,14 +476,32 @@ impl BlockIndex {
 
     /// Top `k` of block `j` for every row of `phi` (`[n, D]`, full width); returns the cost.
     pub fn search_block_batch(&self, w: &Matrix, j: usize, phi: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
+        self.search_block_batch_probing(w, j, phi, k, k, out)
+    }
+
+    /// [`BlockIndex::search_block_batch`] probing as a search for `probe_for` results would,
+    /// keeping each query's best `k` ([`MipsIndex::search_batch_probing`]).
+    pub fn search_block_batch_probing(
+        &self,
+        w: &Matrix,
+        j: usize,
+        phi: &Matrix,
+        k: usize,
+        probe_for: usize,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> usize {
+        let search = |queries: &Matrix, out: &mut Vec<Vec<Hit>>| match probe_for > k {
+            true => self.blocks[j].search_batch_probing(self.rows(w, j), queries, k, probe_for, out),
+            false => self.blocks[j].search_batch(self.rows(w, j), queries, k, out),
+        };
         if self.n_blocks() == 1 {
-            return self.blocks[0].search_batch(self.rows(w, 0), phi, k, out);
+            return search(phi, out);
         }
         let mut q = Matrix::zeros(phi.rows(), self.width);
         for i in 0..phi.rows() {
             q.row_mut(i).copy_from_slice(&phi.row(i)[j * self.width..(j + 1) * self.width]);
         }
-        self.blocks[j].search_batch(self.rows(w, j), &q, k, out)
+        search(&q, out)
     }
 
     /// Syncs `rows` in every block ([`MipsIndex::sync`]), the blocks in parallel.

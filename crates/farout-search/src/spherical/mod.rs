@@ -63,7 +63,7 @@ use crate::augment::NormAugmentation;
 use crate::quant::QuantRows;
 use crate::{Hit, MipsIndex, Rows};
 pub use calibrate::Calibrated;
-use calibrate::Calibrations;
+use calibrate::{Calibrations, Plan};
 pub(crate) use calibrate::{restore_fit, save_fit};
 use cluster::Cluster;
 use farout_core::{ClassId, Matrix};
@@ -305,6 +305,22 @@ impl MipsIndex for SphericalIndex {
     /// query's in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
         self.search_batched(w, queries, k, out)
+    }
+
+    /// Probes the rows a search for `probe_for` results would (its budget) and selects the
+    /// best `k` of them, as a search for `k` with that budget.
+    fn search_batch_probing(
+        &self,
+        w: Rows,
+        queries: &Matrix,
+        k: usize,
+        probe_for: usize,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> usize {
+        match self.plan(w, queries.as_slice(), probe_for.max(k)) {
+            Plan::Probe(budget) => self.search_batched_with(w, queries, k, budget, out),
+            Plan::BruteForce => crate::ExactIndex::new().search_batch(w, queries, k, out),
+        }
     }
 
     fn sync(&mut self, w: Rows, rows: &[ClassId]) {

@@ -566,6 +566,27 @@ mod tests {
         });
     }
 
+    /// A batch searched as for 40 results but keeping 10 scores the rows the search for 40
+    /// scores (the same cost) and returns the best 10 of its results, with f32 scores on the
+    /// spherical index and on the exact index (the trait's default).
+    #[test]
+    fn a_search_probing_for_more_keeps_the_best_of_what_it_scored() {
+        let (w, q) = clustered(10_000, 16);
+        let config = SphericalConfig { candidate_factor: Some(5.0), ..SphericalConfig::default() };
+        let spherical = SphericalIndex::build(Rows::all(&w), &config);
+        let indexes: [&dyn MipsIndex; 2] = [&spherical, &ExactIndex::new()];
+        for index in indexes {
+            let (mut wide, mut kept) = (Vec::new(), Vec::new());
+            let cost = index.search_batch(Rows::all(&w), &q, 40, &mut wide);
+            assert_eq!(index.search_batch_probing(Rows::all(&w), &q, 10, 40, &mut kept), cost, "{}", index.name());
+            for (i, (wide, kept)) in wide.iter_mut().zip(&mut kept).enumerate() {
+                wide.sort_unstable_by(topk::by_score);
+                kept.sort_unstable_by(topk::by_score);
+                assert_eq!(kept, &wide[..10], "{}, query {i}", index.name());
+            }
+        }
+    }
+
     /// Also at `k` = 5, where the int8 path's per-query rows are compacted many times while
     /// the clusters are scanned (its floors rise far above the first rows' scores).
     fn batched_search_returns_the_per_query_results_with(config: &SphericalConfig) {
