@@ -865,6 +865,28 @@ mod tests {
         }
     }
 
+    /// `sparse_step` on `layer` (rng seeded 9, as the one-process steps were) takes the steps
+    /// `want` (one process's stats and `dL/dphi`): the same loss, classes scored and `dL/dphi`.
+    fn steps_like(
+        layer: &mut OutputLayer,
+        shard: &Strided,
+        comm: &dyn Collective,
+        plan: ShardPlan,
+        batch: Batch,
+        want: &[(StepStats, Matrix)],
+        at: &str,
+    ) {
+        let mut r = rng::seeded(9, 0);
+        for (step, (e, dphi)) in want.iter().enumerate() {
+            let (s, _) = sparse_step(layer, shard, comm, plan, batch, &mut r, true).unwrap();
+            let (at, loss) = (format!("{at}, step {step}"), e.loss_sum);
+            assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
+            assert_eq!(s.classes_scored, e.classes_scored, "{at}: classes scored");
+            let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
+            assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
+        }
+    }
+
     /// At 2 and 3 ranks (threads of this process), with brute-force indexes, with and without a
     /// bias, the search estimators and the exact margin take one process's steps, each rank
     /// evaluating the loss of its part of the samples: the same losses, classes scored and
@@ -902,16 +924,8 @@ mod tests {
                     let shard = Strided::new(k, comm.rank(), ranks).unwrap();
                     let mut layer = OutputLayer::with_classes(shard, d, &cfg, &opt, 5).unwrap();
                     with_index(&mut layer, *blocks);
-                    let mut r = rng::seeded(9, 0);
-                    for (step, (e, dphi)) in want.iter().enumerate() {
-                        let (s, _) = sparse_step(&mut layer, &shard, comm, plan, batch, &mut r, true).unwrap();
-                        let at = format!("{name}, bias {bias}, {ranks} ranks, rank {}, step {step}", comm.rank());
-                        let loss = e.loss_sum;
-                        assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
-                        assert_eq!(s.classes_scored, e.classes_scored, "{at}: classes scored");
-                        let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
-                        assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
-                    }
+                    let at = format!("{name}, bias {bias}, {ranks} ranks, rank {}", comm.rank());
+                    steps_like(&mut layer, &shard, comm, plan, batch, &want, &at);
                     let mine = crate::sharded::tests::rows_of(whole.weights(), &shard);
                     let diff = layer.weights().as_slice().iter().zip(&mine).map(|(u, v)| (u - v).abs());
                     assert!(
@@ -957,16 +971,8 @@ mod tests {
                     let mine = crate::sharded::tests::rows_of(&w, &shard);
                     layer.set_weights(Matrix::from_vec(shard.len(), d, mine).unwrap()).unwrap();
                     layer.attach_index(IndexConfig::exact(), 2, IndexUpkeep::default()).unwrap();
-                    let mut r = rng::seeded(9, 0);
-                    for (step, (e, dphi)) in want.iter().enumerate() {
-                        let (s, _) = sparse_step(&mut layer, &shard, comm, plan, batch, &mut r, true).unwrap();
-                        let at = format!("bias {bias}, {ranks} ranks, rank {}, step {step}", comm.rank());
-                        let loss = e.loss_sum;
-                        assert!((s.loss_sum - loss).abs() <= 1e-5 * loss.abs(), "{at}: {} vs {loss}", s.loss_sum);
-                        assert_eq!(s.classes_scored, e.classes_scored, "{at}: classes scored");
-                        let diff = layer.dphi().as_slice().iter().zip(dphi.as_slice()).map(|(u, v)| (u - v).abs());
-                        assert!(diff.fold(0.0f32, f32::max) < 1e-4, "{at}: dL/dphi");
-                    }
+                    let at = format!("bias {bias}, {ranks} ranks, rank {}", comm.rank());
+                    steps_like(&mut layer, &shard, comm, plan, batch, &want, &at);
                 });
             }
         }
