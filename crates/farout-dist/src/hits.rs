@@ -149,10 +149,9 @@ pub fn route_cuts(
     Ok(out)
 }
 
-/// The one exchange of [`route_top_k`] and [`route_cuts`]: row `i`'s hits (at most `k`,
-/// of the classes `class(h.class)`) as keys padded to `k` to rank `dest[i]`, then `extra[q]`
-/// to rank `q`. Returns what this rank
-/// received and how much from each rank.
+/// The one exchange of [`route_top_k`] and [`route_cuts`]: row `i`'s hits (at most `k`, of the
+/// classes `class(h.class)`) as keys padded to `k` to rank `dest[i]`, then `extra[q]` to rank
+/// `q`. Returns what this rank received and how much from each rank.
 fn exchange_rows(
     comm: &dyn Collective,
     local: &[Vec<Hit>],

@@ -289,16 +289,16 @@ impl StepComm<'_> {
             if n_again.iter().all(|&n| n == 0) {
                 return Ok(cuts);
             }
-            self.recut(ctx, batch, rows, top, (&own, &again, &n_again), &mut mine)?;
+            self.recut(ctx, batch, rows, top, (&again, &n_again), &mut mine)?;
             again.clear();
         }
     }
 
-    /// The rows where some rank's share may stop short of the cut (`again`: this rank's, among
-    /// the rows it works on, `own`; `n_again`: how many each rank has): every rank learns them,
-    /// searches each again for its whole top-`top` (in `rows`, which its part of the candidates
-    /// is taken from) and sends it, and the rank working on the row cuts it again, exactly, into
-    /// `mine` (its cuts, in the order of `own`). Rare: a rank holds more than its share of a
+    /// The rows where some rank's share may stop short of the cut (`again`: this rank's;
+    /// `n_again`: how many each rank has): every rank learns them, searches each again for its
+    /// whole top-`top` (in `rows`, which its part of the candidates is taken from) and sends
+    /// it, and the rank working on the row cuts it again, exactly, into `mine` (its cuts, in
+    /// the order of the rows it works on). Rare: a rank holds more than its share of a
     /// row's top-`top` only some standard deviations from its mean ([`rank_top`]). The repeated
     /// searches are not counted in the classes scored, which count the estimator's work as one
     /// process does it.
@@ -308,7 +308,7 @@ impl StepComm<'_> {
         batch: Batch,
         rows: &mut [Vec<Hit>],
         top: usize,
-        (own, again, n_again): (&[usize], &[u32], &[usize]),
+        (again, n_again): (&[u32], &[usize]),
         mine: &mut [u64],
     ) -> Result<(), DistError> {
         let (comm, shard, b) = (self.comm, self.shard, batch.phi.rows());
@@ -316,6 +316,7 @@ impl StepComm<'_> {
         let index = ctx.index.expect("a search estimator's layer has its index attached");
         let dest = workers(b, ranks, n_blocks);
         let mut all = vec![0u32; n_again.iter().sum()];
+        self.bytes += 4 * again.len();
         self.timed(&mut || comm.allgatherv_u32(again, n_again, &mut all))?;
         // Every rank searches those rows again, block by block, for its whole top-`top`.
         for j in 0..n_blocks {
@@ -343,10 +344,12 @@ impl StepComm<'_> {
             cut = farout_dist::route_cuts(comm, &again_rows, &global, &again_dest, top, top)?;
             Ok(())
         })?;
-        // This rank's rows come back in the order it listed them.
-        for (row, c) in again.iter().zip(cut.cuts) {
-            let at = own.iter().position(|&o| o == *row as usize).expect("a row this rank works on");
-            mine[at] = c;
+        // This rank's rows come back in the order it listed them; row j * B + i is its
+        // (j m + i - start)-th, of m samples from `start`.
+        let mine_samples = part(b, comm.rank(), ranks);
+        for (&row, c) in again.iter().zip(cut.cuts) {
+            let (j, i) = (row as usize / b, row as usize % b);
+            mine[j * mine_samples.len() + i - mine_samples.start] = c;
         }
         Ok(())
     }

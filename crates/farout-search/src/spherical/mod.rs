@@ -63,7 +63,7 @@ use crate::augment::NormAugmentation;
 use crate::quant::QuantRows;
 use crate::{Hit, MipsIndex, Rows};
 pub use calibrate::Calibrated;
-use calibrate::{Calibrations, Plan};
+use calibrate::Calibrations;
 pub(crate) use calibrate::{restore_fit, save_fit};
 use cluster::Cluster;
 use farout_core::{ClassId, Matrix};
@@ -304,7 +304,7 @@ impl MipsIndex for SphericalIndex {
     /// for each query (up to rounding: the batch's products and kernels may differ from a lone
     /// query's in the last bits).
     fn search_batch(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
-        self.search_batched(w, queries, k, out)
+        self.search_batched(w, queries, k, k, out)
     }
 
     /// Probes the rows a search for `probe_for` results would (its budget) and selects the
@@ -317,10 +317,7 @@ impl MipsIndex for SphericalIndex {
         probe_for: usize,
         out: &mut Vec<Vec<Hit>>,
     ) -> usize {
-        match self.plan(w, queries.as_slice(), probe_for.max(k)) {
-            Plan::Probe(budget) => self.search_batched_with(w, queries, k, budget, out),
-            Plan::BruteForce => crate::ExactIndex::new().search_batch(w, queries, k, out),
-        }
+        self.search_batched(w, queries, k, probe_for, out)
     }
 
     fn sync(&mut self, w: Rows, rows: &[ClassId]) {

@@ -217,9 +217,17 @@ impl SphericalIndex {
     /// codes the rows reaching each query's cut are rescored
     /// ([`SphericalIndex::search_int8_batch`], [`SphericalIndex::rescore_batch`]).
     /// Returns what [`SphericalIndex::search_one`] returns for each query (up to rounding: the
-    /// batch's products and kernels may differ from a lone query's in the last bits).
-    pub(super) fn search_batched(&self, w: Rows, queries: &Matrix, k: usize, out: &mut Vec<Vec<Hit>>) -> usize {
-        match self.plan(w, queries.as_slice(), k) {
+    /// batch's products and kernels may differ from a lone query's in the last bits). Probes
+    /// the rows a search for `probe_for` (at least `k`) results would: its budget.
+    pub(super) fn search_batched(
+        &self,
+        w: Rows,
+        queries: &Matrix,
+        k: usize,
+        probe_for: usize,
+        out: &mut Vec<Vec<Hit>>,
+    ) -> usize {
+        match self.plan(w, queries.as_slice(), probe_for.max(k)) {
             Plan::Probe(budget) => self.search_batched_with(w, queries, k, budget, out),
             Plan::BruteForce => ExactIndex::new().search_batch(w, queries, k, out),
         }
