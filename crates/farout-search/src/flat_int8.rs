@@ -167,7 +167,7 @@ impl FlatInt8Index {
                 floors.clear();
                 floors.extend(kept.iter().map(|q| q.floor));
                 above.iter_mut().for_each(Above::clear);
-                quant::scores_at_least(block, codes, which, floors, above, scores);
+                quant::scores_at_least_of_best(block, codes, which, floors, depth, above, scores);
                 let first = (b * BLOCK_ROWS) as ClassId;
                 for (q, a) in kept.iter_mut().zip(above.iter()) {
                     q.scores.extend_from_slice(&a.scores);

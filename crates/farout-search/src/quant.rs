@@ -441,6 +441,23 @@ pub fn scores_at_least(
     scores_at_least_with(Kernel::best(), rows, queries, which, floors, above, scratch);
 }
 
+/// [`scores_at_least`] for a caller that wants the best `n` rows of all it scans: a query
+/// whose floor is minus infinity (nothing scanned yet) keeps these rows' scores that reach a
+/// value at least `n` of them reach ([`floor_of_maxima`](farout_core::topk::floor_of_maxima), one pass over them),
+/// instead of every row. The AMX kernel, which never writes the scores out, keeps the floors as
+/// given.
+pub fn scores_at_least_of_best(
+    rows: &QuantRows,
+    queries: &QuantQueries,
+    which: &[u32],
+    floors: &[f32],
+    n: usize,
+    above: &mut [Above],
+    scratch: &mut Vec<f32>,
+) {
+    keep_at_least(Kernel::best(), rows, queries, which, floors, n, above, scratch);
+}
+
 /// [`scores_at_least`] by the given kernel, one of [`Kernel::available`].
 pub fn scores_at_least_with(
     kernel: Kernel,
@@ -448,6 +465,21 @@ pub fn scores_at_least_with(
     queries: &QuantQueries,
     which: &[u32],
     floors: &[f32],
+    above: &mut [Above],
+    scratch: &mut Vec<f32>,
+) {
+    keep_at_least(kernel, rows, queries, which, floors, 0, above, scratch);
+}
+
+/// [`scores_at_least_with`], and with `n` > 0 [`scores_at_least_of_best`]'s floors.
+#[allow(clippy::too_many_arguments)]
+fn keep_at_least(
+    kernel: Kernel,
+    rows: &QuantRows,
+    queries: &QuantQueries,
+    which: &[u32],
+    floors: &[f32],
+    n: usize,
     above: &mut [Above],
     scratch: &mut Vec<f32>,
 ) {
@@ -462,14 +494,12 @@ pub fn scores_at_least_with(
         return;
     }
     scores_with(kernel, rows, queries, which, scratch);
-    let n = rows.padded_len();
+    let padded = rows.padded_len();
     for (s, (a, &floor)) in above.iter_mut().zip(floors).enumerate() {
-        farout_core::kernels::keep_at_least(
-            &scratch[s * n..s * n + rows.len()],
-            floor,
-            &mut a.positions,
-            &mut a.scores,
-        );
+        let scores = &scratch[s * padded..s * padded + rows.len()];
+        let floor =
+            if n > 0 && floor == f32::NEG_INFINITY { farout_core::topk::floor_of_maxima(scores, n) } else { floor };
+        farout_core::kernels::keep_at_least(scores, floor, &mut a.positions, &mut a.scores);
     }
 }
 
