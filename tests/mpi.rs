@@ -514,17 +514,10 @@ fn search_and_sampling_estimators_reach_one_process_accuracy_over_3_seeds() {
     }
 }
 
-/// The document encoder trains with its output layer class-sharded, data-parallel (each rank
-/// encodes its share of the batch and the ranks sum the encoder's gradients) and replicated
-/// (every rank encodes the whole batch). With the exact softmax and sampled softmax, every
-/// step's loss at 2 and 4 ranks is one process's, and so is the final P@1. ldgs over
-/// brute-force indexes takes the same steps up to the order of the sums over the ranks, which
-/// moves a class across the edge of a block's top-Q now and then: its final P@1 is within 0.5
-/// points.
-#[test]
-fn a_document_encoder_trains_data_parallel_and_replicated_like_one_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("doc.toml");
+/// A document-tagging config in `dir`: 10,000 synthetic documents over 2,000 features and 300
+/// labels, two epochs of 64 documents, the exact softmax.
+fn doc_config(dir: &Path) -> PathBuf {
+    let config = dir.join("doc.toml");
     let text = "seed = 3\n\
          [data]\nformat = \"synthetic_xmc\"\n\
          [data.xmc]\nn_samples = 10000\nn_features = 2000\nn_labels = 300\n\
@@ -534,8 +527,24 @@ fn a_document_encoder_trains_data_parallel_and_replicated_like_one_process() {
          [train]\nepochs = 2\nbatch_size = 64\nlog_every = 1\n\
          [log]\nprogress = false\ntensorboard = false\n";
     std::fs::write(&config, text).unwrap();
+    config
+}
+
+/// The document encoder trains with its output layer class-sharded, data-parallel (each rank
+/// encodes its share of the batch and the ranks sum the encoder's gradients), replicated
+/// (every rank encodes the whole batch) and feature-sharded (each rank holds every P-th
+/// feature's row and the ranks sum the bags). With the exact softmax and sampled softmax,
+/// every step's loss at 2 and 4 ranks is one process's, and so is the final P@1. ldgs over
+/// brute-force indexes takes the same steps up to the order of the sums over the ranks, which
+/// moves a class across the edge of a block's top-Q now and then: its final P@1 is within 0.5
+/// points.
+#[test]
+fn a_document_encoder_trains_data_parallel_replicated_and_feature_sharded_like_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = doc_config(dir.path());
     let runs = [("softmax", "data"), ("ldgs", "data"), ("sampled_softmax", "data"), ("softmax", "replicated")];
-    for (estimator, mode) in runs.into_iter().chain([("ldgs", "replicated")]) {
+    let more = [("ldgs", "replicated"), ("softmax", "features"), ("ldgs", "features")];
+    for (estimator, mode) in runs.into_iter().chain(more) {
         let mut sets = vec![format!("output.estimator=\"{estimator}\""), format!("model.doc_encoder.ranks=\"{mode}\"")];
         if estimator == "ldgs" {
             sets.extend(["output.layer.bias=false".into(), "output.blocks=4".into(), "index.kind=\"exact\"".into()]);
@@ -562,6 +571,44 @@ fn a_document_encoder_trains_data_parallel_and_replicated_like_one_process() {
             }
             assert!((a - b).abs() <= 0.001, "{at}: p@1 {a} against {b}");
         }
+    }
+}
+
+/// A feature-sharded document encoder's checkpoint holds the whole input table: written by 2
+/// ranks, it evaluates to the same metrics on 2 ranks and, re-sharded, in one process; and a
+/// run resumed from it on 2 ranks ends as the uninterrupted one.
+#[test]
+fn a_feature_sharded_document_encoder_saves_the_whole_table_and_resumes_from_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = doc_config(dir.path());
+    let (first, resumed, straight) =
+        (dir.path().join("first"), dir.path().join("resumed"), dir.path().join("straight"));
+    let softmax = ["--set", "output.estimator=\"softmax\""];
+    let one_epoch = [&softmax[..], &["--set", "train.epochs=1"]].concat();
+    let trained = json(&mpirun(2, &args("train", &config, &first, &one_epoch)));
+    let ck = first.join("ckpt");
+    let tables: Vec<Vec<u8>> =
+        (0..2).map(|r| std::fs::read(ck.join(format!("rank-{r}-of-2")).join("table.bin")).unwrap()).collect();
+    assert!(tables[0] == tables[1], "every rank writes the whole table");
+    let one = dir.path().join("one");
+    reshard(&ck, &one, 1);
+    for (ranks, ckpt) in [(2, &ck), (1, &one)] {
+        let at = ckpt.display().to_string();
+        let metrics =
+            json(&mpirun(ranks, &args("eval", &config, &first, &[&softmax[..], &["--checkpoint", &at]].concat())));
+        for key in ["p@1", "p@5", "loss"] {
+            let (a, b) = (metrics[key].as_f64().unwrap(), trained["metrics"][key].as_f64().unwrap());
+            assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{ranks} ranks, {key}: {a} against {b}");
+        }
+    }
+    let moved = format!("checkpoint.dir=\"{}\"", ck.display());
+    let out = mpirun(2, &args("train", &config, &resumed, &[&softmax[..], &["--resume", "--set", &moved]].concat()));
+    assert!(stderr(&out).contains("resuming at step 125"), "{}", stderr(&out));
+    let (resumed, straight) = (json(&out), json(&mpirun(2, &args("train", &config, &straight, &softmax))));
+    assert_eq!(resumed["steps"], straight["steps"]);
+    for key in ["p@1", "p@5", "loss"] {
+        let (a, b) = (resumed["metrics"][key].as_f64().unwrap(), straight["metrics"][key].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{key}: resumed {a}, straight {b}");
     }
 }
 

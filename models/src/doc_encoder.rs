@@ -31,11 +31,48 @@ pub enum EncoderRanks {
     /// features and gradients cross the ranks every step.
     Data,
     /// Replicated: every rank encodes the whole batch and, from the summed `dL/dphi`, takes
-    /// the same step as one process; nothing of the encoder crosses the ranks. The default:
-    /// a bag of words costs about one multiply-add per value of the gradient rows that data
-    /// parallelism would move, so moving them costs more than computing them twice.
-    #[default]
+    /// the same step as one process; nothing of the encoder crosses the ranks. A bag of words
+    /// costs about one multiply-add per value of the gradient rows that data parallelism would
+    /// move, so moving them costs more than computing them twice.
     Replicated,
+    /// Feature-sharded, the default: the input table is dealt over the ranks like the output
+    /// layer's classes (feature `f` lives on rank `f mod P`, [`FeatureDeal`]). Each rank sums
+    /// the rows it holds into every document's bag, the ranks sum the bags (`B x D` values),
+    /// and each rank updates its own rows from the summed `dL/dphi`. The table's work and
+    /// memory are split and only the bags cross the ranks.
+    #[default]
+    Features,
+}
+
+/// The features whose input-table rows an encoder holds: every `ranks`-th, from `rank`.
+/// Feature `f` is row `f / ranks` of rank `f mod ranks`; one process holds them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureDeal {
+    /// This encoder's part.
+    pub rank: usize,
+    /// Parts of the vocabulary.
+    pub ranks: usize,
+}
+
+impl FeatureDeal {
+    /// Every feature in one part.
+    pub const WHOLE: FeatureDeal = FeatureDeal { rank: 0, ranks: 1 };
+
+    /// The row of feature `f` in this part's table, if this part holds it.
+    fn row(&self, f: u32) -> Option<u32> {
+        let ranks = self.ranks as u32;
+        (f % ranks == self.rank as u32).then_some(f / ranks)
+    }
+
+    /// Rows of this part's table over a vocabulary of `n_features`.
+    pub fn rows(&self, n_features: usize) -> usize {
+        (n_features + self.ranks - 1 - self.rank) / self.ranks
+    }
+
+    /// The feature of row `r` of this part's table.
+    pub fn feature(&self, r: usize) -> usize {
+        r * self.ranks + self.rank
+    }
 }
 
 /// Configuration of the document encoder (`[model]` with `encoder = "doc_encoder"`).
@@ -65,7 +102,7 @@ impl Default for DocEncoderConfig {
             init_std: 0.1,
             optimizer: OptimizerConfig::default(),
             dropout: 0.0,
-            ranks: EncoderRanks::Replicated,
+            ranks: EncoderRanks::Features,
         }
     }
 }
@@ -114,6 +151,9 @@ impl DocEncoderConfig {
     }
 }
 
+/// The id of the hidden bias among Burn's parameters.
+const HIDDEN_BIAS_ID: u64 = 0xB1A5;
+
 /// Words ahead whose table row the bag sum requests while adding the current one.
 const BAG_AHEAD: usize = 8;
 
@@ -126,6 +166,10 @@ const BAG_AHEAD: usize = 8;
 /// nonlinearity run in Burn.
 pub struct DocEncoder {
     config: DocEncoderConfig,
+    /// Features of the whole vocabulary.
+    n_features: usize,
+    /// The features whose rows `table` holds.
+    deal: FeatureDeal,
     table: Matrix,
     table_opt: Optimizer,
     hidden: Option<Hidden>,
@@ -138,7 +182,7 @@ pub struct DocForward {
     pub phi: Tensor<2>,
     /// The bags `sum_f x_f E_f`, `[batch, d_model]`: the leaf of Burn's graph.
     bag: Tensor<2>,
-    /// The features the batch uses, ascending.
+    /// The rows of the table the batch uses, ascending.
     uniq: Vec<u32>,
     /// Every (document, feature, value) of the batch.
     entries: Vec<BagEntry>,
@@ -147,7 +191,8 @@ pub struct DocForward {
 /// The gradients of a batch's loss with respect to the encoder ([`DocEncoder::gradients`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DocGrads {
-    /// The table rows the batch used, ascending.
+    /// The table rows the batch used, ascending (the features themselves unless the table is
+    /// dealt over ranks, [`DocEncoder::dealt`]).
     pub features: Vec<u32>,
     /// `dL/dE_f` for each of `features` (`[features, d_model]`).
     pub rows: Matrix,
@@ -186,12 +231,36 @@ struct BagEntry {
 impl DocEncoder {
     /// An encoder over a vocabulary of `n_features`, initialised from `seed`.
     pub fn new(config: &DocEncoderConfig, n_features: usize, seed: u64) -> Result<Self, Error> {
+        Self::dealt(config, n_features, seed, FeatureDeal::WHOLE)
+    }
+
+    /// The part `deal` of the encoder [`Self::new`] builds: the same bias, and the input-table
+    /// rows (with their optimiser state) of `deal`'s features alone, the values the whole
+    /// table has there. A rank's part of a feature-sharded encoder ([`EncoderRanks::Features`]):
+    /// its forward passes give partial bags for the caller to sum over the parts
+    /// ([`Self::forward_summed`]).
+    pub fn dealt(config: &DocEncoderConfig, n_features: usize, seed: u64, deal: FeatureDeal) -> Result<Self, Error> {
         config.check()?;
+        assert!(deal.rank < deal.ranks, "rank {} of {} parts", deal.rank, deal.ranks);
         let d = config.d_model;
-        let mut table = Matrix::zeros(n_features, d);
+        let mut table = Matrix::zeros(deal.rows(n_features), d);
+        // The whole table's values drawn in order, this part's rows kept.
         let mut r = rng::seeded(seed, 0x7AB1E);
-        table.as_mut_slice().iter_mut().for_each(|x| *x = config.init_std * rng::normal(&mut r));
-        let hidden = Hidden { bias: Param::from_tensor(Tensor::zeros([d], &crate::autodiff_device())) };
+        let mut rows = table.as_mut_slice().chunks_exact_mut(d.max(1));
+        for f in 0..n_features {
+            let mut row = (f % deal.ranks == deal.rank).then(|| rows.next().expect("a row per held feature"));
+            for j in 0..d {
+                let x = config.init_std * rng::normal(&mut r);
+                if let Some(row) = row.as_mut() {
+                    row[j] = x;
+                }
+            }
+        }
+        let mut bias = Param::from_tensor(Tensor::zeros([d], &crate::autodiff_device()));
+        // A fixed id instead of a random one: the saved bias and its optimiser state are then
+        // the same file on every rank of a run, as `farout reshard` checks.
+        bias.id = burn::module::ParamId::from(HIDDEN_BIAS_ID);
+        let hidden = Hidden { bias };
         let hidden_opt = match config.optimizer {
             OptimizerConfig::Sgd { .. } => SgdConfig::new().init(),
             OptimizerConfig::Adagrad { eps, .. } => AdaGradConfig::new().with_epsilon(eps).init(),
@@ -199,11 +268,23 @@ impl DocEncoder {
         };
         Ok(Self {
             config: config.clone(),
-            table_opt: config.optimizer.build(n_features, d),
+            n_features,
+            deal,
+            table_opt: config.optimizer.build(table.rows(), d),
             table,
             hidden: Some(hidden),
             hidden_opt,
         })
+    }
+
+    /// Features of the whole vocabulary.
+    pub fn n_features(&self) -> usize {
+        self.n_features
+    }
+
+    /// The features whose input-table rows this encoder holds.
+    pub fn deal(&self) -> FeatureDeal {
+        self.deal
     }
 
     /// Output dimension D.
@@ -211,9 +292,14 @@ impl DocEncoder {
         self.config.d_model
     }
 
-    /// The input table (vocabulary x D).
+    /// The input table (vocabulary x D), or the rows of its deal's features.
     pub fn table(&self) -> &Matrix {
         &self.table
+    }
+
+    /// The optimiser state of [`Self::table`] (AdaGrad's sums, row-major; empty for SGD).
+    pub fn table_state(&self) -> &[f32] {
+        self.table_opt.accum()
     }
 
     /// Bytes held by the table and its optimiser state.
@@ -230,29 +316,41 @@ impl DocEncoder {
         self.hidden.as_ref().expect("hidden module is present between steps")
     }
 
-    /// Forward pass of a batch of documents (each `(feature ids, values)`) on `device`.
-    fn forward_on(&self, docs: &[(&[u32], &[f32])], device: &Device, track: bool) -> DocForward {
+    /// Forward pass of a batch of documents (each `(feature ids, values)`) on `device`, the
+    /// bags of the table's rows summed over the deal's parts by `sum` (see
+    /// [`Self::forward_summed`]).
+    fn forward_on<E>(
+        &self,
+        docs: &[(&[u32], &[f32])],
+        device: &Device,
+        track: bool,
+        sum: impl FnOnce(&mut [f32]) -> Result<(), E>,
+    ) -> Result<DocForward, E> {
         let d = self.d_model();
         // The bag `sum_f x_f E_f` of every document, here: its gradient with respect to `E` is
-        // sparse, and scattering it row by row beats Burn's gather and scatter-add.
-        let mut uniq: Vec<u32> = docs.iter().flat_map(|(c, _)| c.iter().copied()).collect();
+        // sparse, and scattering it row by row beats Burn's gather and scatter-add. A dealt
+        // table sums the words of its features only.
+        let deal = self.deal;
+        let held = || docs.iter().map(|(c, v)| c.iter().zip(*v).filter_map(move |(&f, &x)| Some((deal.row(f)?, x))));
+        let mut uniq: Vec<u32> = held().flatten().map(|(r, _)| r).collect();
         uniq.sort_unstable();
         uniq.dedup();
         let mut bag = Matrix::zeros(docs.len(), d);
         let mut entries = Vec::with_capacity(docs.iter().map(|(c, _)| c.len()).sum());
         // The table rows are scattered over a large table: each is requested a few words ahead,
         // so that their loads overlap instead of waiting one by one.
-        let mut ahead = docs.iter().flat_map(|(c, _)| c.iter()).skip(BAG_AHEAD);
-        for (i, (cols, v)) in docs.iter().enumerate() {
-            for (&c, &x) in cols.iter().zip(*v) {
-                if let Some(&next) = ahead.next() {
+        let mut ahead = held().flatten().skip(BAG_AHEAD);
+        for (i, words) in held().enumerate() {
+            for (r, x) in words {
+                if let Some((next, _)) = ahead.next() {
                     farout_core::kernels::prefetch(self.table.row(next as usize));
                 }
-                farout_core::kernels::axpy(x, self.table.row(c as usize), bag.row_mut(i));
-                let at = uniq.binary_search(&c).expect("every feature is in uniq") as u32;
+                farout_core::kernels::axpy(x, self.table.row(r as usize), bag.row_mut(i));
+                let at = uniq.binary_search(&r).expect("every row is in uniq") as u32;
                 entries.push(BagEntry { doc: i as u32, at, x });
             }
         }
+        sum(bag.as_mut_slice())?;
         let mut h = bridge::to_tensor(&bag, device);
         if track {
             h = h.require_grad();
@@ -265,15 +363,29 @@ impl DocEncoder {
             Activation::Relu => burn::tensor::activation::relu(pre),
             Activation::Tanh => pre.tanh(),
         };
-        DocForward { phi, bag: h, uniq, entries }
+        Ok(DocForward { phi, bag: h, uniq, entries })
     }
 
     /// Forward pass for training: features with their autodiff graph. Input dropout (if
     /// configured) draws from `rng`.
     pub fn forward(&self, docs: &[(&[u32], &[f32])], rng: &mut farout_core::Rng) -> DocForward {
+        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder's bags are summed over its parts: forward_summed");
+        whole(self.forward_summed(docs, rng, whole_bags))
+    }
+
+    /// [`Self::forward`] of a dealt encoder ([`Self::dealt`]): `sum` replaces the partial bags
+    /// `sum_f x_f E_f` over this part's features (`[batch, d_model]`, row-major) by their sum
+    /// over all the parts before the bias and the nonlinearity. Every part draws the same
+    /// dropout from the same `rng`.
+    pub fn forward_summed<E>(
+        &self,
+        docs: &[(&[u32], &[f32])],
+        rng: &mut farout_core::Rng,
+        sum: impl FnOnce(&mut [f32]) -> Result<(), E>,
+    ) -> Result<DocForward, E> {
         let p = self.config.dropout;
         if p == 0.0 {
-            return self.forward_on(docs, &crate::autodiff_device(), true);
+            return self.forward_on(docs, &crate::autodiff_device(), true, sum);
         }
         use farout_core::rng::RngExt;
         let keep = 1.0 / (1.0 - p);
@@ -282,12 +394,23 @@ impl DocEncoder {
             .map(|(c, v)| c.iter().zip(*v).filter(|_| rng.random::<f32>() >= p).map(|(c, v)| (*c, v * keep)).unzip())
             .collect();
         let views: Vec<(&[u32], &[f32])> = kept.iter().map(|(c, v)| (c.as_slice(), v.as_slice())).collect();
-        self.forward_on(&views, &crate::autodiff_device(), true)
+        self.forward_on(&views, &crate::autodiff_device(), true, sum)
     }
 
     /// Features of documents without gradient tracking (evaluation, prediction).
     pub fn encode(&self, docs: &[(&[u32], &[f32])]) -> Matrix {
-        bridge::to_matrix(self.forward_on(docs, &crate::device(), false).phi)
+        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder's bags are summed over its parts: encode_summed");
+        whole(self.encode_summed(docs, whole_bags))
+    }
+
+    /// [`Self::encode`] of a dealt encoder, the partial bags summed by `sum` as in
+    /// [`Self::forward_summed`].
+    pub fn encode_summed<E>(
+        &self,
+        docs: &[(&[u32], &[f32])],
+        sum: impl FnOnce(&mut [f32]) -> Result<(), E>,
+    ) -> Result<Matrix, E> {
+        Ok(bridge::to_matrix(self.forward_on(docs, &crate::device(), false, sum)?.phi))
     }
 
     /// Backward pass with upstream gradient `dphi` (`[batch, d_model]`): updates the table rows
@@ -335,16 +458,26 @@ impl DocEncoder {
 
     /// Saves the encoder into `dir` (`table.bin`, `hidden.bpk`, `hidden-optim.bpk`).
     pub fn save(&self, dir: &Path) -> Result<(), Error> {
+        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder saves the joined table: save_joined");
+        self.save_joined(dir, self.table.as_slice(), self.table_opt.accum())
+    }
+
+    /// [`Self::save`] of a dealt encoder: `table` and `state` are the whole vocabulary's rows
+    /// and optimiser state in feature order, every part's joined by the caller
+    /// ([`join_dealt`]), so that the file is the one a single process writes.
+    pub fn save_joined(&self, dir: &Path, table: &[f32], state: &[f32]) -> Result<(), Error> {
+        let d = self.d_model();
+        assert!(table.len() == self.n_features * d && state.len() == table.len() * usize::from(!state.is_empty()));
         let werr =
             |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
         let p = dir.join("table.bin");
         let mut f = std::io::BufWriter::new(std::fs::File::create(&p).map_err(|e| werr(&p, &e))?);
         let io = |f: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
-            write_u64(f, self.table.rows() as u64)?;
-            write_u64(f, self.table.cols() as u64)?;
+            write_u64(f, self.n_features as u64)?;
+            write_u64(f, d as u64)?;
             write_u64(f, self.table_opt.step())?;
-            write_f32s(f, self.table.as_slice())?;
-            write_f32s(f, self.table_opt.accum())?;
+            write_f32s(f, table)?;
+            write_f32s(f, state)?;
             std::io::Write::flush(f)
         };
         io(&mut f).map_err(|e| werr(&p, &e))?;
@@ -354,26 +487,31 @@ impl DocEncoder {
         self.hidden_opt.save(&op).map_err(|e| werr(&op, &e))
     }
 
-    /// Restores an encoder saved by [`Self::save`] into this one (same shapes and optimiser).
+    /// Restores an encoder saved by [`Self::save`] into this one (same shapes and optimiser);
+    /// a dealt encoder keeps its features' rows of the saved table.
     pub fn load(&mut self, dir: &Path) -> Result<(), Error> {
         let werr =
             |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
         let p = dir.join("table.bin");
         let mut f = std::io::BufReader::new(std::fs::File::open(&p).map_err(|e| werr(&p, &e))?);
         let (rows, cols) = (read_u64(&mut f).map_err(|e| werr(&p, &e))?, read_u64(&mut f).map_err(|e| werr(&p, &e))?);
-        if (rows as usize, cols as usize) != (self.table.rows(), self.table.cols()) {
-            return Err(werr(
-                &p,
-                &format!(
-                    "table is {rows} x {cols} but the config builds {} x {}",
-                    self.table.rows(),
-                    self.table.cols()
-                ),
-            ));
+        let d = self.d_model();
+        if (rows as usize, cols as usize) != (self.n_features, d) {
+            return Err(werr(&p, &format!("table is {rows} x {cols} but the config builds {} x {d}", self.n_features)));
         }
         let step = read_u64(&mut f).map_err(|e| werr(&p, &e))?;
-        read_f32s(&mut f, self.table.as_mut_slice()).map_err(|e| werr(&p, &e))?;
-        read_f32s(&mut f, self.table_opt.accum_mut()).map_err(|e| werr(&p, &e))?;
+        if self.deal == FeatureDeal::WHOLE {
+            read_f32s(&mut f, self.table.as_mut_slice()).map_err(|e| werr(&p, &e))?;
+            read_f32s(&mut f, self.table_opt.accum_mut()).map_err(|e| werr(&p, &e))?;
+        } else {
+            let mut table = vec![0.0; self.n_features * d];
+            let mut state = vec![0.0; if self.table_opt.is_adaptive() { self.n_features * d } else { 0 }];
+            read_f32s(&mut f, &mut table).map_err(|e| werr(&p, &e))?;
+            read_f32s(&mut f, &mut state).map_err(|e| werr(&p, &e))?;
+            let (rows, state) = keep_dealt(self.deal, &table, &state, d);
+            self.table = rows;
+            self.table_opt.accum_mut().copy_from_slice(&state);
+        }
         self.table_opt.set_step(step);
         let hp = dir.join("hidden.bpk");
         let hidden = self.hidden.take().expect("hidden module is present between steps");
@@ -382,6 +520,50 @@ impl DocEncoder {
         let opt = std::mem::replace(&mut self.hidden_opt, SgdConfig::new().init());
         self.hidden_opt = opt.load(&op).map_err(|e| werr(&op, &e))?;
         Ok(())
+    }
+}
+
+/// The rows of `deal`'s features of a whole vocabulary's `table` (`d` columns) and of its
+/// optimiser `state` (empty for SGD).
+fn keep_dealt(deal: FeatureDeal, table: &[f32], state: &[f32], d: usize) -> (Matrix, Vec<f32>) {
+    let n = table.len() / d.max(1);
+    let rows = deal.rows(n);
+    let pick = |all: &[f32]| -> Vec<f32> {
+        if all.is_empty() {
+            return Vec::new();
+        }
+        (0..rows).flat_map(|r| &all[deal.feature(r) * d..(deal.feature(r) + 1) * d]).copied().collect()
+    };
+    (Matrix::from_vec(rows, d, pick(table)).expect("rows of d"), pick(state))
+}
+
+/// The whole vocabulary's rows (`n_features x d`, in feature order) from every part's rows of
+/// a table dealt over `ranks` parts, given part after part (`parts`: what an allgather of the
+/// parts' [`DocEncoder::table`] or [`DocEncoder::table_state`] gives).
+pub fn join_dealt(parts: &[f32], ranks: usize, n_features: usize, d: usize) -> Vec<f32> {
+    assert_eq!(parts.len(), n_features * d, "every part's rows");
+    let mut out = vec![0.0; parts.len()];
+    let mut at = 0;
+    for rank in 0..ranks {
+        let deal = FeatureDeal { rank, ranks };
+        for r in 0..deal.rows(n_features) {
+            let f = deal.feature(r);
+            out[f * d..(f + 1) * d].copy_from_slice(&parts[at..at + d]);
+            at += d;
+        }
+    }
+    out
+}
+
+/// The sum over parts of an encoder that is not dealt: its bags are whole already.
+fn whole_bags(_: &mut [f32]) -> Result<(), std::convert::Infallible> {
+    Ok(())
+}
+
+fn whole<T>(r: Result<T, std::convert::Infallible>) -> T {
+    match r {
+        Ok(t) => t,
+        Err(never) => match never {},
     }
 }
 
@@ -491,6 +673,108 @@ mod tests {
             assert_eq!(whole.table_opt.step(), parts.table_opt.step());
         }
         assert_ne!(whole.encode(&batch), DocEncoder::new(&cfg, 6, 4).unwrap().encode(&batch), "the steps move it");
+    }
+
+    /// The partial bags of every part of a dealt encoder, summed: what the ranks' allreduce
+    /// gives each of them in a training step whose dropout draws from `seeded(step, 0)`, or
+    /// without dropout.
+    fn summed_bags(parts: &[DocEncoder], batch: &[(&[u32], &[f32])], step: Option<u64>) -> Vec<f32> {
+        let mut total = vec![0.0; batch.len() * parts[0].d_model()];
+        for part in parts {
+            let add = |b: &mut [f32]| {
+                total.iter_mut().zip(b.iter()).for_each(|(t, x)| *t += x);
+                Ok::<(), ()>(())
+            };
+            match step {
+                Some(step) => drop(part.forward_summed(batch, &mut rng::seeded(step, 0), add).unwrap()),
+                None => drop(part.encode_summed(batch, add).unwrap()),
+            }
+        }
+        total
+    }
+
+    /// An encoder dealt over 2 and 3 parts, its bags summed over them, encodes and steps as the
+    /// whole one (with AdaGrad, a nonlinearity and input dropout drawn alike by every part):
+    /// each part's rows stay the whole table's rows of its features, and its step counter and
+    /// bias the whole one's.
+    #[test]
+    fn dealt_parts_with_summed_bags_step_like_the_whole_encoder() {
+        let cfg = DocEncoderConfig {
+            d_model: 3,
+            activation: Activation::Tanh,
+            dropout: 0.25,
+            optimizer: OptimizerConfig::Adagrad { lr: 0.3, eps: 1e-8, l2: 0.0 },
+            ..Default::default()
+        };
+        let (c, v) = docs();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let dphi = Matrix::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.1 - 0.5).collect()).unwrap();
+        for ranks in [2, 3] {
+            let mut whole = DocEncoder::new(&cfg, 7, 4).unwrap();
+            let deal = |rank| FeatureDeal { rank, ranks };
+            let mut parts: Vec<DocEncoder> =
+                (0..ranks).map(|r| DocEncoder::dealt(&cfg, 7, 4, deal(r)).unwrap()).collect();
+            for step in 0..3 {
+                whole.backward(whole.forward(&batch, &mut rng::seeded(step, 0)), &dphi);
+                let total = summed_bags(&parts, &batch, Some(step));
+                for part in &mut parts {
+                    let sum = |b: &mut [f32]| {
+                        b.copy_from_slice(&total);
+                        Ok::<(), ()>(())
+                    };
+                    let fwd = part.forward_summed(&batch, &mut rng::seeded(step, 0), sum).unwrap();
+                    part.backward(fwd, &dphi);
+                }
+                for (r, part) in parts.iter().enumerate() {
+                    assert_eq!(part.table.rows(), deal(r).rows(7));
+                    for row in 0..part.table.rows() {
+                        let f = deal(r).feature(row);
+                        for (a, b) in part.table.row(row).iter().zip(whole.table.row(f)) {
+                            assert!((a - b).abs() < 1e-6, "{ranks} parts, step {step}, feature {f}: {a} vs {b}");
+                        }
+                    }
+                    assert_eq!(part.table_opt.step(), whole.table_opt.step());
+                    assert_eq!(part.hidden_bias(), whole.hidden_bias());
+                }
+            }
+            let total = summed_bags(&parts, &batch, None);
+            let phi = parts[0]
+                .encode_summed(&batch, |b| {
+                    b.copy_from_slice(&total);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            for (a, b) in phi.as_slice().iter().zip(whole.encode(&batch).as_slice()) {
+                assert!((a - b).abs() < 1e-6, "{ranks} parts: {a} vs {b}");
+            }
+        }
+    }
+
+    /// The parts of a dealt encoder save, from their joined rows, the file the whole encoder
+    /// saves, and load their own rows of it.
+    #[test]
+    fn dealt_parts_save_the_whole_table_and_load_their_rows() {
+        let cfg = DocEncoderConfig { d_model: 3, ..Default::default() };
+        let (c, v) = docs();
+        let batch: Vec<(&[u32], &[f32])> = c.iter().zip(&v).map(|(a, b)| (a.as_slice(), b.as_slice())).collect();
+        let dphi = Matrix::from_vec(4, 3, vec![0.3; 12]).unwrap();
+        let mut whole = DocEncoder::new(&cfg, 5, 2).unwrap();
+        whole.backward(whole.forward(&batch, &mut rng::seeded(0, 0)), &dphi);
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        whole.save(a.path()).unwrap();
+        let parts: Vec<DocEncoder> = (0..2)
+            .map(|rank| {
+                let mut part = DocEncoder::dealt(&cfg, 5, 99, FeatureDeal { rank, ranks: 2 }).unwrap();
+                part.load(a.path()).unwrap();
+                part
+            })
+            .collect();
+        let joined = |f: fn(&DocEncoder) -> Vec<f32>| join_dealt(&[f(&parts[0]), f(&parts[1])].concat(), 2, 5, 3);
+        let (table, state) = (joined(|p| p.table.as_slice().to_vec()), joined(|p| p.table_state().to_vec()));
+        assert_eq!((table.as_slice(), state.as_slice()), (whole.table.as_slice(), whole.table_state()));
+        parts[1].save_joined(b.path(), &table, &state).unwrap();
+        let file = |d: &tempfile::TempDir| std::fs::read(d.path().join("table.bin")).unwrap();
+        assert!(file(&a) == file(&b), "the joined table's file is the whole encoder's");
     }
 
     #[test]

@@ -14,7 +14,9 @@ pub mod bridge;
 mod doc_encoder;
 mod face_head;
 
-pub use doc_encoder::{Activation, DocEncoder, DocEncoderConfig, DocForward, DocGrads, EncoderRanks};
+pub use doc_encoder::{
+    Activation, DocEncoder, DocEncoderConfig, DocForward, DocGrads, EncoderRanks, FeatureDeal, join_dealt,
+};
 pub use face_head::{FaceHead, FaceHeadConfig};
 
 use burn::prelude::Device;

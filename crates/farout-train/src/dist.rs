@@ -10,7 +10,7 @@
 use crate::{Config, Error};
 use farout_core::Matrix;
 use farout_dist::Collective;
-use farout_models::DocGrads;
+use farout_models::{DocEncoder, DocGrads, FeatureDeal, join_dealt};
 
 /// Whether any rank's `result` is an error: on every rank, `Ok` only if no rank failed.
 /// When every rank failed, each returns its own error; otherwise a failing rank returns its
@@ -47,6 +47,22 @@ pub fn check_same_config(comm: &dyn Collective, config: &Config) -> Result<(), E
     comm.allgather_u32(&[u32::from(differs)], &mut flags)?;
     let ranks: Vec<usize> = (0..comm.size()).filter(|&r| flags[r] != 0).collect();
     if ranks.is_empty() { Ok(()) } else { Err(Error::ConfigMismatch { ranks }) }
+}
+
+/// The whole input table of a feature-sharded document encoder and its optimiser state, in
+/// feature order, joined from every rank's rows (a collective: every rank of `comm` calls it).
+pub fn join_doc_table(comm: &dyn Collective, enc: &DocEncoder) -> Result<(Vec<f32>, Vec<f32>), Error> {
+    let (ranks, n, d) = (enc.deal().ranks, enc.n_features(), enc.d_model());
+    let counts: Vec<usize> = (0..ranks).map(|rank| FeatureDeal { rank, ranks }.rows(n) * d).collect();
+    let join = |part: &[f32]| -> Result<Vec<f32>, Error> {
+        let mut parts = vec![0.0; n * d];
+        comm.allgatherv_f32(part, &counts, &mut parts)?;
+        Ok(join_dealt(&parts, ranks, n, d))
+    };
+    let table = join(enc.table().as_slice())?;
+    // Every rank's optimiser keeps state (AdaGrad) or none (SGD) alike.
+    let state = if enc.table_state().is_empty() { Vec::new() } else { join(enc.table_state())? };
+    Ok((table, state))
 }
 
 /// The sum over the ranks of every rank's encoder gradients `grads`, on every rank: the union

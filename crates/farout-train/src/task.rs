@@ -318,9 +318,9 @@ impl Task for Trainer<'_> {
             }
             ExportRows::Output => self.class_rows(),
             ExportRows::Features => match input {
-                Some(p) => self.feature_rows(&Task::load_input(self, p, None)?),
+                Some(p) => self.feature_rows(&Task::load_input(self, p, None)?)?,
                 None => {
-                    self.feature_rows(self.test().ok_or(Error::NoData("no --input and the config names no test set"))?)
+                    self.feature_rows(self.test().ok_or(Error::NoData("no --input and the config names no test set"))?)?
                 }
             },
         };

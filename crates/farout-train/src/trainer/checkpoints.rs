@@ -109,6 +109,11 @@ impl Trainer<'_> {
     /// checkpoint a run resumes from; one only evaluated reads the weights alone).
     pub(super) fn write_checkpoint_in(&self, base: &Path, with_index: bool) -> Result<PathBuf, Error> {
         let dir = self.rank_dir(base.to_path_buf());
+        // A feature-sharded encoder's whole table, joined first: every rank takes part.
+        let encoder_table = match &self.encoder {
+            Encoder::Doc(e) if e.deal().ranks > 1 => Some(crate::dist::join_doc_table(self.comm, e)?),
+            _ => None,
+        };
         if let Err(e) = self.check_weights_finite(&dir) {
             return Err(self.diverged(format!("non-finite weights ({e})")));
         }
@@ -123,8 +128,10 @@ impl Trainer<'_> {
             if with_index {
                 self.layer.save_index(tmp)?;
             }
-            if let Encoder::Doc(e) = &self.encoder {
-                e.save(tmp)?;
+            match (&self.encoder, &encoder_table) {
+                (Encoder::Doc(e), Some((table, state))) => e.save_joined(tmp, table, state)?,
+                (Encoder::Doc(e), None) => e.save(tmp)?,
+                (Encoder::Face(_), _) => {}
             }
             if let Some(st) = self.estimator.sample_state() {
                 crate::checkpoint::write_f32_file(&tmp.join("estimator_state.bin"), &st.to_vec())?;

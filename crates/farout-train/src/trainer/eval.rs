@@ -40,11 +40,11 @@ impl Trainer<'_> {
 
     /// The queries of the output layer's search: the encoder's features of every sample of
     /// `ds`, with a trailing 1 when the layer has a bias ([`Trainer::class_rows`]).
-    pub fn feature_rows(&self, ds: &Dataset) -> Matrix {
+    pub fn feature_rows(&self, ds: &Dataset) -> Result<Matrix, Error> {
         let d = self.layer.d_model();
         let cols = d + usize::from(self.layer.bias().is_some());
         let mut rows = Matrix::zeros(ds.len(), cols);
-        let Ok(()) = self.feature_batches(ds, ds.len(), self.config.eval.batch_size, |idx, phi| {
+        self.feature_batches(ds, ds.len(), self.config.eval.batch_size, |idx, phi| {
             for (r, &i) in idx.iter().enumerate() {
                 let row = rows.row_mut(i);
                 row[..d].copy_from_slice(phi.row(r));
@@ -52,9 +52,9 @@ impl Trainer<'_> {
                     row[d] = 1.0;
                 }
             }
-            Ok::<_, std::convert::Infallible>(())
-        });
-        rows
+            Ok(())
+        })?;
+        Ok(rows)
     }
 
     /// Evaluates on (the first `max_samples`, 0 = all, of) `ds`: P@k, nDCG@k, exact loss.
@@ -109,16 +109,16 @@ impl Trainer<'_> {
     }
 
     /// Runs `f(idx, features)` on the first `n` samples of `ds` in batches of `rows`.
-    fn feature_batches<E>(
+    fn feature_batches(
         &self,
         ds: &Dataset,
         n: usize,
         rows: usize,
-        mut f: impl FnMut(&[usize], &Matrix) -> Result<(), E>,
-    ) -> Result<(), E> {
+        mut f: impl FnMut(&[usize], &Matrix) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         for start in (0..n).step_by(rows) {
             let idx: Vec<usize> = (start..(start + rows).min(n)).collect();
-            f(&idx, &self.features(ds, &idx))?;
+            f(&idx, &self.features(ds, &idx)?)?;
         }
         Ok(())
     }
@@ -195,7 +195,7 @@ impl Trainer<'_> {
         let rows = (EVAL_SCORE_BYTES / (4 * self.layer.n_classes().max(1))).max(1);
         let mut cos = 0.0;
         for (part, idx) in idx.chunks(rows).enumerate() {
-            let phi = self.features(&self.data.train, idx);
+            let phi = self.features(&self.data.train, idx).ok()?;
             let positives: Vec<&[ClassId]> = idx.iter().map(|&i| self.data.train.labels.get(i)).collect();
             let batch = Batch::new(&phi, &positives).with_ids(idx);
             let dphi = |e: &dyn GradientEstimator| {
@@ -277,7 +277,7 @@ mod tests {
 
     /// The scores `feature_rows · class_rowsᵀ` by brute force.
     fn brute_force(t: &Trainer, ds: &Dataset) -> Matrix {
-        let (f, w) = (t.feature_rows(ds), t.class_rows());
+        let (f, w) = (t.feature_rows(ds).unwrap(), t.class_rows());
         let mut z = Matrix::zeros(f.rows(), w.rows());
         for i in 0..f.rows() {
             for k in 0..w.rows() {

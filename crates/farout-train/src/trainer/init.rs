@@ -9,7 +9,7 @@ use farout_core::Matrix;
 use farout_dist::{Collective, Strided};
 use farout_estimators::{Built, GradientEstimator, Problem};
 use farout_layer::{LayerInit, OutputLayer, sharded_sparse};
-use farout_models::{DocEncoder, FaceHead};
+use farout_models::{DocEncoder, EncoderRanks, FaceHead, FeatureDeal};
 use std::time::Instant;
 
 /// The checks of a classifier config: the encoder goes with the data's features (the face head
@@ -122,8 +122,10 @@ fn load_checked(config: &Config) -> Result<TaskData, Error> {
 }
 
 /// The encoder of `config` over `data`'s features, and the dimension of the features it gives
-/// the output layer. The face head's embeddings replace `data`'s features (computed once).
-fn build_encoder(config: &Config, data: &mut TaskData) -> Result<(Encoder, usize), Error> {
+/// the output layer. The face head's embeddings replace `data`'s features (computed once). A
+/// document encoder beside a layer sharded over the ranks of `comm` holds its rank's features
+/// when feature-sharded (`model.doc_encoder.ranks = "features"`).
+fn build_encoder(config: &Config, data: &mut TaskData, comm: &dyn Collective) -> Result<(Encoder, usize), Error> {
     let encoder = match config.model.encoder {
         EncoderKind::FaceHead => {
             let head = FaceHead::new(&config.model.face_head, data.n_features)?;
@@ -134,7 +136,12 @@ fn build_encoder(config: &Config, data: &mut TaskData) -> Result<(Encoder, usize
             Encoder::Face(head)
         }
         EncoderKind::DocEncoder => {
-            Encoder::Doc(DocEncoder::new(&config.model.doc_encoder, data.n_features, config.seed)?)
+            let enc = &config.model.doc_encoder;
+            let deal = match enc.ranks {
+                EncoderRanks::Features if comm.size() > 1 => FeatureDeal { rank: comm.rank(), ranks: comm.size() },
+                _ => FeatureDeal::WHOLE,
+            };
+            Encoder::Doc(DocEncoder::dealt(enc, data.n_features, config.seed, deal)?)
         }
         EncoderKind::SkipGram => unreachable!("data::load rejects text corpora"),
     };
@@ -210,7 +217,7 @@ impl<'c> Trainer<'c> {
     /// share of the output layer's classes, every P-th (see [`farout_layer::sharded`]).
     pub fn new(config: Config, comm: &'c dyn Collective) -> Result<Self, Error> {
         let mut data = load_checked(&config)?;
-        let (encoder, d_model) = build_encoder(&config, &mut data)?;
+        let (encoder, d_model) = build_encoder(&config, &mut data, comm)?;
         let (rows, shard) = class_rows(data.n_classes, comm)?;
         let (layer, run) = layer_and_estimators(&config, &data, rows, d_model, comm, shard.is_some())?;
         let crate::estimators::RunEstimator { built, warmup } = run;
@@ -249,7 +256,7 @@ impl<'c> Trainer<'c> {
         let mut row_norms = 0.0f64;
         for start in (0..train.len()).step_by(batch) {
             let idx: Vec<usize> = (start..(start + batch).min(train.len())).collect();
-            let phi = self.features(train, &idx);
+            let phi = self.features(train, &idx)?;
             for (row, &i) in phi.as_slice().chunks_exact(phi.cols().max(1)).zip(&idx) {
                 sums.add(row, train.labels.get(i));
                 row_norms += farout_core::kernels::norm(row) as f64;

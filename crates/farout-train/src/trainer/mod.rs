@@ -183,11 +183,18 @@ impl<'c> Trainer<'c> {
         &self.data
     }
 
-    /// Features of rows `idx` of `ds` (no gradient tracking).
-    fn features(&self, ds: &Dataset, idx: &[usize]) -> Matrix {
+    /// Features of rows `idx` of `ds` (no gradient tracking). A feature-sharded document
+    /// encoder sums its bags over the ranks: every rank must ask for the same rows.
+    fn features(&self, ds: &Dataset, idx: &[usize]) -> Result<Matrix, crate::Error> {
         match (&ds.features, &self.encoder) {
-            (Features::Dense(m), _) => gather_rows(m, idx),
-            (Features::Sparse(s), Encoder::Doc(enc)) => enc.encode(&idx.iter().map(|&i| s.row(i)).collect::<Vec<_>>()),
+            (Features::Dense(m), _) => Ok(gather_rows(m, idx)),
+            (Features::Sparse(s), Encoder::Doc(enc)) => {
+                let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
+                if enc.deal().ranks == 1 {
+                    return Ok(enc.encode(&docs));
+                }
+                Ok(enc.encode_summed(&docs, |bags| self.comm.allreduce_sum_f32(bags))?)
+            }
             (Features::Sparse(_), Encoder::Face(_)) => {
                 unreachable!("config check pairs face_head with dense data")
             }

@@ -75,6 +75,31 @@ impl ShardedStep<'_> {
         Ok((stats, StepTimes { phases: cost.phases, comm: cost.seconds, encoder }))
     }
 
+    /// The document encoder feature-sharded (`model.doc_encoder.ranks = "features"`): each
+    /// rank sums its features' table rows into every document's bag, the ranks sum the bags
+    /// (one allreduce of `B x D`), and from the summed `dL/dphi` each rank updates its own rows
+    /// and, like every other rank, the bias.
+    fn doc_feature_sharded(
+        &mut self,
+        enc: &mut DocEncoder,
+        b: DocBatch,
+        estimator: &dyn GradientEstimator,
+        rng: &mut rng::Rng,
+    ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
+        let comm = self.comm;
+        let t_encoder = Instant::now();
+        let fwd = enc.forward_summed(b.docs, rng, |bags| comm.allreduce_sum_f32(bags))?;
+        let phi = bridge::to_matrix(fwd.phi.clone());
+        let forward = t_encoder.elapsed().as_secs_f64();
+        let (stats, cost) = self.step(estimator, Batch::new(&phi, b.positives).with_ids(b.idx), rng, true)?;
+        let t_backward = Instant::now();
+        if stats.loss_sum.is_finite() {
+            enc.backward(fwd, self.layer.dphi());
+        }
+        let encoder = forward + t_backward.elapsed().as_secs_f64();
+        Ok((stats, StepTimes { phases: cost.phases, comm: cost.seconds, encoder }))
+    }
+
     /// The document encoder data parallel (`model.doc_encoder.ranks = "data"`): each rank
     /// encodes its share of the batch (dropout from `dropout_rng`, the rank's own), the ranks
     /// gather the features (into `phi`) for the class-sharded layer, and each backpropagates its
@@ -298,7 +323,7 @@ impl Trainer<'_> {
         };
         let sharded = self.shard.is_some() || class_chunk > 0;
         let shard = self.shard.unwrap_or(Strided::whole(self.data.n_classes));
-        let replicated = self.config.model.doc_encoder.ranks == EncoderRanks::Replicated;
+        let encoder_ranks = self.config.model.doc_encoder.ranks;
         let mut times = None;
         let stats = match (&mut self.encoder, &self.data.train.features) {
             (Encoder::Face(_), Features::Dense(m)) => {
@@ -319,14 +344,20 @@ impl Trainer<'_> {
                 let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
                 let batch = DocBatch { docs: &docs, idx, positives: &positives };
                 let mut on = ShardedStep { layer: &mut self.layer, shard, comm, class_chunk };
-                let (stats, t) = if replicated {
-                    on.doc_replicated(enc, batch, estimator, &mut step_rng)?
-                } else {
-                    let seed = rng::seeded(
-                        self.config.seed ^ 0xD20,
-                        self.state.step * comm.size() as u64 + comm.rank() as u64,
-                    );
-                    on.doc_data_parallel(enc, batch, &mut self.phi, estimator, &mut step_rng, seed)?
+                let (stats, t) = match encoder_ranks {
+                    // `features` at several ranks: the encoder was dealt when it was built.
+                    _ if enc.deal().ranks > 1 => on.doc_feature_sharded(enc, batch, estimator, &mut step_rng)?,
+                    // Also a whole encoder beside one process's layer in class chunks.
+                    EncoderRanks::Replicated | EncoderRanks::Features => {
+                        on.doc_replicated(enc, batch, estimator, &mut step_rng)?
+                    }
+                    EncoderRanks::Data => {
+                        let seed = rng::seeded(
+                            self.config.seed ^ 0xD20,
+                            self.state.step * comm.size() as u64 + comm.rank() as u64,
+                        );
+                        on.doc_data_parallel(enc, batch, &mut self.phi, estimator, &mut step_rng, seed)?
+                    }
                 };
                 times = Some(t);
                 stats
@@ -449,7 +480,7 @@ impl Trainer<'_> {
     /// Measures the index's recall against brute force on the features of training samples
     /// `idx` and records it.
     fn measure_recall(&mut self, run: &mut RunLog, idx: &[usize]) -> Result<(), Error> {
-        let queries = self.features(&self.data.train, idx);
+        let queries = self.features(&self.data.train, idx)?;
         if let Some(r) = self.layer.index_recall(&queries, self.search_top) {
             self.last_recall = Some(r);
             let builds = self.layer.index_builds() as f64;
