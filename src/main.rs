@@ -421,9 +421,18 @@ fn load_config(path: &Path, set: &[String], ranks: usize) -> Result<Config> {
     };
     if threads > 0 {
         // Ignore the error of a second initialisation (only possible in tests).
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global();
+        let _ = rank_pool(threads, ranks).build_global();
     }
     Ok(config)
+}
+
+/// Rayon's pool of `threads` for a process of an MPI job of `ranks`. A rank makes its MPI calls
+/// from the main thread, which is then one of the pool's threads: its step's parallel sections
+/// run on it (and the pool's other threads) directly, instead of each being handed to the pool
+/// and waited for through the operating system.
+fn rank_pool(threads: usize, ranks: usize) -> rayon::ThreadPoolBuilder {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads);
+    if ranks > 1 { pool.use_current_thread() } else { pool }
 }
 
 /// The rows `farout export` writes.
@@ -504,7 +513,7 @@ fn cmd_train(
     }
     // One process trains on the pool (with one MPI rank, `Local`'s collectives are
     // what the rank's would be); ranks of a larger job make their MPI calls from the
-    // main thread.
+    // main thread, which is one of the pool's threads (`rank_pool`).
     let trained = if comm.size() == 1 {
         on_pool(|| farout_train::train(&config, options, &farout_dist::Local))
     } else {
@@ -602,7 +611,7 @@ fn cmd_predict(args: PredictArgs, comm: &dyn Collective) -> Result<()> {
 fn cmd_bench_layer(command: bench::BenchCommand, comm: &dyn Collective) -> Result<()> {
     if comm.size() > 1 {
         // The node's cores shared among its ranks, as `train` shares them.
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(threads_per_rank()).build_global();
+        let _ = rank_pool(threads_per_rank(), comm.size()).build_global();
     }
     bench::run(command, comm)
 }
