@@ -40,6 +40,8 @@ const BLOCK_ROWS: usize = 4096;
 /// Queries scored together against a block (their scores take `QUERY_CHUNK x BLOCK_ROWS x 4`
 /// bytes: one megabyte).
 const QUERY_CHUNK: usize = 64;
+/// Rows ahead whose values the exact rescoring requests while scoring the current one.
+const RESCORE_AHEAD: usize = 8;
 /// A query's kept rows are cut back to its `depth` best once it holds this many times `depth`.
 const COMPACT_AT: usize = 4;
 
@@ -183,7 +185,13 @@ impl FlatInt8Index {
                 let query = &queries[j as usize * w.dim()..(j as usize + 1) * w.dim()];
                 // The scores buffer is free once every block is scanned: the selection's sample.
                 topk::select_best(&[(&q.scores, &q.ids)], depth, scores, candidates);
-                for h in candidates.iter_mut() {
+                // The rows are scattered over W: each is requested a few rows ahead, so that
+                // their loads overlap instead of waiting one by one.
+                for i in 0..candidates.len() {
+                    if let Some(ahead) = candidates.get(i + RESCORE_AHEAD) {
+                        kernels::prefetch(w.row(ahead.class as usize));
+                    }
+                    let h = &mut candidates[i];
                     h.score = kernels::dot(w.row(h.class as usize), query);
                 }
                 scored += candidates.len();
