@@ -396,6 +396,16 @@ mod tests {
         all
     }
 
+    /// `len` standard normal scores, rounded to quarters (many ties) when `coarse`.
+    fn normal_scores(r: &mut crate::Rng, len: usize, coarse: bool) -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                let x = crate::rng::normal(r);
+                if coarse { (x * 4.0).round() / 4.0 } else { x }
+            })
+            .collect()
+    }
+
     /// The floor is reached by at least `n` scores, is at most the `n`-th largest and within
     /// the bisection's resolution of it, with ties, NaN and constant scores.
     #[test]
@@ -403,12 +413,7 @@ mod tests {
         let mut r = crate::rng::seeded(3, 0);
         for (len, n) in [(1, 1), (50, 1), (50, 50), (1640, 382), (764, 382), (3000, 7), (200, 150)] {
             for coarse in [false, true] {
-                let mut scores: Vec<f32> = (0..len)
-                    .map(|_| {
-                        let x = crate::rng::normal(&mut r);
-                        if coarse { (x * 4.0).round() / 4.0 } else { x }
-                    })
-                    .collect();
+                let mut scores = normal_scores(&mut r, len, coarse);
                 if len > 10 {
                     scores[7] = f32::NAN;
                 }
@@ -441,12 +446,7 @@ mod tests {
         let mut r = crate::rng::seeded(4, 0);
         for (len, n, slack) in [(4400, 42, 42), (14000, 250, 250), (3000, 7, 0), (500, 400, 30), (50, 50, 5)] {
             for coarse in [false, true] {
-                let scores: Vec<f32> = (0..len)
-                    .map(|_| {
-                        let x = crate::rng::normal(&mut r);
-                        if coarse { (x * 4.0).round() / 4.0 } else { x }
-                    })
-                    .collect();
+                let scores = normal_scores(&mut r, len, coarse);
                 let floor = nth_best_floor_within(&scores, n, slack);
                 let mut sorted = scores.clone();
                 sorted.sort_unstable_by(|a, b| b.total_cmp(a));
@@ -466,12 +466,7 @@ mod tests {
         let mut r = crate::rng::seeded(5, 0);
         for (len, n) in [(4096, 52), (4096, 1), (52, 52), (100, 30), (8500, 40)] {
             for coarse in [false, true] {
-                let scores: Vec<f32> = (0..len)
-                    .map(|_| {
-                        let x = crate::rng::normal(&mut r);
-                        if coarse { (x * 4.0).round() / 4.0 } else { x }
-                    })
-                    .collect();
+                let scores = normal_scores(&mut r, len, coarse);
                 let floor = floor_of_maxima(&scores, n);
                 let mut sorted = scores.clone();
                 sorted.sort_unstable_by(|a, b| b.total_cmp(a));

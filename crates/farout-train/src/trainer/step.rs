@@ -52,34 +52,14 @@ impl ShardedStep<'_> {
         Ok(sharded_sparse::estimator_step(layer, shard, *comm, estimator, batch, rng, want_dphi, *class_chunk)?)
     }
 
-    /// The document encoder replicated (`model.doc_encoder.ranks = "replicated"`): every rank
-    /// encodes the whole batch (dropout drawn from the step's generator `rng`, the same on every
-    /// rank) and takes one process's encoder step from the summed `dL/dphi`.
-    fn doc_replicated(
-        &mut self,
-        enc: &mut DocEncoder,
-        b: DocBatch,
-        estimator: &dyn GradientEstimator,
-        rng: &mut rng::Rng,
-    ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
-        let t_encoder = Instant::now();
-        let fwd = enc.forward(b.docs, rng);
-        let phi = bridge::to_matrix(fwd.phi.clone());
-        let forward = t_encoder.elapsed().as_secs_f64();
-        let (stats, cost) = self.step(estimator, Batch::new(&phi, b.positives).with_ids(b.idx), rng, true)?;
-        let t_backward = Instant::now();
-        if stats.loss_sum.is_finite() {
-            enc.backward(fwd, self.layer.dphi());
-        }
-        let encoder = forward + t_backward.elapsed().as_secs_f64();
-        Ok((stats, StepTimes { phases: cost.phases, comm: cost.seconds, encoder }))
-    }
-
-    /// The document encoder feature-sharded (`model.doc_encoder.ranks = "features"`): each
-    /// rank sums its features' table rows into every document's bag, the ranks sum the bags
-    /// (one allreduce of `B x D`), and from the summed `dL/dphi` each rank updates its own rows
-    /// and, like every other rank, the bias.
-    fn doc_feature_sharded(
+    /// The document encoder on the whole batch at every rank (dropout drawn from the step's
+    /// generator `rng`, the same on every rank), each rank taking its part of one process's
+    /// encoder step from the summed `dL/dphi`. Replicated (`model.doc_encoder.ranks =
+    /// "replicated"`, or a whole encoder), every rank encodes with the whole table and updates
+    /// it all. Feature-sharded (`"features"`, a dealt encoder), each rank sums its features'
+    /// rows into every document's bag, the ranks sum the bags (one allreduce of `B x D`), and
+    /// each rank updates its own rows and, like every other rank, the bias.
+    fn doc_whole_batch(
         &mut self,
         enc: &mut DocEncoder,
         b: DocBatch,
@@ -88,7 +68,11 @@ impl ShardedStep<'_> {
     ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
         let comm = self.comm;
         let t_encoder = Instant::now();
-        let fwd = enc.forward_summed(b.docs, rng, |bags| comm.allreduce_sum_f32(bags))?;
+        let fwd = if enc.deal().ranks > 1 {
+            enc.forward_summed(b.docs, rng, |bags| comm.allreduce_sum_f32(bags))?
+        } else {
+            enc.forward(b.docs, rng)
+        };
         let phi = bridge::to_matrix(fwd.phi.clone());
         let forward = t_encoder.elapsed().as_secs_f64();
         let (stats, cost) = self.step(estimator, Batch::new(&phi, b.positives).with_ids(b.idx), rng, true)?;
@@ -345,11 +329,10 @@ impl Trainer<'_> {
                 let batch = DocBatch { docs: &docs, idx, positives: &positives };
                 let mut on = ShardedStep { layer: &mut self.layer, shard, comm, class_chunk };
                 let (stats, t) = match encoder_ranks {
-                    // `features` at several ranks: the encoder was dealt when it was built.
-                    _ if enc.deal().ranks > 1 => on.doc_feature_sharded(enc, batch, estimator, &mut step_rng)?,
-                    // Also a whole encoder beside one process's layer in class chunks.
+                    // `features` at several ranks deals the encoder when it is built; one
+                    // process's layer in class chunks keeps it whole.
                     EncoderRanks::Replicated | EncoderRanks::Features => {
-                        on.doc_replicated(enc, batch, estimator, &mut step_rng)?
+                        on.doc_whole_batch(enc, batch, estimator, &mut step_rng)?
                     }
                     EncoderRanks::Data => {
                         let seed = rng::seeded(
