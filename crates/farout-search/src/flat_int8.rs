@@ -269,7 +269,7 @@ impl MipsIndex for FlatInt8Index {
 mod tests {
     use super::*;
     use crate::IndexParams;
-    use crate::testutil::{assert_exact_scores, assert_exact_top, clustered, move_rows_onto};
+    use crate::testutil::{assert_exact_scores, assert_exact_top, clustered, move_rows_onto, move_these_rows_onto};
 
     /// 10,000 rows of 128 dimensions: three blocks of codes (the last one partial) and, where
     /// the CPU has it, the AMX kernel (a multiple of 64 dimensions, 64 queries per chunk).
@@ -325,6 +325,23 @@ mod tests {
         for index in [&synced, &refreshed] {
             let top = assert_exact_top(index, &w, q.row(0), 50);
             assert!(top.iter().all(|h| moved.contains(&h.class)));
+        }
+    }
+
+    /// A query's whole top lies in the first block it scans: the floor it sets there keeps
+    /// every one of them (and the later blocks add none).
+    #[test]
+    fn a_top_held_by_the_first_block_is_found_whole() {
+        let (mut w, q) = clustered(10_000, 64);
+        let moved = move_these_rows_onto(&mut w, q.row(0), (0..50).map(|j| j * 80 + 3).collect());
+        assert!(moved.iter().all(|&r| (r as usize) < BLOCK_ROWS));
+        let index = FlatInt8Index::build(Rows::all(&w), &FlatInt8Config::default());
+        let mut batched = Vec::new();
+        index.search_batch(Rows::all(&w), &q, 50, &mut batched);
+        for top in [assert_exact_top(&index, &w, q.row(0), 50), batched.swap_remove(0)] {
+            let mut found: Vec<ClassId> = top.iter().map(|h| h.class).collect();
+            found.sort_unstable();
+            assert_eq!(found, moved);
         }
     }
 

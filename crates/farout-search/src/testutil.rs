@@ -14,7 +14,11 @@ pub fn clustered(k: usize, d: usize) -> (Matrix, Matrix) {
 /// Moves 50 rows onto the (unit) query `q`, scaled to norms in (1.085, 1.09] — within the
 /// default norm bound 1.1 — so that they become its top 50; returns them.
 pub fn move_rows_onto(w: &mut Matrix, q: &[f32]) -> Vec<ClassId> {
-    let moved: Vec<ClassId> = (0..50).map(|j| j * 193 + 7).collect();
+    move_these_rows_onto(w, q, (0..50).map(|j| j * 193 + 7).collect())
+}
+
+/// [`move_rows_onto`] for the rows `moved` (50 of them).
+pub fn move_these_rows_onto(w: &mut Matrix, q: &[f32], moved: Vec<ClassId>) -> Vec<ClassId> {
     for (j, &r) in moved.iter().enumerate() {
         let row: Vec<f32> = q.iter().map(|x| x * (1.09 - 0.0001 * j as f32)).collect();
         w.row_mut(r as usize).copy_from_slice(&row);
