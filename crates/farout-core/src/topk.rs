@@ -14,19 +14,17 @@ pub struct Hit {
 
 /// The `k` largest entries of `scores`, best first (ties: lower index first), into `out`.
 ///
-/// One pass with a small sorted buffer: a score below the current k-th is rejected by one
-/// comparison, so the common case costs O(K) with k much smaller than K. NaN scores are skipped.
+/// One pass with a small sorted buffer: once it holds `k`, a run of [`TOP_K_RUN`] scores none
+/// of which beats the current k-th is rejected by one vector comparison, so the common case
+/// costs O(K) at a few scores per cycle with k much smaller than K. NaN scores are skipped.
 pub fn top_k(scores: &[f32], k: usize, out: &mut Vec<Hit>) {
     out.clear();
     if k == 0 {
         return;
     }
-    for (i, &s) in scores.iter().enumerate() {
-        if out.len() == k && !(s > out[k - 1].score) {
-            continue;
-        }
-        if s.is_nan() {
-            continue;
+    let push = |i: usize, s: f32, out: &mut Vec<Hit>| {
+        if (out.len() == k && !(s > out[k - 1].score)) || s.is_nan() {
+            return;
         }
         // Position after every element >= s keeps ties in index order.
         let pos = out.partition_point(|h| h.score >= s);
@@ -34,8 +32,22 @@ pub fn top_k(scores: &[f32], k: usize, out: &mut Vec<Hit>) {
             out.pop();
         }
         out.insert(pos, Hit { class: i as ClassId, score: s });
+    };
+    let runs = scores.chunks_exact(TOP_K_RUN);
+    let tail = runs.remainder();
+    for (r, run) in runs.enumerate() {
+        // No short circuit, so that the comparisons vectorise.
+        if out.len() == k && !run.iter().fold(false, |any, &s| any | (s > out[k - 1].score)) {
+            continue;
+        }
+        run.iter().enumerate().for_each(|(j, &s)| push(r * TOP_K_RUN + j, s, out));
     }
+    let start = scores.len() - tail.len();
+    tail.iter().enumerate().for_each(|(j, &s)| push(start + j, s, out));
 }
+
+/// Scores [`top_k`] rejects with one comparison once its buffer is full.
+const TOP_K_RUN: usize = 16;
 
 /// Streaming top-k over `(class, score)` pushes: a min-heap of the best `k` so far, so a push
 /// that does not beat the current k-th best costs one comparison and one that does costs
@@ -605,6 +617,20 @@ mod tests {
             let mut b = Vec::new();
             t.drain_sorted(&mut b);
             prop_assert_eq!(a, b);
+        }
+    }
+
+    /// NaN scores are skipped inside the runs the buffer rejects whole and in the tail.
+    #[test]
+    fn top_k_skips_nan_in_runs_and_tail() {
+        let scores: Vec<f32> = (0..101).map(|i| if i % 7 == 3 { f32::NAN } else { ((i * 37) % 50) as f32 }).collect();
+        for k in [1, 5, 20] {
+            let mut out = Vec::new();
+            top_k(&scores, k, &mut out);
+            let mut idx: Vec<usize> = (0..scores.len()).filter(|&i| !scores[i].is_nan()).collect();
+            idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            let expect: Vec<ClassId> = idx[..k].iter().map(|&i| i as ClassId).collect();
+            assert_eq!(out.iter().map(|h| h.class).collect::<Vec<_>>(), expect, "k {k}");
         }
     }
 
