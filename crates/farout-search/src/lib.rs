@@ -490,9 +490,8 @@ impl BlockIndex {
         probe_for: usize,
         out: &mut Vec<Vec<Hit>>,
     ) -> usize {
-        let search = |queries: &Matrix, out: &mut Vec<Vec<Hit>>| match probe_for > k {
-            true => self.blocks[j].search_batch_probing(self.rows(w, j), queries, k, probe_for, out),
-            false => self.blocks[j].search_batch(self.rows(w, j), queries, k, out),
+        let search = |queries: &Matrix, out: &mut Vec<Vec<Hit>>| {
+            self.blocks[j].search_batch_probing(self.rows(w, j), queries, k, probe_for, out)
         };
         if self.n_blocks() == 1 {
             return search(phi, out);
