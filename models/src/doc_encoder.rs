@@ -4,6 +4,7 @@ use burn::optim::{AdaGradConfig, GradientsParams, ModuleOptimizer, SgdConfig};
 use burn::prelude::*;
 use farout_core::binio::{read_f32s, read_u64, write_f32s, write_u64};
 use farout_core::{Matrix, ParamError, rng};
+use farout_dist::Strided;
 use farout_layer::{Optimizer, OptimizerConfig};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -36,43 +37,12 @@ pub enum EncoderRanks {
     /// move, so moving them costs more than computing them twice.
     Replicated,
     /// Feature-sharded, the default: the input table is dealt over the ranks like the output
-    /// layer's classes (feature `f` lives on rank `f mod P`, [`FeatureDeal`]). Each rank sums
+    /// layer's classes (feature `f` lives on rank `f mod P`, a [`Strided`] deal). Each rank sums
     /// the rows it holds into every document's bag, the ranks sum the bags (`B x D` values),
     /// and each rank updates its own rows from the summed `dL/dphi`. The table's work and
     /// memory are split and only the bags cross the ranks.
     #[default]
     Features,
-}
-
-/// The features whose input-table rows an encoder holds: every `ranks`-th, from `rank`.
-/// Feature `f` is row `f / ranks` of rank `f mod ranks`; one process holds them all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FeatureDeal {
-    /// This encoder's part.
-    pub rank: usize,
-    /// Parts of the vocabulary.
-    pub ranks: usize,
-}
-
-impl FeatureDeal {
-    /// Every feature in one part.
-    pub const WHOLE: FeatureDeal = FeatureDeal { rank: 0, ranks: 1 };
-
-    /// The row of feature `f` in this part's table, if this part holds it.
-    fn row(&self, f: u32) -> Option<u32> {
-        let ranks = self.ranks as u32;
-        (f % ranks == self.rank as u32).then_some(f / ranks)
-    }
-
-    /// Rows of this part's table over a vocabulary of `n_features`.
-    pub fn rows(&self, n_features: usize) -> usize {
-        (n_features + self.ranks - 1 - self.rank) / self.ranks
-    }
-
-    /// The feature of row `r` of this part's table.
-    pub fn feature(&self, r: usize) -> usize {
-        r * self.ranks + self.rank
-    }
 }
 
 /// Configuration of the document encoder (`[model]` with `encoder = "doc_encoder"`).
@@ -166,10 +136,8 @@ const BAG_AHEAD: usize = 8;
 /// nonlinearity run in Burn.
 pub struct DocEncoder {
     config: DocEncoderConfig,
-    /// Features of the whole vocabulary.
-    n_features: usize,
-    /// The features whose rows `table` holds.
-    deal: FeatureDeal,
+    /// The features whose rows `table` holds, of the whole vocabulary (`deal.rows()`).
+    deal: Strided,
     table: Matrix,
     table_opt: Optimizer,
     hidden: Option<Hidden>,
@@ -231,24 +199,23 @@ struct BagEntry {
 impl DocEncoder {
     /// An encoder over a vocabulary of `n_features`, initialised from `seed`.
     pub fn new(config: &DocEncoderConfig, n_features: usize, seed: u64) -> Result<Self, Error> {
-        Self::dealt(config, n_features, seed, FeatureDeal::WHOLE)
+        Self::dealt(config, seed, Strided::whole(n_features))
     }
 
-    /// The part `deal` of the encoder [`Self::new`] builds: the same bias, and the input-table
+    /// The part `deal` (of a vocabulary of `deal.rows()` features) of the encoder [`Self::new`] builds: the same bias, and the input-table
     /// rows (with their optimiser state) of `deal`'s features alone, the values the whole
     /// table has there. A rank's part of a feature-sharded encoder ([`EncoderRanks::Features`]):
     /// its forward passes give partial bags for the caller to sum over the parts
     /// ([`Self::forward_summed`]).
-    pub fn dealt(config: &DocEncoderConfig, n_features: usize, seed: u64, deal: FeatureDeal) -> Result<Self, Error> {
+    pub fn dealt(config: &DocEncoderConfig, seed: u64, deal: Strided) -> Result<Self, Error> {
         config.check()?;
-        assert!(deal.rank < deal.ranks, "rank {} of {} parts", deal.rank, deal.ranks);
         let d = config.d_model;
-        let mut table = Matrix::zeros(deal.rows(n_features), d);
+        let mut table = Matrix::zeros(deal.len(), d);
         // The whole table's values drawn in order, this part's rows kept.
         let mut r = rng::seeded(seed, 0x7AB1E);
         let mut rows = table.as_mut_slice().chunks_exact_mut(d.max(1));
-        for f in 0..n_features {
-            let mut row = (f % deal.ranks == deal.rank).then(|| rows.next().expect("a row per held feature"));
+        for f in 0..deal.rows() {
+            let mut row = deal.local(f).map(|_| rows.next().expect("a row per held feature"));
             for j in 0..d {
                 let x = config.init_std * rng::normal(&mut r);
                 if let Some(row) = row.as_mut() {
@@ -268,7 +235,6 @@ impl DocEncoder {
         };
         Ok(Self {
             config: config.clone(),
-            n_features,
             deal,
             table_opt: config.optimizer.build(table.rows(), d),
             table,
@@ -279,11 +245,11 @@ impl DocEncoder {
 
     /// Features of the whole vocabulary.
     pub fn n_features(&self) -> usize {
-        self.n_features
+        self.deal.rows()
     }
 
     /// The features whose input-table rows this encoder holds.
-    pub fn deal(&self) -> FeatureDeal {
+    pub fn deal(&self) -> Strided {
         self.deal
     }
 
@@ -331,7 +297,10 @@ impl DocEncoder {
         // sparse, and scattering it row by row beats Burn's gather and scatter-add. A dealt
         // table sums the words of its features only.
         let deal = self.deal;
-        let held = || docs.iter().map(|(c, v)| c.iter().zip(*v).filter_map(move |(&f, &x)| Some((deal.row(f)?, x))));
+        let held = || {
+            docs.iter()
+                .map(|(c, v)| c.iter().zip(*v).filter_map(move |(&f, &x)| Some((deal.local(f as usize)? as u32, x))))
+        };
         let mut uniq: Vec<u32> = held().flatten().map(|(r, _)| r).collect();
         uniq.sort_unstable();
         uniq.dedup();
@@ -369,7 +338,7 @@ impl DocEncoder {
     /// Forward pass for training: features with their autodiff graph. Input dropout (if
     /// configured) draws from `rng`.
     pub fn forward(&self, docs: &[(&[u32], &[f32])], rng: &mut farout_core::Rng) -> DocForward {
-        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder's bags are summed over its parts: forward_summed");
+        assert_eq!(self.deal.ranks(), 1, "a dealt encoder's bags are summed over its parts: forward_summed");
         whole(self.forward_summed(docs, rng, whole_bags))
     }
 
@@ -399,7 +368,7 @@ impl DocEncoder {
 
     /// Features of documents without gradient tracking (evaluation, prediction).
     pub fn encode(&self, docs: &[(&[u32], &[f32])]) -> Matrix {
-        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder's bags are summed over its parts: encode_summed");
+        assert_eq!(self.deal.ranks(), 1, "a dealt encoder's bags are summed over its parts: encode_summed");
         whole(self.encode_summed(docs, whole_bags))
     }
 
@@ -458,7 +427,7 @@ impl DocEncoder {
 
     /// Saves the encoder into `dir` (`table.bin`, `hidden.bpk`, `hidden-optim.bpk`).
     pub fn save(&self, dir: &Path) -> Result<(), Error> {
-        assert_eq!(self.deal, FeatureDeal::WHOLE, "a dealt encoder saves the joined table: save_joined");
+        assert_eq!(self.deal.ranks(), 1, "a dealt encoder saves the joined table: save_joined");
         self.save_joined(dir, self.table.as_slice(), self.table_opt.accum())
     }
 
@@ -467,13 +436,13 @@ impl DocEncoder {
     /// ([`join_dealt`]), so that the file is the one a single process writes.
     pub fn save_joined(&self, dir: &Path, table: &[f32], state: &[f32]) -> Result<(), Error> {
         let d = self.d_model();
-        assert!(table.len() == self.n_features * d && state.len() == table.len() * usize::from(!state.is_empty()));
+        assert!(table.len() == self.n_features() * d && state.len() == table.len() * usize::from(!state.is_empty()));
         let werr =
             |path: &Path, e: &dyn std::fmt::Display| Error::Weights { path: path.to_path_buf(), msg: e.to_string() };
         let p = dir.join("table.bin");
         let mut f = std::io::BufWriter::new(std::fs::File::create(&p).map_err(|e| werr(&p, &e))?);
         let io = |f: &mut std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
-            write_u64(f, self.n_features as u64)?;
+            write_u64(f, self.n_features() as u64)?;
             write_u64(f, d as u64)?;
             write_u64(f, self.table_opt.step())?;
             write_f32s(f, table)?;
@@ -496,16 +465,17 @@ impl DocEncoder {
         let mut f = std::io::BufReader::new(std::fs::File::open(&p).map_err(|e| werr(&p, &e))?);
         let (rows, cols) = (read_u64(&mut f).map_err(|e| werr(&p, &e))?, read_u64(&mut f).map_err(|e| werr(&p, &e))?);
         let d = self.d_model();
-        if (rows as usize, cols as usize) != (self.n_features, d) {
-            return Err(werr(&p, &format!("table is {rows} x {cols} but the config builds {} x {d}", self.n_features)));
+        let n = self.n_features();
+        if (rows as usize, cols as usize) != (n, d) {
+            return Err(werr(&p, &format!("table is {rows} x {cols} but the config builds {n} x {d}")));
         }
         let step = read_u64(&mut f).map_err(|e| werr(&p, &e))?;
-        if self.deal == FeatureDeal::WHOLE {
+        if self.deal.ranks() == 1 {
             read_f32s(&mut f, self.table.as_mut_slice()).map_err(|e| werr(&p, &e))?;
             read_f32s(&mut f, self.table_opt.accum_mut()).map_err(|e| werr(&p, &e))?;
         } else {
-            let mut table = vec![0.0; self.n_features * d];
-            let mut state = vec![0.0; if self.table_opt.is_adaptive() { self.n_features * d } else { 0 }];
+            let mut table = vec![0.0; n * d];
+            let mut state = vec![0.0; if self.table_opt.is_adaptive() { n * d } else { 0 }];
             read_f32s(&mut f, &mut table).map_err(|e| werr(&p, &e))?;
             read_f32s(&mut f, &mut state).map_err(|e| werr(&p, &e))?;
             let (rows, state) = keep_dealt(self.deal, &table, &state, d);
@@ -525,34 +495,31 @@ impl DocEncoder {
 
 /// The rows of `deal`'s features of a whole vocabulary's `table` (`d` columns) and of its
 /// optimiser `state` (empty for SGD).
-fn keep_dealt(deal: FeatureDeal, table: &[f32], state: &[f32], d: usize) -> (Matrix, Vec<f32>) {
-    let n = table.len() / d.max(1);
-    let rows = deal.rows(n);
+fn keep_dealt(deal: Strided, table: &[f32], state: &[f32], d: usize) -> (Matrix, Vec<f32>) {
     let pick = |all: &[f32]| -> Vec<f32> {
         if all.is_empty() {
             return Vec::new();
         }
-        (0..rows).flat_map(|r| &all[deal.feature(r) * d..(deal.feature(r) + 1) * d]).copied().collect()
+        (0..deal.len()).flat_map(|r| &all[deal.global(r) * d..(deal.global(r) + 1) * d]).copied().collect()
     };
-    (Matrix::from_vec(rows, d, pick(table)).expect("rows of d"), pick(state))
+    (Matrix::from_vec(deal.len(), d, pick(table)).expect("rows of d"), pick(state))
 }
 
 /// The whole vocabulary's rows (`n_features x d`, in feature order) from every part's rows of
-/// a table dealt over `ranks` parts, given part after part (`parts`: what an allgather of the
-/// parts' [`DocEncoder::table`] or [`DocEncoder::table_state`] gives).
+/// a table dealt over `ranks` parts ([`Strided`]), given part after part (`parts`: what an
+/// allgather of the parts' [`DocEncoder::table`] or [`DocEncoder::table_state`] gives).
 pub fn join_dealt(parts: &[f32], ranks: usize, n_features: usize, d: usize) -> Vec<f32> {
     assert_eq!(parts.len(), n_features * d, "every part's rows");
-    let mut out = vec![0.0; parts.len()];
-    let mut at = 0;
-    for rank in 0..ranks {
-        let deal = FeatureDeal { rank, ranks };
-        for r in 0..deal.rows(n_features) {
-            let f = deal.feature(r);
-            out[f * d..(f + 1) * d].copy_from_slice(&parts[at..at + d]);
-            at += d;
-        }
-    }
-    out
+    // Rank r's rows start at `offset[r]` in `parts`; feature f is its row f / ranks.
+    let offset: Vec<usize> =
+        Strided::counts(n_features, ranks).iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+    (0..n_features)
+        .flat_map(|f| {
+            let at = offset[f % ranks] + f / ranks;
+            &parts[at * d..(at + 1) * d]
+        })
+        .copied()
+        .collect()
 }
 
 /// The sum over parts of an encoder that is not dealt: its bags are whole already.
@@ -711,9 +678,8 @@ mod tests {
         let dphi = Matrix::from_vec(4, 3, (0..12).map(|i| i as f32 * 0.1 - 0.5).collect()).unwrap();
         for ranks in [2, 3] {
             let mut whole = DocEncoder::new(&cfg, 7, 4).unwrap();
-            let deal = |rank| FeatureDeal { rank, ranks };
-            let mut parts: Vec<DocEncoder> =
-                (0..ranks).map(|r| DocEncoder::dealt(&cfg, 7, 4, deal(r)).unwrap()).collect();
+            let deal = |rank| Strided::new(7, rank, ranks).unwrap();
+            let mut parts: Vec<DocEncoder> = (0..ranks).map(|r| DocEncoder::dealt(&cfg, 4, deal(r)).unwrap()).collect();
             for step in 0..3 {
                 whole.backward(whole.forward(&batch, &mut rng::seeded(step, 0)), &dphi);
                 let total = summed_bags(&parts, &batch, Some(step));
@@ -726,9 +692,9 @@ mod tests {
                     part.backward(fwd, &dphi);
                 }
                 for (r, part) in parts.iter().enumerate() {
-                    assert_eq!(part.table.rows(), deal(r).rows(7));
+                    assert_eq!(part.table.rows(), deal(r).len());
                     for row in 0..part.table.rows() {
-                        let f = deal(r).feature(row);
+                        let f = deal(r).global(row);
                         for (a, b) in part.table.row(row).iter().zip(whole.table.row(f)) {
                             assert!((a - b).abs() < 1e-6, "{ranks} parts, step {step}, feature {f}: {a} vs {b}");
                         }
@@ -764,7 +730,7 @@ mod tests {
         whole.save(a.path()).unwrap();
         let parts: Vec<DocEncoder> = (0..2)
             .map(|rank| {
-                let mut part = DocEncoder::dealt(&cfg, 5, 99, FeatureDeal { rank, ranks: 2 }).unwrap();
+                let mut part = DocEncoder::dealt(&cfg, 99, Strided::new(5, rank, 2).unwrap()).unwrap();
                 part.load(a.path()).unwrap();
                 part
             })

@@ -14,9 +14,7 @@ pub mod bridge;
 mod doc_encoder;
 mod face_head;
 
-pub use doc_encoder::{
-    Activation, DocEncoder, DocEncoderConfig, DocForward, DocGrads, EncoderRanks, FeatureDeal, join_dealt,
-};
+pub use doc_encoder::{Activation, DocEncoder, DocEncoderConfig, DocForward, DocGrads, EncoderRanks, join_dealt};
 pub use face_head::{FaceHead, FaceHeadConfig};
 
 use burn::prelude::Device;

@@ -9,8 +9,8 @@
 
 use crate::{Config, Error};
 use farout_core::Matrix;
-use farout_dist::Collective;
-use farout_models::{DocEncoder, DocGrads, FeatureDeal, join_dealt};
+use farout_dist::{Collective, Strided};
+use farout_models::{DocEncoder, DocGrads, join_dealt};
 
 /// Whether any rank's `result` is an error: on every rank, `Ok` only if no rank failed.
 /// When every rank failed, each returns its own error; otherwise a failing rank returns its
@@ -52,8 +52,8 @@ pub fn check_same_config(comm: &dyn Collective, config: &Config) -> Result<(), E
 /// The whole input table of a feature-sharded document encoder and its optimiser state, in
 /// feature order, joined from every rank's rows (a collective: every rank of `comm` calls it).
 pub fn join_doc_table(comm: &dyn Collective, enc: &DocEncoder) -> Result<(Vec<f32>, Vec<f32>), Error> {
-    let (ranks, n, d) = (enc.deal().ranks, enc.n_features(), enc.d_model());
-    let counts: Vec<usize> = (0..ranks).map(|rank| FeatureDeal { rank, ranks }.rows(n) * d).collect();
+    let (ranks, n, d) = (enc.deal().ranks(), enc.n_features(), enc.d_model());
+    let counts: Vec<usize> = Strided::counts(n, ranks).iter().map(|rows| rows * d).collect();
     let join = |part: &[f32]| -> Result<Vec<f32>, Error> {
         let mut parts = vec![0.0; n * d];
         comm.allgatherv_f32(part, &counts, &mut parts)?;

@@ -111,7 +111,7 @@ impl Trainer<'_> {
         let dir = self.rank_dir(base.to_path_buf());
         // A feature-sharded encoder's whole table, joined first: every rank takes part.
         let encoder_table = match &self.encoder {
-            Encoder::Doc(e) if e.deal().ranks > 1 => Some(crate::dist::join_doc_table(self.comm, e)?),
+            Encoder::Doc(e) if e.deal().ranks() > 1 => Some(crate::dist::join_doc_table(self.comm, e)?),
             _ => None,
         };
         if let Err(e) = self.check_weights_finite(&dir) {

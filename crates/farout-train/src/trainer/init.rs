@@ -9,7 +9,7 @@ use farout_core::Matrix;
 use farout_dist::{Collective, Strided};
 use farout_estimators::{Built, GradientEstimator, Problem};
 use farout_layer::{LayerInit, OutputLayer, sharded_sparse};
-use farout_models::{DocEncoder, EncoderRanks, FaceHead, FeatureDeal};
+use farout_models::{DocEncoder, EncoderRanks, FaceHead};
 use std::time::Instant;
 
 /// The checks of a classifier config: the encoder goes with the data's features (the face head
@@ -138,10 +138,10 @@ fn build_encoder(config: &Config, data: &mut TaskData, comm: &dyn Collective) ->
         EncoderKind::DocEncoder => {
             let enc = &config.model.doc_encoder;
             let deal = match enc.ranks {
-                EncoderRanks::Features if comm.size() > 1 => FeatureDeal { rank: comm.rank(), ranks: comm.size() },
-                _ => FeatureDeal::WHOLE,
+                EncoderRanks::Features if comm.size() > 1 => Strided::new(data.n_features, comm.rank(), comm.size())?,
+                _ => Strided::whole(data.n_features),
             };
-            Encoder::Doc(DocEncoder::dealt(enc, data.n_features, config.seed, deal)?)
+            Encoder::Doc(DocEncoder::dealt(enc, config.seed, deal)?)
         }
         EncoderKind::SkipGram => unreachable!("data::load rejects text corpora"),
     };

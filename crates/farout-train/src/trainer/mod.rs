@@ -190,7 +190,7 @@ impl<'c> Trainer<'c> {
             (Features::Dense(m), _) => Ok(gather_rows(m, idx)),
             (Features::Sparse(s), Encoder::Doc(enc)) => {
                 let docs: Vec<_> = idx.iter().map(|&i| s.row(i)).collect();
-                if enc.deal().ranks == 1 {
+                if enc.deal().ranks() == 1 {
                     return Ok(enc.encode(&docs));
                 }
                 Ok(enc.encode_summed(&docs, |bags| self.comm.allreduce_sum_f32(bags))?)

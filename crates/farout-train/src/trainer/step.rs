@@ -68,7 +68,7 @@ impl ShardedStep<'_> {
     ) -> Result<(farout_layer::StepStats, StepTimes), Error> {
         let comm = self.comm;
         let t_encoder = Instant::now();
-        let fwd = if enc.deal().ranks > 1 {
+        let fwd = if enc.deal().ranks() > 1 {
             enc.forward_summed(b.docs, rng, |bags| comm.allreduce_sum_f32(bags))?
         } else {
             enc.forward(b.docs, rng)
