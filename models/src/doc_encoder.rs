@@ -510,14 +510,9 @@ fn keep_dealt(deal: Strided, table: &[f32], state: &[f32], d: usize) -> (Matrix,
 /// allgather of the parts' [`DocEncoder::table`] or [`DocEncoder::table_state`] gives).
 pub fn join_dealt(parts: &[f32], ranks: usize, n_features: usize, d: usize) -> Vec<f32> {
     assert_eq!(parts.len(), n_features * d, "every part's rows");
-    // Rank r's rows start at `offset[r]` in `parts`; feature f is its row f / ranks.
-    let offset: Vec<usize> =
-        Strided::counts(n_features, ranks).iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
-    (0..n_features)
-        .flat_map(|f| {
-            let at = offset[f % ranks] + f / ranks;
-            &parts[at * d..(at + 1) * d]
-        })
+    Strided::joined_positions(n_features, ranks)
+        .into_iter()
+        .flat_map(|at| &parts[at * d..(at + 1) * d])
         .copied()
         .collect()
 }

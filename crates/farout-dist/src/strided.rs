@@ -69,6 +69,15 @@ impl Strided {
         (0..ranks).map(|r| Self::count(rows, r, ranks)).collect()
     }
 
+    /// Where each global row lies, in global order, when every rank's rows are laid one rank
+    /// after another (what an allgather of the ranks' local rows gives): row `c` at the
+    /// start of rank `c mod ranks`'s rows plus its local row `c / ranks`.
+    pub fn joined_positions(rows: usize, ranks: usize) -> Vec<usize> {
+        let starts: Vec<usize> =
+            Self::counts(rows, ranks).iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        (0..rows).map(|c| starts[c % ranks] + c / ranks).collect()
+    }
+
     /// The global row of local row `local`.
     #[inline]
     pub fn global(&self, local: usize) -> usize {
@@ -125,6 +134,15 @@ mod tests {
                 }
             }
             prop_assert!(seen.iter().all(|&n| n == 1));
+            // The ranks' rows laid one rank after another: each global row where it says.
+            let joined: Vec<usize> = (0..ranks)
+                .flat_map(|rank| {
+                    let s = Strided::new(rows, rank, ranks).unwrap();
+                    (0..s.len()).map(move |l| s.global(l))
+                })
+                .collect();
+            let at = Strided::joined_positions(rows, ranks);
+            prop_assert!((0..rows).all(|c| joined[at[c]] == c));
             let c = Strided::counts(rows, ranks);
             prop_assert_eq!(c.iter().sum::<usize>(), rows);
             prop_assert!(c.iter().max().unwrap() - c.iter().min().unwrap() <= 1);

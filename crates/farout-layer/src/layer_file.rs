@@ -119,9 +119,7 @@ impl LayerFile {
                 parts[r].rows, counts[r]
             ));
         }
-        // Rank r's rows start at `offset[r]` in `joined`; class c is its local row c / P.
-        let offset: Vec<usize> = counts.iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
-        Ok(joined.pick((0..rows).map(|c| offset[c % ranks] + c / ranks), rows))
+        Ok(joined.pick(Strided::joined_positions(rows, ranks).into_iter(), rows))
     }
 
     /// The rows rank `rank` of `ranks` holds (every `ranks`-th class from `rank`, [`Strided`]),
