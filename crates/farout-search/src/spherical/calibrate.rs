@@ -115,7 +115,7 @@ pub(super) struct LoneFit {
     /// scorings, or a calibration read from a saved index).
     pub(super) sample: Option<(Matrix, Vec<Vec<Hit>>)>,
     /// Rows rescored per query, once fitted; a fitted `None` means no depth tried keeps the
-    /// recall, and lone queries scan int8 codes.
+    /// recall or int8 codes ran the sample faster, and lone queries scan int8 codes.
     pub(super) depth: OnceLock<Option<usize>>,
     /// A thread is fitting `depth` (others use the configured `pq4_rescore` meanwhile).
     pub(super) fitting: AtomicBool,

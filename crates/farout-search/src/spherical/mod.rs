@@ -38,7 +38,10 @@
 //!     codes, scored through byte lookup tables held in registers) and rescores the best
 //!     `pq4_rescore * k` exactly, or more where a calibration shows the 4-bit codes losing
 //!     recall (fitted on its sample, once per calibration). A lone query shares no loads with
-//!     other queries, so the bytes it scans set its speed. The 4-bit codes are made by the
+//!     other queries, so the bytes it scans set its speed; but the rows rescored cost too, and
+//!     which way is faster depends on the CPU, so a calibrated index times its sample both
+//!     ways at the fit and keeps the faster (int8 codes at top 2,000 of a million rows on an
+//!     Intel Xeon with AMX, 4-bit codes on an AMD EPYC). The 4-bit codes are made by the
 //!     first lone query that scans them and kept up to date from then on: an index that only
 //!     ever searches in batches, as training does, never makes them and its syncs cost what
 //!     `int8`'s do.
@@ -128,9 +131,9 @@ pub enum Scoring {
     Int8,
     /// `int8` for batches of queries; a query searched alone is scored on 4-bit codes of the
     /// rows (`pq4.rs`, [`crate::pq4`]), half the bytes, and the best `pq4_rescore * k`
-    /// rescored exactly. The codes are made by the first lone query that scans them (0.15-0.3 s
-    /// per 200,000 rows of 128 values) and kept up to date by every sync from then on.
-    /// Needs AVX2 to pay.
+    /// rescored exactly, where that ran the calibration's sample faster than int8 codes. The
+    /// codes are made by the first lone query that scans them (0.15-0.3 s per 200,000 rows of
+    /// 128 values) and kept up to date by every sync from then on. Needs AVX2 to pay.
     Pq4,
 }
 

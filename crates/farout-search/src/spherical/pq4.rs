@@ -5,7 +5,10 @@
 //! [`quant::RESCORE_MARGIN`](crate::quant) more than `k`) are then rescored exactly from the
 //! copies. A lone query shares its loads with no other query, so the bytes it scans set its
 //! speed; a batch shares each cluster's int8 codes between the queries probing it and keeps
-//! the int8 scan (see docs/decisions.md, "pq4-single-query").
+//! the int8 scan (see docs/decisions.md, "pq4-single-query"). The more rows rescored cost
+//! gathers from memory, and where the two balance depends on the CPU: a calibrated index
+//! times its sample searched both ways and keeps the faster
+//! ([`SphericalIndex::lone_pq4_depth`]).
 //!
 //! **Made on first use.** Training searches in batches and syncs the rows every step changed;
 //! 4-bit codes would cost every sync a third of its speed and serve no query. So no code is
@@ -32,6 +35,7 @@ use farout_core::Matrix;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Whether the clusters have 4-bit codes yet: the codebook they share once they have, and
 /// whether some thread is making them.
@@ -119,13 +123,16 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
     mean
 }
 
-/// A lone query scans 4-bit codes when it probes at least this many rows per row it then
+/// A lone query scans 4-bit codes only where it probes at least this many rows per row it then
 /// rescores beyond what int8 scoring rescores: the 4-bit scan saves a little on every probed
 /// row (4-6 ns at D = 128), each extra row rescored is a gather of its copy from memory (about
-/// 80-90 ns), so they break even near 15-20 rows probed per extra row. At top 500 of
-/// K = 200,000 (28 rows per extra row) the 4-bit scan ran 1.1-1.4x int8 scoring's speed, at top
-/// 2,000 of K = 1,000,000 (26) 1.13x, and at top 2,000 of K = 200,000 (11 at 2.5 k rescored)
-/// int8 scoring stays faster (docs/decisions.md, "pq4-single-query").
+/// 80-90 ns), so they break even near 15-20 rows probed per extra row. Where the break-even
+/// lies depends on the CPU: at top 2,000 of K = 1,000,000 (26 rows per extra row) the 4-bit
+/// scan ran 1.13x int8 scoring's speed on an AMD EPYC and 0.77x on an Intel Xeon with AMX. So a
+/// calibrated index only takes this as the point below which the 4-bit codes are not worth
+/// making, and times the two ways on its sample ([`SphericalIndex::pq4_runs_faster`]); an
+/// index without a calibration sample decides by it alone (docs/decisions.md,
+/// "pq4-single-query", "pq4-timed-choice").
 const PROBED_PER_EXTRA_RESCORED: usize = 20;
 
 /// The share of its calibration's margin (the recall it measured on its sample, with int8 codes,
@@ -135,7 +142,11 @@ const PROBED_PER_EXTRA_RESCORED: usize = 20;
 /// not there to spend (docs/decisions.md, "pq4-lone-depth").
 const LONE_MARGIN_SHARE: f64 = 0.1;
 
-/// The rows rescored after a lone query's 4-bit scan that [`SphericalIndex::lone_pq4_depth`]
+/// Timed passes over the calibration's sample each way, alternated, in
+/// [`SphericalIndex::pq4_runs_faster`]: the quickest pass of each way counts.
+const TIMED_ROUNDS: usize = 3;
+
+/// The rows rescored after a lone query's 4-bit scan that [`SphericalIndex::fit_lone_depth`]
 /// tries, as multiples of the configured depth, in order.
 const DEPTH_STEPS: [f32; 7] = [1.0, 1.2, 1.4, 1.7, 2.0, 2.5, 3.0];
 
@@ -152,17 +163,15 @@ impl SphericalIndex {
         budget >= PROBED_PER_EXTRA_RESCORED * extra
     }
 
-    /// Rows a lone query for `k` results rescores after scanning 4-bit codes: the fewest of
-    /// [`DEPTH_STEPS`] with which the calibration's sample, searched one query at a time on
-    /// the codes, loses at most [`LONE_MARGIN_SHARE`] of the calibration's margin. The 4-bit
-    /// codes are coarser than the int8 codes the calibration searched with, and how many more
-    /// rows make up for it depends on the rows and `k` (the configured depth lost 0.0018 of
-    /// the sample's recall at K = 1,000,000, top 100, and 0.0002 at top 500). `None`: none
-    /// of them does, and lone queries scan int8 codes. Fitted once per calibration, by the
-    /// first lone query to ask; meanwhile, and without a calibration sample (a fixed
-    /// `candidate_factor`, or a calibration read from a saved index), the configured depth.
-    pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, book: &Codebook) -> Option<usize> {
-        let configured = Some(self.pq4_depth(k));
+    /// Rows a lone query for `k` results, probing `budget` rows, rescores after scanning 4-bit
+    /// codes; `None`: it scans int8 codes. Fitted once per calibration, by the first lone query
+    /// to ask, on the calibration's sample: the fewest rows that keep its recall
+    /// ([`SphericalIndex::fit_lone_depth`]), if the sample searched one query at a time that way
+    /// runs faster than on int8 codes ([`SphericalIndex::pq4_runs_faster`]). Meanwhile, and
+    /// without a calibration sample (a fixed `candidate_factor`, or a calibration read from a
+    /// saved index), the configured depth where [`SphericalIndex::pq4_pays`].
+    pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, budget: usize, book: &Codebook) -> Option<usize> {
+        let configured = Some(self.pq4_depth(k)).filter(|&depth| self.pq4_pays(k, budget, depth));
         let Some((fit, lone)) = self.calibrations.lone_fit(k) else { return configured };
         if let Some(&depth) = lone.depth.get() {
             return depth;
@@ -171,16 +180,53 @@ impl SphericalIndex {
         if lone.fitting.swap(true, Ordering::Acquire) {
             return configured;
         }
-        let allowed = LONE_MARGIN_SHARE * (fit.recall - self.config.recall as f64).max(0.0);
         let depth = self
-            .lone_depth_steps(k)
-            .find(|&depth| self.lone_recall(w, (sample, exact), k, budget, (book, depth)) >= fit.recall - allowed);
+            .fit_lone_depth(w, (sample, exact), k, budget, (book, fit.recall))
+            .filter(|&depth| self.pq4_runs_faster(w, sample, k, budget, (book, depth)));
         // Only the thread that set `fitting` gets here, so this sets it.
         let _ = lone.depth.set(depth);
         depth
     }
 
-    /// The depths [`SphericalIndex::lone_pq4_depth`] tries for `k` results, in order.
+    /// The fewest rows of [`DEPTH_STEPS`] whose rescoring after a lone query's 4-bit scan (on
+    /// `book`, probing `budget` rows for `k` results) keeps the `recall` the calibration
+    /// measured on its `sample`, less [`LONE_MARGIN_SHARE`] of its margin over the target; `None`
+    /// if none does. The 4-bit codes are coarser than the int8 codes the calibration searched
+    /// with, and how many more rows make up for it depends on the rows and `k` (the configured
+    /// depth lost 0.0018 of the sample's recall at K = 1,000,000, top 100, and 0.0002 at top
+    /// 500).
+    fn fit_lone_depth(
+        &self,
+        w: Rows,
+        sample: (&Matrix, &[Vec<Hit>]),
+        k: usize,
+        budget: usize,
+        (book, recall): (&Codebook, f64),
+    ) -> Option<usize> {
+        let allowed = LONE_MARGIN_SHARE * (recall - self.config.recall as f64).max(0.0);
+        self.lone_depth_steps(k)
+            .find(|&depth| self.lone_recall(w, sample, k, budget, (book, depth)) >= recall - allowed)
+    }
+
+    /// Whether the calibration's `sample`, searched for `k` results one query at a time probing
+    /// `budget` rows, runs faster on the 4-bit codes of `book` rescoring `depth` rows than on
+    /// int8 codes: [`TIMED_ROUNDS`] passes each way, alternated, the quickest of each compared.
+    /// The passes run on the thread pool, as the recall fit's do.
+    fn pq4_runs_faster(&self, w: Rows, sample: &Matrix, k: usize, budget: usize, pq4: (&Codebook, usize)) -> bool {
+        let pass = |pq4: Option<(&Codebook, usize)>| {
+            let start = Instant::now();
+            (0..sample.rows()).into_par_iter().for_each_init(
+                || Vec::with_capacity(k),
+                |out, q| {
+                    self.scan_one(w, sample.row(q), k, budget, pq4, out);
+                },
+            );
+            start.elapsed()
+        };
+        quicker(|| pass(Some(pq4)), || pass(None), TIMED_ROUNDS)
+    }
+
+    /// The depths [`SphericalIndex::fit_lone_depth`] tries for `k` results, in order.
     fn lone_depth_steps(&self, k: usize) -> impl Iterator<Item = usize> {
         let configured = self.pq4_depth(k) as f32;
         DEPTH_STEPS.iter().map(move |&m| (m * configured).ceil() as usize)
@@ -233,6 +279,17 @@ impl SphericalIndex {
     }
 }
 
+/// Whether `a` takes less time than `b`: each timed `rounds` times, alternated (`b` first), and
+/// the quickest run of each compared.
+fn quicker(mut a: impl FnMut() -> Duration, mut b: impl FnMut() -> Duration, rounds: usize) -> bool {
+    let (mut best_a, mut best_b) = (Duration::MAX, Duration::MAX);
+    for _ in 0..rounds {
+        best_b = best_b.min(b());
+        best_a = best_a.min(a());
+    }
+    best_a < best_b
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Scoring, SphericalConfig};
@@ -263,8 +320,9 @@ mod tests {
 
     /// Calibrated, a lone query rescores after its 4-bit scan the fewest rows of the steps tried
     /// that keep the calibration's recall on its sample (less a tenth of its margin over the
-    /// target), fitted once and kept. Configured to rescore only `k + 32` rows, the 4-bit
-    /// scan loses recall here (D = 64, top 100), and the fitted depth wins it back.
+    /// target), fitted once and kept, or scans int8 codes where those ran the sample faster.
+    /// Configured to rescore only `k + 32` rows, the 4-bit scan loses recall here (D = 64,
+    /// top 100), and the fitted depth wins it back.
     #[test]
     fn lone_queries_rescore_as_deep_as_keeps_the_calibrated_recall() {
         use farout_data::synth::{FaceGenerator, FaceSpec, Split};
@@ -284,20 +342,54 @@ mod tests {
         let floor = fit.recall - LONE_MARGIN_SHARE * (fit.recall - 0.9).max(0.0);
         let configured = index.pq4_depth(k);
         assert!(recall_at(configured) < floor, "the configured depth keeps the recall: nothing to fit");
-        let depth = index.lone_pq4_depth(all, k, book).expect("a depth keeps the recall");
+        let depth = index.fit_lone_depth(all, (&sample, &exact), k, budget, (book, fit.recall)).expect("a depth fits");
         let steps: Vec<usize> = index.lone_depth_steps(k).collect();
         let at = steps.iter().position(|&s| s == depth).expect("one of the steps");
         assert!(recall_at(depth) >= floor, "depth {depth}: {} < {floor}", recall_at(depth));
         assert!(steps[..at].iter().all(|&s| recall_at(s) < floor), "a smaller step than {depth} keeps it");
-        assert_eq!(lone.depth.get(), Some(&Some(depth)), "kept");
+        // The first lone query fits it and times it against int8 codes; the choice is kept.
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        index.search(all, sample.row(3), k, &mut a);
+        let chosen = *lone.depth.get().expect("fitted");
+        assert!(chosen.is_none() || chosen == Some(depth), "{chosen:?}: neither int8 codes nor depth {depth}");
         // The sample and its exact results kept for the fit count in the index's memory.
         let kept = sample.bytes() + sample.rows() * k * std::mem::size_of::<Hit>();
         assert!(index.calibrations.bytes() >= kept, "{} < {kept}", index.calibrations.bytes());
-        // Lone queries use it: the same results as a scan at that depth.
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        index.search(all, sample.row(3), k, &mut a);
-        index.scan_one(all, sample.row(3), k, budget, Some((book, depth)), &mut b);
-        assert_eq!(a, b);
+        // Lone queries use the choice: the same results as a scan that way.
+        for q in [3, 7] {
+            index.search(all, sample.row(q), k, &mut a);
+            index.scan_one(all, sample.row(q), k, budget, chosen.map(|depth| (book, depth)), &mut b);
+            assert_eq!(a, b, "query {q}");
+        }
+    }
+
+    /// The quicker of two timed ways is the one whose quickest run is shorter, each run
+    /// alternately as often: a slow first run (a cold cache) does not decide.
+    #[test]
+    fn the_quicker_way_is_the_one_with_the_quickest_run() {
+        let runs = |times: &'static [u64]| {
+            let mut at = 0;
+            move || {
+                at += 1;
+                Duration::from_millis(times[at - 1])
+            }
+        };
+        assert!(quicker(runs(&[50, 9, 9]), runs(&[10, 10, 10]), 3));
+        assert!(!quicker(runs(&[11, 11, 11]), runs(&[40, 10, 12]), 3));
+        assert!(!quicker(runs(&[10, 10, 10]), runs(&[10, 10, 10]), 3), "a tie keeps the second way");
+        let (mut a, mut b) = (0, 0);
+        quicker(
+            || {
+                a += 1;
+                Duration::ZERO
+            },
+            || {
+                b += 1;
+                Duration::ZERO
+            },
+            3,
+        );
+        assert_eq!((a, b), (3, 3));
     }
 
     /// A lone query scanned on 4-bit codes returns exact scores and, probing the same clusters,

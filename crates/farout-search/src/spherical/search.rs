@@ -74,15 +74,15 @@ impl SphericalIndex {
     /// The top `k` of one query, probing `budget` rows.
     fn search_one_with(&self, w: Rows, query: &[f32], k: usize, budget: usize, out: &mut Vec<Hit>) -> usize {
         // 4-bit codes where they pay (`pq4.rs`), made first if none are yet, with the rows
-        // rescored after them fitted to the calibration: before this thread's buffers are
+        // rescored after them fitted to the calibration and the choice between them and int8
+        // codes timed on its sample: before this thread's buffers are
         // borrowed, as the thread doing either runs other searches while it waits for parts of
         // that work.
         let pq4 = self
             .pq4_pays(k, budget, self.pq4_depth(k))
             .then(|| self.pq4_book())
             .flatten()
-            .and_then(|book| Some((book, self.lone_pq4_depth(w, k, book)?)))
-            .filter(|&(_, depth)| self.pq4_pays(k, budget, depth));
+            .and_then(|book| Some((book, self.lone_pq4_depth(w, k, budget, book)?)));
         self.scan_one(w, query, k, budget, pq4, out)
     }
 
