@@ -2,7 +2,7 @@
 //! merged top-k of a class-sharded prediction or search, ties to the lower class as one process
 //! breaks them.
 
-use crate::{Collective, DistError};
+use crate::{Collective, DistError, starts_of};
 use farout_core::topk::{Hit, descending_key};
 use rayon::prelude::*;
 
@@ -181,11 +181,6 @@ fn exchange_rows(
     let (mut all, mut all_counts) = (Vec::new(), Vec::new());
     comm.alltoallv_u32(&send, &counts, &mut all, &mut all_counts)?;
     Ok((all, all_counts))
-}
-
-/// Where each rank's part of an exchange's output starts.
-fn starts_of(counts: &[usize]) -> Vec<usize> {
-    counts.iter().scan(0, |acc, &c| Some(std::mem::replace(acc, *acc + c))).collect()
 }
 
 /// Row `i` of this rank's rows, as every rank sent it in [`exchange_rows`], into `keys`, rank

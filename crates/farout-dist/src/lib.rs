@@ -71,6 +71,7 @@ mod launch;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi_impl;
+mod parts;
 mod shards;
 mod strided;
 mod threads;
@@ -82,6 +83,7 @@ pub use launch::{Launch, connect, detect, detect_from};
 pub use local::Local;
 #[cfg(feature = "mpi")]
 pub use mpi_impl::{MpiCollective, init};
+pub use parts::starts_of;
 pub use shards::{Shards, local_index};
 pub use strided::Strided;
 pub use threads::Threads;

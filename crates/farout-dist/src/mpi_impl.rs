@@ -121,14 +121,8 @@ impl MpiCollective {
             return Ok(());
         }
         let counts: Vec<mpi::Count> = counts.iter().map(|&c| mpi_count(c)).collect::<Result<_, _>>()?;
-        let displs: Vec<mpi::Count> = counts
-            .iter()
-            .scan(0, |acc, &c| {
-                let d = *acc;
-                *acc += c; // cannot overflow: the total fits (checked above)
-                Some(d)
-            })
-            .collect();
+        // Cannot overflow: the total fits (checked above).
+        let displs = crate::starts_of(&counts);
         let mut partition = PartitionMut::new(out, &counts[..], &displs[..]);
         self.world.all_gather_varcount_into(send, &mut partition);
         Ok(())
@@ -199,17 +193,8 @@ impl Collective for MpiCollective {
         out.resize(total.max(1), 0);
         out_counts.clear();
         out_counts.extend(got.iter().map(|&c| c as usize));
-        let displs = |counts: &[mpi::Count]| -> Vec<mpi::Count> {
-            counts
-                .iter()
-                .scan(0, |acc, &c| {
-                    let d = *acc;
-                    *acc += c; // fits: the total does (checked above and by check_alltoallv)
-                    Some(d)
-                })
-                .collect()
-        };
-        let (send_displs, got_displs) = (displs(&counts), displs(&got));
+        // The displacements fit: the totals do (checked above and by check_alltoallv).
+        let (send_displs, got_displs) = (crate::starts_of(&counts), crate::starts_of(&got));
         let send_part = mpi::datatype::Partition::new(send, &counts[..], &send_displs[..]);
         let mut got_part = PartitionMut::new(&mut out[..], &got[..], &got_displs[..]);
         self.world.all_to_all_varcount_into(&send_part, &mut got_part);

@@ -73,8 +73,7 @@ impl Strided {
     /// after another (what an allgather of the ranks' local rows gives): row `c` at the
     /// start of rank `c mod ranks`'s rows plus its local row `c / ranks`.
     pub fn joined_positions(rows: usize, ranks: usize) -> Vec<usize> {
-        let starts: Vec<usize> =
-            Self::counts(rows, ranks).iter().scan(0, |at, &n| Some(std::mem::replace(at, *at + n))).collect();
+        let starts = crate::starts_of(&Self::counts(rows, ranks));
         (0..rows).map(|c| starts[c % ranks] + c / ranks).collect()
     }
 

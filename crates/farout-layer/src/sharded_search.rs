@@ -166,7 +166,7 @@ fn per_sample_messages<S>(
     for sample in samples {
         entries(sample, &mut |r, words| counts[r] += words.len());
     }
-    let mut at: Vec<usize> = counts.iter().scan(0, |acc, &n| Some(std::mem::replace(acc, *acc + n))).collect();
+    let mut at = farout_dist::starts_of(&counts);
     let mut send = vec![0u32; counts.iter().sum()];
     for a in at.iter_mut() {
         send[*a..*a + header.len()].copy_from_slice(header);
