@@ -18,11 +18,11 @@
 //! `hnsw` cannot be saved: `hnsw_rs` 0.3 reloads a graph only as a value borrowing its loader
 //! (see [`Unsupported`]).
 //!
-//! File format (little-endian), version 1:
+//! File format (little-endian), version 2:
 //!
 //! ```text
 //! magic      8 bytes  "FOMIPSIX"
-//! version    u32      1
+//! version    u32      2
 //! flags      u32      bit 0: the rows are stored
 //! n_rows u64, dim u64, n_blocks u64
 //! rows_crc   u32      CRC-32 (IEEE) of the rows, row-major f32
@@ -32,6 +32,9 @@
 //!            config (u64 length, JSON of the IndexConfig; empty when not given)
 //!            per block: kind (u64 length, UTF-8), the index's state
 //! ```
+//!
+//! Version 2 adds to each of the spherical index's calibrations what its lone queries scan
+//! (`spherical/calibrate.rs`); a version 1 file loads with that still to be fitted.
 //!
 //! Reading checks magic, version, length and checksum before parsing anything, and every
 //! length read inside the payload against the bytes left before allocating; the structure
@@ -45,8 +48,10 @@ use std::path::{Path, PathBuf};
 
 /// Magic bytes of an index file.
 pub const MAGIC: [u8; 8] = *b"FOMIPSIX";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes; it reads [`OLDEST_VERSION`] to this.
+pub const VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 8 + 4 + 4 + 8 + 8 + 8 + 4 + 8 + 4;
 const FLAG_ROWS: u32 = 1;
@@ -69,7 +74,7 @@ pub enum Problem {
     #[error("wrong magic bytes: not a farout index file")]
     Foreign,
     /// A version this build cannot read.
-    #[error("format version {found}, this build reads version {VERSION}")]
+    #[error("format version {found}, this build reads versions {OLDEST_VERSION} to {VERSION}")]
     Version {
         /// The file's version.
         found: u32,
@@ -205,7 +210,7 @@ pub fn to_bytes(
 /// fingerprint), or `None` to take the rows the file stores.
 pub fn from_bytes(bytes: &[u8], w: Option<&Matrix>) -> Result<Loaded, Problem> {
     let header = Header::parse(bytes)?;
-    let mut dec = Dec::new(&bytes[HEADER_LEN..]);
+    let mut dec = Dec::written_in(&bytes[HEADER_LEN..], header.version);
     let stored = if header.flags & FLAG_ROWS != 0 {
         let n = header.n_rows.checked_mul(header.dim).ok_or_else(|| inconsistent("the row count overflows"))?;
         let data = dec.f32s_raw(usize::try_from(n).map_err(|_| inconsistent("the row count overflows"))?)?;
@@ -291,6 +296,7 @@ pub fn rows_crc(w: &Matrix) -> u32 {
 
 /// The fixed-size header (see the module docs).
 struct Header {
+    version: u32,
     flags: u32,
     n_rows: u64,
     dim: u64,
@@ -310,7 +316,7 @@ impl Header {
         }
         let mut h = Dec::new(&bytes[MAGIC.len()..HEADER_LEN]);
         let version = h.u32()?;
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(Problem::Version { found: version });
         }
         let (flags, n_rows, dim, n_blocks, rows_crc) = (h.u32()?, h.u64()?, h.u64()?, h.u64()?, h.u32()?);
@@ -329,7 +335,7 @@ impl Header {
         if computed != stored {
             return Err(Problem::Checksum { stored, computed });
         }
-        Ok(Self { flags, n_rows, dim, n_blocks, rows_crc })
+        Ok(Self { version, flags, n_rows, dim, n_blocks, rows_crc })
     }
 
     /// Whether `w` is what the index was saved over (shape and CRC-32).
@@ -440,11 +446,24 @@ impl Enc {
 pub struct Dec<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// The format version the bytes were written in.
+    version: u32,
 }
 
 impl<'a> Dec<'a> {
+    /// A reader of `bytes` written in this build's [`VERSION`].
     pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes, at: 0 }
+        Self::written_in(bytes, VERSION)
+    }
+
+    /// A reader of `bytes` written in format `version`.
+    pub(crate) fn written_in(bytes: &'a [u8], version: u32) -> Self {
+        Self { bytes, at: 0, version }
+    }
+
+    /// The format version the bytes were written in.
+    pub(crate) fn version(&self) -> u32 {
+        self.version
     }
 
     /// The next `n` bytes.
@@ -718,9 +737,11 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(matches!(from_bytes(&longer, Some(&w)), Err(Problem::TrailingBytes { .. })));
-        let mut version = bytes.clone();
-        version[8] = 2;
-        assert_eq!(from_bytes(&version, Some(&w)).err(), Some(Problem::Version { found: 2 }));
+        for found in [OLDEST_VERSION - 1, VERSION + 1] {
+            let mut version = bytes.clone();
+            version[8..12].copy_from_slice(&found.to_le_bytes());
+            assert_eq!(from_bytes(&version, Some(&w)).err(), Some(Problem::Version { found }));
+        }
         assert_eq!(from_bytes(&bytes, None).err(), Some(Problem::NoRows));
     }
 

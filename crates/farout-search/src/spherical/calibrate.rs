@@ -193,8 +193,8 @@ impl Calibrations {
 }
 
 impl Calibrations {
-    /// Writes the budgets in force, their counters and the sample being collected
-    /// (`crate::persist`).
+    /// Writes the budgets in force, their counters and what their lone queries scan, and the
+    /// sample being collected (`crate::persist`).
     pub(super) fn save(&self, out: &mut Enc) {
         let state = self.state.read().unwrap_or_else(|e| e.into_inner());
         out.u64(self.queries.load(Ordering::Relaxed) as u64);
@@ -203,6 +203,11 @@ impl Calibrations {
         for e in &state.entries {
             save_fit(out, &e.fit);
             [e.at_queries, e.at_reassigned, e.renew_after].iter().for_each(|&v| out.u64(v as u64));
+            out.u64(match e.lone.depth.get() {
+                None => NOT_FITTED,
+                Some(None) => INT8_CODES,
+                Some(Some(depth)) => *depth as u64,
+            });
         }
         out.f32s(&state.sample);
     }
@@ -217,7 +222,21 @@ impl Calibrations {
             let at_queries = dec.usize_at_most(queries, "a calibration's query counter")?;
             let at_reassigned = dec.usize_at_most(reassigned, "a calibration's row counter")?;
             let renew_after = dec.usize_at_most(usize::MAX, "renew_after")?;
-            entries.push(Entry { fit, lone: Arc::default(), at_queries, at_reassigned, renew_after });
+            // What lone queries scan (format version 2 on; before, still to be fitted).
+            let lone = LoneFit::default();
+            if dec.version() >= 2 {
+                match dec.u64()? {
+                    NOT_FITTED => {}
+                    INT8_CODES => lone.depth.set(None).expect("a new fit"),
+                    depth => {
+                        let depth = usize::try_from(depth).ok().filter(|&d| d >= fit.k).ok_or_else(|| {
+                            inconsistent(format!("lone queries rescore {depth} rows for {} results", fit.k))
+                        })?;
+                        lone.depth.set(Some(depth)).expect("a new fit");
+                    }
+                }
+            }
+            entries.push(Entry { fit, lone: Arc::new(lone), at_queries, at_reassigned, renew_after });
         }
         let sample = dec.f32s()?;
         if dim == 0 || !sample.len().is_multiple_of(dim) {
@@ -230,6 +249,12 @@ impl Calibrations {
         })
     }
 }
+
+/// What a saved calibration's lone queries scan: still to be fitted ([`NOT_FITTED`]), int8 codes
+/// ([`INT8_CODES`]), or any other value: 4-bit codes, rescoring that many rows.
+const NOT_FITTED: u64 = u64::MAX;
+/// See [`NOT_FITTED`].
+const INT8_CODES: u64 = u64::MAX - 1;
 
 /// Most calibrations (one per `k` searched) a saved index may hold: a bound on what a damaged
 /// file can make the reader allocate, far above the handful of `k` a run searches.
@@ -482,6 +507,48 @@ mod tests {
         let renewed = index.calibrations()[0];
         assert_ne!(renewed, first, "renewed");
         assert!(renewed.recall >= 0.9, "{renewed:?}");
+    }
+
+    /// Saved, each calibration keeps what its lone queries scan (still to be fitted, int8 codes,
+    /// or 4-bit codes rescoring a number of rows); a version 1 file, which does not hold it,
+    /// loads with it still to be fitted; a depth below `k` is refused.
+    #[test]
+    fn saved_calibrations_keep_what_lone_queries_scan() {
+        let entry = |k, depth: Option<Option<usize>>| {
+            let lone = LoneFit::default();
+            if let Some(depth) = depth {
+                lone.depth.set(depth).unwrap();
+            }
+            let fit = Calibrated { k, budget: Some(4_000), probed: 4_100.0, recall: 0.91, queries: 256 };
+            Entry { fit, lone: Arc::new(lone), at_queries: 3, at_reassigned: 0, renew_after: RENEW_AFTER_QUERIES }
+        };
+        let saved = |entries: Vec<Entry>| {
+            let calibrations = Calibrations::default();
+            calibrations.state.write().unwrap().entries = entries;
+            calibrations.queries.store(10, Ordering::Relaxed);
+            let mut out = Enc::default();
+            calibrations.save(&mut out);
+            out.into_bytes()
+        };
+        let kept = [None, Some(None), Some(Some(250))];
+        let bytes = saved(kept.iter().enumerate().map(|(i, &d)| entry(10 * (i + 1), d)).collect());
+        let loaded = Calibrations::restore(&mut Dec::new(&bytes), 32).unwrap();
+        for (i, want) in kept.iter().enumerate() {
+            let (_, lone) = loaded.lone_fit(10 * (i + 1)).expect("the calibration");
+            assert_eq!(lone.depth.get(), want.as_ref(), "k = {}", 10 * (i + 1));
+        }
+        // Version 1: the same fields without what lone queries scan.
+        let mut v1 = Enc::default();
+        [10u64, 0, 1].iter().for_each(|&v| v1.u64(v));
+        save_fit(&mut v1, &entry(10, None).fit);
+        [3u64, 0, RENEW_AFTER_QUERIES as u64].iter().for_each(|&v| v1.u64(v));
+        v1.f32s(&[]);
+        let v1 = v1.into_bytes();
+        let loaded = Calibrations::restore(&mut Dec::written_in(&v1, 1), 32).unwrap();
+        assert_eq!(loaded.lone_fit(10).expect("the calibration").1.depth.get(), None);
+        // Rescoring fewer rows than results is no fit.
+        let bad = saved(vec![entry(100, Some(Some(99)))]);
+        assert!(Calibrations::restore(&mut Dec::new(&bad), 32).is_err());
     }
 
     /// Renewals that keep the budget within 5 % double the searches until the next, up to 16

@@ -131,8 +131,8 @@ fn mean_of(rows: &[f32], d: usize) -> Vec<f32> {
 /// scan ran 1.13x int8 scoring's speed on an AMD EPYC and 0.77x on an Intel Xeon with AMX. So a
 /// calibrated index only takes this as the point below which the 4-bit codes are not worth
 /// making, and times the two ways on its sample ([`SphericalIndex::pq4_runs_faster`]); an
-/// index without a calibration sample decides by it alone (docs/decisions.md,
-/// "pq4-single-query", "pq4-timed-choice").
+/// index without a calibration sample and without a choice saved decides by it alone
+/// (docs/decisions.md, "pq4-single-query", "pq4-timed-choice").
 const PROBED_PER_EXTRA_RESCORED: usize = 20;
 
 /// The share of its calibration's margin (the recall it measured on its sample, with int8 codes,
@@ -167,9 +167,10 @@ impl SphericalIndex {
     /// codes; `None`: it scans int8 codes. Fitted once per calibration, by the first lone query
     /// to ask, on the calibration's sample: the fewest rows that keep its recall
     /// ([`SphericalIndex::fit_lone_depth`]), if the sample searched one query at a time that way
-    /// runs faster than on int8 codes ([`SphericalIndex::pq4_runs_faster`]). Meanwhile, and
-    /// without a calibration sample (a fixed `candidate_factor`, or a calibration read from a
-    /// saved index), the configured depth where [`SphericalIndex::pq4_pays`].
+    /// runs faster than on int8 codes ([`SphericalIndex::pq4_runs_faster`]); a saved index keeps
+    /// the choice. Meanwhile, and without a calibration sample (a fixed `candidate_factor`, or a
+    /// calibration read from a saved index before the choice was made), the configured depth
+    /// where [`SphericalIndex::pq4_pays`].
     pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, budget: usize, book: &Codebook) -> Option<usize> {
         let configured = Some(self.pq4_depth(k)).filter(|&depth| self.pq4_pays(k, budget, depth));
         let Some((fit, lone)) = self.calibrations.lone_fit(k) else { return configured };
