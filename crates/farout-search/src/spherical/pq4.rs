@@ -163,16 +163,16 @@ impl SphericalIndex {
         budget >= PROBED_PER_EXTRA_RESCORED * extra
     }
 
-    /// Rows a lone query for `k` results, probing `budget` rows, rescores after scanning 4-bit
-    /// codes; `None`: it scans int8 codes. Fitted once per calibration, by the first lone query
+    /// Rows a lone query for `k` results rescores after scanning 4-bit codes, where the caller
+    /// found that the configured depth pays ([`SphericalIndex::pq4_pays`]); `None`: it scans
+    /// int8 codes. Fitted once per calibration, by the first lone query
     /// to ask, on the calibration's sample: the fewest rows that keep its recall
     /// ([`SphericalIndex::fit_lone_depth`]), if the sample searched one query at a time that way
     /// runs faster than on int8 codes ([`SphericalIndex::pq4_runs_faster`]); a saved index keeps
     /// the choice. Meanwhile, and without a calibration sample (a fixed `candidate_factor`, or a
-    /// calibration read from a saved index before the choice was made), the configured depth
-    /// where [`SphericalIndex::pq4_pays`].
-    pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, budget: usize, book: &Codebook) -> Option<usize> {
-        let configured = Some(self.pq4_depth(k)).filter(|&depth| self.pq4_pays(k, budget, depth));
+    /// calibration read from a saved index before the choice was made), the configured depth.
+    pub(super) fn lone_pq4_depth(&self, w: Rows, k: usize, book: &Codebook) -> Option<usize> {
+        let configured = Some(self.pq4_depth(k));
         let Some((fit, lone)) = self.calibrations.lone_fit(k) else { return configured };
         if let Some(&depth) = lone.depth.get() {
             return depth;
@@ -212,16 +212,11 @@ impl SphericalIndex {
     /// Whether the calibration's `sample`, searched for `k` results one query at a time probing
     /// `budget` rows, runs faster on the 4-bit codes of `book` rescoring `depth` rows than on
     /// int8 codes: [`TIMED_ROUNDS`] passes each way, alternated, the quickest of each compared.
-    /// The passes run on the thread pool, as the recall fit's do.
+    /// The passes search as the recall fit's do ([`SphericalIndex::search_alone`]).
     fn pq4_runs_faster(&self, w: Rows, sample: &Matrix, k: usize, budget: usize, pq4: (&Codebook, usize)) -> bool {
         let pass = |pq4: Option<(&Codebook, usize)>| {
             let start = Instant::now();
-            (0..sample.rows()).into_par_iter().for_each_init(
-                || Vec::with_capacity(k),
-                |out, q| {
-                    self.scan_one(w, sample.row(q), k, budget, pq4, out);
-                },
-            );
+            self.search_alone(w, sample, k, budget, pq4);
             start.elapsed()
         };
         quicker(|| pass(Some(pq4)), || pass(None), TIMED_ROUNDS)
@@ -244,15 +239,28 @@ impl SphericalIndex {
         budget: usize,
         (book, depth): (&Codebook, usize),
     ) -> f64 {
-        let found: Vec<Vec<Hit>> = (0..sample.rows())
+        crate::overlap(&self.search_alone(w, sample, k, budget, Some((book, depth))), exact)
+    }
+
+    /// The top `k` of every query of `sample`, each searched alone probing `budget` rows, on
+    /// 4-bit codes where `pq4` gives their codebook and depth, else on int8 codes; the queries
+    /// run on the thread pool.
+    fn search_alone(
+        &self,
+        w: Rows,
+        sample: &Matrix,
+        k: usize,
+        budget: usize,
+        pq4: Option<(&Codebook, usize)>,
+    ) -> Vec<Vec<Hit>> {
+        (0..sample.rows())
             .into_par_iter()
             .map(|q| {
                 let mut out = Vec::with_capacity(k);
-                self.scan_one(w, sample.row(q), k, budget, Some((book, depth)), &mut out);
+                self.scan_one(w, sample.row(q), k, budget, pq4, &mut out);
                 out
             })
-            .collect();
-        crate::overlap(&found, exact)
+            .collect()
     }
 
     /// The codebook of every cluster's 4-bit codes, making them first if none are yet (see

@@ -82,7 +82,7 @@ impl SphericalIndex {
             .pq4_pays(k, budget, self.pq4_depth(k))
             .then(|| self.pq4_book())
             .flatten()
-            .and_then(|book| Some((book, self.lone_pq4_depth(w, k, budget, book)?)));
+            .and_then(|book| Some((book, self.lone_pq4_depth(w, k, book)?)));
         self.scan_one(w, query, k, budget, pq4, out)
     }
 
