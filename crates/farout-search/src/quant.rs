@@ -417,6 +417,23 @@ pub struct Above {
 }
 
 impl Above {
+    /// Rows kept.
+    fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Sets both lengths to `len`.
+    ///
+    /// # Safety
+    /// Both vectors have `len` entries written within their capacity.
+    unsafe fn set_len(&mut self, len: usize) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.positions.set_len(len);
+            self.scores.set_len(len);
+        }
+    }
+
     /// No rows (the capacity is kept).
     pub fn clear(&mut self) {
         self.positions.clear();
@@ -689,6 +706,8 @@ mod amx {
     const TILE: usize = 16;
     /// Queries scored per pass over the rows: two tiles.
     const PASS: usize = 2 * TILE;
+    /// Groups of rows whose kept lanes are given room at once.
+    const KEEP_BLOCK: usize = 64;
 
     /// Whether the kernel scores rows of `chunks` chunks (dimension a multiple of 64).
     pub fn fits(chunks: usize) -> bool {
@@ -770,7 +789,21 @@ mod amx {
             unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
             for first in (0..which.len()).step_by(PASS) {
                 let a = gathered[first * query_bytes / 64..].as_ptr().cast::<u8>();
+                // The pass's query scales and floors, looked up once (not per group).
+                let in_pass = which.len().min(first + PASS) - first;
+                let mut sq = [0.0f32; PASS];
+                let mut floor = [f32::INFINITY; PASS];
+                for p in 0..in_pass {
+                    sq[p] = queries.scale[which[first + p] as usize];
+                    if KEEP {
+                        floor[p] = floors[first + p];
+                    }
+                }
+                let mut ends = Ends::at(&above[first.min(above.len())..], in_pass);
                 for g in (0..n / GROUP).step_by(2) {
+                    if KEEP && g % KEEP_BLOCK == 0 {
+                        ends.make_room(&mut above[first..first + in_pass], KEEP_BLOCK.min(n / GROUP - g));
+                    }
                     let b = rows.code_bytes()[g * group_bytes..].as_ptr();
                     // SAFETY: the tiles read 16 rows of 64 bytes from query row `first` (+ 16)
                     // at byte 4c of `query_bytes`-byte rows (gathered holds whole passes), and
@@ -793,24 +826,85 @@ mod amx {
                         if KEEP && real == 0 {
                             continue;
                         }
-                        for (s, sum) in (from..which.len().min(from + TILE)).zip(tile) {
-                            let sq = _mm512_set1_ps(queries.scale[which[s] as usize]);
+                        let p0 = from - first;
+                        let count = in_pass.saturating_sub(p0).min(TILE);
+                        for (t, sum) in tile.iter().enumerate().take(count) {
+                            let p = p0 + t;
                             // SAFETY: the CPU has AVX-512F (this function's contract).
-                            let v = unsafe { scores_of_sums(sum, offset, scale, sq) };
+                            let v = unsafe { scores_of_sums(sum, offset, scale, _mm512_set1_ps(sq[p])) };
                             if !KEEP {
                                 // SAFETY: out holds which.len() x n floats (the caller's contract).
-                                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(s * n + row), v) };
+                                unsafe { _mm512_storeu_ps(out.as_mut_ptr().add((first + p) * n + row), v) };
                                 continue;
                             }
-                            // SAFETY: the CPU has AVX-512F (this function's contract).
-                            unsafe { keep_at_least(v, real, floors[s], row, lane, &mut above[s]) };
+                            let mask = _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, _mm512_set1_ps(floor[p]));
+                            let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
+                            // SAFETY: AVX-512F (this function's contract); `make_room` made room
+                            // for this block of groups.
+                            unsafe { ends.push(p, mask, at, v) };
                         }
                     }
+                }
+                if KEEP {
+                    ends.close(&mut above[first..first + in_pass]);
                 }
             }
             // SAFETY: gives the tile state back (cheaper context switches).
             unsafe { asm!("tilerelease", options(nostack, nomem)) };
         });
+    }
+
+    /// The ends of the rows each query of a pass keeps (its [`Above`]'s two vectors): a group's
+    /// kept lanes are compressed in a register and stored whole at the end without a branch on
+    /// whether any pass (a branch taken for about one group in six mispredicts often enough
+    /// to cost more than the stores), which needs room for 16 lanes past the end at every
+    /// store, made a block of [`KEEP_BLOCK`] groups at a time.
+    struct Ends([(*mut u32, *mut f32, usize); PASS]);
+
+    impl Ends {
+        /// The ends of `above`'s first `count` entries (at most [`PASS`]).
+        fn at(above: &[Above], count: usize) -> Self {
+            let mut ends = Self([(std::ptr::null_mut(), std::ptr::null_mut(), 0); PASS]);
+            for (end, a) in ends.0.iter_mut().zip(above).take(count) {
+                end.2 = a.len();
+            }
+            ends
+        }
+
+        /// Gives `above` (the pass's queries) the rows stored so far, then makes room in each
+        /// for every row of `groups` more groups and 16 lanes beyond.
+        fn make_room(&mut self, above: &mut [Above], groups: usize) {
+            self.close(above);
+            for (end, a) in self.0.iter_mut().zip(above) {
+                a.positions.reserve(GROUP * groups + GROUP);
+                a.scores.reserve(GROUP * groups + GROUP);
+                *end = (a.positions.as_mut_ptr(), a.scores.as_mut_ptr(), a.len());
+            }
+        }
+
+        /// Appends the lanes of `mask` to the `p`-th query's rows: positions `at`, scores `v`.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512F; since the last [`Ends::make_room`], the `p`-th query had
+        /// fewer pushes than the groups it made room for.
+        #[inline(always)]
+        unsafe fn push(&mut self, p: usize, mask: __mmask16, at: __m512i, v: __m512) {
+            let (positions, scores, len) = &mut self.0[p];
+            // SAFETY: 16 entries past `len` are within the capacity (the contract).
+            unsafe {
+                _mm512_storeu_si512(positions.add(*len).cast(), _mm512_maskz_compress_epi32(mask, at));
+                _mm512_storeu_ps(scores.add(*len), _mm512_maskz_compress_ps(mask, v));
+            }
+            *len += mask.count_ones() as usize;
+        }
+
+        /// Gives `above` the rows stored.
+        fn close(&self, above: &mut [Above]) {
+            for (end, a) in self.0.iter().zip(above) {
+                // SAFETY: entries up to `end.2` are written: those `above` held, then pushes.
+                unsafe { a.set_len(end.2) };
+            }
+        }
     }
 
     /// The codes of the queries `which` as tile rows of [`scan`]: `query_bytes` bytes (whole
@@ -892,33 +986,6 @@ mod amx {
         unsafe {
             let sum = _mm512_loadu_si512(sum.as_ptr().cast());
             _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum, offset)), scale), sq)
-        }
-    }
-
-    /// As `kernels::keep_at_least`: appends to `above` the lanes of `v` among `real` scoring at
-    /// least `floor` (NaN never passes), as positions `row + lane` and scores. The kept lanes
-    /// are compressed in a register and stored whole (most rows keep none).
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F (inlined into [`scan`], which has it).
-    #[inline(always)]
-    unsafe fn keep_at_least(v: __m512, real: __mmask16, floor: f32, row: usize, lane: __m512i, above: &mut Above) {
-        // SAFETY: AVX-512F is the caller's contract.
-        let mask = unsafe { _mm512_mask_cmp_ps_mask::<_CMP_GE_OQ>(real, v, _mm512_set1_ps(floor)) };
-        if mask != 0 {
-            let (kept, a) = (mask.count_ones() as usize, above);
-            let (p, m) = (a.positions.len(), a.scores.len());
-            a.positions.reserve(GROUP);
-            a.scores.reserve(GROUP);
-            // SAFETY: AVX-512F is the caller's contract; 16 entries from the lengths, within the
-            // capacity just reserved; the first `kept` are the compressed lanes.
-            unsafe {
-                let at = _mm512_add_epi32(_mm512_set1_epi32(row as i32), lane);
-                _mm512_storeu_si512(a.positions.as_mut_ptr().add(p).cast(), _mm512_maskz_compress_epi32(mask, at));
-                _mm512_storeu_ps(a.scores.as_mut_ptr().add(m), _mm512_maskz_compress_ps(mask, v));
-                a.positions.set_len(p + kept);
-                a.scores.set_len(m + kept);
-            }
         }
     }
 }
