@@ -856,9 +856,9 @@ mod amx {
 
     /// The ends of the rows each query of a pass keeps (its [`Above`]'s two vectors): a group's
     /// kept lanes are compressed in a register and stored whole at the end without a branch on
-    /// whether any pass (a branch taken for about one group in six mispredicts often enough
-    /// to cost more than the stores), which needs room for 16 lanes past the end at every
-    /// store, made a block of [`KEEP_BLOCK`] groups at a time.
+    /// whether any pass, which mispredicted often enough to cost more than the stores
+    /// (docs/decisions.md, "amx-keep-branchless"). Every store needs room for 16 lanes past the
+    /// end, made a block of [`KEEP_BLOCK`] groups at a time.
     struct Ends([(*mut u32, *mut f32, usize); PASS]);
 
     impl Ends {
