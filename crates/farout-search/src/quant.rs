@@ -407,7 +407,7 @@ pub fn scores_with(kernel: Kernel, rows: &QuantRows, queries: &QuantQueries, whi
 }
 
 /// The rows of one query that [`scores_at_least`] keeps: their positions, ascending, and their
-/// approximate scores.
+/// approximate scores, as many of each (a kernel may panic on an `Above` where they differ).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Above {
     /// Positions of the rows in the [`QuantRows`] scanned.
@@ -799,7 +799,7 @@ mod amx {
                         floor[p] = floors[first + p];
                     }
                 }
-                let mut ends = Ends::at(&above[first.min(above.len())..], in_pass);
+                let mut ends = Ends::at(above.get(first..).unwrap_or_default(), in_pass);
                 for g in (0..n / GROUP).step_by(2) {
                     if KEEP && g % KEEP_BLOCK == 0 {
                         ends.make_room(&mut above[first..first + in_pass], KEEP_BLOCK.min(n / GROUP - g));
@@ -863,9 +863,13 @@ mod amx {
 
     impl Ends {
         /// The ends of `above`'s first `count` entries (at most [`PASS`]).
+        ///
+        /// # Panics
+        /// If one of them holds more positions than scores or fewer (one end serves both).
         fn at(above: &[Above], count: usize) -> Self {
             let mut ends = Self([(std::ptr::null_mut(), std::ptr::null_mut(), 0); PASS]);
             for (end, a) in ends.0.iter_mut().zip(above).take(count) {
+                assert_eq!(a.positions.len(), a.scores.len(), "kept rows' positions and scores differ in number");
                 end.2 = a.len();
             }
             ends
