@@ -14,11 +14,66 @@ use crate::quant::{self, Above, QuantQueries};
 use farout_core::topk::{self, NthBest};
 use farout_core::{Matrix, kernels};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 
 /// Rows whose copies are requested ahead of the one being rescored: the gathered rows are
 /// scattered over the clusters, so loading them a few at a time overlaps the memory latency.
 const AHEAD: usize = 8;
+
+/// Rows a thread claims at a time in [`SphericalIndex::rescore_shared`].
+const RUN: usize = 64;
+
+/// The rows of a lone query's rescoring shared between two threads
+/// ([`SphericalIndex::rescore_shared`]): their places and exact scores (the bits of each `f32`)
+/// once posted, the first row not yet claimed, and whether the posting thread is done posting
+/// (or failed to post).
+#[derive(Default)]
+struct Board {
+    rows: OnceLock<(Vec<Place>, Vec<AtomicU32>)>,
+    next: AtomicUsize,
+    closed: AtomicBool,
+}
+
+impl Board {
+    /// Scores runs of the posted `rows` until none is left unclaimed.
+    fn work(&self, index: &SphericalIndex, (places, exact): &(Vec<Place>, Vec<AtomicU32>), query: &[f32]) {
+        loop {
+            let start = self.next.fetch_add(RUN, Relaxed);
+            if start >= places.len() {
+                return;
+            }
+            let run = start..(start + RUN).min(places.len());
+            index.score_copies(&places[run.clone()], query, |t, s| exact[run.start + t].store(s.to_bits(), Relaxed));
+        }
+    }
+
+    /// Waits until rows are posted, then [`Board::work`]s on them; returns at once if the board
+    /// closes without rows.
+    fn wait_and_work(&self, index: &SphericalIndex, query: &[f32]) {
+        loop {
+            if let Some(rows) = self.rows.get() {
+                return self.work(index, rows, query);
+            }
+            if self.closed.load(Acquire) {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Closes a [`Board`] when dropped: after its rows are posted, or on a panic before, so that
+/// the waiting thread never waits for rows that will not come.
+struct Closing<'a>(&'a Board);
+
+impl Drop for Closing<'_> {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Release);
+    }
+}
 
 impl SphericalIndex {
     /// Rows rescored exactly per query for `k` results (int8 scoring).
@@ -28,7 +83,7 @@ impl SphericalIndex {
 
     /// The per-query end of int8 (and pq4) scoring: `candidates` (the best probed rows by
     /// approximate score, in the order of the copies: rows of one cluster together, in their
-    /// order in it, as [`SphericalIndex::take_best_probed`] gives them, with their `places` in
+    /// order in it, as [`SphericalIndex::take_kept`] gives them, with their `places` in
     /// the clusters) rescored exactly from the copies (requesting them [`AHEAD`] rows ahead into
     /// the second-level cache, as the batched gather does: docs/decisions.md,
     /// "int8-rescoring-prefetch-l2"), their `k` best into `out`. Returns the number of rows
@@ -46,16 +101,59 @@ impl SphericalIndex {
         out: &mut Vec<Hit>,
     ) -> usize {
         debug_assert_eq!(candidates.len(), places.len());
+        self.score_copies(places, query, |t, score| candidates[t].score = score);
+        let rescored = candidates.len();
+        quant::keep_best(candidates, k, out);
+        rescored
+    }
+
+    /// Calls `score(t, s)` with the exact score `s` of the copy at each `places[t]` against
+    /// `query`, in order (requesting the copies [`AHEAD`] rows ahead into the second-level
+    /// cache).
+    fn score_copies(&self, places: &[Place], query: &[f32], mut score: impl FnMut(usize, f32)) {
         let d = query.len();
         let copy = |p: &Place| self.clusters[p.cluster as usize].row(p.at as usize, d);
         for p in places.iter().take(AHEAD) {
             kernels::prefetch_l2(copy(p));
         }
-        for (t, (h, p)) in candidates.iter_mut().zip(places).enumerate() {
+        for (t, p) in places.iter().enumerate() {
             if let Some(next) = places.get(t + AHEAD) {
                 kernels::prefetch_l2(copy(next));
             }
-            h.score = kernels::dot(copy(p), query);
+            score(t, kernels::dot(copy(p), query));
+        }
+    }
+
+    /// [`SphericalIndex::rescore`] shared with another thread of rayon's pool: `select` (run
+    /// on this thread) fills `candidates` and `places`, which are then rescored in runs of
+    /// [`RUN`] rows by this thread and, if it took up the waiting task meanwhile, another.
+    /// The other thread waits while `select` runs, so that it is awake when the rows come: a
+    /// thread that has gone to sleep takes longer to wake than the rescoring of a lone query's
+    /// rows lasts (docs/decisions.md, "lone-query-split"). Returns the number of rows rescored.
+    pub(super) fn rescore_shared(
+        &self,
+        select: impl FnOnce(&mut Vec<Hit>, &mut Vec<Place>) + Send,
+        candidates: &mut Vec<Hit>,
+        places: &mut Vec<Place>,
+        query: &[f32],
+        k: usize,
+        out: &mut Vec<Hit>,
+    ) -> usize {
+        let board = Board::default();
+        rayon::join(
+            || {
+                let _closed = Closing(&board);
+                select(candidates, places);
+                let exact = (0..places.len()).map(|_| AtomicU32::new(0)).collect();
+                let rows = board.rows.get_or_init(|| (std::mem::take(places), exact));
+                board.work(self, rows, query);
+            },
+            || board.wait_and_work(self, query),
+        );
+        let (posted, exact) = board.rows.into_inner().expect("the rows are posted before the board closes");
+        *places = posted;
+        for (h, s) in candidates.iter_mut().zip(exact) {
+            h.score = f32::from_bits(s.into_inner());
         }
         let rescored = candidates.len();
         quant::keep_best(candidates, k, out);

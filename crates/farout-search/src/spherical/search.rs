@@ -27,14 +27,14 @@ use std::cell::RefCell;
 const PROBE_HEAD: usize = 64;
 
 /// Per-thread buffers of one search: centroid scores, their keys and order, the probed rows'
-/// scores, those kept of them ([`SphericalIndex::take_best_probed`]), and the int8 path's
+/// parts ([`Part`]) and the rows of them kept (merged from several parts), and the int8 path's
 /// cluster scores, candidates and their places.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     keys: Vec<u64>,
     order: Vec<u32>,
-    probed: Vec<f32>,
+    parts: Vec<Part>,
     kept: Kept,
     block: Vec<f32>,
     candidates: Vec<Hit>,
@@ -42,13 +42,56 @@ struct Scratch {
     tables: pq4::Tables,
 }
 
-/// The buffers of [`SphericalIndex::take_best_probed`]: the positions and scores of the
-/// probed rows kept, and a copy of the scores to select the `n`-th best from.
+/// One share of a lone query's probed clusters (all of them unless the query is split among
+/// threads): its rows' scores and those of them kept.
+#[derive(Default)]
+struct Part {
+    probed: Vec<f32>,
+    kept: Kept,
+}
+
+/// The probed rows that can be among the `n` best (see [`Kept::keep`]): their positions among
+/// all the probed rows (ascending) and their scores, the floor they reach, and a copy of the
+/// scores to select the `n`-th best from.
 #[derive(Default)]
 struct Kept {
     positions: Vec<u32>,
     scores: Vec<f32>,
+    floor: f32,
     cut: Vec<f32>,
+}
+
+impl Kept {
+    /// Keeps the `scores` (of the probed rows from position `first`) that reach a floor at
+    /// most their `n`-th best, placed by bisection until at most `2 n` reach it
+    /// ([`topk::nth_best_floor_within`]: a few passes fewer than the closest floor), by a vector
+    /// pass ([`kernels::keep_at_least`]). NaN scores are never kept.
+    fn keep(&mut self, scores: &[f32], n: usize, first: usize) {
+        self.positions.clear();
+        self.scores.clear();
+        self.floor = topk::nth_best_floor_within(scores, n, n);
+        kernels::keep_at_least(scores, self.floor, &mut self.positions, &mut self.scores);
+        if first > 0 {
+            self.positions.iter_mut().for_each(|at| *at += first as u32);
+        }
+    }
+
+    /// The rows the `parts` kept that reach the highest of their floors, in the parts' order.
+    /// Each part's floor is at most its `n`-th best score, so at most the `n`-th best of all
+    /// the parts' scores, and the rows reaching it hold the `n` best of them all.
+    fn merge(&mut self, parts: &[Part]) {
+        self.floor = parts.iter().map(|p| p.kept.floor).fold(f32::NEG_INFINITY, f32::max);
+        self.positions.clear();
+        self.scores.clear();
+        for Part { kept, .. } in parts {
+            for (&at, &score) in kept.positions.iter().zip(&kept.scores) {
+                if score >= self.floor {
+                    self.positions.push(at);
+                    self.scores.push(score);
+                }
+            }
+        }
+    }
 }
 
 /// Where a row's copy is: member `at` of cluster `cluster`.
@@ -57,6 +100,42 @@ pub(super) struct Place {
     pub(super) cluster: u32,
     pub(super) at: u32,
 }
+
+/// What a lone query's probed rows are scored with: the query, its int8 codes with int8
+/// scoring, and its 4-bit tables where it scans 4-bit codes (`pq4.rs`).
+struct Lone<'a> {
+    query: &'a [f32],
+    codes: Option<&'a QuantQueries>,
+    tables: Option<&'a pq4::Tables>,
+}
+
+impl Lone<'_> {
+    /// Appends the scores of `cluster`'s members to `out`: on their 4-bit codes where the
+    /// query has tables (and the cluster codes), else on their int8 codes where it has codes,
+    /// else on the copies (`block`: scratch for the padded int8 scores).
+    fn score(&self, cluster: &Cluster, block: &mut Vec<f32>, out: &mut Vec<f32>) {
+        match (self.tables.and_then(|t| Some((t, cluster.pq4.get()?))), &cluster.codes, self.codes) {
+            (Some((tables, p)), _, _) => {
+                let at = out.len();
+                pq4::scores(&p.rows, tables, kernels::dot(&p.mean, self.query), out);
+                out.truncate(at + cluster.len());
+            }
+            (_, Some(rows), Some(codes)) => {
+                quant::scores(rows, codes, &[0], block);
+                out.extend_from_slice(&block[..rows.len()]);
+            }
+            _ => out.extend(cluster.rows.chunks_exact(self.query.len()).map(|row| kernels::dot(row, self.query))),
+        }
+    }
+}
+
+/// Probed rows from which a lone query's scan is shared among rayon's threads: below them
+/// waking another thread costs about what it saves.
+const SPLIT_ROWS: usize = 20_000;
+
+/// Rows rescored from which a lone query shared among threads also shares its rescoring
+/// ([`SphericalIndex::rescore_shared`]).
+const SHARED_RESCORING: usize = 256;
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -99,85 +178,129 @@ impl SphericalIndex {
     ) -> usize {
         let d = w.dim();
         let (pq4, pq4_depth) = (pq4.map(|(book, _)| book), pq4.map_or(0, |(_, depth)| depth));
-        SCRATCH.with_borrow_mut(|Scratch { scores, keys, order, probed, kept, block, candidates, places, tables }| {
-            let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
-            // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
-            scores.clear();
-            match (&self.centroid_codes, &codes) {
-                (Some(rows), Some(codes)) => {
-                    quant::scores(rows, codes, &[0], block);
-                    scores.extend_from_slice(&block[..rows.len()]);
-                }
-                _ => scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query))),
+        // Taken from this thread's slot rather than borrowed: while parts of this query run on
+        // other threads, this one may run another search's part, which then finds the slot
+        // empty and fills its own.
+        let mut scratch = SCRATCH.take();
+        let Scratch { scores, keys, order, parts, kept, block, candidates, places, tables } = &mut scratch;
+        let codes = self.config.scoring.int8_codes().then(|| QuantQueries::new(query, d));
+        // The query's augmented coordinate is 0, so only the first D centroid coordinates count.
+        scores.clear();
+        match (&self.centroid_codes, &codes) {
+            (Some(rows), Some(codes)) => {
+                quant::scores(rows, codes, &[0], block);
+                scores.extend_from_slice(&block[..rows.len()]);
             }
-            self.probe_order(scores, budget, self.probe_head(budget), keys, order);
-            // Every probed row is scored (on the cluster copies, their int8 codes, or their
-            // 4-bit codes where those pay: `pq4.rs`), so collect them all and select once.
-            probed.clear();
-            if let Some(book) = pq4 {
-                tables.fill(book, query);
+            _ => scores.extend(self.centroids_d.iter_rows().map(|c| kernels::dot(c, query))),
+        }
+        self.probe_order(scores, budget, self.probe_head(budget), keys, order);
+        // Every probed row is scored (on the cluster copies, their int8 codes, or their 4-bit
+        // codes where those pay: `pq4.rs`) and the best `n` selected once: exactly the top `k`
+        // on the copies, else the `depth` best by approximate score, rescored.
+        if let Some(book) = pq4 {
+            tables.fill(book, query);
+        }
+        let lone = Lone { query, codes: codes.as_ref(), tables: pq4.map(|_| &*tables) };
+        let n = match (&codes, pq4) {
+            (None, _) => k,
+            (Some(_), Some(_)) => pq4_depth,
+            (Some(_), None) => self.depth(k),
+        };
+        let probed = self.scan_probed(order, &lone, n, parts, block);
+        let shared = parts.len() > 1;
+        let kept = match &mut parts[..] {
+            [one] => &mut one.kept,
+            all => {
+                kept.merge(all);
+                kept
             }
-            for &j in order.iter() {
-                let cluster = &self.clusters[j as usize];
-                match (pq4.and(cluster.pq4.get()), &cluster.codes, &codes) {
-                    (Some(p), _, _) => {
-                        let at = probed.len();
-                        pq4::scores(&p.rows, tables, kernels::dot(&p.mean, query), probed);
-                        probed.truncate(at + cluster.len());
-                    }
-                    (_, Some(rows), Some(codes)) => {
-                        quant::scores(rows, codes, &[0], block);
-                        probed.extend_from_slice(&block[..rows.len()]);
-                    }
-                    _ => probed.extend(cluster.rows.chunks_exact(d).map(|row| kernels::dot(row, query))),
-                }
+        };
+        let scanned = probed + self.centroids.rows();
+        let rescored = if codes.is_none() {
+            out.clear();
+            self.take_kept(kept, order, n, |_, class, score| out.push(Hit { class, score }));
+            0
+        } else {
+            let mut select = |candidates: &mut Vec<Hit>, places: &mut Vec<Place>| {
+                candidates.clear();
+                places.clear();
+                self.take_kept(kept, order, n, |place, class, score| {
+                    candidates.push(Hit { class, score });
+                    places.push(place);
+                });
+            };
+            if shared && n >= SHARED_RESCORING {
+                self.rescore_shared(select, candidates, places, query, k, out)
+            } else {
+                select(candidates, places);
+                self.rescore(candidates, places, query, k, out)
             }
-            if codes.is_none() {
-                self.best_probed(probed, order, k, kept, out);
-                return probed.len() + self.centroids.rows();
+        };
+        SCRATCH.set(scratch);
+        scanned + rescored
+    }
+
+    /// Scores the members of the clusters `order` (one cluster after another) against the
+    /// `lone` query and keeps those that can be among the `n` best ([`Kept::keep`]), in
+    /// `parts`: one, or where they are at least [`SPLIT_ROWS`], one per rayon thread, each
+    /// scoring and keeping its share of the clusters (of about equal rows) on its own thread.
+    /// One core streams codes from memory at well under what the memory delivers to several,
+    /// and each part keeps its rows at once, so the threads are busy until they are merged
+    /// (docs/decisions.md, "lone-query-split"). Returns the rows scored.
+    fn scan_probed(&self, order: &[u32], lone: &Lone, n: usize, parts: &mut Vec<Part>, block: &mut Vec<f32>) -> usize {
+        let len = |j: &u32| self.clusters[*j as usize].len();
+        let rows: usize = order.iter().map(len).sum();
+        let threads = if rows >= SPLIT_ROWS { rayon::current_num_threads() } else { 1 };
+        parts.resize_with(threads.max(1), Part::default);
+        if let [part] = &mut parts[..] {
+            part.probed.clear();
+            for j in order {
+                lone.score(&self.clusters[*j as usize], block, &mut part.probed);
             }
-            // Rescore the best by approximate score exactly, from the copies.
-            let depth = if pq4.is_some() { pq4_depth } else { self.depth(k) };
-            candidates.clear();
-            places.clear();
-            self.take_best_probed(probed, order, depth, kept, |place, class, score| {
-                candidates.push(Hit { class, score });
-                places.push(place);
-            });
-            let rescored = self.rescore(candidates, places, query, k, out);
-            probed.len() + rescored + self.centroids.rows()
-        })
+            part.kept.keep(&part.probed, n, 0);
+            return rows;
+        }
+        // Contiguous shares of `order` (with the position of their first row), each but the
+        // last ending at the first cluster that takes the rows to its share of all of them.
+        let mut shares = Vec::with_capacity(parts.len());
+        let (mut start, mut first, mut seen) = (0, 0, 0);
+        for (i, j) in order.iter().enumerate() {
+            seen += len(j);
+            if shares.len() + 1 < parts.len() && seen * parts.len() >= rows * (shares.len() + 1) {
+                shares.push((&order[start..=i], first));
+                (start, first) = (i + 1, seen);
+            }
+        }
+        shares.push((&order[start..], first));
+        parts.truncate(shares.len());
+        parts.par_iter_mut().zip(shares).for_each_init(Vec::new, |block, (part, (clusters, first))| {
+            part.probed.clear();
+            for j in clusters {
+                lone.score(&self.clusters[*j as usize], block, &mut part.probed);
+            }
+            part.kept.keep(&part.probed, n, first);
+        });
+        rows
     }
 
     /// The `n` best rows by `probed`, the scores of the members of the clusters `order` (one
     /// cluster after another), into `out` in that order (see
-    /// [`SphericalIndex::take_best_probed`]).
-    fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, buffers: &mut Kept, out: &mut Vec<Hit>) {
+    /// [`SphericalIndex::take_kept`]).
+    fn best_probed(&self, probed: &[f32], order: &[u32], n: usize, kept: &mut Kept, out: &mut Vec<Hit>) {
         out.clear();
-        self.take_best_probed(probed, order, n, buffers, |_, class, score| out.push(Hit { class, score }));
+        kept.keep(probed, n, 0);
+        self.take_kept(kept, order, n, |_, class, score| out.push(Hit { class, score }));
     }
 
-    /// Calls `take(place, id, score)` for each of the `n` best rows by `probed`, the scores of
-    /// the members of the clusters `order` (one cluster after another), in that order (so in
-    /// the order of the cluster copies, which [`SphericalIndex::rescore`] reads, by the places
-    /// it is given): a floor at most the `n`-th best score, placed
-    /// by bisection until at most `2 n` scores reach it ([`topk::nth_best_floor_within`]: a
-    /// few passes fewer than the closest floor), the scores reaching it kept by a vector pass
-    /// ([`kernels::keep_at_least`], with their positions), the `n`-th best of those selected
-    /// (on a copy, `cut`) and the kept rows above it taken, with the first ones equal to it
-    /// that make `n`. Only the taken rows' ids are looked up. NaN scores are never taken.
-    fn take_best_probed(
-        &self,
-        probed: &[f32],
-        order: &[u32],
-        n: usize,
-        buffers: &mut Kept,
-        mut take: impl FnMut(Place, ClassId, f32),
-    ) {
-        let Kept { positions, scores, cut } = buffers;
-        positions.clear();
-        scores.clear();
-        kernels::keep_at_least(probed, topk::nth_best_floor_within(probed, n, n), positions, scores);
+    /// Calls `take(place, id, score)` for each of the `n` best rows of those `kept` (all the
+    /// probed rows reaching a floor at most the `n`-th best score of all, [`Kept::keep`]), the
+    /// members of the clusters `order` (one cluster after another), in that order (so in the
+    /// order of the cluster copies, which [`SphericalIndex::rescore`] reads, by the places it
+    /// is given): the `n`-th best of the kept scores selected (on a copy, `cut`) and the kept
+    /// rows above it taken, with the first ones equal to it that make `n`. Only the taken rows'
+    /// ids are looked up.
+    fn take_kept(&self, kept: &mut Kept, order: &[u32], n: usize, mut take: impl FnMut(Place, ClassId, f32)) {
+        let Kept { positions, scores, cut, .. } = kept;
         // How many rows equal to the `n`-th best score are taken (all when fewer than `n`
         // were kept).
         let (mut nth, mut ties) = (f32::NEG_INFINITY, usize::MAX);
@@ -462,7 +585,7 @@ pub(super) fn probed<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{SphericalConfig, both_scorings};
+    use super::super::{Scoring, SphericalConfig, both_scorings};
     use super::*;
     use crate::MipsIndex;
     use crate::testutil::{assert_exact_scores, clustered};
@@ -498,6 +621,29 @@ mod tests {
         }
     }
 
+    /// A lone query probing enough rows to be shared among threads returns what it returns on
+    /// one thread, bit for bit, in every scoring (three threads: parts of uneven rows).
+    #[test]
+    fn lone_query_split_among_threads_equals_one_thread() {
+        let (w, queries) = clustered(40_000, 32);
+        let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("a thread pool");
+        let (one, three) = (pool(1), pool(3));
+        let bits = |h: &[Hit]| h.iter().map(|h| (h.class, h.score.to_bits())).collect::<Vec<_>>();
+        for scoring in [Scoring::F32, Scoring::Int8, Scoring::Pq4] {
+            let config =
+                SphericalConfig { scoring, n_centroids: 200, candidate_factor: Some(48.0), ..Default::default() };
+            let index = SphericalIndex::build(Rows::all(&w), &config);
+            for q in 0..6 {
+                let (mut alone, mut shared) = (Vec::new(), Vec::new());
+                let scanned = one.install(|| index.search(Rows::all(&w), queries.row(q), 500, &mut alone));
+                assert!(scanned >= SPLIT_ROWS, "{scoring:?}: {scanned} rows scanned, too few to share");
+                three.install(|| index.search(Rows::all(&w), queries.row(q), 500, &mut shared));
+                assert_eq!(alone.len(), 500, "{scoring:?}");
+                assert_eq!(bits(&alone), bits(&shared), "{scoring:?}, query {q}");
+            }
+        }
+    }
+
     /// The `n` best of the probed rows are those a full sort of their scores puts first, in the
     /// order probed: with coarse scores (ties at the cut), NaN, empty clusters among those
     /// probed, and more asked for than there are scores.
@@ -517,11 +663,27 @@ mod tests {
             index.best_probed(&probed, &order, n, &mut kept, &mut out);
             // Each taken row's place holds it.
             let mut places = Vec::new();
-            index.take_best_probed(&probed, &order, n, &mut kept, |p, class, _| places.push((p, class)));
+            kept.keep(&probed, n, 0);
+            index.take_kept(&mut kept, &order, n, |p, class, _| places.push((p, class)));
             assert_eq!(places.len(), out.len(), "n = {n}");
             for (p, class) in places {
                 assert_eq!(index.clusters[p.cluster as usize].ids[p.at as usize], class, "n = {n}");
             }
+            // Kept in parts (of uneven rows, one of no cluster) and merged: the same rows.
+            let cuts = [0, 1, order.len() / 3, order.len() / 3, order.len()];
+            let mut parts: Vec<Part> = Vec::new();
+            for share in cuts.windows(2) {
+                let first: usize = order[..share[0]].iter().map(|&j| index.clusters[j as usize].len()).sum();
+                let rows: usize = order[share[0]..share[1]].iter().map(|&j| index.clusters[j as usize].len()).sum();
+                let mut part = Part::default();
+                part.kept.keep(&probed[first..first + rows], n, first);
+                parts.push(part);
+            }
+            let (mut merged, mut from_parts) = (Kept::default(), Vec::new());
+            merged.merge(&parts);
+            index.take_kept(&mut merged, &order, n, |_, class, score| from_parts.push(Hit { class, score }));
+            let bits = |h: &[Hit]| h.iter().map(|h| (h.class, h.score.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&from_parts), bits(&out), "n = {n}: kept in parts");
             // In the order probed.
             let at = |h: &Hit| ids.iter().position(|&c| c == h.class).expect("a probed row");
             assert!(out.windows(2).all(|p| at(&p[0]) < at(&p[1])), "n = {n}: out of the probed order");
