@@ -130,8 +130,8 @@ impl Lone<'_> {
 }
 
 /// Probed rows from which a lone query's scan is shared among rayon's threads: below them
-/// waking another thread costs about what it saves.
-const SPLIT_ROWS: usize = 20_000;
+/// waking another thread costs about what it saves (docs/decisions.md, "lone-query-split").
+const SPLIT_ROWS: usize = 30_000;
 
 /// Rows rescored from which a lone query shared among threads also shares its rescoring
 /// ([`SphericalIndex::rescore_shared`]).
@@ -176,6 +176,12 @@ impl SphericalIndex {
         pq4: Option<(&Codebook, usize)>,
         out: &mut Vec<Hit>,
     ) -> usize {
+        // A query to be shared among the pool's threads runs on one of them: called from a
+        // thread outside the pool, each shared step would wake a pool thread and then wait to be
+        // woken itself (docs/decisions.md, "lone-query-split").
+        if budget >= SPLIT_ROWS && rayon::current_thread_index().is_none() && rayon::current_num_threads() > 1 {
+            return rayon::scope(|_| self.scan_one(w, query, k, budget, pq4, out));
+        }
         let d = w.dim();
         let (pq4, pq4_depth) = (pq4.map(|(book, _)| book), pq4.map_or(0, |(_, depth)| depth));
         // Taken from this thread's slot rather than borrowed: while parts of this query run on
@@ -631,7 +637,7 @@ mod tests {
         let bits = |h: &[Hit]| h.iter().map(|h| (h.class, h.score.to_bits())).collect::<Vec<_>>();
         for scoring in [Scoring::F32, Scoring::Int8, Scoring::Pq4] {
             let config =
-                SphericalConfig { scoring, n_centroids: 200, candidate_factor: Some(48.0), ..Default::default() };
+                SphericalConfig { scoring, n_centroids: 200, candidate_factor: Some(64.0), ..Default::default() };
             let index = SphericalIndex::build(Rows::all(&w), &config);
             for q in 0..6 {
                 let (mut alone, mut shared) = (Vec::new(), Vec::new());
@@ -640,6 +646,9 @@ mod tests {
                 three.install(|| index.search(Rows::all(&w), queries.row(q), 500, &mut shared));
                 assert_eq!(alone.len(), 500, "{scoring:?}");
                 assert_eq!(bits(&alone), bits(&shared), "{scoring:?}, query {q}");
+                // From this thread, outside the pools: moved into the global pool.
+                index.search(Rows::all(&w), queries.row(q), 500, &mut shared);
+                assert_eq!(bits(&alone), bits(&shared), "{scoring:?}, query {q}, from outside the pool");
             }
         }
     }
