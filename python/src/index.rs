@@ -62,7 +62,8 @@ impl NativeIndex {
     fn top_k(&self, q: &[f32], n: usize, k: usize) -> (Vec<i64>, Vec<f32>) {
         let (mut ids, mut scores) = (vec![0i64; n * k], vec![0f32; n * k]);
         if n == 1 {
-            // One query: no matrix, no thread pool (the per-call cost of a lone query).
+            // One query: no matrix, and the thread pool only where the index shares a query
+            // probing many rows among its threads (the per-call cost of a lone query).
             let mut hits = Vec::with_capacity(k);
             self.index.block(0).search(Rows::all(&self.w), q, k, &mut hits);
             write_row(&mut hits, &mut ids, &mut scores);
