@@ -259,11 +259,7 @@ impl SphericalIndex {
         let threads = if rows >= SPLIT_ROWS { rayon::current_num_threads() } else { 1 };
         parts.resize_with(threads.max(1), Part::default);
         if let [part] = &mut parts[..] {
-            part.probed.clear();
-            for j in order {
-                lone.score(&self.clusters[*j as usize], block, &mut part.probed);
-            }
-            part.kept.keep(&part.probed, n, 0);
+            self.scan_share(part, order, 0, lone, n, block);
             return rows;
         }
         // Contiguous shares of `order` (with the position of their first row), each but the
@@ -280,13 +276,19 @@ impl SphericalIndex {
         shares.push((&order[start..], first));
         parts.truncate(shares.len());
         parts.par_iter_mut().zip(shares).for_each_init(Vec::new, |block, (part, (clusters, first))| {
-            part.probed.clear();
-            for j in clusters {
-                lone.score(&self.clusters[*j as usize], block, &mut part.probed);
-            }
-            part.kept.keep(&part.probed, n, first);
+            self.scan_share(part, clusters, first, lone, n, block);
         });
         rows
+    }
+
+    /// Scores the members of `clusters`, whose first row is probed row `first`, against the
+    /// `lone` query into `part` and keeps those that can be among the `n` best.
+    fn scan_share(&self, part: &mut Part, clusters: &[u32], first: usize, lone: &Lone, n: usize, block: &mut Vec<f32>) {
+        part.probed.clear();
+        for &j in clusters {
+            lone.score(&self.clusters[j as usize], block, &mut part.probed);
+        }
+        part.kept.keep(&part.probed, n, first);
     }
 
     /// The `n` best rows by `probed`, the scores of the members of the clusters `order` (one
@@ -627,6 +629,11 @@ mod tests {
         }
     }
 
+    /// Each hit's class and the bits of its score, to compare results bit for bit.
+    fn bits(hits: &[Hit]) -> Vec<(ClassId, u32)> {
+        hits.iter().map(|h| (h.class, h.score.to_bits())).collect()
+    }
+
     /// A lone query probing enough rows to be shared among threads returns what it returns on
     /// one thread, bit for bit, in every scoring (three threads: parts of uneven rows).
     #[test]
@@ -634,7 +641,6 @@ mod tests {
         let (w, queries) = clustered(40_000, 32);
         let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().expect("a thread pool");
         let (one, three) = (pool(1), pool(3));
-        let bits = |h: &[Hit]| h.iter().map(|h| (h.class, h.score.to_bits())).collect::<Vec<_>>();
         for scoring in [Scoring::F32, Scoring::Int8, Scoring::Pq4] {
             let config =
                 SphericalConfig { scoring, n_centroids: 200, candidate_factor: Some(64.0), ..Default::default() };
@@ -691,7 +697,6 @@ mod tests {
             let (mut merged, mut from_parts) = (Kept::default(), Vec::new());
             merged.merge(&parts);
             index.take_kept(&mut merged, &order, n, |_, class, score| from_parts.push(Hit { class, score }));
-            let bits = |h: &[Hit]| h.iter().map(|h| (h.class, h.score.to_bits())).collect::<Vec<_>>();
             assert_eq!(bits(&from_parts), bits(&out), "n = {n}: kept in parts");
             // In the order probed.
             let at = |h: &Hit| ids.iter().position(|&c| c == h.class).expect("a probed row");
