@@ -89,14 +89,13 @@ pub(crate) fn count_in(
     if range.contains(&value) { Ok(()) } else { Err(farout_core::ParamError::new(name, value, reason)) }
 }
 
-/// Makes room in `v` for `extra` more values, growing its capacity by an eighth (at least
-/// `extra`) instead of doubling it. An index's per-cluster storage gains members one at a time
-/// as training moves rows between clusters: doubling left most clusters' copies and codes
-/// nearly half empty, about 290 MB at K = 672,000 (docs/decisions.md, "megaface-memory").
-pub(crate) fn reserve_by_eighths<T>(v: &mut Vec<T>, extra: usize) {
-    if v.capacity() - v.len() < extra {
-        v.reserve_exact(extra.max(v.len() / 8));
-    }
+/// The room to reserve (exactly) in a buffer of `len` values and `capacity` for `extra` more:
+/// none when they fit, else an eighth of `len` (at least `extra`), instead of doubling the
+/// capacity. An index's per-cluster storage gains members one at a time as training moves rows
+/// between clusters: doubling left most clusters' copies and codes nearly half empty, about
+/// 290 MB at K = 672,000 (docs/decisions.md, "megaface-memory").
+pub(crate) fn room_by_eighths(len: usize, capacity: usize, extra: usize) -> usize {
+    if capacity - len < extra { extra.max(len / 8) } else { 0 }
 }
 
 /// Top-k maximum inner product search over the rows of a matrix `W` that changes during

@@ -47,6 +47,7 @@
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
+use farout_core::hugepages::{HugeVec, huge_vec};
 use farout_core::rng::{self, RngExt};
 
 /// Levels per dimension (4 bits).
@@ -173,21 +174,21 @@ fn nearest(levels: &[f32], x: f32) -> usize {
 }
 
 /// The 4-bit codes of a growing and changing set of rows (see the module docs), addressed by
-/// position `0..len()`.
-#[derive(Clone, Debug, Default)]
+/// position `0..len()`, in huge pages shared with other code buffers ([`HugeVec`]).
+#[derive(Clone, Debug)]
 pub struct Pq4Rows {
     /// Sub-spaces (a multiple of [`SUB_ALIGN`]).
     m: usize,
     len: usize,
     /// `ceil(len / 32)` blocks of `m / 2` pairs of 32 bytes.
-    codes: Vec<u8>,
+    codes: HugeVec<u8>,
 }
 
 impl Pq4Rows {
     /// No rows yet, of `m` sub-spaces ([`Codebook::sub_spaces`]).
     pub fn new(m: usize) -> Self {
         debug_assert!(m.is_multiple_of(SUB_ALIGN));
-        Self { m, len: 0, codes: Vec::new() }
+        Self { m, len: 0, codes: huge_vec(0) }
     }
 
     /// Number of rows.
@@ -240,7 +241,7 @@ impl Pq4Rows {
     pub fn push_with(&mut self, code: impl Fn(usize) -> u8) {
         if self.len == self.padded_len() {
             let block = self.block_bytes();
-            crate::reserve_by_eighths(&mut self.codes, block);
+            self.codes.reserve_exact(crate::room_by_eighths(self.codes.len(), self.codes.capacity(), block));
             self.codes.resize(self.codes.len() + block, 0);
         }
         self.len += 1;

@@ -47,6 +47,8 @@
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
+use farout_core::hugepages::{HugeVec, huge_vec};
+
 /// Rows per group (32-bit lanes of a 512-bit register).
 const GROUP: usize = 16;
 /// Groups scored together by the kernel; storage is padded to a multiple of this many groups.
@@ -105,7 +107,9 @@ pub(crate) fn keep_best(candidates: &mut Vec<crate::Hit>, k: usize, out: &mut Ve
 struct Line([i8; 64]);
 
 /// The int8 codes of a growing and changing set of rows of dimension `dim` (see the module
-/// docs), addressed by position `0..len()`.
+/// docs), addressed by position `0..len()`. Held in huge pages shared with other code buffers
+/// ([`HugeVec`]): a batch's scan streams a thousand of them one after another, faster from huge
+/// pages (docs/decisions.md, "pooled-huge-pages").
 #[derive(Clone, Debug)]
 pub struct QuantRows {
     dim: usize,
@@ -113,17 +117,30 @@ pub struct QuantRows {
     chunks: usize,
     len: usize,
     /// `padded_len / 16` groups of `chunks` lines of 64 bytes.
-    codes: Vec<Line>,
+    codes: HugeVec<Line>,
     /// `s_w` per row (0 in the padding).
-    scale: Vec<f32>,
+    scale: HugeVec<f32>,
     /// `-128 sum_i c_i` per row (0 in the padding).
-    offset: Vec<i32>,
+    offset: HugeVec<i32>,
 }
 
 impl QuantRows {
     /// No rows yet, of dimension `dim`.
     pub fn new(dim: usize) -> Self {
-        Self { dim, chunks: dim.div_ceil(4), len: 0, codes: Vec::new(), scale: Vec::new(), offset: Vec::new() }
+        Self::with_capacity(dim, 0)
+    }
+
+    /// No rows yet, of dimension `dim`, with room for `rows` rows.
+    pub fn with_capacity(dim: usize, rows: usize) -> Self {
+        let (chunks, padded) = (dim.div_ceil(4), rows.next_multiple_of(ROW_TILE));
+        Self {
+            dim,
+            chunks,
+            len: 0,
+            codes: huge_vec(padded / GROUP * chunks),
+            scale: huge_vec(padded),
+            offset: huge_vec(padded),
+        }
     }
 
     /// Number of rows.
@@ -149,9 +166,10 @@ impl QuantRows {
     /// Appends `row` (length `dim`).
     pub fn push(&mut self, row: &[f32]) {
         if self.len == self.padded_len() {
-            crate::reserve_by_eighths(&mut self.codes, GROUPS_PER_TILE * self.chunks);
-            crate::reserve_by_eighths(&mut self.scale, ROW_TILE);
-            crate::reserve_by_eighths(&mut self.offset, ROW_TILE);
+            let (codes, rows) = (GROUPS_PER_TILE * self.chunks, ROW_TILE);
+            self.codes.reserve_exact(crate::room_by_eighths(self.codes.len(), self.codes.capacity(), codes));
+            self.scale.reserve_exact(crate::room_by_eighths(self.scale.len(), self.scale.capacity(), rows));
+            self.offset.reserve_exact(crate::room_by_eighths(self.offset.len(), self.offset.capacity(), rows));
             self.codes.resize(self.codes.len() + GROUPS_PER_TILE * self.chunks, Line([0; 64]));
             self.scale.resize(self.scale.len() + ROW_TILE, 0.0);
             self.offset.resize(self.offset.len() + ROW_TILE, 0);

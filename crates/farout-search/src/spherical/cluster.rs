@@ -14,7 +14,8 @@ use std::sync::{Arc, OnceLock};
 /// The members of one cluster and a copy of their rows (`ids.len() x D`, row-major, in the same
 /// order) as of their last build, sync or refresh; with int8 scoring also the rows' codes, and
 /// with `pq4` scoring their 4-bit codes once made (`pq4.rs`: the first lone query that scans
-/// them makes every cluster's; from then on they are kept up to date with the copies).
+/// them makes every cluster's; from then on they are kept up to date with the copies). The codes
+/// sit in huge pages shared by the clusters ([`crate::quant::QuantRows`], [`crate::pq4::Pq4Rows`]).
 #[derive(Clone, Debug)]
 pub(super) struct Cluster {
     pub(super) ids: Vec<ClassId>,
@@ -56,7 +57,7 @@ impl Cluster {
         Self {
             ids: Vec::with_capacity(capacity),
             rows: Vec::with_capacity(capacity * d),
-            codes: scoring.int8_codes().then(|| QuantRows::new(d)),
+            codes: scoring.int8_codes().then(|| QuantRows::with_capacity(d, capacity)),
             pq4: OnceLock::new(),
         }
     }
@@ -91,8 +92,8 @@ impl Cluster {
     }
 
     pub(super) fn push(&mut self, id: ClassId, row: &[f32]) {
-        crate::reserve_by_eighths(&mut self.ids, 1);
-        crate::reserve_by_eighths(&mut self.rows, row.len());
+        self.ids.reserve_exact(crate::room_by_eighths(self.ids.len(), self.ids.capacity(), 1));
+        self.rows.reserve_exact(crate::room_by_eighths(self.rows.len(), self.rows.capacity(), row.len()));
         self.ids.push(id);
         self.rows.extend_from_slice(row);
         if let Some(codes) = &mut self.codes {

@@ -216,7 +216,7 @@ fn centroid_views(centroids: &Matrix, d: usize, scoring: Scoring) -> (Matrix, Op
         centroids_d.row_mut(j).copy_from_slice(&centroids.row(j)[..d]);
     }
     let centroid_codes = scoring.int8_codes().then(|| {
-        let mut codes = QuantRows::new(d);
+        let mut codes = QuantRows::with_capacity(d, centroids.rows());
         centroids_d.iter_rows().for_each(|row| codes.push(row));
         codes
     });

@@ -65,7 +65,7 @@ impl SphericalIndex {
             expect_len(&rows, ids.len() * d, "copied values in a cluster")?;
             place_members(j, &ids, &assign, &mut pos)?;
             let codes = config.scoring.int8_codes().then(|| {
-                let mut codes = QuantRows::new(d);
+                let mut codes = QuantRows::with_capacity(d, ids.len());
                 rows.chunks_exact(d.max(1)).for_each(|r| codes.push(r));
                 codes
             });
