@@ -53,13 +53,6 @@ pub fn huge_vec<T>(n: usize) -> HugeVec<T> {
     HugeVec::with_capacity_in(n, HugePages)
 }
 
-/// A [`HugeVec`] holding a copy of `values`.
-pub fn huge_copy<T: Clone>(values: &[T]) -> HugeVec<T> {
-    let mut v = huge_vec(values.len());
-    v.extend_from_slice(values);
-    v
-}
-
 // SAFETY: every block comes from mimalloc and goes back to it with the layout it was allocated
 // with; empty layouts never reach it (a dangling, aligned pointer stands for them).
 unsafe impl Allocator for HugePages {
@@ -153,6 +146,11 @@ mod tests {
     /// through them lie (at least partly) in huge pages where the system offers them.
     #[test]
     fn pooled_vectors_keep_values_and_share_huge_pages() {
+        let huge_copy = |values: &[f32]| {
+            let mut v = huge_vec(values.len());
+            v.extend_from_slice(values);
+            v
+        };
         #[repr(align(64))]
         #[derive(Clone, Copy, Debug, PartialEq)]
         struct Line([u8; 64]);

@@ -48,6 +48,7 @@ pub use hnsw::{HnswConfig, HnswIndex};
 pub use lsh::{SimpleLshConfig, SimpleLshIndex};
 pub use spherical::{Calibrated, Scoring, SphericalConfig, SphericalIndex};
 
+use farout_core::hugepages::HugeVec;
 use farout_core::{ClassId, Matrix};
 use rayon::prelude::*;
 
@@ -89,13 +90,29 @@ pub(crate) fn count_in(
     if range.contains(&value) { Ok(()) } else { Err(farout_core::ParamError::new(name, value, reason)) }
 }
 
-/// The room to reserve (exactly) in a buffer of `len` values and `capacity` for `extra` more:
-/// none when they fit, else an eighth of `len` (at least `extra`), instead of doubling the
-/// capacity. An index's per-cluster storage gains members one at a time as training moves rows
-/// between clusters: doubling left most clusters' copies and codes nearly half empty, about
-/// 290 MB at K = 672,000 (docs/decisions.md, "megaface-memory").
-pub(crate) fn room_by_eighths(len: usize, capacity: usize, extra: usize) -> usize {
+/// Room for `extra` more values, made by growing the capacity by an eighth (at least `extra`)
+/// instead of doubling it. An index's per-cluster storage gains members one at a time as
+/// training moves rows between clusters: doubling left most clusters' copies and codes nearly
+/// half empty, about 290 MB at K = 672,000 (docs/decisions.md, "megaface-memory").
+pub(crate) trait ReserveByEighths {
+    fn reserve_by_eighths(&mut self, extra: usize);
+}
+
+/// What [`ReserveByEighths`] reserves (exactly) in a vector of `len` values and `capacity`.
+fn room_by_eighths(len: usize, capacity: usize, extra: usize) -> usize {
     if capacity - len < extra { extra.max(len / 8) } else { 0 }
+}
+
+impl<T> ReserveByEighths for Vec<T> {
+    fn reserve_by_eighths(&mut self, extra: usize) {
+        self.reserve_exact(room_by_eighths(self.len(), self.capacity(), extra));
+    }
+}
+
+impl<T> ReserveByEighths for HugeVec<T> {
+    fn reserve_by_eighths(&mut self, extra: usize) {
+        self.reserve_exact(room_by_eighths(self.len(), self.capacity(), extra));
+    }
 }
 
 /// Top-k maximum inner product search over the rows of a matrix `W` that changes during

@@ -47,6 +47,7 @@
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
+use crate::ReserveByEighths;
 use farout_core::hugepages::{HugeVec, huge_vec};
 use farout_core::rng::{self, RngExt};
 
@@ -241,7 +242,7 @@ impl Pq4Rows {
     pub fn push_with(&mut self, code: impl Fn(usize) -> u8) {
         if self.len == self.padded_len() {
             let block = self.block_bytes();
-            self.codes.reserve_exact(crate::room_by_eighths(self.codes.len(), self.codes.capacity(), block));
+            self.codes.reserve_by_eighths(block);
             self.codes.resize(self.codes.len() + block, 0);
         }
         self.len += 1;

@@ -47,6 +47,7 @@
 //!
 //! [`SphericalIndex`]: crate::SphericalIndex
 
+use crate::ReserveByEighths;
 use farout_core::hugepages::{HugeVec, huge_vec};
 
 /// Rows per group (32-bit lanes of a 512-bit register).
@@ -166,10 +167,9 @@ impl QuantRows {
     /// Appends `row` (length `dim`).
     pub fn push(&mut self, row: &[f32]) {
         if self.len == self.padded_len() {
-            let (codes, rows) = (GROUPS_PER_TILE * self.chunks, ROW_TILE);
-            self.codes.reserve_exact(crate::room_by_eighths(self.codes.len(), self.codes.capacity(), codes));
-            self.scale.reserve_exact(crate::room_by_eighths(self.scale.len(), self.scale.capacity(), rows));
-            self.offset.reserve_exact(crate::room_by_eighths(self.offset.len(), self.offset.capacity(), rows));
+            self.codes.reserve_by_eighths(GROUPS_PER_TILE * self.chunks);
+            self.scale.reserve_by_eighths(ROW_TILE);
+            self.offset.reserve_by_eighths(ROW_TILE);
             self.codes.resize(self.codes.len() + GROUPS_PER_TILE * self.chunks, Line([0; 64]));
             self.scale.resize(self.scale.len() + ROW_TILE, 0.0);
             self.offset.resize(self.offset.len() + ROW_TILE, 0);

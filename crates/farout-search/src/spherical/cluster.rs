@@ -6,6 +6,7 @@
 //! [`SphericalIndex`]: super::SphericalIndex
 
 use super::Scoring;
+use crate::ReserveByEighths;
 use crate::pq4::{Codebook, Pq4Rows};
 use crate::quant::QuantRows;
 use farout_core::ClassId;
@@ -92,8 +93,8 @@ impl Cluster {
     }
 
     pub(super) fn push(&mut self, id: ClassId, row: &[f32]) {
-        self.ids.reserve_exact(crate::room_by_eighths(self.ids.len(), self.ids.capacity(), 1));
-        self.rows.reserve_exact(crate::room_by_eighths(self.rows.len(), self.rows.capacity(), row.len()));
+        self.ids.reserve_by_eighths(1);
+        self.rows.reserve_by_eighths(row.len());
         self.ids.push(id);
         self.rows.extend_from_slice(row);
         if let Some(codes) = &mut self.codes {
