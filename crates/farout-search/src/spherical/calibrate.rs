@@ -21,11 +21,13 @@
 //! queries drift: a calibration is renewed on fresh queries after
 //! [`RENEW_AFTER_QUERIES`] searches or once [`RENEW_AFTER_REASSIGNED`] of the rows have
 //! changed cluster; until the fresh sample is in, the old budget serves. A renewal that finds
-//! the budget within [`STABLE_BUDGET`] of the last one doubles the searches until the next
-//! (up to [`RENEW_AFTER_QUERIES_MAX`]), one that moves it more starts again from
-//! [`RENEW_AFTER_QUERIES`]: each renewal searches the rows by brute force for its sample, and
-//! once training has settled the budgets barely move (see docs/decisions.md,
-//! "calibration-renewal").
+//! the budget unchanged doubles the searches until the next (up to [`RENEW_AFTER_QUERIES_MAX`]),
+//! one that moves it starts again from [`RENEW_AFTER_QUERIES`]: each renewal searches the rows
+//! by brute force for its sample, and once training has settled the budgets barely move (see
+//! docs/decisions.md, "calibration-renewal"). A budget counts as unchanged within
+//! [`STABLE_BUDGET`] of the last one, or when the fresh sample's recall at the last budget is
+//! within the noise of two samples' fits of its recall at the new one: where the recall grows
+//! slowly with the budget, sampling alone moves the budget by more than a few percent.
 //!
 //! [`SphericalIndex`]: super::SphericalIndex
 
@@ -122,13 +124,12 @@ pub(super) struct LoneFit {
 }
 
 impl Entry {
-    /// The searches until the renewal after `fit`, which replaces `last` (if any).
-    fn renew_after(last: Option<&Entry>, fit: &Calibrated) -> usize {
+    /// The searches until the renewal after `fit` (fitted on the sample of `curve`), which
+    /// replaces `last` (if any).
+    fn renew_after(last: Option<&Entry>, fit: &Calibrated, curve: &RecallCurve) -> usize {
         let Some(last) = last else { return RENEW_AFTER_QUERIES };
         match (last.fit.budget, fit.budget) {
-            (Some(a), Some(b)) if (b as f64 - a as f64).abs() <= STABLE_BUDGET * a as f64 => {
-                (2 * last.renew_after).min(RENEW_AFTER_QUERIES_MAX)
-            }
+            (Some(a), Some(b)) if curve.same_budget(a, b) => (2 * last.renew_after).min(RENEW_AFTER_QUERIES_MAX),
             _ => RENEW_AFTER_QUERIES,
         }
     }
@@ -327,19 +328,20 @@ impl SphericalIndex {
         // Fitted without holding the lock: the fit runs parallel work, whose threads may search
         // this index meanwhile.
         let sample = Matrix::from_vec(sample.len() / d, d, sample).expect("whole rows");
-        let (fit, exact) = self.fit(w, &sample, k);
+        let (fit, exact, curve) = self.fit(w, &sample, k);
         let keep = self.config.scoring == super::Scoring::Pq4 && fit.budget.is_some();
         let lone = Arc::new(LoneFit { sample: keep.then_some((sample, exact)), ..LoneFit::default() });
         let mut state = cal.state.write().unwrap_or_else(|e| e.into_inner());
-        let renew_after = Entry::renew_after(state.entries.iter().find(|e| e.fit.k == k), &fit);
+        let renew_after = Entry::renew_after(state.entries.iter().find(|e| e.fit.k == k), &fit, &curve);
         state.entries.retain(|e| e.fit.k != k);
         state.entries.push(Entry { fit, lone, at_queries: searched, at_reassigned: reassigned, renew_after });
         state.busy = false;
         plan_of(&fit)
     }
 
-    /// The calibration of `k` on `sample` (see the module docs), and the sample's exact top `k`.
-    fn fit(&self, w: Rows, sample: &Matrix, k: usize) -> (Calibrated, Vec<Vec<Hit>>) {
+    /// The calibration of `k` on `sample` (see the module docs), the sample's exact top `k` and
+    /// its recall curve.
+    fn fit(&self, w: Rows, sample: &Matrix, k: usize) -> (Calibrated, Vec<Vec<Hit>>, RecallCurve) {
         let n = sample.rows();
         let mut exact = Vec::new();
         ExactIndex::new().search_batch(w, sample, k, &mut exact);
@@ -370,18 +372,19 @@ impl SphericalIndex {
                 (need, ends)
             })
             .unzip();
-        let budget = smallest_budget(&needs, self.config.recall as f64);
+        let curve = RecallCurve(needs);
+        let budget = curve.smallest_budget(self.config.recall as f64);
         // The search probes whole clusters: the rows it scans for this budget, on average.
         let scanned = |ends: &Vec<usize>| ends.get(ends.partition_point(|&e| e < budget)).or(ends.last()).copied();
         let probed = ends.iter().map(|e| scanned(e).unwrap_or(0) as f64).sum::<f64>() / n.max(1) as f64;
         if probed >= BRUTE_FORCE_SHARE * w.len() as f64 {
-            return (Calibrated { k, budget: None, probed: w.len() as f64, recall: 1.0, queries: n }, exact);
+            return (Calibrated { k, budget: None, probed: w.len() as f64, recall: 1.0, queries: n }, exact, curve);
         }
         // The recall of that budget, measured by searching the sample with it.
         let mut found = Vec::new();
         self.search_batched_with(w, sample, k, budget, &mut found);
         let recall = crate::overlap(&found, &exact);
-        (Calibrated { k, budget: Some(budget), probed, recall, queries: n }, exact)
+        (Calibrated { k, budget: Some(budget), probed, recall, queries: n }, exact, curve)
     }
 }
 
@@ -389,29 +392,51 @@ fn plan_of(fit: &Calibrated) -> Plan {
     fit.budget.map_or(Plan::BruteForce, Plan::Probe)
 }
 
-/// The smallest budget whose mean recall over the queries, less two standard errors, reaches
-/// `target` (`needs[q]`: the sorted budgets at which each of query q's true results is found).
-fn smallest_budget(needs: &[Vec<usize>], target: f64) -> usize {
-    let reaches = |b: usize| {
-        let recalls =
-            needs.iter().filter(|n| !n.is_empty()).map(|n| n.partition_point(|&x| x <= b) as f64 / n.len() as f64);
+/// A calibration sample's recall as a function of the budget: per query, the sorted budgets at
+/// which each of its exact top `k` is found.
+struct RecallCurve(Vec<Vec<usize>>);
+
+impl RecallCurve {
+    /// The mean recall over the queries at budget `b`, and its standard error (queries with no
+    /// results are left out; `None` without any).
+    fn at(&self, b: usize) -> Option<(f64, f64)> {
+        let recalls = self.0.iter().filter(|n| !n.is_empty()).map(|n| n.partition_point(|&x| x <= b) as f64 / n.len() as f64);
         let (mut count, mut sum, mut sq) = (0.0, 0.0, 0.0);
         for r in recalls {
             (count, sum, sq) = (count + 1.0, sum + r, sq + r * r);
         }
         if count == 0.0 {
-            return true;
+            return None;
         }
         let mean = sum / count;
-        let stderr = ((sq / count - mean * mean).max(0.0) / count).sqrt();
-        mean - 2.0 * stderr >= target
-    };
-    let mut candidates: Vec<usize> = needs.iter().flatten().copied().collect();
-    candidates.sort_unstable();
-    candidates.dedup();
-    // Recall grows with the budget: the first candidate that reaches the target.
-    let at = candidates.partition_point(|&b| !reaches(b));
-    candidates.get(at).or(candidates.last()).copied().unwrap_or(1)
+        Some((mean, ((sq / count - mean * mean).max(0.0) / count).sqrt()))
+    }
+
+    /// The smallest budget whose mean recall, less two standard errors, reaches `target`.
+    fn smallest_budget(&self, target: f64) -> usize {
+        let reaches = |b: usize| self.at(b).is_none_or(|(mean, stderr)| mean - 2.0 * stderr >= target);
+        let mut candidates: Vec<usize> = self.0.iter().flatten().copied().collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        // Recall grows with the budget: the first candidate that reaches the target.
+        let at = candidates.partition_point(|&b| !reaches(b));
+        candidates.get(at).or(candidates.last()).copied().unwrap_or(1)
+    }
+
+    /// Whether the last budget `last` and the budget `new` fitted on this sample are the same
+    /// up to sampling: within [`STABLE_BUDGET`] of each other, or with recalls on this sample
+    /// that differ by at most two standard errors of the difference between two samples' mean
+    /// recalls (2√2 of one sample's): each fit puts its budget where its own sample's mean
+    /// recall, which is off by about a standard error, meets the target.
+    fn same_budget(&self, last: usize, new: usize) -> bool {
+        if (new as f64 - last as f64).abs() <= STABLE_BUDGET * last as f64 {
+            return true;
+        }
+        match (self.at(last), self.at(new)) {
+            (Some((then, _)), Some((now, stderr))) => (then - now).abs() <= 2.0 * std::f64::consts::SQRT_2 * stderr,
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -563,15 +588,57 @@ mod tests {
             at_reassigned: 0,
             renew_after,
         };
+        // Identical queries whose results come in steadily between budgets 850 and 1,150: no
+        // sampling noise, every budget outside 5 % gives another recall.
+        let steep = RecallCurve(vec![(0..31).map(|i| 850 + 10 * i).collect(); 50]);
+        let renew = |last: Option<&Entry>, budget| Entry::renew_after(last, &fit(budget), &steep);
         let first = RENEW_AFTER_QUERIES;
-        assert_eq!(Entry::renew_after(None, &fit(Some(1_000))), first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), first)), &fit(Some(1_050))), 2 * first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), 2 * first)), &fit(Some(950))), 4 * first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), 16 * first)), &fit(Some(1_000))), 16 * first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), 8 * first)), &fit(Some(1_060))), first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), 8 * first)), &fit(Some(900))), first);
-        assert_eq!(Entry::renew_after(Some(&entry(None, 8 * first)), &fit(Some(1_000))), first);
-        assert_eq!(Entry::renew_after(Some(&entry(Some(1_000), 8 * first)), &fit(None)), first);
+        assert_eq!(renew(None, Some(1_000)), first);
+        assert_eq!(renew(Some(&entry(Some(1_000), first)), Some(1_050)), 2 * first);
+        assert_eq!(renew(Some(&entry(Some(1_000), 2 * first)), Some(950)), 4 * first);
+        assert_eq!(renew(Some(&entry(Some(1_000), 16 * first)), Some(1_000)), 16 * first);
+        assert_eq!(renew(Some(&entry(Some(1_000), 8 * first)), Some(1_060)), first);
+        assert_eq!(renew(Some(&entry(Some(1_000), 8 * first)), Some(900)), first);
+        assert_eq!(renew(Some(&entry(None, 8 * first)), Some(1_000)), first);
+        assert_eq!(renew(Some(&entry(Some(1_000), 8 * first)), None), first);
+    }
+
+    /// Where the recall barely grows between two budgets, a renewal that moves the budget by more
+    /// than 5 % but changes the sample's recall by less than its noise counts as stable; one
+    /// whose recall moves by more does not.
+    #[test]
+    fn budgets_apart_by_less_than_sampling_noise_count_as_stable() {
+        // 100 queries of 10 results: half found by budget 10, half only after 5,000 (mean
+        // recall 0.5 at budget 1,000, standard error 0.05); one query finds `extra` of its
+        // results at budget 1,100.
+        let curve = |extra: usize| {
+            let mut needs: Vec<Vec<usize>> = (0..100).map(|q| if q < 50 { (1..=10).collect() } else { (5_001..=5_010).collect() }).collect();
+            needs[99][..extra].fill(1_100);
+            needs[99].sort_unstable();
+            RecallCurve(needs)
+        };
+        let (then, stderr) = curve(1).at(1_000).unwrap();
+        assert!((then - 0.5).abs() < 1e-12 && (stderr - 0.05).abs() < 1e-12, "{then} {stderr}");
+        assert!(curve(1).same_budget(1_000, 1_200), "recall 0.500 -> 0.501");
+        assert!(curve(1).same_budget(1_200, 1_000));
+        // All ten: 0.5 -> 0.51 (2√2 standard errors = 0.141), still stable; half the queries
+        // finding theirs in between (0 -> 0.5) is a change.
+        assert!(curve(10).same_budget(1_000, 1_200));
+        let many = RecallCurve((0..100).map(|q| if q < 50 { vec![1_100; 10] } else { vec![5_001; 10] }).collect());
+        assert!(!many.same_budget(1_000, 1_200), "recall 0 -> 0.5");
+        // No queries with results: nothing says the budgets agree beyond 5 %.
+        assert!(!RecallCurve(vec![vec![]; 3]).same_budget(1_000, 1_200));
+        assert!(RecallCurve(vec![vec![]; 3]).same_budget(1_000, 1_040));
+        // Renewed on such a sample, the interval doubles.
+        let fit = Calibrated { k: 10, budget: Some(1_200), probed: 0.0, recall: 0.9, queries: 100 };
+        let last = Entry {
+            fit: Calibrated { budget: Some(1_000), ..fit },
+            lone: Arc::default(),
+            at_queries: 0,
+            at_reassigned: 0,
+            renew_after: RENEW_AFTER_QUERIES,
+        };
+        assert_eq!(Entry::renew_after(Some(&last), &fit, &curve(1)), 2 * RENEW_AFTER_QUERIES);
     }
 
     #[test]
@@ -579,15 +646,15 @@ mod tests {
         // Two queries, four results each: query 0 finds them at budgets 1, 2, 3, 4; query 1 at
         // 5, 6, 7, 8. At budget 4 the recalls are 1 and 0 (mean 0.5, standard error 0.35); at 5,
         // 1 and 0.25 (mean 0.625, standard error 0.27); at 8, 1 and 1.
-        let needs = vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]];
-        assert_eq!(smallest_budget(&needs, 1.0), 8);
-        assert_eq!(smallest_budget(&needs, 0.05), 5);
+        let needs = RecallCurve(vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]]);
+        assert_eq!(needs.smallest_budget(1.0), 8);
+        assert_eq!(needs.smallest_budget(0.05), 5);
         // Identical queries: no spread, the plain quantile.
-        let same = vec![vec![10, 20, 30, 40]; 5];
-        assert_eq!(smallest_budget(&same, 0.75), 30);
-        assert_eq!(smallest_budget(&same, 0.7), 30);
-        assert_eq!(smallest_budget(&same, 0.5), 20);
+        let same = RecallCurve(vec![vec![10, 20, 30, 40]; 5]);
+        assert_eq!(same.smallest_budget(0.75), 30);
+        assert_eq!(same.smallest_budget(0.7), 30);
+        assert_eq!(same.smallest_budget(0.5), 20);
         // A target no budget reaches: everything found is all it can do.
-        assert_eq!(smallest_budget(&[vec![3, 9]], 1.5), 9);
+        assert_eq!(RecallCurve(vec![vec![3, 9]]).smallest_budget(1.5), 9);
     }
 }
