@@ -400,7 +400,8 @@ impl RecallCurve {
     /// The mean recall over the queries at budget `b`, and its standard error (queries with no
     /// results are left out; `None` without any).
     fn at(&self, b: usize) -> Option<(f64, f64)> {
-        let recalls = self.0.iter().filter(|n| !n.is_empty()).map(|n| n.partition_point(|&x| x <= b) as f64 / n.len() as f64);
+        let recalls =
+            self.0.iter().filter(|n| !n.is_empty()).map(|n| n.partition_point(|&x| x <= b) as f64 / n.len() as f64);
         let (mut count, mut sum, mut sq) = (0.0, 0.0, 0.0);
         for r in recalls {
             (count, sum, sq) = (count + 1.0, sum + r, sq + r * r);
@@ -612,7 +613,8 @@ mod tests {
         // recall 0.5 at budget 1,000, standard error 0.05); one query finds `extra` of its
         // results at budget 1,100.
         let curve = |extra: usize| {
-            let mut needs: Vec<Vec<usize>> = (0..100).map(|q| if q < 50 { (1..=10).collect() } else { (5_001..=5_010).collect() }).collect();
+            let mut needs: Vec<Vec<usize>> =
+                (0..100).map(|q| if q < 50 { (1..=10).collect() } else { (5_001..=5_010).collect() }).collect();
             needs[99][..extra].fill(1_100);
             needs[99].sort_unstable();
             RecallCurve(needs)
