@@ -577,18 +577,17 @@ mod tests {
         assert!(Calibrations::restore(&mut Dec::new(&bad), 32).is_err());
     }
 
+    /// A calibration in force since the first search, renewed after `renew_after` searches.
+    fn entry_of(fit: Calibrated, renew_after: usize) -> Entry {
+        Entry { fit, lone: Arc::default(), at_queries: 0, at_reassigned: 0, renew_after }
+    }
+
     /// Renewals that keep the budget within 5 % double the searches until the next, up to 16
     /// times the first interval; one that moves it, or a switch to brute force, starts over.
     #[test]
     fn stable_budgets_are_renewed_less_and_less_often() {
         let fit = |budget| Calibrated { k: 10, budget, probed: 0.0, recall: 0.9, queries: 256 };
-        let entry = |budget, renew_after| Entry {
-            fit: fit(budget),
-            lone: Arc::default(),
-            at_queries: 0,
-            at_reassigned: 0,
-            renew_after,
-        };
+        let entry = |budget, renew_after| entry_of(fit(budget), renew_after);
         // Identical queries whose results come in steadily between budgets 850 and 1,150: no
         // sampling noise, every budget outside 5 % gives another recall.
         let steep = RecallCurve(vec![(0..31).map(|i| 850 + 10 * i).collect(); 50]);
@@ -633,13 +632,7 @@ mod tests {
         assert!(RecallCurve(vec![vec![]; 3]).same_budget(1_000, 1_040));
         // Renewed on such a sample, the interval doubles.
         let fit = Calibrated { k: 10, budget: Some(1_200), probed: 0.0, recall: 0.9, queries: 100 };
-        let last = Entry {
-            fit: Calibrated { budget: Some(1_000), ..fit },
-            lone: Arc::default(),
-            at_queries: 0,
-            at_reassigned: 0,
-            renew_after: RENEW_AFTER_QUERIES,
-        };
+        let last = entry_of(Calibrated { budget: Some(1_000), ..fit }, RENEW_AFTER_QUERIES);
         assert_eq!(Entry::renew_after(Some(&last), &fit, &curve(1)), 2 * RENEW_AFTER_QUERIES);
     }
 
